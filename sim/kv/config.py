@@ -1,0 +1,74 @@
+"""Cache configuration shared by every block-manager design, and the design registry."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass
+
+
+class Design(enum.Enum):
+    """The block-manager designs kvsim models, each pinned to one upstream version."""
+
+    #: v0 BlockSpaceManagerV1, vLLM 0.5.4 @ fc93e56 (ring reuse for sliding window).
+    V0_V1 = "v0-v1"
+    #: v0 BlockSpaceManagerV2, vLLM 0.5.4 @ 00c3d68 (null-block drop; the can_allocate undercount).
+    V0_V2 = "v0-v2"
+    #: v0 V2 with a sliding-window block table that admits what it allocates (kvsim's fix).
+    V0_FIXED = "v0-fixed"
+    #: V1-engine KVCacheManager, vLLM ~0.10 @ 4ac7713.
+    V1_ENGINE = "v1-engine"
+
+    @property
+    def api(self) -> str:
+        return "v1" if self is Design.V1_ENGINE else "v0"
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheConfig:
+    """What a block manager is built from.
+
+    `watermark` is a fraction of the GPU pool kept free at admission by the v0 designs
+    (vLLM always uses 0.01; `int(0.01 * 10) == 0` blocks for a 10-block pool).
+    """
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    num_cpu_blocks: int = 0
+    sliding_window: int | None = None
+    enable_prefix_caching: bool = False
+    watermark: float = 0.01
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.num_gpu_blocks <= 0:
+            raise ValueError(f"num_gpu_blocks must be positive, got {self.num_gpu_blocks}")
+        if self.num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+    @property
+    def watermark_blocks(self) -> int:
+        """`int(watermark * G)`: 20 blocks for G=2048 at 0.01 (vLLM truncates)."""
+        return int(self.watermark * self.num_gpu_blocks)
+
+
+_DESIGN_CLASSES = {
+    Design.V0_V1: ("sim.kv.v0_v1", "BlockSpaceManagerV1"),
+    Design.V0_V2: ("sim.kv.v0_v2", "BlockSpaceManagerV2"),
+    Design.V0_FIXED: ("sim.kv.v0_fixed", "CorrectedBlockSpaceManager"),
+    Design.V1_ENGINE: ("sim.kv.v1_engine", "KVCacheManager"),
+}
+
+
+def make_manager(design: Design | str, config: KVCacheConfig):
+    """Build the model of `design` over `config`."""
+    design = Design(design)
+    module_name, class_name = _DESIGN_CLASSES[design]
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(config)

@@ -1,0 +1,129 @@
+"""The two block-manager interfaces kvsim models, and the introspection the auditor needs.
+
+vLLM has had two manager APIs:
+
+* **v0** (`BlockSpaceManagerV1`, `BlockSpaceManagerV2`, and our corrected design): a separate
+  admission query (`can_allocate` -> OK / LATER / NEVER) followed by an allocation command
+  (`allocate`) that raises `NoFreeBlocksError` if the pool runs dry. Their disagreement is the
+  bug class kvsim exists to expose, so the two are never derived from one formula.
+* **V1 engine** (`KVCacheManager`): one call, `allocate_slots`, that counts and allocates with the
+  same arithmetic and returns ``None`` instead of raising.
+
+Every manager also implements `PoolIntrospection`, which the auditor uses to check invariants.
+Counts are O(1); `block_refcounts` may be O(pool) and is used only by the full audit level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sim.kv.types import AllocStatus, Sequence, SequenceGroup
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """Where every GPU block of a pool is, at one instant.
+
+    Conservation: ``num_free + num_held == num_total`` where ``num_free`` includes cached
+    blocks that can be evicted (``num_evictable`` of them) and ``num_held`` counts distinct
+    blocks with a positive refcount (the null block, when one exists, is held).
+    """
+
+    num_total: int
+    num_free: int
+    num_held: int
+    num_evictable: int = 0
+
+    @property
+    def is_conserved(self) -> bool:
+        return self.num_free + self.num_held == self.num_total and self.num_evictable <= self.num_free
+
+
+@runtime_checkable
+class PoolIntrospection(Protocol):
+    """What the auditor reads from any manager."""
+
+    block_size: int
+    #: Watermark blocks kept free at admission (0 where the design has none).
+    watermark_blocks: int
+
+    def pool_stats(self) -> PoolStats: ...
+
+    def block_refcounts(self) -> dict[int, int]:
+        """GPU block id -> refcount for every block with refcount > 0 (O(pool))."""
+        ...
+
+    def seq_block_ids(self, seq_id: int) -> list[int]:
+        """The sequence's current GPU block table (null entries included where the design has them)."""
+        ...
+
+    def num_seq_blocks(self, seq_id: int) -> int:
+        """Distinct non-null GPU blocks the sequence holds (its footprint)."""
+        ...
+
+    def max_seq_footprint(self, seq: Sequence) -> int | None:
+        """The design's bound on `num_seq_blocks` for `seq` right now, or None for no bound."""
+        ...
+
+    def recover_leaked_blocks(self) -> int:
+        """Return to the pool blocks that a failed allocation took and no table owns.
+
+        Real v0 code never does this; the auditor calls it only under a policy that
+        continues after a violation. Returns the number of blocks recovered.
+        """
+        ...
+
+
+@runtime_checkable
+class V0BlockManager(PoolIntrospection, Protocol):
+    """vLLM v0 `BlockSpaceManager` API (`vllm/core/interfaces.py @fc93e56`)."""
+
+    num_total_gpu_blocks: int
+    num_total_cpu_blocks: int
+
+    def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus: ...
+    def allocate(self, seq_group: SequenceGroup) -> None: ...
+    def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool: ...
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]: ...
+    def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None: ...
+    def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus: ...
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]: ...
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool: ...
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]: ...
+    def free(self, seq: Sequence) -> None: ...
+    def get_block_table(self, seq: Sequence) -> list[int]: ...
+    def get_num_free_gpu_blocks(self) -> int: ...
+    def get_num_free_cpu_blocks(self) -> int: ...
+    def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None: ...
+    def mark_blocks_as_computed(self, seq_group: SequenceGroup) -> None: ...
+    def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]: ...
+
+    def admission_blocks(self, seq_group: SequenceGroup) -> int:
+        """The block count `can_allocate` compares with the free pool (for violation messages)."""
+        ...
+
+
+@runtime_checkable
+class V1KVCacheManager(PoolIntrospection, Protocol):
+    """vLLM V1-engine `KVCacheManager` API (`vllm/v1/core/kv_cache_manager.py @4ac7713`)."""
+
+    def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
+        """Prefix-cache hit: (block ids, number of computed tokens)."""
+        ...
+
+    def allocate_slots(
+        self,
+        request: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_block_ids: list[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        """Newly allocated block ids, or None when the pool cannot hold the step."""
+        ...
+
+    def free(self, request: Sequence) -> None: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...

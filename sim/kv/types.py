@@ -1,0 +1,261 @@
+"""Sequences, their token content, and the small enums shared by every block manager.
+
+The block managers never need real token ids to count blocks; they need them only to hash
+full blocks for prefix caching. A trace gives lengths and, at most, which prompts share a
+prefix. So a sequence's tokens are kept as *segments*: runs of tokens whose identity is a
+content key. Two sequences that start with the same segments have the same leading tokens,
+and so the same block hashes, at any block size.
+
+Worked example (block size 4)::
+
+    prompt = TokenContent.from_segments([Segment(key=7, num_tokens=6)])
+    # tokens 0..5 come from stream 7; block 0 = stream 7 offsets [0, 4)
+    prompt.block_key(0, 4)  == ((7, 0, 4),)
+    prompt.append_output(seq_key=-1, num_tokens=3)  # outputs from a per-sequence stream
+    prompt.block_key(1, 4)  == ((7, 4, 6), (-1, 0, 2))
+
+`token_ids()` materialises deterministic ids (used only to drive vLLM's real code in lockstep).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+BlockId = NewType("BlockId", int)
+BlockHash = NewType("BlockHash", int)
+
+#: Seed of every hash chain; an int so hashes never depend on PYTHONHASHSEED.
+NONE_HASH = BlockHash(0x5EED_C0DE)
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A fixed, well-mixed 64-bit integer hash (deterministic across processes)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def chain_hash(parent: int, content: tuple) -> BlockHash:
+    """Hash of a full block given its parent's hash and its content key.
+
+    Built on ``hash()`` of a tuple of ints, which CPython computes without the string-hash
+    seed, so results are identical in every process.
+    """
+    return BlockHash(hash((parent, content)))
+
+
+class AllocStatus(enum.Enum):
+    """Answer of a v0 admission query (`can_allocate`, `can_swap_in`)."""
+
+    OK = "ok"
+    LATER = "later"
+    NEVER = "never"
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_IGNORED = "finished_ignored"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+
+class NoFreeBlocksError(ValueError):
+    """Raised by a v0 allocator whose free list ran dry (vLLM's `NoFreeBlocksError`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of `num_tokens` tokens drawn from content stream `key` (offsets 0..n-1)."""
+
+    key: int
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class TokenContent:
+    """The token ids of one sequence, as segments, growing as outputs are appended."""
+
+    segments: list[Segment] = field(default_factory=list)
+    _starts: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+    @classmethod
+    def from_segments(cls, segments: list[Segment]) -> TokenContent:
+        content = cls()
+        for seg in segments:
+            content._push(seg)
+        return content
+
+    @classmethod
+    def unique(cls, key: int, num_tokens: int) -> TokenContent:
+        """A prompt of `num_tokens` tokens that shares nothing with other keys."""
+        return cls.from_segments([Segment(key, num_tokens)])
+
+    def _push(self, seg: Segment) -> None:
+        if seg.num_tokens <= 0:
+            return
+        self._starts.append(self.num_tokens)
+        self.segments.append(seg)
+        self.num_tokens += seg.num_tokens
+
+    def append_output(self, seq_key: int, num_tokens: int = 1) -> None:
+        """Append `num_tokens` generated tokens from the sequence's own stream `seq_key`."""
+        if num_tokens <= 0:
+            return
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.key == seq_key:
+            self.segments[-1] = Segment(seq_key, last.num_tokens + num_tokens)
+            self.num_tokens += num_tokens
+        else:
+            self._push(Segment(seq_key, num_tokens))
+
+    def copy(self) -> TokenContent:
+        return TokenContent(list(self.segments), list(self._starts), self.num_tokens)
+
+    def truncated(self, num_tokens: int) -> TokenContent:
+        """The first `num_tokens` tokens as a new content."""
+        out = TokenContent()
+        remaining = num_tokens
+        for seg in self.segments:
+            if remaining <= 0:
+                break
+            take = min(seg.num_tokens, remaining)
+            out._push(Segment(seg.key, take))
+            remaining -= take
+        return out
+
+    def span_key(self, start: int, end: int) -> tuple:
+        """Content key of tokens [start, end): ((key, from, to), ...) per overlapped segment."""
+        if not 0 <= start <= end <= self.num_tokens:
+            raise IndexError(f"span [{start}, {end}) outside 0..{self.num_tokens}")
+        parts = []
+        i = bisect.bisect_right(self._starts, start) - 1
+        pos = start
+        while pos < end:
+            seg_start = self._starts[i]
+            seg = self.segments[i]
+            stop = min(end, seg_start + seg.num_tokens)
+            parts.append((seg.key, pos - seg_start, stop - seg_start))
+            pos = stop
+            i += 1
+        return tuple(parts)
+
+    def block_key(self, block_index: int, block_size: int) -> tuple:
+        """Content key of full logical block `block_index` (must be full)."""
+        start = block_index * block_size
+        return self.span_key(start, start + block_size)
+
+    def block_hashes(self, block_size: int, num_blocks: int, parent: int = NONE_HASH) -> list[BlockHash]:
+        """Chained hashes of the first `num_blocks` full blocks.
+
+        Equal hashes at index i mean equal token prefixes up to the end of block i.
+        """
+        out: list[BlockHash] = []
+        h = parent
+        for i in range(num_blocks):
+            h = chain_hash(h, self.block_key(i, block_size))
+            out.append(BlockHash(h))
+        return out
+
+    def token_ids(self, start: int = 0, end: int | None = None, vocab_size: int = 32000) -> list[int]:
+        """Deterministic token ids for [start, end): equal content keys give equal ids."""
+        end = self.num_tokens if end is None else end
+        ids: list[int] = []
+        for key, lo, hi in self.span_key(start, end) if end > start else ():
+            base = _splitmix64(key & _MASK64)
+            ids.extend(_splitmix64(base ^ off) % vocab_size for off in range(lo, hi))
+        return ids
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One token sequence (vLLM `Sequence`); also the unit the V1-engine manager works on.
+
+    `num_computed_tokens` is the KV already written (C in the spec); the scheduler owns it.
+    """
+
+    seq_id: int
+    content: TokenContent
+    prompt_len: int
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+
+    @classmethod
+    def new(cls, seq_id: int, prompt: TokenContent | int) -> Sequence:
+        content = TokenContent.unique(seq_id, prompt) if isinstance(prompt, int) else prompt
+        return cls(seq_id, content, content.num_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.content.num_tokens
+
+    @property
+    def output_len(self) -> int:
+        return self.content.num_tokens - self.prompt_len
+
+    @property
+    def output_key(self) -> int:
+        # Negative keys never collide with trace-derived (non-negative) prompt keys.
+        return -(self.seq_id + 1)
+
+    def append_tokens(self, num_tokens: int = 1) -> None:
+        self.content.append_output(self.output_key, num_tokens)
+
+    def n_blocks(self, block_size: int) -> int:
+        return -(-self.num_tokens // block_size)
+
+    def fork(self, child_id: int) -> Sequence:
+        return Sequence(child_id, self.content.copy(), self.prompt_len, self.status, self.num_computed_tokens)
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+
+@dataclass(slots=True, eq=False)
+class SequenceGroup:
+    """A request in the v0 engine: one or more sequences sharing a prompt (vLLM `SequenceGroup`)."""
+
+    request_id: int
+    seqs: list[Sequence]
+    arrival_s: float = 0.0
+    priority: int = 0
+    best_of: int = 1
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        if status is None:
+            return list(self.seqs)
+        return [s for s in self.seqs if s.status is status]
+
+    def num_seqs(self, status: SequenceStatus | None = None) -> int:
+        return len(self.get_seqs(status))
+
+    def get_unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished()]
+
+    def get_max_num_running_seqs(self) -> int:
+        """Seqs this group may run (vLLM `sequence.py:L644-660 @fc93e56`)."""
+        if self.best_of > len(self.get_unfinished_seqs()) and self.seqs and self.seqs[0].output_len == 0:
+            return self.best_of
+        return len(self.get_unfinished_seqs())
+
+    def is_finished(self) -> bool:
+        return all(s.is_finished() for s in self.seqs)
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: cdiv(17, 16) == 2."""
+    return -(-a // b)
