@@ -259,3 +259,7 @@ class SequenceGroup:
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: cdiv(17, 16) == 2."""
     return -(-a // b)
+
+
+class DoubleFreeError(ValueError):
+    """Freeing a block whose refcount is already 0 (vLLM v0 "Double free! ...")."""
