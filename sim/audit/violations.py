@@ -1,0 +1,71 @@
+"""Violation records: what the auditor found, in a form a person and a CI job can read."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+
+class ViolationKind(enum.Enum):
+    """Kinds of invariant breach. Values are the names used in scenarios' `expect:` lists."""
+
+    #: The admission query said OK, then the allocation failed or took more blocks than counted.
+    ADMISSION_UNDERCOUNT = "admission_undercount"
+    #: A failed allocation kept blocks that no table owns.
+    LEAKED_BLOCKS = "leaked_blocks"
+    #: free + held != total.
+    CONSERVATION = "conservation"
+    #: A block was freed with refcount 0, or a refcount went negative.
+    DOUBLE_FREE = "double_free"
+    #: A table references a block with refcount 0, or the held count disagrees with refcounts.
+    REFCOUNT = "refcount"
+    #: A sequence holds more blocks than its design's sliding-window bound.
+    SLIDING_WINDOW_FOOTPRINT = "sliding_window_footprint"
+    #: Admission left fewer than the watermark blocks free.
+    WATERMARK = "watermark"
+    #: `can_append_slots` said yes, then `append_slots` ran dry.
+    APPEND_UNDERCOUNT = "append_undercount"
+    #: A swap admission (`can_swap_in/out`) said yes, then the swap ran dry or took more.
+    SWAP_UNDERCOUNT = "swap_undercount"
+    #: The manager raised an error of its own (e.g. "null block should not be modified").
+    MANAGER_ERROR = "manager_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One finding. `counted`/`needed`/`free` are block counts (None where not applicable)."""
+
+    kind: ViolationKind
+    call: str
+    request_id: int | None
+    message: str
+    counted_blocks: int | None = None
+    needed_blocks: int | None = None
+    free_blocks: int | None = None
+    time_s: float | None = None
+    step: int | None = None
+    recovered_blocks: int = 0
+
+    def to_row(self) -> dict:
+        row = asdict(self)
+        row["kind"] = self.kind.value
+        return row
+
+
+class AuditError(Exception):
+    """Raised to the caller when an audited call failed; carries the violation."""
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(violation.message)
+        self.violation = violation
+
+
+class ViolationPolicy(enum.Enum):
+    """What happens after a violation.
+
+    ``record``: keep it, roll back what the failed call took (and say so), carry on.
+    ``stop``: raise at the first violation, as the real engine would crash.
+    """
+
+    RECORD = "record"
+    STOP = "stop"

@@ -1,0 +1,59 @@
+"""The V1 engine's LRU free-block queue, keyed by block id.
+
+Models `FreeKVCacheBlockQueue` (`vllm/v1/core/kv_cache_utils.py:L193-395 @4ac7713`). Upstream
+keeps an intrusive doubly linked list threaded through the blocks; an `OrderedDict` gives the
+same operations in O(1) (pop from the head, append at the tail, remove from the middle) with
+no pointers to keep consistent.
+
+Order is eviction order, head first. It starts in id order; freed blocks go to the tail, so the
+head is the least recently freed block. Worked example (5 blocks)::
+
+    q = FreeBlockQueue(range(5))   # [0, 1, 2, 3, 4]
+    q.popleft_n(1)                 # [0]      -> queue [1, 2, 3, 4]   (the null block)
+    q.popleft_n(2)                 # [1, 2]   -> queue [3, 4]
+    q.append_n([2, 1])             # a request freed in reverse -> [3, 4, 2, 1]
+    q.remove(2)                    # a prefix-cache hit on block 2 -> [3, 4, 1]
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class FreeBlockQueue:
+    """Free block ids in eviction order (head = evicted first)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, block_ids: Iterable[int]) -> None:
+        self._ids: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._ids
+
+    def popleft_n(self, num_blocks: int) -> list[int]:
+        """Pop `num_blocks` ids from the head (the least recently freed first)."""
+        if num_blocks > len(self._ids):
+            # Upstream asserts here; callers check the free count first.
+            raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self._ids)}")
+        return [self._ids.popitem(last=False)[0] for _ in range(num_blocks)]
+
+    def remove(self, block_id: int) -> None:
+        """Take a block out of the middle (a cache hit on an evictable block)."""
+        if block_id not in self._ids:
+            raise ValueError(f"block {block_id} is not in the free queue")
+        del self._ids[block_id]
+
+    def append_n(self, block_ids: Iterable[int]) -> None:
+        """Put blocks back at the tail, in the given order (first given = evicted first)."""
+        for block_id in block_ids:
+            assert block_id not in self._ids, f"block {block_id} appended to the free queue twice"
+            self._ids[block_id] = None
+
+    def ids(self) -> list[int]:
+        """All free ids, head first (O(n); for tests and audits)."""
+        return list(self._ids)
