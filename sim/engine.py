@@ -1,0 +1,283 @@
+"""The engine: the only module where simulated time passes (SimPy).
+
+An arrival process feeds requests at their trace times to a router; one process per replica
+runs the step loop::
+
+    plan = scheduler.schedule(now)               # pure
+    dt   = step_time.predict_s(batch of plan)    # pure
+    yield env.timeout(dt)
+    scheduler.update(plan, now + dt)              # tokens appended, finished requests freed
+
+An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
+whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
+aborts what is left with the reason, so every request ends in exactly one terminal state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
+from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.latency.batch import BatchShape
+from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
+from sim.workload.request import RequestSpec
+
+
+class Router(enum.Enum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING = "least_outstanding"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    design: Design
+    kv: KVCacheConfig
+    scheduler: SchedulerConfig
+    num_replicas: int = 1
+    router: Router = Router.ROUND_ROBIN
+    violation_policy: ViolationPolicy = ViolationPolicy.RECORD
+    audit_level: AuditLevel = AuditLevel.CHEAP
+    #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
+    max_sim_time_s: float | None = None
+
+
+STEP_COLUMNS = (
+    "replica",
+    "step",
+    "start_s",
+    "duration_s",
+    "num_prefill_seqs",
+    "num_prefill_tokens",
+    "num_decode_seqs",
+    "num_tokens",
+    "num_context_tokens",
+    "num_preempted",
+    "num_waiting",
+    "num_running",
+    "num_swapped",
+    "num_free_blocks",
+    "num_used_blocks",
+    "num_cached_blocks",
+)
+
+
+@dataclass(slots=True)
+class RunRecords:
+    """Plain records of one run; `sim.results` turns them into DataFrames."""
+
+    requests: list[Request] = field(default_factory=list)
+    steps: list[tuple] = field(default_factory=list)
+    violations: list = field(default_factory=list)
+    fatal_error: str | None = None
+    stopped_early: str | None = None
+    end_s: float = 0.0
+    num_gpu_blocks: int = 0
+
+
+class Replica:
+    """One engine instance: an audited manager and a scheduler."""
+
+    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], tuple[float, int]]) -> None:
+        self.index = index
+        manager = make_manager(config.design, config.kv)
+        kwargs = dict(policy=config.violation_policy, level=config.audit_level, clock=clock)
+        if config.design.api == "v1":
+            self.manager = AuditedV1Manager(manager, **kwargs)
+            self.scheduler = V1Scheduler(config.scheduler, self.manager)
+        else:
+            self.manager = AuditedV0Manager(manager, **kwargs)
+            self.scheduler = V0Scheduler(config.scheduler, self.manager)
+        self.num_steps = 0
+        self.outstanding = 0
+        self.wakeup: simpy.Event | None = None
+
+
+def batch_shape(plan: StepPlan) -> BatchShape:
+    decodes = []
+    prefills = []
+    for work in plan.scheduled:
+        if work.is_prefill:
+            prefills.append((work.num_context_tokens, work.num_tokens))
+        else:
+            decodes.append(work.num_context_tokens)
+    return BatchShape(tuple(decodes), tuple(prefills))
+
+
+class Engine:
+    """Replays `specs` through `config.num_replicas` replicas with `step_time`."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        specs: Iterable[RequestSpec],
+        step_time,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+        self.step_time = step_time
+        self.progress = progress
+        self.env = simpy.Environment()
+        self.records = RunRecords(num_gpu_blocks=config.kv.num_gpu_blocks)
+        self._current_step = 0
+        self.replicas = [Replica(i, config, self._clock) for i in range(config.num_replicas)]
+        self._arrivals_done = False
+        self._next_replica = 0
+        self._stop: str | None = None
+        self._num_terminal = 0
+
+    def _clock(self) -> tuple[float, int]:
+        return (self.env.now, self._current_step)
+
+    # ------------------------------------------------------------------ processes
+    def _route(self) -> Replica:
+        if self.config.router is Router.LEAST_OUTSTANDING:
+            return min(self.replicas, key=lambda r: (r.outstanding, r.index))
+        replica = self.replicas[self._next_replica]
+        self._next_replica = (self._next_replica + 1) % len(self.replicas)
+        return replica
+
+    def _arrivals(self):
+        for spec in self.specs:
+            delay = spec.arrival_s - self.env.now
+            if delay > 0:
+                yield self.env.timeout(delay)
+            if self._stop is not None:
+                break
+            request = Request.new(spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority)
+            self.records.requests.append(request)
+            replica = self._route()
+            request.replica = replica.index
+            if replica.scheduler.engine == "v1" and request.prompt_tokens > self.config.scheduler.max_model_len:
+                # The V1 frontend rejects the prompt before it reaches the scheduler.
+                request.finish(
+                    RequestState.IGNORED,
+                    f"prompt ({request.prompt_tokens} tokens) is longer than max_model_len "
+                    f"({self.config.scheduler.max_model_len})",
+                    self.env.now,
+                )
+                self._on_terminal(1)
+                continue
+            replica.outstanding += 1
+            replica.scheduler.add_request(request)
+            self._wake(replica)
+        self._arrivals_done = True
+        for replica in self.replicas:
+            self._wake(replica)
+
+    def _wake(self, replica: Replica) -> None:
+        if replica.wakeup is not None and not replica.wakeup.triggered:
+            replica.wakeup.succeed()
+
+    def _on_terminal(self, count: int) -> None:
+        self._num_terminal += count
+        if self.progress is not None and count:
+            self.progress(self._num_terminal, len(self.specs))
+
+    def _replica_loop(self, replica: Replica):
+        scheduler = replica.scheduler
+        while self._stop is None:
+            if not scheduler.has_unfinished():
+                if self._arrivals_done:
+                    return
+                replica.wakeup = self.env.event()
+                yield replica.wakeup
+                continue
+            self._current_step = replica.num_steps
+            plan = scheduler.schedule(self.env.now)
+            ended = len(plan.ignored) + len(plan.failed)
+            if ended:
+                replica.outstanding -= ended
+                self._on_terminal(ended)
+            if plan.fatal_error is not None:
+                self.records.fatal_error = plan.fatal_error
+                self._stop = f"fatal engine error: {plan.fatal_error}"
+                return
+            if self.config.violation_policy is ViolationPolicy.STOP and replica.manager.violations:
+                first = replica.manager.violations[0]
+                self._stop = f"stopped at the first violation ({first.kind.value}): {first.message}"
+                return
+            if plan.is_empty:
+                if not self._arrivals_done:
+                    replica.wakeup = self.env.event()
+                    yield replica.wakeup
+                    continue
+                if ended:
+                    continue  # the queue changed; try again
+                self._abort(
+                    scheduler.unfinished(),
+                    "stalled: nothing running and no waiting request can be admitted "
+                    f"({replica.manager.pool_stats().num_free} free blocks)",
+                )
+                return
+            shape = batch_shape(plan)
+            duration_s = self.step_time.predict_s(shape)
+            start_s = self.env.now
+            yield self.env.timeout(duration_s)
+            finished = scheduler.update(plan, self.env.now)
+            if finished:
+                replica.outstanding -= len(finished)
+                self._on_terminal(len(finished))
+            self._record_step(replica, plan, shape, start_s, duration_s)
+            replica.num_steps += 1
+            if self.config.max_sim_time_s is not None and self.env.now >= self.config.max_sim_time_s:
+                self._stop = f"reached the simulated-time limit of {self.config.max_sim_time_s} s"
+
+    def _record_step(self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float) -> None:
+        stats = replica.manager.pool_stats()
+        scheduler = replica.scheduler
+        self.records.steps.append(
+            (
+                replica.index,
+                replica.num_steps,
+                start_s,
+                duration_s,
+                len(shape.prefill_chunks),
+                shape.num_prefill_tokens,
+                shape.num_decode_seqs,
+                shape.num_tokens,
+                shape.total_context_tokens,
+                plan.num_preempted,
+                len(scheduler.waiting),
+                len(scheduler.running),
+                len(getattr(scheduler, "swapped", ())),
+                stats.num_free,
+                stats.num_total - stats.num_free,
+                stats.num_evictable,
+            )
+        )
+
+    def _abort(self, requests: Iterable[Request], reason: str) -> None:
+        count = 0
+        for request in requests:
+            if not request.state.is_terminal:
+                request.finish(RequestState.ABORTED, reason, self.env.now)
+                count += 1
+        self._on_terminal(count)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunRecords:
+        self.env.process(self._arrivals())
+        for replica in self.replicas:
+            self.env.process(self._replica_loop(replica))
+        self.env.run()
+        # Requests that never arrived (run stopped early) are accounted for too.
+        arrived = {r.request_id for r in self.records.requests}
+        reason = self._stop or "run ended"
+        for spec in self.specs:
+            if spec.request_id not in arrived:
+                request = Request.new(spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority)
+                request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
+                self.records.requests.append(request)
+        for replica in self.replicas:
+            self._abort(replica.scheduler.unfinished(), reason)
+            self.records.violations.extend(replica.manager.violations)
+        self.records.stopped_early = self._stop
+        self.records.end_s = self.env.now
+        self.records.requests.sort(key=lambda r: r.request_id)
+        return self.records

@@ -1,0 +1,170 @@
+"""The V1 engine's block pool: blocks, the LRU free queue, and the prefix-cache index.
+
+Models `BlockPool` (`vllm/v1/core/block_pool.py @4ac7713`, spec §6.1):
+
+* Block 0 is the **null block**. It is popped from the free queue at init and is never freed,
+  counted free or cached (`L63-67`). Sliding-window tables use it as a placeholder for blocks
+  that fell out of the window. Upstream does not maintain its refcount (`touch` raises it,
+  `free_blocks` lowers it, neither matters); we pin it at 1 so it reads as held.
+* The free queue holds every block with refcount 0, including *evictable* cached blocks that
+  still carry a hash. `get_new_blocks` pops from the head and evicts such a block's hash
+  (`L202-263`); `touch` pulls a cache hit out of the middle (`L265-279`); `free_blocks`
+  appends blocks that reach refcount 0 to the tail in the order given (`L281-296`).
+* `cached_block_hash_to_block[hash] -> {block_id: block}` allows duplicates: two blocks with the
+  same content both stay cached and a lookup returns the first inserted (`L51-61, L71-92`).
+  Upstream keys by (hash, group id); kvsim models one KV group, so the hash alone is the key.
+
+Worked example (5 blocks, caching on)::
+
+    pool = BlockPool(5, enable_caching=True)   # free queue [1, 2, 3, 4]; block 0 is null
+    a = pool.get_new_blocks(2)                 # blocks 1, 2; free [3, 4]
+    pool.cache_full_blocks(a, [h1, h2], 0, 2)  # both full: cached, still held
+    pool.free_blocks(reversed(a))              # free [3, 4, 2, 1]; 2 evictable
+    pool.touch([pool.get_cached_block(h1)])    # hit on block 1: free [3, 4, 2]
+    pool.get_new_blocks(3)                     # 3, 4, 2; block 2's hash h2 is evicted
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sim.kv.types import BlockHash
+from sim.kv.v1_engine.free_queue import FreeBlockQueue
+
+NULL_BLOCK_ID = 0
+
+
+@dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    """One GPU block's metadata (upstream `KVCacheBlock`, `kv_cache_utils.py:L137-190`)."""
+
+    block_id: int
+    ref_cnt: int = 0
+    #: Set when the block becomes full and is cached; cleared when it is evicted.
+    block_hash: BlockHash | None = None
+    is_null: bool = False
+
+
+class BlockPool:
+    """Blocks 0..num_gpu_blocks-1, the free queue, and the prefix-cache index."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        if num_gpu_blocks < 1:
+            raise ValueError(
+                f"num_gpu_blocks must be >= 1 (block 0 is the null block), got {num_gpu_blocks}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_gpu_blocks)]
+        self.free_block_queue = FreeBlockQueue(range(num_gpu_blocks))
+        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        (null_id,) = self.free_block_queue.popleft_n(1)
+        assert null_id == NULL_BLOCK_ID
+        self.null_block = self.blocks[null_id]
+        self.null_block.is_null = True
+        self.null_block.ref_cnt = 1
+        # Running counts so pool_stats is O(1) and independent of the free-queue length.
+        self._num_referenced = 0  # non-null blocks with ref_cnt > 0
+        self._num_evictable = 0  # free blocks that still carry a hash
+
+    # ----------------------------------------------------------------------------- queries
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_block_queue)
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Distinct blocks with a positive refcount, the null block included."""
+        return self._num_referenced + 1
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return self._num_evictable
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """The first cached block with `block_hash`, or None (a cache miss)."""
+        blocks_by_id = self.cached_block_hash_to_block.get(block_hash)
+        if not blocks_by_id:
+            return None
+        return next(iter(blocks_by_id.values()))
+
+    # ----------------------------------------------------------------------------- commands
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        new_blocks = [self.blocks[i] for i in self.free_block_queue.popleft_n(num_blocks)]
+        for block in new_blocks:
+            assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"
+            if block.block_hash is not None:
+                self._num_evictable -= 1
+                self._evict_cached_block(block)
+            block.ref_cnt = 1
+        self._num_referenced += len(new_blocks)
+        return new_blocks
+
+    def _evict_cached_block(self, block: KVCacheBlock) -> None:
+        assert block.block_hash is not None
+        blocks_by_id = self.cached_block_hash_to_block[block.block_hash]
+        del blocks_by_id[block.block_id]
+        if not blocks_by_id:
+            del self.cached_block_hash_to_block[block.block_hash]
+        block.block_hash = None
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-cache hits; an evictable hit leaves the free queue."""
+        for block in blocks:
+            if block.is_null:
+                continue  # upstream bumps it, but never reads the null block's refcount
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block.block_id)
+                self._num_referenced += 1
+                if block.block_hash is not None:
+                    self._num_evictable -= 1
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block; those reaching 0 join the tail in this order.
+
+        The first block given is evicted first, which is why a request frees its table in
+        reverse: its tail block (longest hash chain, least likely to be shared) goes first.
+        """
+        released: list[int] = []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                raise AssertionError(
+                    f"double free of block {block.block_id} (ref_cnt {block.ref_cnt})"
+                )
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block.block_id)
+                self._num_referenced -= 1
+                if block.block_hash is not None:
+                    self._num_evictable += 1
+        self.free_block_queue.append_n(released)
+
+    def cache_full_blocks(
+        self,
+        blocks: list[KVCacheBlock],
+        block_hashes: list[BlockHash],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
+        """Cache `blocks[num_cached_blocks:num_full_blocks]` under their chained hashes.
+
+        Blocks are cached as soon as they are full of scheduled tokens, before their KV is
+        computed (`block_pool.py:L96-200`). Duplicates of an already cached hash are added
+        alongside it, never merged, so block tables stay append-only.
+        """
+        assert len(block_hashes) >= num_full_blocks, "block hashes not extended far enough"
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            # A skipped (null) slot always lies below the cached boundary: skipping frees only
+            # blocks before the computed tokens, which were cached when they were scheduled.
+            assert not block.is_null, f"null block at uncached index {index}"
+            assert block.block_hash is None, f"block {block.block_id} already has a hash"
+            block_hash = block_hashes[index]
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block

@@ -1,0 +1,241 @@
+"""The V1 engine's `KVCacheManager`: prefix-cache lookup, per-step slot allocation, free.
+
+Models `KVCacheManager` (`vllm/v1/core/kv_cache_manager.py:L67-410 @4ac7713`) together with the
+unitary and no-prefix-cache coordinators (`kv_cache_coordinator.py:L14-236 @4ac7713`), for one
+KV group: full attention, or all layers sliding-window when `config.sliding_window` is set
+(spec §6.2-6.4). The hybrid coordinator (one full group plus SWA groups) is not modelled.
+
+There is no admission query. `allocate_slots` counts the blocks a step needs and takes them
+with the same arithmetic, and returns None (changing nothing but the sliding-window frees of
+step 1) when the free queue is short. Order of one call (spec §6.2):
+
+1. `remove_skipped_blocks(req, C)` (SWA frees blocks outside the window; runs even on failure);
+2. `need = min(C + hits_tokens + n + lookahead, max_model_len)`;
+3. `k = get_num_blocks_to_allocate(req, need, hits)`; if `k > free`: return None;
+4. touch the hits, start the table with them, allocate `cdiv(need, bs) - len(table)` blocks;
+5. with caching, cache the blocks filled by `min(C + hits_tokens + n, num_tokens)` tokens.
+
+Worked example (spec vector 6: 11 blocks, bs=16, W=16, no caching)::
+
+    A: allocate_slots(A, 112)          -> blocks 1..7, free 3
+    B: allocate_slots(B, 64)           -> None (4 > 3)
+    B: allocate_slots(B, 32)           -> [8, 9], free 1
+    B (C=32): allocate_slots(B, 32)    -> frees block 8 (outside the window) to the tail
+                                          of the queue [10], then takes [10, 8]; free 0
+    A (C=112, 113 tokens): allocate_slots(A, 1) -> frees 6 blocks, takes 1; A holds 2
+
+The request is a `Sequence`: its id is `seq_id`, its length `num_tokens`, and C is
+`num_computed_tokens`, which the scheduler advances after each step.
+"""
+
+from __future__ import annotations
+
+from sim.kv.config import KVCacheConfig
+from sim.kv.protocol import PoolStats
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
+from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.single_type import (
+    FullAttentionManager,
+    SingleTypeManager,
+    SlidingWindowManager,
+)
+
+
+class KVCacheManager:
+    """vLLM ~0.10 V1-engine KV cache manager over one KV group (see module docstring)."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        if config.max_model_len is not None and config.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {config.max_model_len}")
+        self.config = config
+        self.block_size = config.block_size
+        #: The V1 engine has no watermark (spec §6.1).
+        self.watermark_blocks = 0
+        self.enable_caching = config.enable_prefix_caching
+        self.max_model_len = config.max_model_len
+        self.sliding_window = config.sliding_window
+        self.block_pool = BlockPool(config.num_gpu_blocks, self.enable_caching)
+        self.single_type_manager: SingleTypeManager
+        if config.sliding_window is None:
+            self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
+        else:
+            self.single_type_manager = SlidingWindowManager(
+                self.block_pool, self.block_size, config.sliding_window
+            )
+        #: Chained hashes of each request's full blocks, extended as tokens are appended.
+        self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
+        # For the sliding-window footprint bound: the C of the last remove_skipped_blocks call
+        # and the largest slot count ever allocated, per request holding blocks.
+        self._req_to_skip_tokens: dict[int, int] = {}
+        self._req_to_max_need_tokens: dict[int, int] = {}
+
+    # ------------------------------------------------------------------------------ hashing
+    def _block_hashes(self, request: Sequence, num_blocks: int) -> list[BlockHash]:
+        """The request's hash list, extended to at least `num_blocks` full blocks.
+
+        Same values as `request.content.block_hashes(bs, n)` (parent of block 0 = NONE_HASH),
+        computed incrementally so a long decode does not rehash its whole history.
+        """
+        hashes = self.req_to_block_hashes.setdefault(request.seq_id, [])
+        parent = hashes[-1] if hashes else NONE_HASH
+        for index in range(len(hashes), num_blocks):
+            parent = chain_hash(parent, request.content.block_key(index, self.block_size))
+            hashes.append(BlockHash(parent))
+        return hashes
+
+    # ------------------------------------------------------------------------------ V1 API
+    def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
+        """Prefix-cache hit as (block ids, computed tokens); ([], 0) with caching off.
+
+        The last token is always recomputed (its logits are needed), so the hit covers at most
+        `num_tokens - 1` tokens; hits are whole blocks, so a fully cached 64-token prompt
+        (bs=16) hits 3 blocks and recomputes the 4th (`kv_cache_manager.py:L144-193`).
+        Sliding-window hits may start with null blocks (id 0).
+        """
+        if not self.enable_caching:
+            return [], 0
+        num_full_blocks = request.num_tokens // self.block_size
+        block_hashes = self._block_hashes(request, num_full_blocks)
+        hits = self.single_type_manager.find_longest_cache_hit(block_hashes, request.num_tokens - 1)
+        return [b.block_id for b in hits], len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_block_ids: list[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        """Give the request slots for this step; the new block ids, or None if the pool is short.
+
+        Example (bs=16, 11 blocks, full attention): a fresh 112-token request takes blocks
+        1..7 (`cdiv(112, 16) = 7`), leaving 3 free; another asking for 64 tokens then needs 4
+        and gets None, with nothing changed.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
+        if num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError("num_new_computed_tokens and num_lookahead_tokens must be >= 0")
+        hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+        request_id = request.seq_id
+        manager = self.single_type_manager
+
+        # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
+        # stands even when the step then fails (`kv_cache_manager.py:L258-266`).
+        manager.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        self._req_to_skip_tokens[request_id] = request.num_computed_tokens
+
+        # Steps 2-4: count and check with the arithmetic the allocation then uses.
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        if self.max_model_len is not None:
+            num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
+        num_blocks_to_allocate = manager.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, hits
+        )
+        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
+            return None
+
+        self.block_pool.touch(hits)
+        manager.save_new_computed_blocks(request_id, hits)
+        new_blocks = manager.allocate_new_blocks(request_id, num_tokens_need_slot)
+        self._req_to_max_need_tokens[request_id] = max(
+            num_tokens_need_slot, self._req_to_max_need_tokens.get(request_id, 0)
+        )
+
+        # Step 5: cache blocks that this step's scheduled tokens fill, but never lookahead
+        # (draft) slots: the cap at num_tokens keeps unfinalised tokens out of the cache.
+        if self.enable_caching:
+            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
+            block_hashes = self._block_hashes(request, num_tokens_to_cache // self.block_size)
+            manager.cache_blocks(request_id, block_hashes, num_tokens_to_cache)
+        return [b.block_id for b in new_blocks]
+
+    def _resolve_hits(
+        self, block_ids: list[int], num_new_computed_tokens: int
+    ) -> list[KVCacheBlock]:
+        if block_ids and not self.enable_caching:
+            raise ValueError("new_computed_block_ids given but prefix caching is disabled")
+        if num_new_computed_tokens != len(block_ids) * self.block_size:
+            raise ValueError(
+                f"num_new_computed_tokens={num_new_computed_tokens} does not match "
+                f"{len(block_ids)} hit blocks of {self.block_size} tokens"
+            )
+        for block_id in block_ids:
+            if not 0 <= block_id < self.block_pool.num_gpu_blocks:
+                raise ValueError(
+                    f"hit block id {block_id} outside 0..{self.block_pool.num_gpu_blocks - 1}"
+                )
+        return [self.block_pool.blocks[block_id] for block_id in block_ids]
+
+    def free(self, request: Sequence) -> None:
+        """Free the request's table in reverse order, so its tail is evicted first.
+
+        The request's block hashes are dropped too (upstream keeps them across preemption
+        and drops them in `free_block_hashes` at finish); they are a pure function of the
+        token content, so recomputing them later yields the same values.
+        """
+        self.single_type_manager.free(request.seq_id)
+        self.free_block_hashes(request)
+        self._req_to_skip_tokens.pop(request.seq_id, None)
+        self._req_to_max_need_tokens.pop(request.seq_id, None)
+
+    def free_block_hashes(self, request: Sequence) -> None:
+        self.req_to_block_hashes.pop(request.seq_id, None)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool not in the free queue (the null block always counts as used)."""
+        return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
+
+    def get_block_ids(self, request_id: int) -> list[int]:
+        return [b.block_id for b in self.single_type_manager.req_to_blocks.get(request_id, [])]
+
+    # ---------------------------------------------------------------------- introspection
+    def pool_stats(self) -> PoolStats:
+        return PoolStats(
+            num_total=self.block_pool.num_gpu_blocks,
+            num_free=self.block_pool.get_num_free_blocks(),
+            num_held=self.block_pool.num_held_blocks,
+            num_evictable=self.block_pool.num_evictable_blocks,
+        )
+
+    def block_refcounts(self) -> dict[int, int]:
+        """Block id -> refcount for held blocks; the null block (0) always reads 1."""
+        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}
+
+    def seq_block_ids(self, seq_id: int) -> list[int]:
+        return self.get_block_ids(seq_id)
+
+    def num_seq_blocks(self, seq_id: int) -> int:
+        table = self.single_type_manager.req_to_blocks.get(seq_id, [])
+        return len({b.block_id for b in table if not b.is_null})
+
+    def max_seq_footprint(self, seq: Sequence) -> int | None:
+        """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
+
+        Returns ``cdiv(T, bs) - floor(max(0, C - W + 1) / bs)`` where C is the
+        `num_computed_tokens` of the request's last `allocate_slots` call (what
+        `remove_skipped_blocks` used) and T the largest slot count it was ever given (its table
+        length in blocks is `cdiv(T, bs)`). It is exact after a step without prefix hits
+        (hits' null padding makes it loose). In decode (T = C + 1) it never exceeds
+        `cdiv(W - 1, bs) + 1`; e.g. bs=16, W=24, C=112: cdiv(113, 16) - floor(89 / 16) = 3.
+        A request that holds nothing gets 0.
+        """
+        if self.sliding_window is None:
+            return None
+        need_tokens = self._req_to_max_need_tokens.get(seq.seq_id)
+        if need_tokens is None:
+            return 0
+        skip_tokens = self._req_to_skip_tokens[seq.seq_id]
+        num_skipped_blocks = max(0, skip_tokens - self.sliding_window + 1) // self.block_size
+        return max(0, cdiv(need_tokens, self.block_size) - num_skipped_blocks)
+
+    def recover_leaked_blocks(self) -> int:
+        """Never leaks: a failed `allocate_slots` takes nothing."""
+        return 0

@@ -1,0 +1,189 @@
+"""Per-attention-type block logic of the V1 engine: full attention and sliding window.
+
+Models `SingleTypeKVCacheManager`, `FullAttentionManager` and `SlidingWindowManager`
+(`vllm/v1/core/single_type_kv_cache_manager.py:L16-394 @4ac7713`, spec §6.3). Each manager owns
+the block tables (`req_to_blocks`) of one KV group; all of them draw from one `BlockPool`.
+
+The block count a step needs and the blocks it then takes come from the same formula, so the
+V1 engine cannot admit what it cannot allocate: with `T` tokens needing a slot and `H` prefix
+hits, a step needs
+
+    cdiv(T, bs) - H - len(table) + #{hits that are evictable (ref 0, not null)}
+
+blocks, because touching an evictable hit takes it out of the free pool.
+"""
+
+from __future__ import annotations
+
+from sim.kv.types import BlockHash, cdiv
+from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+
+
+class SingleTypeManager:
+    """Block tables of one KV group; subclasses say what a cache hit is and what is skipped."""
+
+    def __init__(self, block_pool: BlockPool, block_size: int) -> None:
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}
+        #: Leading table entries already cached (only for requests that got their first
+        #: allocation; upstream uses its presence to tell a new request from a running one).
+        self.num_cached_block: dict[int, int] = {}
+
+    def blocks_of(self, request_id: int) -> list[KVCacheBlock]:
+        # Upstream's defaultdict creates an empty table on first access; so do we.
+        return self.req_to_blocks.setdefault(request_id, [])
+
+    def get_num_blocks_to_allocate(
+        self, request_id: int, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
+    ) -> int:
+        """Blocks the free pool must supply to give `num_tokens` slots (`L58-85`).
+
+        Example (bs=16): a running request with 2 blocks asking for 64 tokens needs
+        ``cdiv(64, 16) - 0 - 2 = 2``; a new one with 3 hits, one of them evictable, asking for
+        64 tokens needs ``4 - 3 - 0 + 1 = 2``.
+        """
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        num_new_blocks = (
+            num_required_blocks - len(new_computed_blocks) - len(self.blocks_of(request_id))
+        )
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return num_new_blocks + num_evictable_hits
+
+    def save_new_computed_blocks(
+        self, request_id: int, new_computed_blocks: list[KVCacheBlock]
+    ) -> None:
+        """Start a new request's table with its prefix hits (`L87-106`)."""
+        if request_id not in self.num_cached_block:
+            table = self.blocks_of(request_id)
+            assert not table, f"request {request_id} has blocks but no cached count"
+            table.extend(new_computed_blocks)
+            self.num_cached_block[request_id] = len(new_computed_blocks)
+        elif new_computed_blocks:
+            raise ValueError(f"request {request_id} is running; it cannot take new prefix hits")
+
+    def allocate_new_blocks(self, request_id: int, num_tokens: int) -> list[KVCacheBlock]:
+        """Grow the table to `cdiv(num_tokens, bs)` entries from the free pool (`L108-130`)."""
+        table = self.blocks_of(request_id)
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(table)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        table.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+        """Cache the blocks that `num_tokens` tokens fill completely (`L132-157`)."""
+        num_cached_blocks = self.num_cached_block[request_id]
+        num_full_blocks = num_tokens // self.block_size
+        if num_full_blocks > num_cached_blocks:
+            self.block_pool.cache_full_blocks(
+                self.req_to_blocks[request_id], block_hashes, num_cached_blocks, num_full_blocks
+            )
+        # Upstream stores num_full_blocks unconditionally (it never shrinks in practice).
+        self.num_cached_block[request_id] = num_full_blocks
+
+    def free(self, request_id: int) -> None:
+        """Release the whole table, tail first, so the tail is evicted first (`L159-174`)."""
+        table = self.req_to_blocks.pop(request_id, [])
+        self.block_pool.free_blocks(reversed(table))
+        self.num_cached_block.pop(request_id, None)
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> list[KVCacheBlock]:
+        raise NotImplementedError
+
+    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        raise NotImplementedError
+
+
+class FullAttentionManager(SingleTypeManager):
+    """Full attention: a hit is the longest cached chain prefix; nothing is ever skipped."""
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> list[KVCacheBlock]:
+        """Cached blocks for the longest prefix of at most `max_length // bs` blocks (`L250-277`).
+
+        Hashes are chained, so the first miss ends the search. Example (bs=16): 64 tokens all
+        cached, max_length = 63 -> 3 blocks (the last block is recomputed).
+        """
+        hits: list[KVCacheBlock] = []
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        return None
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """Sliding-window attention of `sliding_window` tokens (`L299-394`).
+
+    A token at position p attends to positions [p - W + 1, p]. Once C tokens are computed the
+    next token is at C, so only tokens [C - W + 1, C] matter; blocks wholly before that are
+    freed and replaced by the null block (block 0) in the table.
+    """
+
+    def __init__(self, block_pool: BlockPool, block_size: int, sliding_window: int) -> None:
+        super().__init__(block_pool, block_size)
+        if sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        self.sliding_window = sliding_window
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> list[KVCacheBlock]:
+        """A hit needs `cdiv(W - 1, bs)` contiguous cached blocks, nulls before them.
+
+        Scan right to left; the first run of `cdiv(W-1, bs)` cached blocks ends the search, the
+        blocks before the run become null and those after it are dropped. Without such a run,
+        only the run of hits starting at block 0 counts.
+
+        Example (bs=4, W=8, so 2 contiguous blocks; max_length 19 -> 4 blocks considered):
+        cached = {h0: 3, h2: 7, h3: 8} -> [NULL, NULL, 7, 8], i.e. 16 tokens computed
+        (upstream's docstring example). cached = {h0: 3, h2: 7} -> [3] (the leading run).
+        """
+        num_contiguous_needed = cdiv(self.sliding_window - 1, self.block_size)
+        max_num_blocks = max_length // self.block_size
+        null = self.block_pool.null_block
+        hits: list[KVCacheBlock] = [null] * max_num_blocks
+        num_contiguous = 0
+        for index in range(max_num_blocks - 1, -1, -1):
+            block = self.block_pool.get_cached_block(block_hashes[index])
+            if block is None:
+                num_contiguous = 0
+                continue
+            hits[index] = block
+            num_contiguous += 1
+            if num_contiguous >= num_contiguous_needed:
+                return hits[: index + num_contiguous]
+        # No full run: the scan ended at block 0, so num_contiguous is the leading run.
+        return hits[:num_contiguous]
+
+    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        """Free the blocks before `floor((C - W + 1) / bs)`, walking back to the first null.
+
+        Example (bs=16, W=16, C=112): the first useful block is floor(97 / 16) = 6, so blocks
+        5, 4, ..., 0 are freed (in that order) and become null. With W=24 it is
+        floor(89 / 16) = 5: blocks 4..0 are freed.
+        """
+        first_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
+        table = self.blocks_of(request_id)
+        if first_useful_block > len(table):
+            raise ValueError(
+                f"request {request_id}: {num_computed_tokens} computed tokens but only "
+                f"{len(table)} blocks in its table"
+            )
+        removed: list[KVCacheBlock] = []
+        for index in range(first_useful_block - 1, -1, -1):
+            if table[index].is_null:
+                # Earlier calls nulled everything before this index already.
+                break
+            removed.append(table[index])
+            table[index] = self.block_pool.null_block
+        self.block_pool.free_blocks(removed)

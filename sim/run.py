@@ -1,0 +1,196 @@
+"""Resolve a scenario into concrete numbers and run it: the public `sim.run(...)` entry point.
+
+Resolution makes every default explicit and reports it in `RunResult.inputs`: where the block
+count came from (given, or derived by `sim.memory` with every term), the sliding window, the
+token budget, the step-time model, and the workload source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from sim.audit import AuditLevel
+from sim.catalog import ModelSpec, get_gpu, get_model
+from sim.engine import Engine, EngineConfig, Router
+from sim.kv.config import KVCacheConfig
+from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
+from sim.memory import block_bytes, derive_num_gpu_blocks
+from sim.results import RunResult, build_result
+from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scheduler import SchedulerConfig
+from sim.workload import Workload, load_workload
+
+DEFAULT_SCENARIO = "default.yaml"
+
+
+def builtin_scenario_path(name: str = DEFAULT_SCENARIO) -> Path:
+    """A scenario shipped inside the package (`sim/data/scenarios/`)."""
+    return Path(str(resources.files("sim.data").joinpath("scenarios", name)))
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    scenario: Scenario
+    engine: EngineConfig
+    workload: Workload
+    step_time: object
+    inputs: dict
+
+
+def _model(scenario: Scenario) -> ModelSpec | None:
+    if scenario.model is None:
+        return None
+    try:
+        return get_model(scenario.model)
+    except (ValueError, TypeError) as error:
+        raise ScenarioError(f"model: {error}".splitlines()[0]) from None
+
+
+def _kv_config(scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict) -> KVCacheConfig:
+    cache = scenario.cache
+    hw = scenario.hardware
+    kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    if cache.num_gpu_blocks == "derive":
+        assert model is not None
+        try:
+            budget = derive_num_gpu_blocks(
+                model,
+                get_gpu(hw.gpu),
+                tp=hw.tensor_parallel_size,
+                block_size=cache.block_size,
+                gpu_memory_utilization=cache.gpu_memory_utilization,
+                kv_dtype=kv_dtype,
+                max_num_batched_tokens=token_budget,
+                max_num_seqs=scenario.scheduler.max_num_seqs,
+            )
+        except ValueError as error:
+            raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
+        num_gpu_blocks = budget.num_gpu_blocks
+        inputs["memory"] = budget.as_dict() if hasattr(budget, "as_dict") else dict(vars(budget))
+        inputs["num_gpu_blocks_source"] = "derived"
+    else:
+        num_gpu_blocks = cache.num_gpu_blocks
+        inputs["num_gpu_blocks_source"] = "given"
+    if cache.num_cpu_blocks is not None:
+        num_cpu_blocks = cache.num_cpu_blocks
+    elif model is not None:
+        one_block = block_bytes(model, block_size=cache.block_size, kv_dtype=kv_dtype, tp=hw.tensor_parallel_size)
+        num_cpu_blocks = int(cache.swap_space_gib * 2**30 // one_block)
+    else:
+        num_cpu_blocks = 0
+    window = cache.sliding_window
+    if window == "model":
+        window = model.sliding_window if model is not None and model.layer_pattern == "sliding" else None
+    config = KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=cache.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        sliding_window=window,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        watermark=cache.watermark,
+        max_model_len=None,
+    )
+    inputs["num_gpu_blocks"] = num_gpu_blocks
+    inputs["num_cpu_blocks"] = num_cpu_blocks
+    inputs["sliding_window"] = window
+    return config
+
+
+def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
+    """Every number the run will use, from a validated scenario."""
+    base_dir = Path(base_dir)
+    inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
+    model = _model(scenario)
+    sched = scenario.scheduler
+    max_model_len = sched.max_model_len or (model.max_position_embeddings if model is not None else None)
+    if max_model_len is None:
+        raise ScenarioError("scheduler.max_model_len: needed when the scenario has no model")
+    scheduler_config = SchedulerConfig(
+        max_model_len=max_model_len,
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        policy=sched.policy,
+        preemption_mode=sched.preemption_mode,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+    )
+    token_budget = scheduler_config.token_budget(sched.design.api)
+    inputs["design"] = sched.design.value
+    inputs["max_model_len"] = max_model_len
+    inputs["max_num_batched_tokens"] = token_budget
+    kv = _kv_config(scenario, model, token_budget, inputs)
+    kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
+    workload_config = scenario.workload
+    if "seed" not in workload_config.model_fields_set:
+        workload_config = workload_config.model_copy(update={"seed": scenario.seed})
+    workload = load_workload(workload_config, base_dir)
+    inputs["workload"] = {"name": getattr(workload, "name", ""), "num_requests": len(workload.requests)}
+    step_time = _step_time(scenario, model, base_dir, inputs)
+    engine = EngineConfig(
+        design=sched.design,
+        kv=kv,
+        scheduler=scheduler_config,
+        num_replicas=scenario.engine.num_replicas,
+        router=Router(scenario.engine.router),
+        violation_policy=scenario.engine.violation_policy,
+        audit_level=AuditLevel(scenario.engine.audit_level),
+        max_sim_time_s=scenario.engine.max_sim_time_s,
+    )
+    return ResolvedRun(scenario, engine, workload, step_time, inputs)
+
+
+def _asdict(config: KVCacheConfig) -> dict:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
+    config = scenario.step_time or StepTimeConfig(roofline={})
+    if config.calibrated is not None:
+        profile = Path(config.calibrated.profile)
+        if not profile.is_absolute():
+            profile = base_dir / profile
+        config = config.model_copy(update={"calibrated": config.calibrated.model_copy(update={"profile": str(profile)})})
+    inputs["step_time"] = config.model_dump(mode="json", exclude_none=True)
+    if model is None:
+        assert config.linear is not None
+        return LinearStepTime(**config.linear.model_dump())
+    try:
+        return make_step_time(
+            config,
+            model,
+            scenario.hardware.gpu,
+            tp=scenario.hardware.tensor_parallel_size,
+            kv_dtype=None if scenario.cache.kv_cache_dtype == "auto" else scenario.cache.kv_cache_dtype,
+        )
+    except (ValueError, OSError) as error:
+        raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
+
+
+def run(
+    scenario: Scenario | str | Path | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    overrides: dict | None = None,
+) -> RunResult:
+    """Run a scenario (an object, a path, or None for the built-in default) and return its tables.
+
+    `overrides` are dotted keys applied before validation, e.g. {"cache.num_gpu_blocks": 4096}.
+    """
+    if scenario is None:
+        scenario = builtin_scenario_path()
+    if isinstance(scenario, (str, Path)):
+        path = Path(scenario)
+        scenario = load_scenario(path)
+        base_dir = base_dir or path.parent
+    if overrides:
+        from sim.overrides import apply_overrides
+
+        scenario = apply_overrides(scenario, overrides)
+    resolved = resolve(scenario, base_dir or ".")
+    engine = Engine(resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress)
+    records = engine.run()
+    return build_result(records, resolved.inputs)

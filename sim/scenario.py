@@ -1,0 +1,151 @@
+"""The scenario file: a closed pydantic schema (unknown keys are errors naming key and file).
+
+Example (the 4-vs-3 case on v0 BlockSpaceManagerV2)::
+
+    name: swa-4-vs-3-v0-v2
+    cache: {block_size: 16, num_gpu_blocks: 10, sliding_window: 24}
+    scheduler: {design: v0-v2, max_model_len: 160}
+    workload:
+      kind: inline
+      requests:
+        - {arrival_s: 0.0, prompt_tokens: 112, output_tokens: 8}
+        - {arrival_s: 0.0, prompt_tokens: 64, output_tokens: 8}
+    step_time: {linear: {fixed_s: 0.01}}
+    expect: {violations: [admission_undercount, leaked_blocks]}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
+from sim.kv.config import Design
+from sim.latency import StepTimeConfig
+from sim.scheduler.config import Policy, PreemptionMode
+from sim.workload.config import WorkloadConfig
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be read or is invalid; the message is one line naming the file."""
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CacheSection(_Closed):
+    block_size: int = Field(default=16, ge=1)
+    #: A number, or "derive" to compute it from the model, GPU and memory settings.
+    num_gpu_blocks: int | Literal["derive"] = "derive"
+    num_cpu_blocks: int | None = Field(default=None, ge=0)
+    #: CPU swap space per replica, used when num_cpu_blocks is not given (vLLM default 4 GiB).
+    swap_space_gib: float = Field(default=4.0, ge=0)
+    #: Tokens; "model" takes the model's window where all its layers are sliding (Mistral).
+    sliding_window: int | Literal["model"] | None = "model"
+    enable_prefix_caching: bool = False
+    watermark: float = Field(default=0.01, ge=0, lt=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
+
+
+class SchedulerSection(_Closed):
+    design: Design = Design.V0_V2
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enable_chunked_prefill: bool = False
+    policy: Policy = Policy.FCFS
+    preemption_mode: PreemptionMode = PreemptionMode.AUTO
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+
+
+class EngineSection(_Closed):
+    num_replicas: int = Field(default=1, ge=1)
+    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    violation_policy: ViolationPolicy = ViolationPolicy.RECORD
+    audit_level: AuditLevel = AuditLevel.CHEAP
+    max_sim_time_s: float | None = Field(default=None, gt=0)
+
+
+class HardwareSection(_Closed):
+    gpu: str = "h100-sxm"
+    tensor_parallel_size: int = Field(default=1, ge=1)
+
+
+class ExpectSection(_Closed):
+    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur."""
+
+    violations: Literal["none", "any"] | list[ViolationKind] = "none"
+
+
+class Scenario(_Closed):
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(default=0, ge=0)
+    #: A catalog model name, or a geometry (see `sim.catalog`); needed by roofline and derive.
+    model: str | dict[str, Any] | None = "llama-3.1-8b"
+    hardware: HardwareSection = HardwareSection()
+    cache: CacheSection = CacheSection()
+    scheduler: SchedulerSection = SchedulerSection()
+    engine: EngineSection = EngineSection()
+    workload: WorkloadConfig
+    #: None: the roofline default. Else {roofline: {...}}, {calibrated: PROFILE} or {linear: {...}}.
+    step_time: StepTimeConfig | None = None
+    expect: ExpectSection = ExpectSection()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        if self.cache.num_gpu_blocks == "derive" and self.model is None:
+            raise ValueError("cache.num_gpu_blocks: 'derive' needs a model")
+        if self.model is None and (self.step_time is None or self.step_time.linear is None):
+            raise ValueError("step_time: only the linear model works without a model")
+        return self
+
+
+def _format_validation_error(path: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"] if not isinstance(p, int) or True)
+    if first["type"] == "extra_forbidden":
+        parent, _, key = where.rpartition(".")
+        return f"{path}: unknown key '{key}'" + (f" in '{parent}'" if parent else "")
+    if first["type"] == "missing":
+        return f"{path}: missing required key '{where}'"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{path}: {where}: {message}" if where else f"{path}: {message}"
+
+
+def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as error:
+        raise ScenarioError(_format_validation_error(source, error)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every problem is a one-line `ScenarioError`."""
+    path = Path(path)
+    if not path.exists():
+        raise ScenarioError(f"{path}: no such file")
+    if path.is_dir():
+        raise ScenarioError(f"{path}: is a directory, not a scenario file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ScenarioError(f"{path}{where}: invalid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScenarioError(f"{path}: cannot read: {error}") from None
+    return scenario_from_dict(data, str(path))
+
+
+def scenario_to_yaml(scenario: Scenario) -> str:
+    data = scenario.model_dump(mode="json", exclude_defaults=True)
+    return yaml.safe_dump(data, sort_keys=False)

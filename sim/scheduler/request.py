@@ -1,0 +1,118 @@
+"""The runtime record of one request, shared by both schedulers, and the step plan they return."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sim.kv.types import Sequence, SequenceGroup, SequenceStatus, TokenContent
+
+
+class RequestState(enum.Enum):
+    """Where a request is. The last four are terminal: every request ends in exactly one."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    #: Generated all its output tokens (or hit max_model_len).
+    FINISHED = "finished"
+    #: Rejected by the scheduler (prompt too long, admission NEVER), as vLLM's FINISHED_IGNORED.
+    IGNORED = "ignored"
+    #: Its allocation failed under the auditor's record policy (the real engine would crash).
+    FAILED = "failed"
+    #: Still unfinished when the run ended (stop policy, a fatal engine error, or a time limit).
+    ABORTED = "aborted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = {RequestState.FINISHED, RequestState.IGNORED, RequestState.FAILED, RequestState.ABORTED}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A request as the engine sees it: the sequence, its group, timestamps and counters.
+
+    A single-sequence request (n=1, no beam search), which is what serving traces contain.
+    """
+
+    request_id: int
+    arrival_s: float
+    max_tokens: int
+    seq: Sequence
+    group: SequenceGroup
+    priority: int = 0
+    state: RequestState = RequestState.WAITING
+    finish_reason: str = ""
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+    num_prefix_hit_tokens: int = 0
+    replica: int = 0
+    #: Time the last output token was produced (for TPOT).
+    last_token_s: float | None = None
+    #: In the prefill stage (v0 `SequenceStage.PREFILL`): set again by recompute preemption.
+    is_prefill: bool = True
+
+    @classmethod
+    def new(
+        cls,
+        request_id: int,
+        arrival_s: float,
+        prompt: TokenContent,
+        max_tokens: int,
+        priority: int = 0,
+    ) -> Request:
+        seq = Sequence(request_id, prompt, prompt.num_tokens)
+        group = SequenceGroup(request_id, [seq], arrival_s=arrival_s, priority=priority)
+        return cls(request_id, arrival_s, max_tokens, seq, group, priority)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.seq.prompt_len
+
+    def finish(self, state: RequestState, reason: str, now_s: float) -> None:
+        assert not self.state.is_terminal, f"request {self.request_id} already {self.state.value}"
+        self.state = state
+        self.finish_reason = reason
+        self.finish_s = now_s
+        self.seq.status = {
+            RequestState.FINISHED: SequenceStatus.FINISHED_LENGTH_CAPPED,
+            RequestState.IGNORED: SequenceStatus.FINISHED_IGNORED,
+        }.get(state, SequenceStatus.FINISHED_ABORTED)
+
+
+@dataclass(slots=True)
+class ScheduledWork:
+    """One request's share of a step: `num_tokens` computed after `num_context_tokens` of KV."""
+
+    request: Request
+    num_tokens: int
+    num_context_tokens: int
+    is_prefill: bool
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What a scheduler decided for one step."""
+
+    scheduled: list[ScheduledWork] = field(default_factory=list)
+    num_preempted: int = 0
+    ignored: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)
+    num_blocks_swapped_in: int = 0
+    num_blocks_swapped_out: int = 0
+    num_blocks_copied: int = 0
+    #: A fatal engine error (e.g. "Aborted due to the lack of CPU swap space"); the run ends.
+    fatal_error: str | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(w.num_tokens for w in self.scheduled)

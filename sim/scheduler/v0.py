@@ -1,0 +1,355 @@
+"""The vLLM v0 scheduler (`vllm/core/scheduler.py @fc93e56`, 0.5.4), pure Python.
+
+Three queues: `waiting`, `running`, `swapped`. Two step policies:
+
+* **default** (`_schedule_default`, L757-839): if nothing is swapped, schedule prefills; only
+  if no prefill was scheduled, schedule the running decodes and then (if nothing was preempted)
+  swap-ins. A step is all prefills, or decodes plus swap-ins.
+* **chunked prefill** (`_schedule_chunked_prefill`, L841-918): running first, then swapped, then
+  new prefills, all in one token budget.
+
+Admission: `can_allocate` LATER breaks the waiting scan (head-of-line blocking), NEVER ends the
+request as ignored. Preemption takes the *last* running group (`running.pop()`): recompute for
+single-sequence groups, swap otherwise, or the forced mode; a swap-out that finds no CPU space
+is the real engine's fatal `RuntimeError`. The priority policy (#5958, read at 4ac7713) sorts
+waiting by (priority, arrival) and preempts worse-priority running groups for the head.
+
+Every manager call goes through the auditor. A failed allocation (the v0-V2 sliding-window
+undercount) fails that request and the run carries on; the engine ends the run instead under the
+auditor's stop policy.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sim.audit import AuditError
+from sim.kv.types import AllocStatus, SequenceStatus
+from sim.scheduler.budget import SchedulingBudget
+from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
+from sim.scheduler.lifecycle import finish, sample_token, stop_reason
+from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+
+SWAP_SPACE_ERROR = (
+    "Aborted due to the lack of CPU swap space. Please increase the swap space to avoid this error."
+)
+
+
+def _priority_key(request: Request) -> tuple[int, float, int]:
+    return (request.priority, request.arrival_s, request.request_id)
+
+
+class V0Scheduler:
+    """One replica's v0 scheduler over an audited v0 block manager."""
+
+    engine = "v0"
+
+    def __init__(self, config: SchedulerConfig, block_manager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.token_budget = config.token_budget("v0")
+        self.waiting: deque[Request] = deque()
+        self.running: deque[Request] = deque()
+        self.swapped: deque[Request] = deque()
+        self.num_cumulative_preemption = 0
+        # The prompt limit of `_get_prompt_limit` (L626-639).
+        if config.enable_chunked_prefill:
+            self.prompt_limit = config.max_model_len
+        else:
+            self.prompt_limit = min(config.max_model_len, self.token_budget)
+
+    # ------------------------------------------------------------------ queues
+    def add_request(self, request: Request) -> None:
+        if self.config.policy is Policy.PRIORITY:
+            # Keep waiting sorted by (priority, arrival); equal keys keep arrival order.
+            index = len(self.waiting)
+            while index > 0 and _priority_key(self.waiting[index - 1]) > _priority_key(request):
+                index -= 1
+            self.waiting.insert(index, request)
+        else:
+            self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def unfinished(self) -> list[Request]:
+        return [*self.running, *self.swapped, *self.waiting]
+
+    # ------------------------------------------------------------------ helpers
+    def _num_new_tokens(self, request: Request, budget: SchedulingBudget, chunking: bool) -> int:
+        """`_get_num_new_tokens`: 1 for a decode, the uncomputed rest for a prefill (L1189-1213)."""
+        seq = request.seq
+        num_new = seq.num_tokens - seq.num_computed_tokens if request.is_prefill else 1
+        if chunking:
+            num_new = min(num_new, budget.remaining_token_budget())
+        return num_new
+
+    def _preempt(self, request: Request, plan: StepPlan, mode: PreemptionMode | None = None) -> PreemptionMode:
+        """`_preempt` (L1070-1114): recompute or swap; swap without CPU space is fatal."""
+        if mode is None:
+            mode = self.config.preemption_mode
+            if mode is PreemptionMode.AUTO:
+                mode = (
+                    PreemptionMode.RECOMPUTE
+                    if request.group.get_max_num_running_seqs() == 1
+                    else PreemptionMode.SWAP
+                )
+        self.num_cumulative_preemption += 1
+        request.num_preemptions += 1
+        plan.num_preempted += 1
+        if mode is PreemptionMode.RECOMPUTE:
+            request.seq.status = SequenceStatus.WAITING
+            request.state = RequestState.WAITING
+            self.block_manager.free(request.seq)
+            request.seq.num_computed_tokens = 0
+            request.is_prefill = True
+            return mode
+        if not self.block_manager.can_swap_out(request.group):
+            plan.fatal_error = SWAP_SPACE_ERROR
+            raise _FatalError(SWAP_SPACE_ERROR)
+        mapping = self.block_manager.swap_out(request.group)
+        plan.num_blocks_swapped_out += len(mapping)
+        request.seq.status = SequenceStatus.SWAPPED
+        request.state = RequestState.SWAPPED
+        return mode
+
+    def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
+        """Fail a request whose manager call raised; release whatever it still holds."""
+        request.finish(RequestState.FAILED, error.violation.message, now_s)
+        try:
+            self.block_manager.free(request.seq)
+        except (AuditError, KeyError, ValueError):
+            pass  # the table may never have been created; the auditor recorded the failure
+        plan.failed.append(request)
+
+    def _append_slots(self, request: Request, plan: StepPlan) -> None:
+        cows = self.block_manager.append_slots(request.seq, self.config.num_lookahead_slots)
+        plan.num_blocks_copied += len(cows)
+
+    # ------------------------------------------------------------------ phases
+    def _schedule_prefills(self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool) -> list[Request]:
+        scheduled: list[Request] = []
+        while self.waiting:
+            request = self.waiting[0]
+            num_new = self._num_new_tokens(request, budget, chunking)
+            if num_new > self.prompt_limit:
+                self.waiting.popleft()
+                request.finish(
+                    RequestState.IGNORED,
+                    f"Input prompt ({num_new} tokens) is too long and exceeds limit of {self.prompt_limit}",
+                    now_s,
+                )
+                plan.ignored.append(request)
+                continue
+            status = self.block_manager.can_allocate(request.group)
+            if status is AllocStatus.LATER:
+                break
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                request.finish(
+                    RequestState.IGNORED,
+                    f"Input prompt ({num_new} tokens) is too long and exceeds the capacity of block_manager",
+                    now_s,
+                )
+                plan.ignored.append(request)
+                continue
+            num_new_seqs = request.group.get_max_num_running_seqs()
+            if num_new == 0 or not budget.can_schedule(num_new, num_new_seqs):
+                break
+            self.waiting.popleft()
+            try:
+                self.block_manager.allocate(request.group)
+            except AuditError as error:
+                self._fail(request, plan, error, now_s)
+                continue
+            request.seq.status = SequenceStatus.RUNNING
+            request.state = RequestState.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+            plan.scheduled.append(ScheduledWork(request, num_new, request.seq.num_computed_tokens, True))
+            budget.add_num_batched_tokens(request.request_id, num_new)
+            budget.add_num_seqs(request.request_id, num_new_seqs)
+            scheduled.append(request)
+        return scheduled
+
+    def _schedule_running(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> tuple[list[Request], list[Request], list[Request]]:
+        """Returns (still running in order: prefills+decodes, recompute-preempted, swapped out)."""
+        kept_prefill: list[Request] = []
+        kept_decode: list[Request] = []
+        preempted: list[Request] = []
+        swapped_out: list[Request] = []
+        queue = self.running
+        while queue:
+            request = queue[0]
+            num_tokens = self._num_new_tokens(request, budget, chunking)
+            if num_tokens == 0:
+                break
+            queue.popleft()
+            num_seqs = request.group.get_max_num_running_seqs()
+            while not self.block_manager.can_append_slots(request.group, self.config.num_lookahead_slots):
+                budget.subtract_num_batched_tokens(request.request_id, num_tokens)
+                budget.subtract_num_seqs(request.request_id, num_seqs)
+                victim = queue.pop() if queue else request
+                mode = self._preempt(victim, plan)
+                (preempted if mode is PreemptionMode.RECOMPUTE else swapped_out).append(victim)
+                if victim is request:
+                    break
+            else:
+                try:
+                    self._append_slots(request, plan)
+                except AuditError as error:
+                    self._fail(request, plan, error, now_s)
+                    continue
+                is_prefill = request.is_prefill
+                plan.scheduled.append(
+                    ScheduledWork(request, num_tokens if is_prefill else 1, request.seq.num_computed_tokens, is_prefill)
+                )
+                (kept_prefill if is_prefill else kept_decode).append(request)
+                budget.add_num_batched_tokens(request.request_id, num_tokens)
+                if chunking:
+                    budget.add_num_seqs(request.request_id, num_seqs)
+        return kept_prefill + kept_decode, preempted, swapped_out
+
+    def _schedule_swapped(self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool) -> list[Request]:
+        swapped_in: list[Request] = []
+        while self.swapped:
+            request = self.swapped[0]
+            status = self.block_manager.can_swap_in(request.group, self.config.num_lookahead_slots)
+            if status is AllocStatus.LATER:
+                break
+            if status is AllocStatus.NEVER:
+                self.swapped.popleft()
+                try:
+                    self.block_manager.free(request.seq)
+                except AuditError:
+                    pass
+                request.finish(
+                    RequestState.IGNORED,
+                    f"Failing the request {request.request_id} because there's not enough kv cache blocks "
+                    "to run the entire sequence.",
+                    now_s,
+                )
+                plan.ignored.append(request)
+                continue
+            num_seqs = request.group.get_max_num_running_seqs()
+            num_tokens = self._num_new_tokens(request, budget, chunking)
+            if num_tokens == 0 or not budget.can_schedule(num_tokens, num_seqs):
+                break
+            self.swapped.popleft()
+            try:
+                mapping = self.block_manager.swap_in(request.group)
+                plan.num_blocks_swapped_in += len(mapping)
+                request.seq.status = SequenceStatus.RUNNING
+                request.state = RequestState.RUNNING
+                self._append_slots(request, plan)
+            except AuditError as error:
+                self._fail(request, plan, error, now_s)
+                continue
+            is_prefill = request.is_prefill
+            plan.scheduled.append(
+                ScheduledWork(request, num_tokens if is_prefill else 1, request.seq.num_computed_tokens, is_prefill)
+            )
+            budget.add_num_batched_tokens(request.request_id, num_tokens)
+            budget.add_num_seqs(request.request_id, num_seqs)
+            swapped_in.append(request)
+        return swapped_in
+
+    def _schedule_priority_preemption(self, budget: SchedulingBudget, plan: StepPlan) -> None:
+        """Preempt worse-priority running groups until the waiting head fits (L970-1036 @4ac7713)."""
+        if not self.waiting:
+            return
+        running = sorted(self.running, key=_priority_key)
+        head = self.waiting.popleft()
+        num_new = self._num_new_tokens(head, budget, False)
+        num_new_seqs = head.group.get_max_num_running_seqs()
+        while running and _priority_key(running[-1]) > _priority_key(head):
+            status = self.block_manager.can_allocate(head.group)
+            if num_new > 0 and status is AllocStatus.OK and budget.can_schedule(num_new, num_new_seqs):
+                break
+            victim = running.pop()
+            budget.subtract_num_batched_tokens(victim.request_id, self._num_new_tokens(victim, budget, False))
+            budget.subtract_num_seqs(victim.request_id, victim.group.get_max_num_running_seqs())
+            self._preempt(victim, plan, PreemptionMode.RECOMPUTE)
+            self.waiting.appendleft(victim)
+        self.waiting.appendleft(head)
+        self.waiting = deque(sorted(self.waiting, key=_priority_key))
+        self.running = deque(running)
+
+    # ------------------------------------------------------------------ step
+    def schedule(self, now_s: float) -> StepPlan:
+        plan = StepPlan()
+        try:
+            if self.config.enable_chunked_prefill:
+                self._schedule_chunked(plan, now_s)
+            else:
+                self._schedule_default(plan, now_s)
+        except _FatalError:
+            pass  # plan.fatal_error says why; the engine ends the run
+        return plan
+
+    def _new_budget(self) -> SchedulingBudget:
+        return SchedulingBudget(self.token_budget, self.config.max_num_seqs)
+
+    def _schedule_default(self, plan: StepPlan, now_s: float) -> None:
+        budget = self._new_budget()
+        for request in self.running:
+            budget.add_num_seqs(request.request_id, request.group.get_max_num_running_seqs())
+        prefills: list[Request] = []
+        if not self.swapped:
+            prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
+        if not prefills and self.config.policy is Policy.PRIORITY:
+            self._schedule_priority_preemption(budget, plan)
+        kept, preempted, swapped_out, swapped_in = [], [], [], []
+        if not prefills:
+            kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking=False)
+            if not preempted and not swapped_out:
+                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
+        self._requeue(prefills, kept, preempted, swapped_out, swapped_in)
+
+    def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
+        budget = self._new_budget()
+        kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking=True)
+        swapped_in = []
+        if not preempted and not swapped_out:
+            swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=True)
+        prefills = self._schedule_prefills(budget, plan, now_s, chunking=True)
+        self._requeue(prefills, kept, preempted, swapped_out, swapped_in)
+
+    def _requeue(self, prefills, kept, preempted, swapped_out, swapped_in) -> None:
+        # `extendleft` reverses: the earliest-preempted ends up at the front (spec 5.3).
+        self.waiting.extendleft(preempted)
+        self.running.extend(prefills)
+        self.running.extend(kept)
+        self.running.extend(swapped_in)
+        self.swapped.extend(swapped_out)
+
+    def update(self, plan: StepPlan, now_s: float) -> list[Request]:
+        """Apply the step's results (`_process_model_outputs`); returns the requests that finished."""
+        finished: list[Request] = []
+        for work in plan.scheduled:
+            request = work.request
+            if request.state is not RequestState.RUNNING:
+                continue
+            seq = request.seq
+            seq.num_computed_tokens += work.num_tokens
+            if request.is_prefill and seq.num_computed_tokens < seq.num_tokens:
+                continue  # a chunk that does not finish the prompt samples nothing
+            request.is_prefill = False
+            sample_token(request, now_s)
+            reason = stop_reason(request, self.config.max_model_len, ">")
+            if reason is not None:
+                self.block_manager.free(seq)
+                finish(request, reason, now_s)
+                finished.append(request)
+        if finished:
+            self.running = deque(r for r in self.running if not r.state.is_terminal)
+        return finished
+
+
+class _FatalError(Exception):
+    """Internal: unwinds `schedule` after a fatal engine error recorded in the plan."""

@@ -1,0 +1,220 @@
+"""The vLLM V1-engine scheduler (`vllm/v1/core/sched/scheduler.py @4ac7713`, ~0.10), pure Python.
+
+There are no prefill/decode phases: each request has `num_computed_tokens` and is given
+`num_tokens - num_computed_tokens` new tokens (1 for a decode), clamped by
+`long_prefill_token_threshold`, the token budget and `max_model_len - 1 - C`.
+
+1. RUNNING first, in list order, while budget remains. `allocate_slots` returning None preempts
+   the last running request (or the worst priority) by recompute, until the current one fits or
+   is itself the victim, which ends the running loop.
+2. WAITING only if nothing was preempted in this step: stop at `max_num_seqs`; prefix hits are
+   looked up for a request with no computed tokens; without chunked prefill a prompt larger than
+   the budget is skipped; `allocate_slots` None breaks (head-of-line blocking, no preemption).
+3. Every scheduled request's `num_computed_tokens` advances at schedule time
+   (`_update_after_schedule`); a token is sampled only once all its tokens are computed.
+
+There is no NEVER path: vLLM's frontend rejects a prompt longer than `max_model_len` before it
+is queued, which kvsim reports as ignored at arrival.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sim.audit import AuditError
+from sim.kv.types import SequenceStatus
+from sim.scheduler.config import Policy, SchedulerConfig
+from sim.scheduler.lifecycle import finish, sample_token, stop_reason
+from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+
+
+def _priority_key(request: Request) -> tuple[int, float, int]:
+    return (request.priority, request.arrival_s, request.request_id)
+
+
+class V1Scheduler:
+    """One replica's V1-engine scheduler over an audited `KVCacheManager`."""
+
+    engine = "v1"
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.token_budget = config.token_budget("v1")
+        if not config.enable_chunked_prefill:
+            # vLLM V1 without chunked prefill sets max_num_batched_tokens = max_model_len.
+            self.token_budget = max(self.token_budget, config.max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    # ------------------------------------------------------------------ queues
+    def add_request(self, request: Request) -> None:
+        self._enqueue(request, front=False)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        """FCFS: append (or prepend after preemption). PRIORITY: insert in (priority, arrival) order."""
+        if self.config.policy is Policy.PRIORITY:
+            index = len(self.waiting)
+            while index > 0 and _priority_key(self.waiting[index - 1]) > _priority_key(request):
+                index -= 1
+            self.waiting.insert(index, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def unfinished(self) -> list[Request]:
+        return [*self.running, *self.waiting]
+
+    # ------------------------------------------------------------------ step
+    def _clamp(self, num_new: int, budget: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        return min(num_new, budget)
+
+    def _preempt(self, plan: StepPlan) -> Request:
+        if self.config.policy is Policy.PRIORITY:
+            victim = max(self.running, key=_priority_key)
+            self.running.remove(victim)
+        else:
+            victim = self.running.pop()
+        self.kv_cache_manager.free(victim.seq)
+        victim.state = RequestState.WAITING
+        victim.seq.status = SequenceStatus.PREEMPTED
+        victim.seq.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        plan.num_preempted += 1
+        self._enqueue(victim, front=True)
+        return victim
+
+    def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
+        request.finish(RequestState.FAILED, error.violation.message, now_s)
+        try:
+            self.kv_cache_manager.free(request.seq)
+        except (AuditError, KeyError, ValueError):
+            pass
+        plan.failed.append(request)
+
+    def _schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> tuple[int, dict[int, int]]:
+        scheduled: dict[int, int] = {}
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            seq = request.seq
+            num_new = self._clamp(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(num_new, self.config.max_model_len - 1 - seq.num_computed_tokens)
+            if num_new <= 0:
+                index += 1
+                continue
+            can_schedule = True
+            while True:
+                try:
+                    blocks = self.kv_cache_manager.allocate_slots(seq, num_new, 0, None, self.config.num_lookahead_slots)
+                except AuditError as error:
+                    self.running.remove(request)
+                    self._fail(request, plan, error, now_s)
+                    can_schedule = None
+                    break
+                if blocks is not None:
+                    break
+                victim = self._preempt(plan)
+                if victim is request:
+                    can_schedule = False
+                    break
+            if can_schedule is None:
+                continue
+            if not can_schedule:
+                break
+            scheduled[request.request_id] = num_new
+            plan.scheduled.append(ScheduledWork(request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)))
+            budget -= num_new
+            index += 1
+        return budget, scheduled
+
+    @staticmethod
+    def _is_prefill(request: Request, num_new: int) -> bool:
+        seq = request.seq
+        return not (num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1)
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int, scheduled: dict[int, int], now_s: float) -> None:
+        skipped: list[Request] = []
+        while self.waiting and budget > 0:
+            if len(self.running) == self.config.max_num_seqs:
+                break
+            request = self.waiting[0]
+            seq = request.seq
+            if seq.num_computed_tokens == 0:
+                hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
+            else:
+                hit_block_ids, num_computed = [], seq.num_computed_tokens
+            num_new = seq.num_tokens - num_computed
+            threshold = self.config.long_prefill_token_threshold
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                skipped.append(self.waiting.popleft())
+                continue
+            num_new = min(num_new, budget)
+            num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
+            try:
+                blocks = self.kv_cache_manager.allocate_slots(
+                    seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
+                )
+            except AuditError as error:
+                self.waiting.popleft()
+                self._fail(request, plan, error, now_s)
+                continue
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.state = RequestState.RUNNING
+            seq.status = SequenceStatus.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+                request.num_prefix_hit_tokens = num_computed
+            seq.num_computed_tokens = num_computed
+            scheduled[request.request_id] = num_new
+            plan.scheduled.append(ScheduledWork(request, num_new, num_computed, True))
+            budget -= num_new
+        for request in reversed(skipped):
+            self._enqueue(request, front=True)
+
+    def schedule(self, now_s: float) -> StepPlan:
+        plan = StepPlan()
+        budget, scheduled = self._schedule_running(plan, self.token_budget, now_s)
+        if plan.num_preempted == 0:
+            self._schedule_waiting(plan, budget, scheduled, now_s)
+        # `_update_after_schedule`: computed tokens advance now, for every scheduled request
+        # (at 4ac7713 this includes a priority victim scheduled earlier in the same step).
+        for work in plan.scheduled:
+            work.request.seq.num_computed_tokens += work.num_tokens
+        return plan
+
+    def update(self, plan: StepPlan, now_s: float) -> list[Request]:
+        """`update_from_output`: sample for requests whose tokens are all computed; finish them."""
+        finished: list[Request] = []
+        for work in plan.scheduled:
+            request = work.request
+            if request.state is not RequestState.RUNNING:
+                continue
+            seq = request.seq
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # partial prefill: the sampled token is discarded
+            request.is_prefill = False
+            sample_token(request, now_s)
+            reason = stop_reason(request, self.config.max_model_len, ">=")
+            if reason is not None:
+                self.kv_cache_manager.free(seq)
+                finish(request, reason, now_s)
+                finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if not r.state.is_terminal]
+        return finished
