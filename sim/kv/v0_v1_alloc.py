@@ -1,0 +1,281 @@
+"""Block allocators and the LRU evictor of vLLM v0 `BlockSpaceManagerV1`.
+
+Models `vllm/core/block_manager_v1.py:L21-210` and `vllm/core/evictor_v1.py:L53-96`
+at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2 (our own code, same behaviour).
+
+* `UncachedBlockAllocator`: blocks 0..N-1 exist from the start in a Python list used as a
+  stack. `allocate` pops from the end, so a fresh pool hands out N-1, N-2, ... and a freed
+  block is the next one reused (LIFO). Example, N=10: allocate -> 9, allocate -> 8,
+  free(9), allocate -> 9.
+* `CachedBlockAllocator` (prefix caching): blocks are created lazily, numbered in creation
+  order 0, 1, ...; every live block is keyed by a hash (content hash, or a per-allocator
+  counter for blocks that have none yet). A block whose refcount drops to 0 goes to the
+  `LRUEvictor` still keyed by its hash, so a later request with the same hash revives it.
+  Free blocks = never-created blocks + evictor entries.
+
+Every refcount change goes through the allocator so it can keep `num_held_blocks` (blocks with
+refcount > 0) as an O(1) counter independent of the free list; `PoolStats` conservation is
+then a real check, not a tautology.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sim.kv.types import DoubleFreeError, NoFreeBlocksError
+
+#: vLLM `block.py:L6 @fc93e56`: a block never accessed has last_accessed == -1.
+DEFAULT_LAST_ACCESSED_S = -1.0
+
+#: The hash an uncached block carries (vLLM uses -1 as "no hash" there).
+UNCACHED_BLOCK_HASH = -1
+
+OUT_OF_BLOCKS_MSG = "Out of memory! No free blocks are available."
+EVICTOR_EMPTY_MSG = "No usable cache memory left"
+
+
+class Device(enum.Enum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+@dataclass(slots=True, eq=False)
+class PhysicalBlock:
+    """One KV block (vLLM `PhysicalTokenBlock`). Identity-hashed, like the original, so a
+    swap mapping keyed by block objects preserves sharing."""
+
+    device: Device
+    block_id: int
+    block_hash: int
+    num_hashed_tokens: int
+    ref_count: int = 0
+    last_accessed: float = DEFAULT_LAST_ACCESSED_S
+    computed: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"PhysicalBlock({self.device.value}:{self.block_id}, ref_count={self.ref_count}, "
+            f"num_hashed_tokens={self.num_hashed_tokens}, computed={self.computed})"
+        )
+
+
+class LRUEvictor:
+    """Freed cached blocks, keyed by hash in insertion order (vLLM `evictor_v1.LRUEvictor`).
+
+    `evict` scans from the front: the first entry is the candidate; walking forward, it stops
+    at the first entry whose `last_accessed` is later than the candidate's, and on the way
+    switches to any entry with `last_accessed <= candidate's` and more `num_hashed_tokens`.
+    This is the true LRU only while entries sit in timestamp order. Example: entries
+    [A(t=5, n=16), B(t=1, n=16)] never trigger the stop, nothing beats A's 16 tokens, so A
+    (not the older B) is evicted.
+    """
+
+    def __init__(self) -> None:
+        self.hash_to_block: OrderedDict[int, PhysicalBlock] = OrderedDict()
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self.hash_to_block
+
+    def __len__(self) -> int:
+        return len(self.hash_to_block)
+
+    def add(self, block: PhysicalBlock) -> None:
+        assert block.block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
+        self.hash_to_block[block.block_hash] = block
+
+    def remove(self, block_hash: int) -> PhysicalBlock:
+        if block_hash not in self.hash_to_block:
+            raise ValueError("Attempting to remove block that's not in the evictor")
+        return self.hash_to_block.pop(block_hash)
+
+    def evict(self) -> PhysicalBlock:
+        if not self.hash_to_block:
+            raise NoFreeBlocksError(EVICTOR_EMPTY_MSG)
+        victim = next(iter(self.hash_to_block.values()))
+        for block in self.hash_to_block.values():
+            # The early stop assumes timestamps ascend from the front (see class docstring).
+            if victim.last_accessed < block.last_accessed:
+                break
+            if victim.num_hashed_tokens < block.num_hashed_tokens:
+                victim = block
+        del self.hash_to_block[victim.block_hash]
+        victim.computed = False
+        return victim
+
+
+class _RefCounting:
+    """Refcount bookkeeping shared by both allocators; keeps `num_held_blocks` in O(1)."""
+
+    device: Device
+    num_blocks: int
+    num_held_blocks: int
+
+    def _check_owned(self, block: PhysicalBlock) -> None:
+        assert block.device is self.device, (
+            f"{block} freed/referenced on the {self.device.value} allocator"
+        )
+
+    def incref(self, block: PhysicalBlock) -> None:
+        """One more owner of a live block (fork, swap mapping hit)."""
+        self._check_owned(block)
+        assert block.ref_count > 0, f"incref of a free block {block}"
+        block.ref_count += 1
+
+    def set_ref(self, block: PhysicalBlock, ref_count: int) -> None:
+        """vLLM assigns `ref_count` directly in `_allocate_sequence` (not an increment)."""
+        self._check_owned(block)
+        assert ref_count > 0 and block.ref_count > 0, f"set_ref({ref_count}) on {block}"
+        block.ref_count = ref_count
+
+    def _take(self, block: PhysicalBlock) -> None:
+        assert block.ref_count == 0
+        block.ref_count = 1
+        self.num_held_blocks += 1
+
+    def _drop(self, block: PhysicalBlock) -> bool:
+        """Decrement; True when the block became free. Raises on a double free."""
+        self._check_owned(block)
+        if block.ref_count == 0:
+            raise DoubleFreeError(f"Double free! {block} is already freed.")
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.num_held_blocks -= 1
+            return True
+        return False
+
+
+class UncachedBlockAllocator(_RefCounting):
+    """LIFO free list over blocks 0..num_blocks-1 (vLLM `block_manager_v1.py:L154-210`).
+
+    Running dry raises `NoFreeBlocksError`, a ValueError subclass; the real code raises a
+    plain `ValueError` with the same message.
+    """
+
+    def __init__(self, device: Device, num_blocks: int) -> None:
+        self.device = device
+        self.num_blocks = num_blocks
+        self.num_held_blocks = 0
+        self._all_blocks = [
+            PhysicalBlock(device, i, UNCACHED_BLOCK_HASH, 0) for i in range(num_blocks)
+        ]
+        # A stack: allocate pops the end, free pushes it back (LIFO reuse).
+        self._free_blocks = list(self._all_blocks)
+
+    def allocate(self, block_hash: int | None = None, num_hashed_tokens: int = 0) -> PhysicalBlock:
+        """Hash arguments are accepted and ignored, as upstream (swap passes them)."""
+        if not self._free_blocks:
+            raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
+        block = self._free_blocks.pop()
+        self._take(block)
+        return block
+
+    def free(self, block: PhysicalBlock) -> None:
+        if self._drop(block):
+            self._free_blocks.append(block)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return 0
+
+    def blocks(self) -> Iterator[PhysicalBlock]:
+        return iter(self._all_blocks)
+
+    def free_block_ids(self) -> list[int]:
+        """Free list bottom to top: the last id is the next one `allocate` returns."""
+        return [b.block_id for b in self._free_blocks]
+
+    def contains_block(self, block_hash: int) -> bool:
+        raise NotImplementedError("Invalid codepath for uncached block allocator.")
+
+    def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
+        raise NotImplementedError("Invalid codepath for uncached block allocator.")
+
+
+class CachedBlockAllocator(_RefCounting):
+    """Hash-keyed allocator with lazy block creation and LRU eviction
+    (vLLM `block_manager_v1.py:L64-151`).
+
+    `allocate(h)`: revive `h` from the evictor (ref 0 -> 1); else share the live block keyed
+    `h` (ref += 1); else create block `current_num_blocks` or, when all exist, evict one and
+    re-key it to `h`. `allocate()` without a hash uses the next value of this allocator's own
+    counter 0, 1, 2, ... (upstream does the same, so a counter value could in principle equal a
+    content hash; with 64-bit hashes we accept that, as upstream does).
+
+    Eviction with an empty evictor raises `NoFreeBlocksError("No usable cache memory left")`;
+    upstream raises a plain ValueError with that message from the evictor.
+    """
+
+    def __init__(self, device: Device, num_blocks: int) -> None:
+        self.device = device
+        self.num_blocks = num_blocks
+        self.num_held_blocks = 0
+        self._created: list[PhysicalBlock] = []
+        self.hash_to_block: dict[int, PhysicalBlock] = {}  # live blocks (vLLM `cached_blocks`)
+        self.evictor = LRUEvictor()
+        self._unhashed_counter = itertools.count()
+
+    def _new_or_evicted_block(self, block_hash: int, num_hashed_tokens: int) -> PhysicalBlock:
+        if len(self._created) == self.num_blocks:
+            block = self.evictor.evict()
+            block.block_hash = block_hash
+            block.num_hashed_tokens = num_hashed_tokens
+            return block
+        block = PhysicalBlock(self.device, len(self._created), block_hash, num_hashed_tokens)
+        self._created.append(block)
+        return block
+
+    def allocate(self, block_hash: int | None = None, num_hashed_tokens: int = 0) -> PhysicalBlock:
+        if block_hash is None:
+            block_hash = next(self._unhashed_counter)
+        if block_hash in self.evictor:
+            assert block_hash not in self.hash_to_block
+            block = self.evictor.remove(block_hash)
+            self.hash_to_block[block_hash] = block
+            self._take(block)
+            return block
+        block = self.hash_to_block.get(block_hash)
+        if block is None:
+            block = self._new_or_evicted_block(block_hash, num_hashed_tokens)
+            self.hash_to_block[block_hash] = block
+            self._take(block)
+        else:
+            block.ref_count += 1
+        assert block.block_hash == block_hash
+        return block
+
+    def free(self, block: PhysicalBlock) -> None:
+        if self._drop(block):
+            self.evictor.add(block)
+            del self.hash_to_block[block.block_hash]
+
+    def contains_block(self, block_hash: int) -> bool:
+        return block_hash in self.hash_to_block or block_hash in self.evictor
+
+    def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
+        """Re-key a live block (promotion of a block that just became full)."""
+        assert not self.contains_block(block_hash), f"hash {block_hash} already cached"
+        del self.hash_to_block[block.block_hash]
+        block.block_hash = block_hash
+        self.hash_to_block[block_hash] = block
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - len(self._created) + len(self.evictor)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.evictor)
+
+    def blocks(self) -> Iterator[PhysicalBlock]:
+        return iter(self._created)
+
+
+BlockAllocator = UncachedBlockAllocator | CachedBlockAllocator
