@@ -1,0 +1,116 @@
+"""GPU + CPU allocators behind one id space (`vllm/core/block/cpu_gpu_block_allocator.py @00c3d68`).
+
+Absolute ids are GPU ``0..G-1`` then CPU ``G..G+C-1`` (`L55-57`); the physical id on a
+device is the index within that device's sorted ids, so CPU absolute id ``G+j`` is CPU
+physical ``j`` (`L220-232`). The null block (`L113-117`) is a real GPU block allocated the
+first time a sliding-window table asks for it, shared by every table, and never freed:
+`free(null)` is a no-op (`L173-185`).
+
+Worked example (G=10, C=4): the first allocation gets GPU id 0; swapping a 1-block seq
+out gives it CPU absolute id 10, reported as the pair ``(0, 0)`` (GPU phys 0 -> CPU phys 0).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
+from sim.kv.v0_v2.prefix_caching import PrefixCachingBlockAllocator
+
+DeviceAllocator = NaiveBlockAllocator | PrefixCachingBlockAllocator
+
+
+class Device(enum.Enum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class CpuGpuBlockAllocator:
+    def __init__(
+        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, enable_caching: bool
+    ) -> None:
+        cls = PrefixCachingBlockAllocator if enable_caching else NaiveBlockAllocator
+        self.num_gpu_blocks = num_gpu_blocks
+        self.gpu = cls(list(range(num_gpu_blocks)), block_size)
+        self.cpu = cls(list(range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)), block_size)
+        self.null_block: Block | None = None
+
+    def device_allocator(self, device: Device) -> DeviceAllocator:
+        return self.gpu if device is Device.GPU else self.cpu
+
+    def allocator_of(self, block_id: int) -> DeviceAllocator:
+        return self.gpu if block_id < self.num_gpu_blocks else self.cpu
+
+    @property
+    def uses_content_keys(self) -> bool:
+        return self.gpu.uses_content_keys
+
+    def allocate_or_get_null_block(self) -> Block:
+        if self.null_block is None:
+            block = self.gpu.allocate_mutable_block(None)
+            block.is_null = True
+            self.null_block = block
+        return self.null_block
+
+    def allocate_mutable_block(self, prev: Block | None, device: Device = Device.GPU) -> Block:
+        return self.device_allocator(device).allocate_mutable_block(prev)
+
+    def allocate_immutable_blocks(
+        self, prev: Block | None, keys: list, device: Device = Device.GPU
+    ) -> list[Block]:
+        return self.device_allocator(device).allocate_immutable_blocks(prev, keys)
+
+    def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
+        if block.is_null:
+            raise ValueError("null block should not be modified")
+        assert block.block_id is not None
+        self.allocator_of(block.block_id).append_tokens(block, num_tokens, key)
+
+    def free(self, block: Block) -> None:
+        if block.is_null:
+            return
+        assert block.block_id is not None
+        self.allocator_of(block.block_id).free(block)
+
+    def fork(self, blocks: list[Block]) -> list[Block]:
+        assert blocks and not blocks[-1].is_null and blocks[-1].block_id is not None
+        return self.allocator_of(blocks[-1].block_id).fork(blocks)
+
+    def num_free_blocks(self, device: Device) -> int:
+        return self.device_allocator(device).num_free_blocks
+
+    def num_total_blocks(self, device: Device) -> int:
+        return self.device_allocator(device).num_total_blocks
+
+    def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
+        return absolute_id if device is Device.GPU else absolute_id - self.num_gpu_blocks
+
+    def swap(self, blocks: list[Block], src: Device, dst: Device) -> dict[int, int]:
+        """Free every block's src id, then give each block object a new dst id (L234-260)."""
+        src_ids = [b.block_id for b in blocks]
+        self.device_allocator(src).swap_out(blocks)
+        self.device_allocator(dst).swap_in(blocks)
+        mapping: dict[int, int] = {}
+        for src_id, block in zip(src_ids, blocks, strict=True):
+            if src_id is not None and block.block_id is not None:
+                mapping[src_id] = block.block_id
+        return mapping
+
+    def get_num_blocks_touched(
+        self, blocks: list[Block], device: Device, num_lookahead_slots: int = 0
+    ) -> int:
+        return self.device_allocator(device).get_num_blocks_touched(blocks, num_lookahead_slots)
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        return self.gpu.clear_copy_on_writes()
+
+    def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        self.gpu.mark_blocks_as_accessed(block_ids, now)
+
+    def get_computed_block_ids(
+        self, prev_ids: list[int], block_ids: list[int], skip_last: bool
+    ) -> list[int]:
+        return self.gpu.get_computed_block_ids(prev_ids, block_ids, skip_last)
+
+    def get_common_computed_block_ids(self, per_seq_ids: list[list[int]]) -> list[int]:
+        return self.gpu.get_common_computed_block_ids(per_seq_ids)

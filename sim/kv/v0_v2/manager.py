@@ -1,0 +1,264 @@
+"""vLLM v0 `BlockSpaceManagerV2`, faithfully (`vllm/core/block_manager_v2.py @00c3d68`, vLLM 0.5.4).
+
+Including its bug (issue #7470, spec section 4): with a sliding window, `can_allocate`
+counts ``min(R, M)`` blocks (``R = cdiv(L, bs)``, ``M = W//bs + 2``, `L75-86`, `L128-130`)
+while `allocate` takes all R (`block_table.py:L76-95`). So it crashes iff
+``R > M and M + Wm <= F < R``.
+
+Worked example (spec 4.2): bs=16, W=24 -> M=3; G=10 -> Wm=0. Seq A (112 tokens) takes 7
+blocks, F=3. Seq B (64 tokens, R=4): can_allocate counts min(4, 3)=3 <= 3 -> OK; allocate
+pops ids 7, 8, 9, then the deque is empty -> NoFreeBlocksError, and those 3 ids leak (F=0).
+`recover_leaked_blocks` gives them back (the real engine never does; it has crashed).
+
+Not modeled: encoder-decoder cross tables; vLLM rejects prefix caching with a sliding
+window at config time (config.py:L542-549 @fc93e56), and so do we.
+
+Footprint bound (`max_seq_footprint`, spec 3.9): None until the table's first append of
+an unseen token (prefill and continuing chunks keep the whole prompt: that is this design);
+after that ``M + 1 + cdiv(k_max, bs)`` live blocks, k_max the largest lookahead used. Decode
+with C computed: ``live = cdiv(C+1+k, bs) - (C//bs - M) = M + cdiv(C%bs + 1 + k, bs)``.
+Without a window: None.
+"""
+
+from __future__ import annotations
+
+from sim.kv.config import KVCacheConfig
+from sim.kv.protocol import PoolStats
+from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus, cdiv
+from sim.kv.v0_v2.block_table import BlockTable
+from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
+from sim.kv.v0_v2.naive import Block
+from sim.kv.v0_v2.trackers import ComputedBlocksTracker, LastAccessBlocksTracker
+
+
+class BlockSpaceManagerV2:
+    table_cls: type[BlockTable] = BlockTable
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        if config.sliding_window is not None and config.enable_prefix_caching:
+            raise ValueError("Prefix caching is not supported with sliding window (vLLM 0.5.4)")
+        self.config = config
+        self.block_size = config.block_size
+        self.num_total_gpu_blocks = config.num_gpu_blocks
+        self.num_total_cpu_blocks = config.num_cpu_blocks
+        self.sliding_window = config.sliding_window
+        self.max_block_sliding_window: int | None = None
+        if config.sliding_window is not None:
+            # +1 because // rounds down, +1 because the last block may be partial.
+            self.max_block_sliding_window = config.sliding_window // config.block_size + 2
+        self.watermark_blocks = config.watermark_blocks
+        self.enable_caching = config.enable_prefix_caching
+        self.block_allocator = CpuGpuBlockAllocator(
+            config.num_gpu_blocks,
+            config.num_cpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+        )
+        self.block_tables: dict[int, BlockTable] = {}
+        self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
+        self._last_access_tracker = LastAccessBlocksTracker(self.block_allocator)
+
+    # -- admission -----------------------------------------------------------------------
+    def _first_waiting(self, seq_group: SequenceGroup) -> Sequence:
+        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        if not waiting:
+            raise ValueError(f"request {seq_group.request_id} has no WAITING sequence")
+        return waiting[0]
+
+    def admission_blocks(self, seq_group: SequenceGroup) -> int:
+        num_required = cdiv(self._first_waiting(seq_group).num_tokens, self.block_size)
+        if self.max_block_sliding_window is not None:
+            num_required = min(num_required, self.max_block_sliding_window)
+        return num_required
+
+    def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
+        num_required = self.admission_blocks(seq_group)
+        num_free = self.block_allocator.num_free_blocks(Device.GPU)
+        if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
+            return AllocStatus.NEVER
+        if num_free - num_required >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def _new_table(self, blocks: list[Block] | None = None) -> BlockTable:
+        return self.table_cls(
+            self.block_size, self.block_allocator, self.max_block_sliding_window, blocks
+        )
+
+    def _track(self, seq_id: int) -> None:
+        self._computed_tracker.add_seq(seq_id)
+        self._last_access_tracker.add_seq(seq_id)
+
+    def allocate(self, seq_group: SequenceGroup) -> None:
+        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        assert waiting, "no WAITING sequence to allocate"
+        assert not ({s.seq_id for s in waiting} & self.block_tables.keys()), (
+            "block table already exists"
+        )
+        table = self._new_table()
+        table.allocate(waiting[0].content)  # may raise NoFreeBlocksError, leaking popped ids
+        self.block_tables[waiting[0].seq_id] = table
+        self._track(waiting[0].seq_id)
+        for seq in waiting[1:]:
+            self.block_tables[seq.seq_id] = table.fork()
+            self._track(seq.seq_id)
+
+    # -- appends -------------------------------------------------------------------------
+    def _num_unseen(self, seq: Sequence, table: BlockTable) -> int:
+        return seq.num_tokens - table.num_full_slots
+
+    def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
+        num_touched = 0
+        for seq in seq_group.get_seqs(SequenceStatus.RUNNING):
+            table = self.block_tables[seq.seq_id]
+            num_touched += table.get_num_blocks_touched_by_append_slots(
+                self._num_unseen(seq, table), num_lookahead_slots
+            )
+        return num_touched <= self.block_allocator.num_free_blocks(Device.GPU)
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        table = self.block_tables[seq.seq_id]
+        table.append_token_ids(
+            seq.content, self._num_unseen(seq, table), num_lookahead_slots, seq.num_computed_tokens
+        )
+        return self.block_allocator.clear_copy_on_writes()
+
+    # -- fork / free ---------------------------------------------------------------------
+    def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
+        if parent_seq.seq_id not in self.block_tables:
+            return
+        self.block_tables[child_seq.seq_id] = self.block_tables[parent_seq.seq_id].fork()
+        self._track(child_seq.seq_id)
+
+    def free(self, seq: Sequence) -> None:
+        table = self.block_tables.get(seq.seq_id)
+        if table is None:
+            return
+        self._last_access_tracker.update_seq_blocks_last_access(
+            seq.seq_id, table.physical_block_ids
+        )
+        self._last_access_tracker.remove_seq(seq.seq_id)
+        self._computed_tracker.remove_seq(seq.seq_id)
+        table.free()
+        del self.block_tables[seq.seq_id]
+
+    # -- swap ----------------------------------------------------------------------------
+    def _blocks_for_swap(self, seq_group: SequenceGroup, status: SequenceStatus) -> list[Block]:
+        return [
+            b for seq in seq_group.get_seqs(status) for b in self.block_tables[seq.seq_id].blocks
+        ]
+
+    def _can_swap(
+        self,
+        seq_group: SequenceGroup,
+        device: Device,
+        status: SequenceStatus,
+        num_lookahead_slots: int = 0,
+    ) -> AllocStatus:
+        blocks = self._blocks_for_swap(seq_group, status)
+        num_touched = self.block_allocator.get_num_blocks_touched(
+            blocks, device, num_lookahead_slots
+        )
+        watermark = self.watermark_blocks if device is Device.GPU else 0
+        if self.block_allocator.num_total_blocks(device) < num_touched:
+            return AllocStatus.NEVER
+        if self.block_allocator.num_free_blocks(device) - num_touched >= watermark:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def _swap(
+        self, seq_group: SequenceGroup, status: SequenceStatus, src: Device, dst: Device
+    ) -> list[tuple[int, int]]:
+        pairs: list[tuple[int, int]] = []
+        alloc = self.block_allocator
+        for seq in seq_group.get_seqs(status):
+            blocks = self._swap_blocks(self.block_tables[seq.seq_id])
+            if not blocks:
+                continue
+            mapping = alloc.swap(blocks, src, dst)
+            pairs.extend(
+                (alloc.get_physical_block_id(src, s), alloc.get_physical_block_id(dst, d))
+                for s, d in mapping.items()
+            )
+        return pairs
+
+    def _swap_blocks(self, table: BlockTable) -> list[Block]:
+        """The blocks a swap moves: all of them, the null block included (which raises)."""
+        return table.blocks
+
+    def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
+        return self._can_swap(seq_group, Device.GPU, SequenceStatus.SWAPPED, num_lookahead_slots)
+
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        return self._swap(seq_group, SequenceStatus.SWAPPED, Device.CPU, Device.GPU)
+
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        return self._can_swap(seq_group, Device.CPU, SequenceStatus.RUNNING) is AllocStatus.OK
+
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        return self._swap(seq_group, SequenceStatus.RUNNING, Device.GPU, Device.CPU)
+
+    # -- queries -------------------------------------------------------------------------
+    def get_block_table(self, seq: Sequence) -> list[int]:
+        return self.block_tables[seq.seq_id].physical_block_ids
+
+    def get_num_free_gpu_blocks(self) -> int:
+        return self.block_allocator.num_free_blocks(Device.GPU)
+
+    def get_num_free_cpu_blocks(self) -> int:
+        return self.block_allocator.num_free_blocks(Device.CPU)
+
+    def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None:
+        if self.enable_caching:
+            self._last_access_tracker.update_last_access(seq.seq_id, access_time)
+
+    def mark_blocks_as_computed(self, seq_group: SequenceGroup) -> None:
+        return None  # "useless for block_v2" (block_manager_v2.py:L289-294)
+
+    def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        per_seq = [
+            self._computed_tracker.get_cached_computed_blocks_and_update(
+                s.seq_id, self.block_tables[s.seq_id].physical_block_ids
+            )
+            for s in seqs
+        ]
+        return self.block_allocator.get_common_computed_block_ids(per_seq)
+
+    # -- PoolIntrospection ---------------------------------------------------------------
+    def pool_stats(self) -> PoolStats:
+        gpu = self.block_allocator.gpu
+        return PoolStats(
+            gpu.num_total_blocks,
+            gpu.num_free_blocks,
+            gpu.refcounter.num_positive,
+            gpu.num_evictable_blocks,
+        )
+
+    def block_refcounts(self) -> dict[int, int]:
+        return self.block_allocator.gpu.refcounter.positive()
+
+    def seq_block_ids(self, seq_id: int) -> list[int]:
+        table = self.block_tables.get(seq_id)
+        if table is None or not table.is_on_gpu():
+            return []
+        return table.physical_block_ids
+
+    def num_seq_blocks(self, seq_id: int) -> int:
+        table = self.block_tables.get(seq_id)
+        if table is None or not table.is_on_gpu():
+            return 0
+        return table.num_live_blocks()
+
+    def max_seq_footprint(self, seq: Sequence) -> int | None:
+        table = self.block_tables.get(seq.seq_id)
+        if self.max_block_sliding_window is None or table is None or not table.has_decoded:
+            return None
+        return self.max_block_sliding_window + 1 + cdiv(table.max_lookahead_slots, self.block_size)
+
+    def recover_leaked_blocks(self) -> int:
+        return self.block_allocator.gpu.recover_leaked_blocks()
+
+    @property
+    def null_block_id(self) -> int | None:
+        null = self.block_allocator.null_block
+        return None if null is None else null.block_id

@@ -1,0 +1,249 @@
+"""Block records, refcounts and the naive (non-caching) v0 V2 block allocator.
+
+Models `vllm/core/block/naive_block.py` and `common.py` (RefCounter, CoW tracker) of vLLM
+0.5.4 @ 00c3d68 (spec section 3.1). Free ids live in a `deque`: allocation pops from the
+left (`naive_block.py:L129-135`) and a block whose refcount reaches 0 is pushed back on the
+left (`L137-145`), so reuse is LIFO of the most recently freed id.
+
+Worked example (ids 0..3)::
+
+    a = alloc.allocate_block_id()    # 0, free deque [1, 2, 3]
+    b = alloc.allocate_block_id()    # 1, free deque [2, 3]
+    alloc.free(Block(a)); alloc.free(Block(b))   # deque [1, 0, 2, 3]
+    alloc.allocate_block_id()        # 1 again: the last freed comes back first
+
+`allocate_immutable_blocks` pops every id it needs *before* building blocks
+(`L85-106`); if the deque runs dry part-way the ids already popped keep refcount 1 and no
+table owns them. We record them in `leaked_blocks` so a continuing simulation can recover
+them; real vLLM never does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from sim.kv.types import DoubleFreeError, NoFreeBlocksError, cdiv
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """One logical block object (vLLM `NaiveBlock` / `PrefixCachingBlock`).
+
+    Several objects may share one physical `block_id` (fork, prefix-cache hits). `prev`
+    links the chain used for hashing; `content_hash` is set once the block is full and its
+    chain is hashable (prefix caching only). `num_tokens_total` is the prefix length
+    through this block (the LRU evictor's tie-break).
+    """
+
+    block_id: int | None
+    prev: Block | None = None
+    num_tokens: int = 0
+    content_hash: int | None = None
+    num_tokens_total: int = 0
+    #: True only for the manager's null block (vLLM `NullBlock`), which must never change.
+    is_null: bool = False
+
+
+class RefCounter:
+    """Refcount per physical id; also counts ids with a positive refcount in O(1)."""
+
+    __slots__ = ("_refcounts", "num_positive")
+
+    def __init__(self, block_ids: list[int]) -> None:
+        self._refcounts = dict.fromkeys(block_ids, 0)
+        self.num_positive = 0
+
+    def incr(self, block_id: int) -> int:
+        count = self._refcounts[block_id] + 1
+        self._refcounts[block_id] = count
+        if count == 1:
+            self.num_positive += 1
+        return count
+
+    def decr(self, block_id: int) -> int:
+        count = self._refcounts[block_id]
+        if count <= 0:
+            raise DoubleFreeError(f"block {block_id} freed with refcount 0")
+        count -= 1
+        self._refcounts[block_id] = count
+        if count == 0:
+            self.num_positive -= 1
+        return count
+
+    def get(self, block_id: int) -> int:
+        return self._refcounts[block_id]
+
+    def positive(self) -> dict[int, int]:
+        return {i: c for i, c in self._refcounts.items() if c > 0}
+
+
+class NaiveBlockAllocator:
+    """One device's pool of ids without prefix caching (vLLM `NaiveBlockAllocator`)."""
+
+    #: Whether the allocator needs each full block's content key (only prefix caching).
+    uses_content_keys = False
+
+    def __init__(self, block_ids: list[int], block_size: int) -> None:
+        self.block_size = block_size
+        self.all_block_ids = tuple(sorted(block_ids))
+        self._free_block_ids: deque[int] = deque(block_ids)
+        self.refcounter = RefCounter(block_ids)
+        self._copy_on_writes: list[tuple[int, int]] = []
+        self.leaked_blocks: list[Block] = []
+
+    # -- ids ---------------------------------------------------------------------------
+    def allocate_block_id(self) -> int:
+        if not self._free_block_ids:
+            raise NoFreeBlocksError()
+        block_id = self._free_block_ids.popleft()
+        self.refcounter.incr(block_id)
+        return block_id
+
+    def free_block_id(self, block: Block) -> None:
+        assert block.block_id is not None, "freeing a block without an id"
+        if self.refcounter.decr(block.block_id) == 0:
+            self._free_block_ids.appendleft(block.block_id)
+        if block.is_null:
+            # vLLM's NullBlock refuses `block_id = None` only *after* the id went back to
+            # the free list (naive_block.py:L137-145, cpu_gpu_block_allocator.py:L359-361).
+            raise ValueError("null block should not be modified")
+        block.block_id = None
+
+    # -- blocks ------------------------------------------------------------------------
+    def allocate_mutable_block(self, prev: Block | None) -> Block:
+        total = prev.num_tokens_total if prev is not None else 0
+        return Block(self.allocate_block_id(), prev, num_tokens_total=total)
+
+    def allocate_immutable_block(
+        self, prev: Block | None, key: tuple | None, content_hash: int | None = None
+    ) -> Block:
+        block = self.allocate_mutable_block(prev)
+        self.append_tokens(block, self.block_size, key)
+        return block
+
+    def allocate_immutable_blocks(
+        self, prev: Block | None, keys: list[tuple | None]
+    ) -> list[Block]:
+        """Pop every id first, then build the blocks (naive_block.py:L85-106 @00c3d68)."""
+        block_ids: list[int] = []
+        try:
+            for _ in keys:
+                block_ids.append(self.allocate_block_id())
+        except NoFreeBlocksError:
+            # The real code drops these ids on the floor: refcount 1, owned by no table.
+            self.leaked_blocks.extend(Block(i) for i in block_ids)
+            raise
+        blocks: list[Block] = []
+        for block_id in block_ids:
+            total = (prev.num_tokens_total if prev is not None else 0) + self.block_size
+            prev = Block(block_id, prev, self.block_size, None, total)
+            blocks.append(prev)
+        return blocks
+
+    def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
+        """Write `num_tokens` into `block`, copying it first if it is shared.
+
+        Even an empty append runs the CoW check (naive_block.py:L384-396).
+        """
+        if block.is_null:
+            raise ValueError("null block should not be modified")
+        assert block.num_tokens + num_tokens <= self.block_size, "block overflow"
+        block.num_tokens += num_tokens
+        block.num_tokens_total += num_tokens
+        if block.block_id is not None:
+            block.block_id = self.cow_block_if_not_appendable(block)
+
+    def cow_block_if_not_appendable(self, block: Block) -> int:
+        src_id = block.block_id
+        assert src_id is not None
+        if self.refcounter.get(src_id) <= 1:
+            return src_id
+        self.free_block_id(block)
+        dst_id = self.allocate_block_id()
+        self._copy_on_writes.append((src_id, dst_id))
+        return dst_id
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        cows, self._copy_on_writes = self._copy_on_writes, []
+        return cows
+
+    def free(self, block: Block) -> None:
+        self.free_block_id(block)
+
+    def fork(self, blocks: list[Block]) -> list[Block]:
+        """New block objects sharing every id of `blocks` (refcount +1 each)."""
+        forked: list[Block] = []
+        prev = None
+        for block in blocks:
+            assert block.block_id is not None
+            assert self.refcounter.incr(block.block_id) != 1, "can't fork a freed block"
+            prev = Block(
+                block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
+            )
+            forked.append(prev)
+        return forked
+
+    # -- counts ------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_block_ids)
+
+    @property
+    def num_total_blocks(self) -> int:
+        return len(self.all_block_ids)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return 0
+
+    def free_block_ids(self) -> list[int]:
+        """The free deque, front first (for tests)."""
+        return list(self._free_block_ids)
+
+    def get_num_blocks_touched(self, blocks: list[Block], num_lookahead_slots: int = 0) -> int:
+        """Distinct ids, except partial blocks when lookahead is asked (naive_block.py:L285-318)."""
+        distinct_ids: set[int | None] = set()
+        num_new = 0
+        for block in blocks:
+            empty = self.block_size - block.num_tokens
+            if empty > 0 and num_lookahead_slots != 0:
+                num_new += (
+                    1
+                    if empty >= num_lookahead_slots
+                    else cdiv(num_lookahead_slots - empty, self.block_size)
+                )
+            else:
+                distinct_ids.add(block.block_id)
+        return num_new + len(distinct_ids)
+
+    # -- swap ----------------------------------------------------------------------------
+    def swap_out(self, blocks: list[Block]) -> None:
+        for block in blocks:
+            self.free_block_id(block)
+
+    def swap_in(self, blocks: list[Block]) -> None:
+        """Give every block object a fresh id here: sharing between objects is lost."""
+        for block in blocks:
+            block.block_id = self.allocate_block_id()
+
+    # -- leaks ---------------------------------------------------------------------------
+    def recover_leaked_blocks(self) -> int:
+        """Free leaked blocks newest first, which restores the deque's pre-failure order."""
+        num = len(self.leaked_blocks)
+        for block in reversed(self.leaked_blocks):
+            self.free(block)
+        self.leaked_blocks.clear()
+        return num
+
+    # -- prefix-caching hooks (no-ops without caching) ----------------------------------
+    def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        return None
+
+    def get_computed_block_ids(
+        self, prev_ids: list[int], block_ids: list[int], skip_last: bool
+    ) -> list[int]:
+        return []
+
+    def get_common_computed_block_ids(self, per_seq_ids: list[list[int]]) -> list[int]:
+        return []

@@ -1,0 +1,181 @@
+"""The `workload:` section of a scenario, as a closed pydantic model (unknown keys are errors).
+
+Three kinds:
+
+- ``trace``: a file (``path``, ``format`` auto-detected or given). A length-distribution file
+  (``format: lengths``) also needs ``arrival`` and takes ``num_requests`` (default: all rows).
+- ``synthetic``: ``arrival`` + ``lengths`` + ``num_requests``, drawn from ``seed``.
+- ``inline``: ``requests`` listed in the scenario itself.
+
+Then, in this order: ``time_range_s`` [start, end) in the source's own seconds (arrivals are
+shifted so the window starts at 0), ``first_n`` requests, and ``rate_scale`` k (arrivals divided
+by k: k = 2 replays twice as fast). Relative paths resolve against the scenario file's folder.
+
+Example (YAML)::
+
+    workload:
+      kind: synthetic
+      num_requests: 1000
+      seed: 7
+      arrival: {process: gamma, rate_per_s: 4.0, cv: 2.0}
+      lengths:
+        prompt: {kind: lognormal, mean: 1000, cv: 1.0, max_tokens: 8192}
+        output: {kind: trace, path: traces/sharegpt.csv, format: lengths}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TraceFormat = Literal["auto", "canonical", "azure", "mooncake", "vidur", "lengths"]
+
+
+class ArrivalConfig(BaseModel):
+    """Inter-arrival process: Poisson (CV 1), Gamma with a CV, or constant (gamma, cv 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    process: Literal["poisson", "gamma"] = "poisson"
+    rate_per_s: float = Field(gt=0, allow_inf_nan=False)
+    cv: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _poisson_cv(self) -> ArrivalConfig:
+        if self.process == "poisson" and self.cv != 1.0:
+            raise ValueError("a poisson process has cv 1; use process: gamma for another cv")
+        return self
+
+
+class LengthDist(BaseModel):
+    """A distribution of token counts, always within [min_tokens, max_tokens].
+
+    fixed: ``value``. uniform: integers in [min_tokens, max_tokens]. lognormal: ``mean`` and
+    ``cv`` of the (unclipped) distribution, rounded and clipped. zipf: P(k) proportional to
+    (k - min_tokens + 1) ** -exponent on [min_tokens, max_tokens]. trace: sampled with
+    replacement from a trace's prompt or output column (``path``, ``format``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fixed", "uniform", "lognormal", "zipf", "trace"]
+    value: int | None = Field(default=None, ge=1)
+    min_tokens: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    mean: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cv: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    exponent: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    path: str | None = None
+    format: TraceFormat = "auto"
+
+    @model_validator(mode="after")
+    def _params(self) -> LengthDist:
+        needs = {
+            "fixed": ("value",),
+            "uniform": ("max_tokens",),
+            "lognormal": ("mean", "cv"),
+            "zipf": ("exponent", "max_tokens"),
+            "trace": ("path",),
+        }[self.kind]
+        for name in needs:
+            if getattr(self, name) is None:
+                raise ValueError(f"lengths of kind {self.kind!r} need {name!r}")
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens {self.max_tokens} < min_tokens {self.min_tokens}")
+        if self.kind == "zipf" and self.max_tokens - self.min_tokens >= 10_000_000:
+            raise ValueError("zipf support above 10,000,000 values is too large")
+        return self
+
+
+class LengthsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: LengthDist
+    output: LengthDist
+
+
+class InlineRequest(BaseModel):
+    """One request written in the scenario; ``prefix_id``/``prefix_tokens`` as in canonical."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arrival_s: float = Field(ge=0, allow_inf_nan=False)
+    prompt_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+    priority: int = 0
+    prefix_id: int | None = Field(default=None, ge=0, lt=2**40)
+    prefix_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _prefix(self) -> InlineRequest:
+        if self.prefix_tokens > self.prompt_tokens:
+            raise ValueError("prefix_tokens exceeds prompt_tokens")
+        if self.prefix_tokens and self.prefix_id is None:
+            raise ValueError("prefix_tokens needs a prefix_id")
+        return self
+
+
+class WorkloadConfig(BaseModel):
+    """Where requests come from and how to window and scale them (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["trace", "synthetic", "inline"]
+    path: str | None = None
+    format: TraceFormat = "auto"
+    hash_block_tokens: int = Field(default=512, ge=1)
+    arrival: ArrivalConfig | None = None
+    lengths: LengthsConfig | None = None
+    num_requests: int | None = Field(default=None, ge=1)
+    rate_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    first_n: int | None = Field(default=None, ge=1)
+    time_range_s: tuple[float, float] | None = None
+    requests: list[InlineRequest] | None = None
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadConfig:
+        lengths_file = self.kind == "trace" and self.format == "lengths"
+        # With format auto the file decides; `load_workload` checks arrival/num_requests then.
+        timed_file = self.kind == "trace" and self.format not in ("lengths", "auto")
+        rules = [
+            (self.kind == "trace" and self.path is None, "a trace workload needs 'path'"),
+            (self.kind != "trace" and self.path is not None, "'path' is only for kind: trace"),
+            (self.kind == "synthetic" and self.arrival is None, "synthetic needs 'arrival'"),
+            (self.kind == "synthetic" and self.lengths is None, "synthetic needs 'lengths'"),
+            (
+                self.kind == "synthetic" and self.num_requests is None,
+                "synthetic needs 'num_requests'",
+            ),
+            (
+                lengths_file and self.arrival is None,
+                "format: lengths has no arrivals; give 'arrival'",
+            ),
+            (
+                timed_file and self.arrival is not None,
+                "this trace has its own arrivals; 'arrival' is only for synthetic or format: lengths",
+            ),
+            (
+                self.kind != "synthetic" and self.lengths is not None,
+                "'lengths' is only for kind: synthetic",
+            ),
+            (
+                timed_file and self.num_requests is not None,
+                "use 'first_n' to cut a trace ('num_requests' is for synthetic / lengths files)",
+            ),
+            (self.kind == "inline" and not self.requests, "inline needs a non-empty 'requests'"),
+            (
+                self.kind != "inline" and self.requests is not None,
+                "'requests' is only for kind: inline",
+            ),
+            (self.kind == "inline" and self.arrival is not None, "inline takes no 'arrival'"),
+        ]
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
+        if self.time_range_s is not None:
+            start, end = self.time_range_s
+            if not 0 <= start < end:
+                raise ValueError(f"time_range_s must satisfy 0 <= start < end, got {start}, {end}")
+        return self

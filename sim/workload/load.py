@@ -1,0 +1,75 @@
+"""`load_workload`: a `WorkloadConfig` in, a validated, windowed, scaled `Workload` out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.kv.types import Segment
+from sim.workload.config import WorkloadConfig
+from sim.workload.errors import WorkloadError
+from sim.workload.loaders import detect_format, load_lengths, load_trace
+from sim.workload.request import PREFIX_KEY_BASE, RequestSpec, Workload
+from sim.workload.synthetic import lengths_workload, resolve, synthetic_workload
+from sim.workload.transform import first_n, scale_time, time_window
+
+
+def load_workload(spec: WorkloadConfig, base_dir: Path | str = ".") -> Workload:
+    """Build the workload `spec` describes; relative paths resolve against `base_dir`.
+
+    Raises `WorkloadError` (one line: file, line, column, problem) for any bad input.
+    """
+    base_dir = Path(base_dir)
+    if spec.kind == "trace":
+        workload = _trace(spec, base_dir)
+    elif spec.kind == "synthetic":
+        assert spec.arrival and spec.lengths and spec.num_requests  # config validation
+        workload = synthetic_workload(
+            spec.num_requests, spec.arrival, spec.lengths, spec.seed, base_dir
+        )
+    else:
+        workload = _inline(spec)
+    if spec.time_range_s is not None:
+        workload = time_window(workload, *spec.time_range_s)
+    if spec.first_n is not None:
+        workload = first_n(workload, spec.first_n)
+    return scale_time(workload, spec.rate_scale)
+
+
+def _trace(spec: WorkloadConfig, base_dir: Path) -> Workload:
+    path = resolve(spec.path, base_dir)
+    fmt = detect_format(path) if spec.format == "auto" else spec.format
+    if fmt == "lengths":
+        if spec.arrival is None:
+            raise WorkloadError(path, "a length-distribution file has no arrivals; give 'arrival'")
+        return lengths_workload(load_lengths(path), spec.num_requests, spec.arrival, spec.seed)
+    if spec.arrival is not None or spec.num_requests is not None:
+        raise WorkloadError(
+            path,
+            f"a {fmt} trace has its own arrivals and length; drop 'arrival'/'num_requests' "
+            "(use 'first_n', 'time_range_s', 'rate_scale')",
+        )
+    return load_trace(path, fmt, hash_block_tokens=spec.hash_block_tokens)
+
+
+def _inline(spec: WorkloadConfig) -> Workload:
+    assert spec.requests is not None  # config validation
+    requests = []
+    for i, item in enumerate(spec.requests):
+        if i and item.arrival_s < spec.requests[i - 1].arrival_s:
+            raise WorkloadError(
+                "workload.requests",
+                f"arrivals must be non-decreasing ({item.arrival_s} after "
+                f"{spec.requests[i - 1].arrival_s})",
+                line=i,
+                column="arrival_s",
+                unit="item",
+            )
+        prefix = ()
+        if item.prefix_id is not None and item.prefix_tokens > 0:
+            prefix = (Segment(PREFIX_KEY_BASE + item.prefix_id, item.prefix_tokens),)
+        requests.append(
+            RequestSpec(
+                i, item.arrival_s, item.prompt_tokens, item.output_tokens, item.priority, prefix
+            )
+        )
+    return Workload(requests, "inline", {"format": "inline", "num_rows": len(requests)})

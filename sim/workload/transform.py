@@ -1,0 +1,60 @@
+"""Windowing and time scaling of a workload; each step records what it excluded.
+
+Order used by `load_workload`: `time_window` (in the source's seconds), then `first_n`, then
+`scale_time`. Request ids are kept (they name the source row), so a windowed workload's ids
+need not start at 0.
+
+Example: arrivals [0, 1, 2, 3, 4] s; time_window(1, 3) keeps [1, 2] -> shifted to [0, 1];
+scale_time(2.0) then gives [0, 0.5] (twice the rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sim.workload.errors import WorkloadError
+from sim.workload.request import Workload
+
+
+def scale_time(workload: Workload, rate_scale: float) -> Workload:
+    """Replay at `rate_scale` times the rate: every arrival divided by `rate_scale`."""
+    if not rate_scale > 0:
+        raise WorkloadError(workload.source, f"rate_scale must be > 0, got {rate_scale}")
+    if rate_scale == 1.0:
+        return workload
+    requests = [dataclasses.replace(r, arrival_s=r.arrival_s / rate_scale) for r in workload]
+    return _derive(workload, requests, "rate_scale", {"rate_scale": rate_scale})
+
+
+def first_n(workload: Workload, n: int) -> Workload:
+    """The first `n` requests (all of them if there are fewer)."""
+    if n < 1:
+        raise WorkloadError(workload.source, f"first_n must be >= 1, got {n}")
+    return _derive(workload, workload.requests[:n], "first_n", {"n": n})
+
+
+def time_window(workload: Workload, start_s: float, end_s: float) -> Workload:
+    """Requests arriving in [start_s, end_s), shifted so that start_s becomes 0."""
+    if not 0 <= start_s < end_s:
+        raise WorkloadError(
+            workload.source, f"time range needs 0 <= start < end: {start_s}, {end_s}"
+        )
+    kept = [
+        dataclasses.replace(r, arrival_s=r.arrival_s - start_s)
+        for r in workload
+        if start_s <= r.arrival_s < end_s
+    ]
+    if not kept:
+        raise WorkloadError(
+            workload.source,
+            f"no request arrives in [{start_s:g}, {end_s:g}) s "
+            f"(arrivals span {workload.requests[0].arrival_s:g} to {workload.requests[-1].arrival_s:g} s)",
+        )
+    return _derive(workload, kept, "time_range_s", {"start_s": start_s, "end_s": end_s})
+
+
+def _derive(workload: Workload, requests: list, name: str, params: dict) -> Workload:
+    step = {"transform": name, **params, "num_excluded": len(workload) - len(requests)}
+    meta = dict(workload.metadata)
+    meta["transforms"] = [*meta.get("transforms", []), step]
+    return Workload(list(requests), workload.source, meta)
