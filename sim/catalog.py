@@ -1,0 +1,251 @@
+"""GPU datasheets and model geometries: data with sources, validated by pydantic.
+
+The figures live in `sim/data/gpus.yaml` and `sim/data/models.yaml`, each with the document it
+was read from. `get_gpu("h100-sxm")` and `get_model("llama-3.1-8b")` look them up (names are
+case-insensitive); `get_model` also accepts a dict or a `ModelSpec`, so a scenario can define
+its own model with the same fields.
+
+Parameter counts are derived from the geometry, not copied. Worked example, Llama-3.1-8B
+(h=4096, Hq=32, Hkv=8, D=128, I=14336, V=128256, L=32):
+
+    attention / layer = h*Hq*D + 2*h*Hkv*D + Hq*D*h = 16.8M + 8.4M + 16.8M = 41.9M
+    MLP / layer       = 3*h*I                                            = 176.2M
+    body              = 32 * 218.1M                                      = 6.98 B
+    lm_head           = V*h                                              = 0.525 B
+    linear (body + lm_head, what a step multiplies by)                  = 7.50 B
+    total (+ input embedding 0.525 B + norms)                           = 8.03 B
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Bytes per element of the dtypes the simulator knows.
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of `dtype` ("bfloat16" -> 2, "fp8" -> 1); aliases bf16/fp16/auto-free."""
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+    key = aliases.get(dtype, dtype)
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+class GpuSpec(BaseModel):
+    """Datasheet ceilings of one accelerator (dense figures, no sparsity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    display_name: str
+    memory_gb: float = Field(gt=0)
+    hbm_bandwidth_GBps: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0)
+    fp16_tflops: float = Field(gt=0)
+    fp8_tflops: float | None = Field(default=None, gt=0)
+    interconnect_GBps: float = Field(gt=0)
+    source: str
+
+    @property
+    def memory_bytes(self) -> int:
+        """Capacity as memory_gb GiB (DRAM sizes are binary): 80 -> 85,899,345,920."""
+        return int(self.memory_gb * 2**30)
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        return self.hbm_bandwidth_GBps * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense tensor-core FLOP/s for the compute dtype; ValueError where the GPU has none."""
+        key = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+        if key == "bfloat16":
+            return self.bf16_tflops * 1e12
+        if key == "float16":
+            return self.fp16_tflops * 1e12
+        if key.startswith("fp8"):
+            if self.fp8_tflops is None:
+                raise ValueError(f"GPU {self.name!r} has no fp8 tensor cores")
+            return self.fp8_tflops * 1e12
+        raise ValueError(f"no datasheet throughput for dtype {dtype!r} on {self.name!r}")
+
+
+class ModelSpec(BaseModel):
+    """Geometry of a decoder-only transformer, as in its HF config.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    source: str = "user-defined"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    sliding_window: int | None = Field(default=None, gt=0)
+    layer_pattern: Literal["full", "sliding", "alternating"] = "full"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    num_experts: int = Field(default=1, gt=0)
+    num_experts_per_token: int = Field(default=1, gt=0)
+    dtype: str = "bfloat16"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if (self.layer_pattern == "full") != (self.sliding_window is None):
+            raise ValueError(
+                f"layer_pattern {self.layer_pattern!r} and sliding_window "
+                f"{self.sliding_window!r} disagree (full <=> no window)"
+            )
+        if self.num_experts_per_token > self.num_experts:
+            raise ValueError("num_experts_per_token exceeds num_experts")
+        dtype_bytes(self.dtype)
+        return self
+
+    # -- layers ---------------------------------------------------------------------------
+    @property
+    def num_sliding_layers(self) -> int:
+        """Layers with a window: all (sliding), even-indexed (alternating: 21 of 42), none."""
+        if self.layer_pattern == "sliding":
+            return self.num_layers
+        if self.layer_pattern == "alternating":
+            return (self.num_layers + 1) // 2
+        return 0
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    # -- parameters -----------------------------------------------------------------------
+    @property
+    def attention_params_per_layer(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        qkv = h * (self.num_attention_heads + 2 * self.num_kv_heads) * d
+        bias = (self.num_attention_heads + 2 * self.num_kv_heads) * d if self.qkv_bias else 0
+        return qkv + bias + self.num_attention_heads * d * h
+
+    @property
+    def expert_params(self) -> int:
+        """One gated MLP (gate, up, down): 3 * h * I."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """All experts plus the router (h * E) for MoE; one MLP otherwise."""
+        router = self.hidden_size * self.num_experts if self.is_moe else 0
+        return self.num_experts * self.expert_params + router
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def body_linear_params(self) -> int:
+        """Linear-layer weights of all decoder layers (every expert counted)."""
+        return self.num_layers * (self.attention_params_per_layer + self.mlp_params_per_layer)
+
+    @property
+    def linear_params(self) -> int:
+        """Body plus lm_head: Llama-3.1-8B 7,504,658,432."""
+        return self.body_linear_params + self.lm_head_params
+
+    @property
+    def total_params(self) -> int:
+        """Everything held in memory: linear + input embedding (unless tied) + norms."""
+        embed = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        return self.linear_params + embed + norms
+
+    def kv_bytes_per_token_per_layer(self, kv_dtype: str | None = None, tp: int = 1) -> int:
+        """K and V of one token in one layer on one TP rank: 2 * Hkv/tp * D * bytes."""
+        b = dtype_bytes(kv_dtype or self.dtype)
+        return 2 * kv_heads_per_rank(self.num_kv_heads, tp) * self.head_dim * b
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """`max(1, Hkv // tp)`: KV heads are replicated when tp exceeds them (vLLM config.py)."""
+    if tp <= 0:
+        raise ValueError(f"tensor_parallel_size must be positive, got {tp}")
+    return max(1, num_kv_heads // tp)
+
+
+def _load_yaml(file_name: str) -> dict[str, Any]:
+    text = resources.files("sim.data").joinpath(file_name).read_text()
+    return yaml.safe_load(text)
+
+
+@functools.cache
+def _gpus() -> dict[str, GpuSpec]:
+    raw = _load_yaml("gpus.yaml")["gpus"]
+    try:
+        return {name: GpuSpec(name=name, **fields) for name, fields in raw.items()}
+    except ValidationError as exc:
+        raise ValueError(f"sim/data/gpus.yaml is invalid: {exc}") from exc
+
+
+@functools.cache
+def _models() -> dict[str, ModelSpec]:
+    raw = _load_yaml("models.yaml")["models"]
+    try:
+        return {name: ModelSpec(name=name, **fields) for name, fields in raw.items()}
+    except ValidationError as exc:
+        raise ValueError(f"sim/data/models.yaml is invalid: {exc}") from exc
+
+
+def gpu_names() -> list[str]:
+    return sorted(_gpus())
+
+
+def model_names() -> list[str]:
+    return sorted(_models())
+
+
+def get_gpu(name: str | GpuSpec | dict[str, Any]) -> GpuSpec:
+    """The catalog entry `name` (case-insensitive), or a user-defined GPU given as a dict."""
+    if isinstance(name, GpuSpec):
+        return name
+    if isinstance(name, dict):
+        return GpuSpec(**{"source": "user-defined", **name})
+    gpus = _gpus()
+    key = name.lower()
+    if key not in gpus:
+        raise ValueError(f"unknown GPU {name!r}; the catalog has {sorted(gpus)}")
+    return gpus[key]
+
+
+def get_model(name: str | ModelSpec | dict[str, Any]) -> ModelSpec:
+    """The catalog entry `name` (case-insensitive), or a user-defined model given as a dict."""
+    if isinstance(name, ModelSpec):
+        return name
+    if isinstance(name, dict):
+        return ModelSpec(**name)
+    models = _models()
+    key = name.lower()
+    if key not in models:
+        raise ValueError(f"unknown model {name!r}; the catalog has {sorted(models)}")
+    return models[key]

@@ -1,0 +1,1 @@
+"""Catalog data files (gpus.yaml, models.yaml)."""

@@ -1,0 +1,127 @@
+"""Step-time models: how long one engine step takes for a batch composition.
+
+Three models implement `StepTimeModel.predict_s(BatchShape) -> float`:
+roofline (the default, from the catalog's datasheets), calibrated (a JSON profile written by
+`calibrate/`), and linear (user coefficients). `make_step_time` builds one from a scenario's
+`step_time` entry, e.g. `{"roofline": {"memory": 0.8}}`, `{"calibrated": "h200.json"}`,
+`{"linear": {"fixed_s": 0.005, "per_context_token_s": 4e-8}}`, or `"roofline"`.
+This package never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from sim.latency.batch import BatchShape
+from sim.latency.calibrated import CalibratedStepTime
+from sim.latency.linear import LinearStepTime
+from sim.latency.profile import StepTimeProfile, load_profile
+from sim.latency.protocol import StepTimeModel
+from sim.latency.roofline import Efficiencies, RooflineStepTime
+
+__all__ = [
+    "BatchShape",
+    "CalibratedStepTime",
+    "Efficiencies",
+    "LinearStepTime",
+    "RooflineStepTime",
+    "StepTimeConfig",
+    "StepTimeModel",
+    "StepTimeProfile",
+    "load_profile",
+    "make_step_time",
+]
+
+
+_DEFAULT = Efficiencies()
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RooflineConfig(_Closed):
+    """Efficiency factors and fixed costs (defaults: `Efficiencies`)."""
+
+    compute: float = Field(default=_DEFAULT.compute, gt=0, le=1)
+    memory: float = Field(default=_DEFAULT.memory, gt=0, le=1)
+    attention_compute: float = Field(default=_DEFAULT.attention_compute, gt=0, le=1)
+    network: float = Field(default=_DEFAULT.network, gt=0, le=1)
+    allreduce_latency_s: float = Field(default=_DEFAULT.allreduce_latency_s, ge=0)
+    overhead_s: float = Field(default=_DEFAULT.overhead_s, ge=0)
+
+    def efficiencies(self) -> Efficiencies:
+        return Efficiencies(**self.model_dump())
+
+
+class CalibratedConfig(_Closed):
+    profile: str
+    overhead_s: float = Field(default=_DEFAULT.overhead_s, ge=0)
+
+
+class LinearConfig(_Closed):
+    fixed_s: float = Field(ge=0)
+    per_prefill_token_s: float = Field(default=0.0, ge=0)
+    per_decode_seq_s: float = Field(default=0.0, ge=0)
+    per_context_token_s: float = Field(default=0.0, ge=0)
+
+
+class StepTimeConfig(_Closed):
+    """Exactly one of roofline / calibrated / linear."""
+
+    roofline: RooflineConfig | None = None
+    calibrated: CalibratedConfig | None = None
+    linear: LinearConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):  # "roofline"
+            return {data: {}}
+        if isinstance(data, dict) and isinstance(data.get("calibrated"), str):
+            return {**data, "calibrated": {"profile": data["calibrated"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StepTimeConfig:
+        chosen = [k for k in ("roofline", "calibrated", "linear") if getattr(self, k) is not None]
+        if len(chosen) != 1:
+            raise ValueError(f"step_time needs exactly one of roofline/calibrated/linear: {chosen}")
+        return self
+
+
+def make_step_time(
+    config: StepTimeConfig | dict[str, Any] | str | None,
+    model: ModelSpec | str | dict[str, Any],
+    gpu: GpuSpec | str | dict[str, Any],
+    *,
+    tp: int = 1,
+    kv_dtype: str | None = None,
+) -> StepTimeModel:
+    """The step-time model a scenario asks for (None means the default roofline)."""
+    if config is None:
+        config = StepTimeConfig(roofline=RooflineConfig())
+    elif not isinstance(config, StepTimeConfig):
+        try:
+            config = StepTimeConfig.model_validate(config)
+        except ValidationError as exc:
+            raise ValueError(f"invalid step_time config: {exc}") from exc
+    model, gpu = get_model(model), get_gpu(gpu)
+    if config.linear is not None:
+        return LinearStepTime(**config.linear.model_dump())
+    if config.calibrated is not None:
+        profile = load_profile(config.calibrated.profile)
+        if profile.model.name != model.name or profile.tp != tp:
+            raise ValueError(
+                f"profile {config.calibrated.profile} is for {profile.model.name} at tp="
+                f"{profile.tp}, the scenario runs {model.name} at tp={tp}"
+            )
+        eff = Efficiencies(overhead_s=config.calibrated.overhead_s)
+        return CalibratedStepTime(profile, gpu=gpu, efficiencies=eff)
+    assert config.roofline is not None
+    return RooflineStepTime(
+        model, gpu, tp=tp, efficiencies=config.roofline.efficiencies(), kv_dtype=kv_dtype
+    )
