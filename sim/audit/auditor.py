@@ -5,7 +5,8 @@ preceding admission query promised, and checks pool invariants:
 
 * conservation: free + held == total (O(1), after every call);
 * admission consistency: an OK from `can_allocate` is followed by an `allocate` that succeeds
-  and takes no more blocks than were counted;
+  (else `admission_undercount`) and takes no more blocks than were counted (else
+  `admission_overtake`: the same undercount, survived because the pool had room);
 * leaks: blocks taken by a failed allocation that no table owns;
 * the sliding-window footprint bound of the design, and the watermark;
 * refcounts (full level only, O(pool) per call): every table entry is held, and the held count
@@ -13,7 +14,8 @@ preceding admission query promised, and checks pool invariants:
 
 Worked example (the 4-vs-3 case, v0 BlockSpaceManagerV2, bs=16, W=24 so M=3, G=10)::
 
-    A (112 tokens) takes 7 blocks -> F=3
+    can_allocate(A, 112 tokens) counts min(7, 3) = 3 -> OK
+    allocate(A) takes 7 blocks -> F=3              => Violation(admission_overtake, 3 vs 7)
     can_allocate(B, 64 tokens)  counts min(4, 3) = 3 <= 3 -> OK
     allocate(B) needs 4, pops 3, raises NoFreeBlocksError     -> F=0
     => Violation(admission_undercount, counted=3, needed=4, free=3)
@@ -163,7 +165,10 @@ class AuditedV0Manager(_AuditorBase):
 
     def _describe(self, seq_group: SequenceGroup) -> str:
         seq = seq_group.get_seqs()[0]
-        window = getattr(self.inner, "window_blocks", None)
+        # v0-V1 calls it `block_sliding_window`; v0-V2 `max_block_sliding_window` (M).
+        window = getattr(self.inner, "max_block_sliding_window", None) or getattr(
+            self.inner, "block_sliding_window", None
+        )
         extra = f", window {window} blocks" if window else ""
         return f"request {seq_group.request_id} ({seq.num_tokens} tokens{extra})"
 
@@ -220,7 +225,7 @@ class AuditedV0Manager(_AuditorBase):
             self._live_seq_to_request[seq.seq_id] = rid
         if status is AllocStatus.OK and counted is not None and taken > counted:
             self._record(
-                ViolationKind.ADMISSION_UNDERCOUNT,
+                ViolationKind.ADMISSION_OVERTAKE,
                 "allocate",
                 rid,
                 f"can_allocate counted {counted} blocks for {self._describe(seq_group)} but allocate took {taken}",

@@ -11,6 +11,9 @@ class ViolationKind(enum.Enum):
 
     #: The admission query said OK, then the allocation failed or took more blocks than counted.
     ADMISSION_UNDERCOUNT = "admission_undercount"
+    #: The admission query said OK for N blocks and the allocation took more, but succeeded
+    #: because the pool happened to have room (the latent form of an undercount).
+    ADMISSION_OVERTAKE = "admission_overtake"
     #: A failed allocation kept blocks that no table owns.
     LEAKED_BLOCKS = "leaked_blocks"
     #: free + held != total.

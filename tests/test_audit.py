@@ -1,0 +1,147 @@
+"""The auditor on the 4-vs-3 case (vLLM #7470) for every design, and its invariant checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.audit import AuditError, AuditLevel, ViolationKind, ViolationPolicy, audited
+from sim.kv import AllocStatus, Design, KVCacheConfig, make_manager
+from sim.kv.protocol import PoolStats
+from sim.kv.types import Sequence, SequenceGroup, SequenceStatus
+
+BS = 16
+W = 24  # v0-V2: M = 24 // 16 + 2 = 3 blocks; v0-V1: ceil(24 / 16) = 2 blocks
+
+
+def _group(request_id: int, num_tokens: int) -> SequenceGroup:
+    return SequenceGroup(request_id, [Sequence.new(request_id, num_tokens)])
+
+
+def _admit(manager, group: SequenceGroup) -> None:
+    assert manager.can_allocate(group) is AllocStatus.OK
+    manager.allocate(group)
+    for seq in group.seqs:
+        seq.status = SequenceStatus.RUNNING
+
+
+def _v0(design: Design, num_gpu_blocks: int = 10, policy=ViolationPolicy.RECORD):
+    config = KVCacheConfig(num_gpu_blocks=num_gpu_blocks, block_size=BS, sliding_window=W)
+    return audited(make_manager(design, config), policy=policy, level=AuditLevel.FULL)
+
+
+def test_v0_v2_4_vs_3_is_one_admission_undercount_and_a_leak():
+    manager = _v0(Design.V0_V2)
+    _admit(manager, _group(0, 112))  # 7 blocks
+    assert manager.get_num_free_gpu_blocks() == 3
+    b = _group(7, 64)  # 4 blocks; can_allocate caps at min(4, M=3)
+    assert manager.can_allocate(b) is AllocStatus.OK
+    with pytest.raises(AuditError) as raised:
+        manager.allocate(b)
+    kinds = [v.kind for v in manager.violations]
+    # A's allocation already took 7 blocks against 3 counted (it fit); B's needs 4 with 3 free.
+    assert kinds == [
+        ViolationKind.ADMISSION_OVERTAKE,
+        ViolationKind.ADMISSION_UNDERCOUNT,
+        ViolationKind.LEAKED_BLOCKS,
+    ]
+    overtake, undercount, leak = manager.violations
+    assert (overtake.counted_blocks, overtake.needed_blocks, overtake.request_id) == (3, 7, 0)
+    assert (undercount.counted_blocks, undercount.needed_blocks, undercount.free_blocks) == (3, 4, 3)
+    assert undercount.request_id == 7
+    assert undercount.message == (
+        "can_allocate counted 3 blocks for request 7 (64 tokens, window 3 blocks) "
+        "but allocate needed 4 with 3 free"
+    )
+    assert raised.value.violation is undercount
+    # The real code leaks the 3 ids it popped; under the record policy the auditor returns them.
+    assert leak.recovered_blocks == 3
+    assert "leaked 3 blocks" in leak.message
+    assert manager.get_num_free_gpu_blocks() == 3
+    assert manager.pool_stats().is_conserved
+
+
+def test_v0_v2_4_vs_3_stop_policy_keeps_the_leak():
+    manager = _v0(Design.V0_V2, policy=ViolationPolicy.STOP)
+    _admit(manager, _group(0, 112))
+    b = _group(1, 64)
+    assert manager.can_allocate(b) is AllocStatus.OK
+    with pytest.raises(AuditError):
+        manager.allocate(b)
+    assert manager.get_num_free_gpu_blocks() == 0  # as the real engine: 3 ids lost
+    assert manager.violations[-1].recovered_blocks == 0
+
+
+def _fill(manager, num_free_wanted: int, first_id: int = 100) -> None:
+    """Admit 1-block sequences until `num_free_wanted` blocks are free."""
+    request_id = first_id
+    while manager.get_num_free_gpu_blocks() > num_free_wanted:
+        _admit(manager, _group(request_id, BS))
+        request_id += 1
+
+
+@pytest.mark.parametrize("design", [Design.V0_V1, Design.V0_FIXED])
+def test_4_vs_3_has_no_violation_on_consistent_v0_designs(design):
+    manager = _v0(design)
+    _admit(manager, _group(0, 112))
+    _fill(manager, 3)
+    assert manager.get_num_free_gpu_blocks() == 3
+    b = _group(7, 64)
+    assert manager.can_allocate(b) is AllocStatus.OK
+    free_before = manager.get_num_free_gpu_blocks()
+    manager.allocate(b)
+    taken = free_before - manager.get_num_free_gpu_blocks()
+    assert taken == manager.inner.admission_blocks(b) <= 3
+    assert manager.violations == []
+
+
+def test_4_vs_3_on_the_v1_engine_is_cannot_allocate_not_a_crash():
+    config = KVCacheConfig(num_gpu_blocks=11, block_size=BS, sliding_window=W)
+    manager = audited(make_manager(Design.V1_ENGINE, config), level=AuditLevel.FULL)
+    a = Sequence.new(0, 112)
+    assert manager.allocate_slots(a, 112) is not None
+    assert manager.num_free_blocks == 3
+    b = Sequence.new(7, 64)
+    assert manager.allocate_slots(b, 64) is None
+    assert manager.num_free_blocks == 3
+    assert manager.violations == []
+
+
+class _BrokenPool:
+    """A manager whose pool loses a block: the auditor must notice on the next call."""
+
+    block_size = BS
+    watermark_blocks = 0
+
+    def pool_stats(self) -> PoolStats:
+        return PoolStats(num_total=10, num_free=4, num_held=5)
+
+    def block_refcounts(self):
+        return {}
+
+    def seq_block_ids(self, seq_id):
+        return []
+
+    def max_seq_footprint(self, seq):
+        return None
+
+    def free(self, seq):
+        pass
+
+
+def test_conservation_breach_is_reported():
+    manager = audited(_BrokenPool())
+    manager.free(Sequence.new(1, 4))
+    assert [v.kind for v in manager.violations] == [ViolationKind.CONSERVATION]
+    assert "free 4 + held 5 != total 10" in manager.violations[0].message
+
+
+def test_v0_v1_swap_out_of_a_wrapped_ring_is_a_double_free_violation():
+    config = KVCacheConfig(num_gpu_blocks=10, num_cpu_blocks=10, block_size=BS, sliding_window=16)
+    manager = audited(make_manager(Design.V0_V1, config), level=AuditLevel.FULL)
+    group = _group(1, 64)  # ring of ceil(16/16) = 1 block: table [b, b, b, b]
+    _admit(manager, group)
+    assert manager.can_swap_out(group)
+    with pytest.raises(AuditError):
+        manager.swap_out(group)
+    assert manager.violations[-1].kind is ViolationKind.DOUBLE_FREE
+    assert "Double free" in manager.violations[-1].message
