@@ -13,15 +13,29 @@ import typer
 
 
 def calibrate(
-    model: Annotated[str, typer.Option("--model", help="Catalog model name, e.g. llama-3.1-8b.")] = "llama-3.1-8b",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path("profile.json"),
-    budget: Annotated[float, typer.Option("--budget", help="Seconds the timing sweep may take.")] = 300.0,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = "auto",
+    model: Annotated[
+        str, typer.Option("--model", help="Catalog model name, e.g. llama-3.1-8b.")
+    ] = "llama-3.1-8b",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path(
+        "profile.json"
+    ),
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds the timing sweep may take.")
+    ] = 300.0,
+    device: Annotated[
+        str, typer.Option("--device", help="cpu or cuda (default: cuda when present).")
+    ] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, float16 or bfloat16.")] = "auto",
-    gpu: Annotated[str | None, typer.Option("--gpu", help="Catalog GPU for the report's datasheet ratios.")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size the geometry is split by.")] = 1,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Catalog GPU for the report's datasheet ratios.")
+    ] = None,
+    tp: Annotated[
+        int, typer.Option("--tp", help="Tensor-parallel size the geometry is split by.")
+    ] = 1,
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
-    report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")] = None,
+    report_dir: Annotated[
+        Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
+    ] = None,
 ) -> None:
     """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`."""
     from sim.cli import INPUT_ERRORS, console, fail
@@ -38,8 +52,16 @@ def calibrate(
         dtype = "bfloat16" if device == "cuda" else "float32"
     try:
         profile = run_calibration(
-            model, out, budget, device, dtype, tp=tp, block_size=block_size, gpu=gpu,
-            report_dir=report_dir or out.parent, progress=True,
+            model,
+            out,
+            budget,
+            device,
+            dtype,
+            tp=tp,
+            block_size=block_size,
+            gpu=gpu,
+            report_dir=report_dir or out.parent,
+            progress=True,
         )
     except INPUT_ERRORS as error:
         raise fail(str(error).splitlines()[0]) from None

@@ -121,22 +121,37 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
     if summary.get("stopped_early"):
         console.print(f"[yellow]run stopped early:[/] {summary['stopped_early']}")
     if out_dir is not None:
-        console.print(f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)")
+        console.print(
+            f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)"
+        )
 
 
 @app.command()
 def run(
-    scenario: Annotated[Path | None, typer.Argument(help="Scenario YAML; the built-in default if omitted.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory (default runs/<name>).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (repeatable).")] = None,
-    stop: Annotated[bool, typer.Option("--stop", help="End the run at the first violation, as the real engine.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (for machines).")] = False,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Save PNG plots next to the tables.")] = True,
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario YAML; the built-in default if omitted.")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output directory (default runs/<name>).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override KEY=VALUE (repeatable).")
+    ] = None,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="End the run at the first violation, as the real engine.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the summary as JSON (for machines).")
+    ] = False,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Save PNG plots next to the tables.")
+    ] = True,
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
     from sim.overrides import parse_assignment
     from sim.results import summary_json, write_result
-    from sim.run import builtin_scenario_path, run as run_scenario
+    from sim.run import builtin_scenario_path
+    from sim.run import run as run_scenario
 
     path = scenario or builtin_scenario_path()
     overrides = {}
@@ -171,7 +186,9 @@ def _print_violations(result, limit: int = 5) -> None:
         return
     console.print(f"[bold]first {min(limit, len(frame))} of {len(frame)} violations:[/]")
     for row in frame.head(limit).itertuples():
-        console.print(f"  [red]{row.kind}[/] at t={_fmt(row.time_s)} s: {row.message}", highlight=False)
+        console.print(
+            f"  [red]{row.kind}[/] at t={_fmt(row.time_s)} s: {row.message}", highlight=False
+        )
 
 
 def _save_plots(result, out_dir: Path) -> None:
@@ -186,7 +203,13 @@ def _register_optional_commands() -> None:
     """Commands that live in their own modules (check/fuzz/shrink, sweep/capacity, ...)."""
     import importlib
 
-    for module_name in ("sim.ci.cli", "sim.sweep.cli", "sim.plots_cli", "sim.calibrate_cli", "sim.vllm_real.cli"):
+    for module_name in (
+        "sim.ci.cli",
+        "sim.sweep.cli",
+        "sim.plots_cli",
+        "sim.calibrate_cli",
+        "sim.vllm_real.cli",
+    ):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:

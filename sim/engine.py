@@ -82,7 +82,9 @@ class RunRecords:
 class Replica:
     """One engine instance: an audited manager and a scheduler."""
 
-    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], tuple[float, int]]) -> None:
+    def __init__(
+        self, index: int, config: EngineConfig, clock: Callable[[], tuple[float, int]]
+    ) -> None:
         self.index = index
         manager = make_manager(config.design, config.kv)
         kwargs = dict(policy=config.violation_policy, level=config.audit_level, clock=clock)
@@ -149,11 +151,20 @@ class Engine:
                 yield self.env.timeout(delay)
             if self._stop is not None:
                 break
-            request = Request.new(spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority)
+            request = Request.new(
+                spec.request_id,
+                spec.arrival_s,
+                spec.prompt_content(),
+                spec.output_tokens,
+                spec.priority,
+            )
             self.records.requests.append(request)
             replica = self._route()
             request.replica = replica.index
-            if replica.scheduler.engine == "v1" and request.prompt_tokens > self.config.scheduler.max_model_len:
+            if (
+                replica.scheduler.engine == "v1"
+                and request.prompt_tokens > self.config.scheduler.max_model_len
+            ):
                 # The V1 frontend rejects the prompt before it reaches the scheduler.
                 request.finish(
                     RequestState.IGNORED,
@@ -225,10 +236,15 @@ class Engine:
                 self._on_terminal(len(finished))
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
-            if self.config.max_sim_time_s is not None and self.env.now >= self.config.max_sim_time_s:
+            if (
+                self.config.max_sim_time_s is not None
+                and self.env.now >= self.config.max_sim_time_s
+            ):
                 self._stop = f"reached the simulated-time limit of {self.config.max_sim_time_s} s"
 
-    def _record_step(self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float) -> None:
+    def _record_step(
+        self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
+    ) -> None:
         stats = replica.manager.pool_stats()
         scheduler = replica.scheduler
         self.records.steps.append(
@@ -271,7 +287,13 @@ class Engine:
         reason = self._stop or "run ended"
         for spec in self.specs:
             if spec.request_id not in arrived:
-                request = Request.new(spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority)
+                request = Request.new(
+                    spec.request_id,
+                    spec.arrival_s,
+                    spec.prompt_content(),
+                    spec.output_tokens,
+                    spec.priority,
+                )
                 request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
                 self.records.requests.append(request)
         for replica in self.replicas:

@@ -47,7 +47,9 @@ def _set(data: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def apply_overrides(scenario: Scenario, overrides: dict[str, Any], source: str = "--set") -> Scenario:
+def apply_overrides(
+    scenario: Scenario, overrides: dict[str, Any], source: str = "--set"
+) -> Scenario:
     data = scenario.model_dump(mode="json", exclude_unset=True)
     for key, value in overrides.items():
         _set(data, key, parse_value(value) if isinstance(value, str) else value)

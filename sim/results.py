@@ -124,11 +124,17 @@ class RunResult:
         return set(self.violations["kind"]) if len(self.violations) else set()
 
 
-def summarize(records: RunRecords, requests: pd.DataFrame, steps: pd.DataFrame, violations: pd.DataFrame) -> dict:
+def summarize(
+    records: RunRecords, requests: pd.DataFrame, steps: pd.DataFrame, violations: pd.DataFrame
+) -> dict:
     finished = requests[requests["state"] == "finished"]
     duration_s = records.end_s
     counts = requests["state"].value_counts().to_dict()
-    used_frac = steps["num_used_blocks"] / records.num_gpu_blocks if len(steps) and records.num_gpu_blocks else pd.Series(dtype=float)
+    used_frac = (
+        steps["num_used_blocks"] / records.num_gpu_blocks
+        if len(steps) and records.num_gpu_blocks
+        else pd.Series(dtype=float)
+    )
     return {
         "num_requests": int(len(requests)),
         "states": {k: int(counts.get(k, 0)) for k in ("finished", "ignored", "failed", "aborted")},
@@ -137,7 +143,9 @@ def summarize(records: RunRecords, requests: pd.DataFrame, steps: pd.DataFrame, 
         "simulated_s": float(duration_s),
         "num_steps": int(len(steps)),
         "throughput_req_per_s": float(len(finished) / duration_s) if duration_s > 0 else 0.0,
-        "throughput_tok_per_s": float(finished["generated_tokens"].sum() / duration_s) if duration_s > 0 else 0.0,
+        "throughput_tok_per_s": float(finished["generated_tokens"].sum() / duration_s)
+        if duration_s > 0
+        else 0.0,
         "ttft_p50_s": _pct(finished["ttft_s"], 50),
         "ttft_p99_s": _pct(finished["ttft_s"], 99),
         "tpot_p50_s": _pct(finished["tpot_s"], 50),
@@ -167,15 +175,24 @@ def _json_default(value):
 
 
 def summary_json(result: RunResult) -> str:
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.summary.items()}
-    return json.dumps({"summary": clean, "inputs": result.inputs}, indent=2, sort_keys=True, default=_json_default)
+    clean = {
+        k: (None if isinstance(v, float) and math.isnan(v) else v)
+        for k, v in result.summary.items()
+    }
+    return json.dumps(
+        {"summary": clean, "inputs": result.inputs}, indent=2, sort_keys=True, default=_json_default
+    )
 
 
 def write_result(result: RunResult, out_dir: str | Path) -> Path:
     """Write every table as Parquet and CSV plus summary.json; byte-identical for equal results."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("requests", result.requests), ("steps", result.steps), ("violations", result.violations)):
+    for name, frame in (
+        ("requests", result.requests),
+        ("steps", result.steps),
+        ("violations", result.violations),
+    ):
         frame.to_csv(out / f"{name}.csv", index=False, float_format="%.9g")
         frame.to_parquet(out / f"{name}.parquet", index=False, compression="zstd")
     (out / "summary.json").write_text(summary_json(result) + "\n", encoding="utf-8")

@@ -49,7 +49,9 @@ def _model(scenario: Scenario) -> ModelSpec | None:
         raise ScenarioError(f"model: {error}".splitlines()[0]) from None
 
 
-def _kv_config(scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict) -> KVCacheConfig:
+def _kv_config(
+    scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict
+) -> KVCacheConfig:
     cache = scenario.cache
     hw = scenario.hardware
     kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
@@ -77,13 +79,17 @@ def _kv_config(scenario: Scenario, model: ModelSpec | None, token_budget: int, i
     if cache.num_cpu_blocks is not None:
         num_cpu_blocks = cache.num_cpu_blocks
     elif model is not None:
-        one_block = block_bytes(model, block_size=cache.block_size, kv_dtype=kv_dtype, tp=hw.tensor_parallel_size)
+        one_block = block_bytes(
+            model, block_size=cache.block_size, kv_dtype=kv_dtype, tp=hw.tensor_parallel_size
+        )
         num_cpu_blocks = int(cache.swap_space_gib * 2**30 // one_block)
     else:
         num_cpu_blocks = 0
     window = cache.sliding_window
     if window == "model":
-        window = model.sliding_window if model is not None and model.layer_pattern == "sliding" else None
+        window = (
+            model.sliding_window if model is not None and model.layer_pattern == "sliding" else None
+        )
     config = KVCacheConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=cache.block_size,
@@ -105,7 +111,9 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
     model = _model(scenario)
     sched = scenario.scheduler
-    max_model_len = sched.max_model_len or (model.max_position_embeddings if model is not None else None)
+    max_model_len = sched.max_model_len or (
+        model.max_position_embeddings if model is not None else None
+    )
     if max_model_len is None:
         raise ScenarioError("scheduler.max_model_len: needed when the scenario has no model")
     scheduler_config = SchedulerConfig(
@@ -127,7 +135,10 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})
     workload = load_workload(workload_config, base_dir)
-    inputs["workload"] = {"name": getattr(workload, "name", ""), "num_requests": len(workload.requests)}
+    inputs["workload"] = {
+        "name": getattr(workload, "name", ""),
+        "num_requests": len(workload.requests),
+    }
     step_time = _step_time(scenario, model, base_dir, inputs)
     engine = EngineConfig(
         design=sched.design,
@@ -152,7 +163,9 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
         profile = Path(config.calibrated.profile)
         if not profile.is_absolute():
             profile = base_dir / profile
-        config = config.model_copy(update={"calibrated": config.calibrated.model_copy(update={"profile": str(profile)})})
+        config = config.model_copy(
+            update={"calibrated": config.calibrated.model_copy(update={"profile": str(profile)})}
+        )
     inputs["step_time"] = config.model_dump(mode="json", exclude_none=True)
     if model is None:
         assert config.linear is not None
@@ -163,7 +176,9 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             model,
             scenario.hardware.gpu,
             tp=scenario.hardware.tensor_parallel_size,
-            kv_dtype=None if scenario.cache.kv_cache_dtype == "auto" else scenario.cache.kv_cache_dtype,
+            kv_dtype=None
+            if scenario.cache.kv_cache_dtype == "auto"
+            else scenario.cache.kv_cache_dtype,
         )
     except (ValueError, OSError) as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
@@ -191,6 +206,8 @@ def run(
 
         scenario = apply_overrides(scenario, overrides)
     resolved = resolve(scenario, base_dir or ".")
-    engine = Engine(resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress)
+    engine = Engine(
+        resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress
+    )
     records = engine.run()
     return build_result(records, resolved.inputs)

@@ -120,7 +120,9 @@ def _format_validation_error(path: str, error: ValidationError) -> str:
 
 def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}")
+        raise ScenarioError(
+            f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}"
+        )
     try:
         return Scenario.model_validate(data)
     except ValidationError as error:

@@ -46,7 +46,11 @@ def test_v0_v2_4_vs_3_is_one_admission_undercount_and_a_leak():
     ]
     overtake, undercount, leak = manager.violations
     assert (overtake.counted_blocks, overtake.needed_blocks, overtake.request_id) == (3, 7, 0)
-    assert (undercount.counted_blocks, undercount.needed_blocks, undercount.free_blocks) == (3, 4, 3)
+    assert (undercount.counted_blocks, undercount.needed_blocks, undercount.free_blocks) == (
+        3,
+        4,
+        3,
+    )
     assert undercount.request_id == 7
     assert undercount.message == (
         "can_allocate counted 3 blocks for request 7 (64 tokens, window 3 blocks) "

@@ -29,7 +29,14 @@ from collections.abc import Callable
 
 from sim.audit.violations import AuditError, Violation, ViolationKind, ViolationPolicy
 from sim.kv.protocol import PoolIntrospection
-from sim.kv.types import AllocStatus, DoubleFreeError, NoFreeBlocksError, Sequence, SequenceGroup, cdiv
+from sim.kv.types import (
+    AllocStatus,
+    DoubleFreeError,
+    NoFreeBlocksError,
+    Sequence,
+    SequenceGroup,
+    cdiv,
+)
 
 
 class AuditLevel(enum.Enum):
@@ -57,7 +64,9 @@ class _AuditorBase:
         self._live_seq_to_request: dict[int, int] = {}
 
     # ------------------------------------------------------------------ recording
-    def _record(self, kind: ViolationKind, call: str, request_id: int | None, message: str, **counts) -> Violation:
+    def _record(
+        self, kind: ViolationKind, call: str, request_id: int | None, message: str, **counts
+    ) -> Violation:
         time_s, step = self._clock()
         violation = Violation(kind, call, request_id, message, time_s=time_s, step=step, **counts)
         self.violations.append(violation)
@@ -89,7 +98,12 @@ class _AuditorBase:
         refcounts = self.inner.block_refcounts()
         negative = [b for b, r in refcounts.items() if r < 0]
         if negative:
-            self._record(ViolationKind.DOUBLE_FREE, call, request_id, f"{call}: negative refcount on blocks {negative[:5]}")
+            self._record(
+                ViolationKind.DOUBLE_FREE,
+                call,
+                request_id,
+                f"{call}: negative refcount on blocks {negative[:5]}",
+            )
         held = sum(1 for r in refcounts.values() if r > 0)
         if held != num_held:
             self._record(
@@ -126,9 +140,18 @@ class _AuditorBase:
             )
 
     def _manager_error(self, call: str, request_id: int | None, exc: Exception) -> AuditError:
-        kind = ViolationKind.DOUBLE_FREE if isinstance(exc, DoubleFreeError) else ViolationKind.MANAGER_ERROR
+        kind = (
+            ViolationKind.DOUBLE_FREE
+            if isinstance(exc, DoubleFreeError)
+            else ViolationKind.MANAGER_ERROR
+        )
         text = str(exc) or type(exc).__name__
-        violation = self._record(kind, call, request_id, f"{call} raised {type(exc).__name__}: {text} (request {request_id})")
+        violation = self._record(
+            kind,
+            call,
+            request_id,
+            f"{call} raised {type(exc).__name__}: {text} (request {request_id})",
+        )
         return self._fail(violation)
 
     # ------------------------------------------------------------------ delegation
@@ -203,9 +226,15 @@ class AuditedV0Manager(_AuditorBase):
                 )
             leaked = free_before - free_after
             if leaked > 0:
-                recovered = self.inner.recover_leaked_blocks() if self.policy is ViolationPolicy.RECORD else 0
+                recovered = (
+                    self.inner.recover_leaked_blocks()
+                    if self.policy is ViolationPolicy.RECORD
+                    else 0
+                )
                 note = (
-                    f"; the auditor returned {recovered} to the pool" if recovered else "; they stay lost (stop policy)"
+                    f"; the auditor returned {recovered} to the pool"
+                    if recovered
+                    else "; they stay lost (stop policy)"
                 )
                 self._record(
                     ViolationKind.LEAKED_BLOCKS,
@@ -258,13 +287,19 @@ class AuditedV0Manager(_AuditorBase):
         self._after_call("can_append_slots", seq_group.request_id)
         return ok
 
-    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0, request_id: int | None = None) -> list[tuple[int, int]]:
+    def append_slots(
+        self, seq: Sequence, num_lookahead_slots: int = 0, request_id: int | None = None
+    ) -> list[tuple[int, int]]:
         rid = request_id if request_id is not None else self._live_seq_to_request.get(seq.seq_id)
         free_before = self._free()
         try:
             cows = self.inner.append_slots(seq, num_lookahead_slots)
         except NoFreeBlocksError:
-            kind = ViolationKind.APPEND_UNDERCOUNT if rid in self._append_ok else ViolationKind.MANAGER_ERROR
+            kind = (
+                ViolationKind.APPEND_UNDERCOUNT
+                if rid in self._append_ok
+                else ViolationKind.MANAGER_ERROR
+            )
             violation = self._record(
                 kind,
                 "append_slots",
@@ -309,17 +344,26 @@ class AuditedV0Manager(_AuditorBase):
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
         status = self.inner.can_swap_in(seq_group, num_lookahead_slots)
-        (self._swap_in_ok.add if status is AllocStatus.OK else self._swap_in_ok.discard)(seq_group.request_id)
+        (self._swap_in_ok.add if status is AllocStatus.OK else self._swap_in_ok.discard)(
+            seq_group.request_id
+        )
         self._after_call("can_swap_in", seq_group.request_id)
         return status
 
-    def _swap(self, call: str, seq_group: SequenceGroup, promised: set[int]) -> list[tuple[int, int]]:
+    def _swap(
+        self, call: str, seq_group: SequenceGroup, promised: set[int]
+    ) -> list[tuple[int, int]]:
         rid = seq_group.request_id
         try:
             mapping = getattr(self.inner, call)(seq_group)
         except NoFreeBlocksError:
             kind = ViolationKind.SWAP_UNDERCOUNT if rid in promised else ViolationKind.MANAGER_ERROR
-            violation = self._record(kind, call, rid, f"{call} of request {rid} ran out of blocks after its admission said yes")
+            violation = self._record(
+                kind,
+                call,
+                rid,
+                f"{call} of request {rid} ran out of blocks after its admission said yes",
+            )
             self._after_call(call, rid)
             raise self._fail(violation) from None
         except (ValueError, AssertionError, KeyError) as exc:
@@ -357,7 +401,11 @@ class AuditedV1Manager(_AuditorBase):
         rid = request.seq_id
         try:
             blocks = self.inner.allocate_slots(
-                request, num_new_tokens, num_new_computed_tokens, new_computed_block_ids, num_lookahead_tokens
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_block_ids,
+                num_lookahead_tokens,
             )
         except NoFreeBlocksError as exc:
             violation = self._record(

@@ -43,7 +43,9 @@ class SchedulerConfig:
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
-            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+            )
 
     def token_budget(self, engine: str) -> int:
         """The resolved `max_num_batched_tokens` for the v0 or V1 engine."""

@@ -27,7 +27,9 @@ def stop_reason(request: Request, max_model_len: int, cap_at_model_len: str) -> 
     if request.seq.output_len >= request.max_tokens:
         return "length: generated max_tokens"
     n = request.seq.num_tokens
-    if (cap_at_model_len == ">" and n > max_model_len) or (cap_at_model_len == ">=" and n >= max_model_len):
+    if (cap_at_model_len == ">" and n > max_model_len) or (
+        cap_at_model_len == ">=" and n >= max_model_len
+    ):
         return "length: reached max_model_len"
     return None
 

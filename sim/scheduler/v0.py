@@ -87,7 +87,9 @@ class V0Scheduler:
             num_new = min(num_new, budget.remaining_token_budget())
         return num_new
 
-    def _preempt(self, request: Request, plan: StepPlan, mode: PreemptionMode | None = None) -> PreemptionMode:
+    def _preempt(
+        self, request: Request, plan: StepPlan, mode: PreemptionMode | None = None
+    ) -> PreemptionMode:
         """`_preempt` (L1070-1114): recompute or swap; swap without CPU space is fatal."""
         if mode is None:
             mode = self.config.preemption_mode
@@ -130,7 +132,9 @@ class V0Scheduler:
         plan.num_blocks_copied += len(cows)
 
     # ------------------------------------------------------------------ phases
-    def _schedule_prefills(self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool) -> list[Request]:
+    def _schedule_prefills(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> list[Request]:
         scheduled: list[Request] = []
         while self.waiting:
             request = self.waiting[0]
@@ -169,7 +173,9 @@ class V0Scheduler:
             request.state = RequestState.RUNNING
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
-            plan.scheduled.append(ScheduledWork(request, num_new, request.seq.num_computed_tokens, True))
+            plan.scheduled.append(
+                ScheduledWork(request, num_new, request.seq.num_computed_tokens, True)
+            )
             budget.add_num_batched_tokens(request.request_id, num_new)
             budget.add_num_seqs(request.request_id, num_new_seqs)
             scheduled.append(request)
@@ -191,7 +197,9 @@ class V0Scheduler:
                 break
             queue.popleft()
             num_seqs = request.group.get_max_num_running_seqs()
-            while not self.block_manager.can_append_slots(request.group, self.config.num_lookahead_slots):
+            while not self.block_manager.can_append_slots(
+                request.group, self.config.num_lookahead_slots
+            ):
                 budget.subtract_num_batched_tokens(request.request_id, num_tokens)
                 budget.subtract_num_seqs(request.request_id, num_seqs)
                 victim = queue.pop() if queue else request
@@ -207,7 +215,12 @@ class V0Scheduler:
                     continue
                 is_prefill = request.is_prefill
                 plan.scheduled.append(
-                    ScheduledWork(request, num_tokens if is_prefill else 1, request.seq.num_computed_tokens, is_prefill)
+                    ScheduledWork(
+                        request,
+                        num_tokens if is_prefill else 1,
+                        request.seq.num_computed_tokens,
+                        is_prefill,
+                    )
                 )
                 (kept_prefill if is_prefill else kept_decode).append(request)
                 budget.add_num_batched_tokens(request.request_id, num_tokens)
@@ -215,7 +228,9 @@ class V0Scheduler:
                     budget.add_num_seqs(request.request_id, num_seqs)
         return kept_prefill + kept_decode, preempted, swapped_out
 
-    def _schedule_swapped(self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool) -> list[Request]:
+    def _schedule_swapped(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> list[Request]:
         swapped_in: list[Request] = []
         while self.swapped:
             request = self.swapped[0]
@@ -252,7 +267,12 @@ class V0Scheduler:
                 continue
             is_prefill = request.is_prefill
             plan.scheduled.append(
-                ScheduledWork(request, num_tokens if is_prefill else 1, request.seq.num_computed_tokens, is_prefill)
+                ScheduledWork(
+                    request,
+                    num_tokens if is_prefill else 1,
+                    request.seq.num_computed_tokens,
+                    is_prefill,
+                )
             )
             budget.add_num_batched_tokens(request.request_id, num_tokens)
             budget.add_num_seqs(request.request_id, num_seqs)
@@ -269,10 +289,16 @@ class V0Scheduler:
         num_new_seqs = head.group.get_max_num_running_seqs()
         while running and _priority_key(running[-1]) > _priority_key(head):
             status = self.block_manager.can_allocate(head.group)
-            if num_new > 0 and status is AllocStatus.OK and budget.can_schedule(num_new, num_new_seqs):
+            if (
+                num_new > 0
+                and status is AllocStatus.OK
+                and budget.can_schedule(num_new, num_new_seqs)
+            ):
                 break
             victim = running.pop()
-            budget.subtract_num_batched_tokens(victim.request_id, self._num_new_tokens(victim, budget, False))
+            budget.subtract_num_batched_tokens(
+                victim.request_id, self._num_new_tokens(victim, budget, False)
+            )
             budget.subtract_num_seqs(victim.request_id, victim.group.get_max_num_running_seqs())
             self._preempt(victim, plan, PreemptionMode.RECOMPUTE)
             self.waiting.appendleft(victim)
@@ -306,7 +332,9 @@ class V0Scheduler:
             self._schedule_priority_preemption(budget, plan)
         kept, preempted, swapped_out, swapped_in = [], [], [], []
         if not prefills:
-            kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking=False)
+            kept, preempted, swapped_out = self._schedule_running(
+                budget, plan, now_s, chunking=False
+            )
             if not preempted and not swapped_out:
                 swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
         self._requeue(prefills, kept, preempted, swapped_out, swapped_in)

@@ -102,7 +102,9 @@ class V1Scheduler:
             pass
         plan.failed.append(request)
 
-    def _schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> tuple[int, dict[int, int]]:
+    def _schedule_running(
+        self, plan: StepPlan, budget: int, now_s: float
+    ) -> tuple[int, dict[int, int]]:
         scheduled: dict[int, int] = {}
         index = 0
         while index < len(self.running) and budget > 0:
@@ -116,7 +118,9 @@ class V1Scheduler:
             can_schedule = True
             while True:
                 try:
-                    blocks = self.kv_cache_manager.allocate_slots(seq, num_new, 0, None, self.config.num_lookahead_slots)
+                    blocks = self.kv_cache_manager.allocate_slots(
+                        seq, num_new, 0, None, self.config.num_lookahead_slots
+                    )
                 except AuditError as error:
                     self.running.remove(request)
                     self._fail(request, plan, error, now_s)
@@ -133,7 +137,11 @@ class V1Scheduler:
             if not can_schedule:
                 break
             scheduled[request.request_id] = num_new
-            plan.scheduled.append(ScheduledWork(request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)))
+            plan.scheduled.append(
+                ScheduledWork(
+                    request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
+                )
+            )
             budget -= num_new
             index += 1
         return budget, scheduled
@@ -141,9 +149,13 @@ class V1Scheduler:
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
         seq = request.seq
-        return not (num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1)
+        return not (
+            num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1
+        )
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int, scheduled: dict[int, int], now_s: float) -> None:
+    def _schedule_waiting(
+        self, plan: StepPlan, budget: int, scheduled: dict[int, int], now_s: float
+    ) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0:
             if len(self.running) == self.config.max_num_seqs:

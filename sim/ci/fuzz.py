@@ -1,0 +1,327 @@
+"""`kvsim fuzz`: random but valid workloads and cache configurations, looking for violations.
+
+Every case is a complete scenario drawn from one integer, its case seed; the case seeds come
+from the master seed (`case_seed(master, i)`), so a fuzz run is a deterministic sequence of
+cases and only the number of cases a time budget reaches depends on the machine. With
+`max_cases` instead of a budget the whole run is deterministic.
+
+What a case varies (all small, so a case runs in milliseconds with the full audit):
+
+* cache: block size (2..16 tokens), pool (6..48 blocks), CPU blocks, watermark, sliding window
+  (none, or 1..6 blocks' worth of tokens), prefix caching;
+* scheduler: chunked prefill and its token budget, max_num_seqs, max_model_len, preemption
+  mode (v0: auto / recompute / swap), FCFS or priority;
+* workload: 2..24 inline requests, bursty or spread arrivals, prompts up to a little over
+  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes.
+
+Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
+prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
+V1 engine only recomputes.
+
+Example: `fuzz("v0-v2", master_seed=0, max_cases=50)` reports `admission_undercount` (the
+sliding-window undercount of vLLM #7470) with the seed of the first case that showed it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.kv.config import Design
+from sim.scenario import Scenario, ScenarioError, scenario_from_dict, scenario_to_yaml
+from sim.workload.errors import WorkloadError
+
+#: Simple step costs: enough to order events, cheap to compute.
+FUZZ_STEP_TIME = {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}}
+DEFAULT_BUDGET_S = 60.0
+
+
+def case_seed(master_seed: int, index: int) -> int:
+    """The seed of case `index` of a fuzz run (a uint32, independent of every other case).
+
+    >>> case_seed(0, 0) == case_seed(0, 0) and case_seed(0, 0) != case_seed(0, 1)
+    True
+    """
+    sequence = np.random.SeedSequence(entropy=master_seed, spawn_key=(index,))
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def _int(rng: np.random.Generator, low: int, high: int) -> int:
+    """Uniform integer in [low, high] (both ends included)."""
+    return int(rng.integers(low, high + 1))
+
+
+def _cache_and_scheduler(rng: np.random.Generator, design: Design) -> tuple[dict, dict]:
+    block_size = int(rng.choice([2, 4, 8, 16]))
+    num_gpu_blocks = _int(rng, 6, 48)
+    sliding_window = _int(rng, 1, 6 * block_size) if rng.random() < 0.6 else None
+    is_v0 = design.api == "v0"
+    # vLLM 0.5.4 rejects a sliding window together with prefix caching or chunked prefill.
+    prefix_caching = bool(rng.random() < 0.4) and not (is_v0 and sliding_window is not None)
+    chunked = bool(rng.random() < 0.4) and not (is_v0 and sliding_window is not None)
+    if is_v0:
+        preemption_mode = str(rng.choice(["auto", "recompute", "swap"]))
+    else:
+        preemption_mode = "recompute"  # the V1 engine has no swapping
+    num_cpu_blocks = _int(rng, 0, 2 * num_gpu_blocks) if preemption_mode != "recompute" else 0
+    watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
+    max_model_len = _int(rng, 2 * block_size, (num_gpu_blocks + 2) * block_size)
+    max_num_seqs = _int(rng, 1, 8)
+    cache = {
+        "block_size": block_size,
+        "num_gpu_blocks": num_gpu_blocks,
+        "num_cpu_blocks": num_cpu_blocks,
+        "sliding_window": sliding_window,
+        "enable_prefix_caching": prefix_caching,
+        "watermark": watermark,
+    }
+    scheduler = {
+        "design": design.value,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "enable_chunked_prefill": chunked,
+        "policy": "priority" if rng.random() < 0.2 else "fcfs",
+        "preemption_mode": preemption_mode,
+    }
+    if chunked and rng.random() < 0.7:
+        # A small token budget makes prompts arrive in several chunks (vLLM: >= max_num_seqs).
+        scheduler["max_num_batched_tokens"] = _int(rng, max(max_num_seqs, block_size), max_model_len)
+    if not is_v0 and rng.random() < 0.3:
+        scheduler["long_prefill_token_threshold"] = _int(rng, 1, max_model_len)
+    return cache, scheduler
+
+
+def _requests(rng: np.random.Generator, cache: dict, scheduler: dict) -> list[dict]:
+    block_size = cache["block_size"]
+    max_model_len = scheduler["max_model_len"]
+    num_requests = _int(rng, 2, 24)
+    mean_gap_s = float(rng.choice([0.0, 0.002, 0.01, 0.05]))
+    num_prefixes = _int(rng, 1, 3)
+    prefix_tokens = [_int(rng, 1, max(1, max_model_len // 2)) for _ in range(num_prefixes)]
+    share_prob = 0.6 if cache["enable_prefix_caching"] else 0.2
+    requests = []
+    arrival_s = 0.0
+    for _ in range(num_requests):
+        if mean_gap_s > 0:
+            arrival_s += float(rng.exponential(mean_gap_s))
+        # Mostly within max_model_len; a few beyond it exercise the "ignored" path.
+        prompt = _int(rng, 1, max_model_len + block_size if rng.random() < 0.1 else max_model_len)
+        request = {
+            "arrival_s": round(arrival_s, 6),
+            "prompt_tokens": prompt,
+            "output_tokens": _int(rng, 1, 3 * block_size),
+        }
+        if scheduler["policy"] == "priority":
+            request["priority"] = _int(rng, 0, 3)
+        if rng.random() < share_prob:
+            k = _int(rng, 0, num_prefixes - 1)
+            request["prefix_id"] = k
+            request["prefix_tokens"] = min(prompt, prefix_tokens[k])
+        requests.append(request)
+    return requests
+
+
+def generate_case(design: str | Design, seed: int) -> Scenario:
+    """The valid scenario that case seed `seed` stands for on `design` (a pure function)."""
+    design = Design(design)
+    rng = np.random.default_rng(seed)
+    cache, scheduler = _cache_and_scheduler(rng, design)
+    data = {
+        "name": f"fuzz-{design.value}-{seed}",
+        "description": f"kvsim fuzz case seed {seed} on {design.value}",
+        "seed": seed,
+        "model": None,
+        "cache": cache,
+        "scheduler": scheduler,
+        "engine": {"audit_level": "full", "violation_policy": "record"},
+        "workload": {"kind": "inline", "requests": _requests(rng, cache, scheduler)},
+        "step_time": FUZZ_STEP_TIME,
+        "expect": {"violations": "none"},
+    }
+    return scenario_from_dict(data, f"fuzz case {seed}")
+
+
+@dataclass(slots=True)
+class Finding:
+    """The first case that showed one violation kind (or an engine exception)."""
+
+    kind: str
+    case_index: int
+    case_seed: int
+    message: str
+    time_s: float | None
+    scenario: Scenario
+    observed_kinds: list[str]
+    count: int = 1
+
+    def reproduce_command(self, design: str, saved_path: Path | None = None) -> str:
+        if saved_path is not None:
+            return f"kvsim run {saved_path} --no-plots"
+        return f"kvsim fuzz --design {design} --case-seed {self.case_seed}"
+
+
+@dataclass(slots=True)
+class FuzzReport:
+    design: str
+    master_seed: int
+    num_cases: int = 0
+    elapsed_s: float = 0.0
+    stopped_by: str = ""
+    findings: dict[str, Finding] = field(default_factory=dict)
+    num_fatal_errors: int = 0
+    num_violating_cases: int = 0
+    saved: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.findings)
+
+    def to_dict(self) -> dict:
+        return {
+            "design": self.design,
+            "master_seed": self.master_seed,
+            "num_cases": self.num_cases,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "stopped_by": self.stopped_by,
+            "num_violating_cases": self.num_violating_cases,
+            "num_fatal_errors": self.num_fatal_errors,
+            "findings": [
+                {
+                    "kind": f.kind,
+                    "case_index": f.case_index,
+                    "case_seed": f.case_seed,
+                    "num_cases": f.count,
+                    "message": f.message,
+                    "time_s": f.time_s,
+                    "observed_kinds": f.observed_kinds,
+                    "reproduce": f.reproduce_command(self.design, self.saved.get(f.kind)),
+                    "saved": str(self.saved[f.kind]) if f.kind in self.saved else None,
+                }
+                for f in (self.findings[k] for k in self.kinds)
+            ],
+        }
+
+
+def run_case(scenario: Scenario) -> tuple[list[tuple[str, str, float | None]], str | None]:
+    """([(kind, first message, first time)] per kind, fatal error) of one case.
+
+    An exception escaping the engine is itself a finding, of kind `exception:<Type>`.
+    """
+    from sim.run import run
+
+    try:
+        result = run(scenario)
+    except (ScenarioError, WorkloadError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a crash of the simulator is what we look for
+        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return [(f"exception:{type(error).__name__}", message, None)], None
+    frame = result.violations
+    out = []
+    for kind in sorted(set(frame["kind"])) if len(frame) else []:
+        row = frame[frame["kind"] == kind].iloc[0]
+        time_s = row["time_s"]
+        out.append((kind, str(row["message"]), None if time_s != time_s else float(time_s)))
+    return out, result.summary.get("fatal_error")
+
+
+def fuzz(
+    design: str | Design,
+    master_seed: int = 0,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    max_cases: int | None = None,
+    on_case: Callable[[int, FuzzReport], None] | None = None,
+) -> FuzzReport:
+    """Run cases `case_seed(master_seed, 0), (…, 1), …` until the budget or the case count ends.
+
+    At least one case always runs. Returns the first finding of every distinct kind.
+    """
+    design = Design(design)
+    if budget_s is None and max_cases is None:
+        raise ValueError("fuzz needs a time budget or a maximum number of cases")
+    if max_cases is not None and max_cases < 1:
+        raise ValueError(f"max_cases must be >= 1, got {max_cases}")
+    if budget_s is not None and budget_s <= 0:
+        raise ValueError(f"budget must be positive, got {budget_s} s")
+    report = FuzzReport(design.value, master_seed)
+    start = time.perf_counter()
+    index = 0
+    while True:
+        seed = case_seed(master_seed, index)
+        scenario = generate_case(design, seed)
+        kinds, fatal_error = run_case(scenario)
+        report.num_cases += 1
+        report.num_fatal_errors += fatal_error is not None
+        report.num_violating_cases += bool(kinds)
+        observed = [k for k, _, _ in kinds]
+        for kind, message, time_s in kinds:
+            if kind in report.findings:
+                report.findings[kind].count += 1
+            else:
+                report.findings[kind] = Finding(kind, index, seed, message, time_s, scenario, observed)
+        if on_case is not None:
+            on_case(index, report)
+        index += 1
+        report.elapsed_s = time.perf_counter() - start
+        if max_cases is not None and index >= max_cases:
+            report.stopped_by = f"{max_cases} cases"
+            break
+        if budget_s is not None and report.elapsed_s >= budget_s:
+            report.stopped_by = f"budget of {budget_s:g} s"
+            break
+    return report
+
+
+def finding_yaml(finding: Finding, design: str) -> str:
+    """A self-contained scenario for a finding, expecting exactly the kinds its case showed."""
+    kinds = [k for k in finding.observed_kinds if not k.startswith("exception:")]
+    scenario = finding.scenario.model_copy(
+        update={
+            "name": f"fuzz-{design}-{finding.kind.replace(':', '-')}-{finding.case_seed}",
+            "expect": finding.scenario.expect.model_copy(update={"violations": kinds or "none"}),
+        }
+    )
+    header = (
+        f"# Found by: kvsim fuzz --design {design} (case {finding.case_index}, "
+        f"case seed {finding.case_seed}).\n"
+        f"# First {finding.kind}: {finding.message}\n"
+        f"# Reproduce: kvsim run <this file> --no-plots   (or: kvsim fuzz --design {design} "
+        f"--case-seed {finding.case_seed})\n"
+    )
+    return header + scenario_to_yaml(scenario)
+
+
+def save_findings(report: FuzzReport, out_dir: str | Path) -> dict[str, Path]:
+    """Write one scenario YAML per finding into `out_dir`; returns kind -> path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in report.kinds:
+        finding = report.findings[kind]
+        name = f"{report.design}-{kind.replace(':', '-')}-seed{finding.case_seed}.yaml"
+        path = out / name
+        path.write_text(finding_yaml(finding, report.design), encoding="utf-8")
+        report.saved[kind] = path
+    return dict(report.saved)
+
+
+def parse_budget(text: str) -> float:
+    """'60s' -> 60.0, '2m' -> 120.0, '90' -> 90.0, '1.5h' -> 5400.0 (seconds)."""
+    raw = text.strip().lower()
+    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+    for suffix in sorted(units, key=len, reverse=True):
+        if raw.endswith(suffix):
+            number, scale = raw[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = raw, 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError(f"--budget {text!r}: expected a duration such as 60s, 2m or 90") from None
+    if not value > 0:
+        raise ValueError(f"--budget {text!r}: must be positive")
+    return value

@@ -1,0 +1,182 @@
+"""vLLM's real V1-engine `KVCacheManager` (vLLM 0.10+) behind kvsim's `V1KVCacheManager` API.
+
+Each kvsim `Sequence` gets one real `vllm.v1.request.Request` (request_id = str(seq_id)) whose
+prompt is ``seq.content.token_ids()``; generated tokens are appended with
+`Request.append_output_token_ids`, so the block hashes come from vLLM's own hasher
+(`get_request_block_hasher` with sha256, the 0.11 default `prefix_caching_hash_algo`). Before
+each call the request's `num_computed_tokens` is copied from ours: kvsim's scheduler owns it.
+
+The manager is built over one KV-cache group: `FullAttentionSpec`, or `SlidingWindowSpec` when
+`config.sliding_window` is set (an all-SWA model such as Mistral-7B-v0.1), with 1 head of size 1
+(page size does not matter to the manager).
+
+Worked example (spec vector 6, bs=16, 11 blocks, no caching)::
+
+    mgr = RealKVCacheManager(KVCacheConfig(11, 16), vllm_version="0.11.0")
+    mgr.allocate_slots(A(112 tokens), 112)   # [1..7]; block 0 is the null block; free 3
+    mgr.allocate_slots(B(64 tokens), 64)     # None
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.kv.config import KVCacheConfig
+from sim.kv.protocol import PoolStats
+from sim.kv.types import Sequence, SequenceStatus
+from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
+
+#: Used when the config has no max_model_len (the real manager needs an int).
+_UNBOUNDED_MODEL_LEN = 1 << 40
+
+
+class RealKVCacheManager:
+    """A real vLLM V1-engine KVCacheManager with kvsim's V1KVCacheManager + PoolIntrospection."""
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        *,
+        vllm_root: str | Path | None = None,
+        vllm_version: str | None = None,
+        install: VllmInstall | None = None,
+    ) -> None:
+        self.install = install or load_vllm(vllm_root, vllm_version)
+        if self.install.version_tuple < (0, 10):
+            raise ValueError(
+                f"the V1-engine adapter needs vLLM >= 0.10, got {self.install.version}"
+            )
+        import torch
+
+        iface = import_vllm("v1.kv_cache_interface", self.install)
+        self._kcu = import_vllm("v1.core.kv_cache_utils", self.install)
+        self._req_mod = import_vllm("v1.request", self.install)
+        self._sp_mod = import_vllm("sampling_params", self.install)
+        mgr_mod = import_vllm("v1.core.kv_cache_manager", self.install)
+        utils = import_vllm("utils", self.install)
+        self.config = config
+        self.block_size = config.block_size
+        self.watermark_blocks = 0
+        if config.sliding_window is None:
+            spec = iface.FullAttentionSpec(config.block_size, 1, 1, torch.float16)
+        else:
+            spec = iface.SlidingWindowSpec(
+                config.block_size, 1, 1, torch.float16, sliding_window=config.sliding_window
+            )
+        kv_config = iface.KVCacheConfig(
+            num_blocks=config.num_gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
+        )
+        self.real = mgr_mod.KVCacheManager(
+            kv_config,
+            max_model_len=config.max_model_len or _UNBOUNDED_MODEL_LEN,
+            enable_caching=config.enable_prefix_caching,
+        )
+        self._kv_blocks_cls = mgr_mod.KVCacheBlocks
+        hash_fn = utils.sha256
+        if not hasattr(self._kcu, "NONE_HASH"):
+            # vLLM's engine does this once at startup; the seed is process-wide.
+            self._kcu.init_none_hash(hash_fn)
+        self._hasher = self._kcu.get_request_block_hasher(config.block_size, hash_fn)
+        self._requests: dict[int, object] = {}
+
+    # ------------------------------------------------------------------ kvsim -> vLLM objects
+    def _request(self, seq: Sequence):
+        req = self._requests.get(seq.seq_id)
+        if req is None or req.num_tokens > seq.num_tokens:
+            req = self._req_mod.Request(
+                request_id=str(seq.seq_id),
+                prompt_token_ids=seq.content.token_ids(0, seq.prompt_len),
+                sampling_params=self._sp_mod.SamplingParams(max_tokens=1 << 30),
+                pooling_params=None,
+                eos_token_id=None,
+                arrival_time=0.0,
+                block_hasher=self._hasher,
+            )
+            self._requests[seq.seq_id] = req
+        if req.num_tokens < seq.num_tokens:
+            req.append_output_token_ids(seq.content.token_ids(req.num_tokens, seq.num_tokens))
+        req.num_computed_tokens = seq.num_computed_tokens
+        if seq.status is SequenceStatus.RUNNING:
+            req.status = self._req_mod.RequestStatus.RUNNING
+        return req
+
+    # ------------------------------------------------------------------ V1KVCacheManager API
+    def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
+        blocks, num_tokens = self.real.get_computed_blocks(self._request(request))
+        return [b.block_id for b in blocks.blocks[0]], num_tokens
+
+    def allocate_slots(
+        self,
+        request: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_block_ids: list[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        hits = None
+        if new_computed_block_ids:
+            pool = self.real.block_pool.blocks
+            hits = self._kv_blocks_cls(([pool[i] for i in new_computed_block_ids],))
+        out = self.real.allocate_slots(
+            self._request(request),
+            num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            new_computed_blocks=hits,
+            num_lookahead_tokens=num_lookahead_tokens,
+        )
+        return None if out is None else [b.block_id for b in out.blocks[0]]
+
+    def free(self, request: Sequence) -> None:
+        self.real.free(self._request(request))
+
+    def forget(self, request: Sequence) -> None:
+        """Drop our real Request for a finished sequence (vLLM drops it from its request map)."""
+        self._requests.pop(request.seq_id, None)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.real.block_pool.get_num_free_blocks()
+
+    def get_block_ids(self, request_id: int) -> list[int]:
+        return self.seq_block_ids(request_id)
+
+    # ------------------------------------------------------------------ PoolIntrospection
+    def block_refcounts(self) -> dict[int, int]:
+        return {b.block_id: b.ref_cnt for b in self.real.block_pool.blocks if b.ref_cnt > 0}
+
+    def pool_stats(self) -> PoolStats:
+        free = self.num_free_blocks
+        evictable = 0
+        if self.config.enable_prefix_caching:
+            evictable = sum(
+                1
+                for b in self.real.block_pool.blocks
+                if b.ref_cnt == 0 and b.block_hash is not None
+            )
+        # The null block has ref_cnt 0 but is never free: count it as held.
+        held = len(self.block_refcounts()) + 1
+        return PoolStats(self.config.num_gpu_blocks, free, held, evictable)
+
+    def seq_block_ids(self, seq_id: int) -> list[int]:
+        manager = self.real.coordinator.single_type_managers[0]
+        return [b.block_id for b in manager.req_to_blocks.get(str(seq_id), [])]
+
+    def num_seq_blocks(self, seq_id: int) -> int:
+        return len({b for b in self.seq_block_ids(seq_id) if b != 0})
+
+    def max_seq_footprint(self, seq: Sequence) -> int | None:
+        return None
+
+    def recover_leaked_blocks(self) -> int:
+        return 0  # allocate_slots checks before it takes: nothing can leak.
+
+
+def make_real_v1(
+    config: KVCacheConfig, vllm_root: str | Path | None = None, vllm_version: str | None = "0.11.0"
+) -> RealKVCacheManager:
+    """A real V1-engine manager from an install folder or from `.vllm/<version>` (default 0.11.0)."""
+    if vllm_root is not None:
+        vllm_version = None
+    return RealKVCacheManager(config, vllm_root=vllm_root, vllm_version=vllm_version)

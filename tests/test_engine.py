@@ -1,0 +1,160 @@
+"""End-to-end runs: golden timings, accounting, determinism, policies, replicas."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from sim.overrides import apply_overrides
+from sim.results import write_result
+from sim.run import builtin_scenario_path, run
+from sim.scenario import scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+
+
+def _inline(design: str, requests: list[dict], **sections) -> dict:
+    data = {
+        "name": f"t-{design}",
+        "model": None,
+        "cache": {
+            "block_size": 16,
+            "num_gpu_blocks": 10,
+            "num_cpu_blocks": 0,
+            "sliding_window": 24,
+        },
+        "scheduler": {"design": design, "max_model_len": 256},
+        "workload": {"kind": "inline", "requests": requests},
+        "step_time": {
+            "linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}
+        },
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return data
+
+
+def test_4_vs_3_end_to_end_on_v0_v2_golden():
+    result = run(SCENARIOS / "swa_4_vs_3_v0_v2.yaml")
+    requests = result.requests.set_index("request_id")
+    # A: prefill 112 tokens = 0.005 + 112 * 1e-4 = 0.0162 s; then 7 decodes of 0.0051 s.
+    a = requests.loc[0]
+    assert a["state"] == "finished"
+    assert math.isclose(a["ttft_s"], 0.0162)
+    assert math.isclose(a["tpot_s"], 0.0051)
+    assert math.isclose(a["e2e_s"], 0.0162 + 7 * 0.0051)
+    b = requests.loc[1]
+    assert b["state"] == "failed"
+    assert b["reason"] == (
+        "can_allocate counted 3 blocks for request 1 (64 tokens, window 3 blocks) but allocate needed 4 with 3 free"
+    )
+    assert list(result.violations["kind"]) == [
+        "admission_overtake",
+        "admission_undercount",
+        "leaked_blocks",
+    ]
+    assert result.summary["states"] == {"finished": 1, "ignored": 0, "failed": 1, "aborted": 0}
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-fixed", "v1-engine"])
+def test_4_vs_3_end_to_end_on_consistent_designs(design):
+    result = run(SCENARIOS / f"swa_4_vs_3_{design.replace('-', '_')}.yaml")
+    assert result.violation_kinds == set()
+    assert result.summary["states"]["finished"] == 2
+
+
+def test_4_vs_3_on_v1_engine_makes_b_wait_instead_of_crashing():
+    result = run(SCENARIOS / "swa_4_vs_3_v1_engine.yaml")
+    requests = result.requests.set_index("request_id")
+    # 10 blocks, block 0 is the null block: A takes 7 (F=2), B's 4 blocks wait for A's window drop.
+    assert requests.loc[1, "queueing_s"] > 0
+    assert requests.loc[0, "queueing_s"] == 0
+
+
+def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyone():
+    scenario = scenario_from_dict(
+        _inline(
+            "v0-v2",
+            [
+                {"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8},
+                {"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 8},
+                {"arrival_s": 5.0, "prompt_tokens": 16, "output_tokens": 8},
+            ],
+            engine={"violation_policy": "stop"},
+        )
+    )
+    result = run(scenario)
+    assert result.summary["stopped_early"].startswith(
+        "stopped at the first violation (admission_overtake)"
+    )
+    assert len(result.requests) == 3
+    states = dict(zip(result.requests["request_id"], result.requests["state"], strict=True))
+    assert states[2] == "aborted"
+    assert "never arrived" in result.requests.set_index("request_id").loc[2, "reason"]
+
+
+def test_a_request_that_can_never_fit_is_aborted_as_stalled_not_lost():
+    scenario = scenario_from_dict(
+        _inline(
+            "v1-engine",
+            [{"arrival_s": 0.0, "prompt_tokens": 200, "output_tokens": 4}],
+            cache={"sliding_window": None},
+        )
+    )
+    result = run(scenario)
+    row = result.requests.iloc[0]
+    assert row["state"] == "aborted"
+    assert row["reason"].startswith("stalled")
+
+
+def test_round_robin_replicas_share_the_requests():
+    requests = [{"arrival_s": i * 0.01, "prompt_tokens": 16, "output_tokens": 2} for i in range(6)]
+    scenario = scenario_from_dict(
+        _inline("v0-v1", requests, engine={"num_replicas": 2}, cache={"num_gpu_blocks": 50})
+    )
+    result = run(scenario)
+    assert list(result.requests["replica"]) == [0, 1, 0, 1, 0, 1]
+    assert set(result.steps["replica"]) == {0, 1}
+    assert result.summary["states"]["finished"] == 6
+
+
+def test_every_trace_request_has_exactly_one_row_even_under_pressure():
+    scenario = apply_overrides(
+        scenario_from_dict(
+            {
+                "name": "azure-pressure",
+                "model": "mistral-7b-v0.1",
+                "cache": {"num_gpu_blocks": 600, "sliding_window": "model"},
+                "scheduler": {"design": "v0-v2"},
+                "workload": {
+                    "kind": "trace",
+                    "path": str(
+                        ROOT / "sim/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+                    ),
+                    "format": "azure",
+                    "first_n": 300,
+                },
+            }
+        ),
+        {"workload.rate_scale": 4},
+    )
+    result = run(scenario)
+    assert len(result.requests) == 300
+    assert sorted(result.requests["request_id"]) == list(range(300))
+    assert sum(result.summary["states"].values()) == 300
+    assert result.requests["state"].isin(["finished", "ignored", "failed", "aborted"]).all()
+
+
+def test_same_scenario_and_seed_give_byte_identical_outputs(tmp_path):
+    path = builtin_scenario_path()
+    overrides = {"workload.first_n": 200}
+    first = write_result(run(path, overrides=overrides), tmp_path / "a")
+    second = write_result(run(path, overrides=overrides), tmp_path / "b")
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    assert "requests.parquet" in names and "steps.csv" in names
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
