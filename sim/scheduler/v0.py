@@ -21,6 +21,8 @@ auditor's stop policy.
 
 from __future__ import annotations
 
+import contextlib
+import contextlib
 from collections import deque
 
 from sim.audit import AuditError
@@ -121,10 +123,9 @@ class V0Scheduler:
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
         """Fail a request whose manager call raised; release whatever it still holds."""
         request.finish(RequestState.FAILED, error.violation.message, now_s)
-        try:
+        # The table may never have been created; the auditor has recorded the failure.
+        with contextlib.suppress(AuditError, KeyError, ValueError):
             self.block_manager.free(request.seq)
-        except (AuditError, KeyError, ValueError):
-            pass  # the table may never have been created; the auditor recorded the failure
         plan.failed.append(request)
 
     def _append_slots(self, request: Request, plan: StepPlan) -> None:
@@ -239,10 +240,8 @@ class V0Scheduler:
                 break
             if status is AllocStatus.NEVER:
                 self.swapped.popleft()
-                try:
+                with contextlib.suppress(AuditError):
                     self.block_manager.free(request.seq)
-                except AuditError:
-                    pass
                 request.finish(
                     RequestState.IGNORED,
                     f"Failing the request {request.request_id} because there's not enough kv cache blocks "

@@ -19,6 +19,7 @@ is queued, which kvsim reports as ignored at arrival.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 
 from sim.audit import AuditError
@@ -96,10 +97,8 @@ class V1Scheduler:
 
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
         request.finish(RequestState.FAILED, error.violation.message, now_s)
-        try:
+        with contextlib.suppress(AuditError, KeyError, ValueError):
             self.kv_cache_manager.free(request.seq)
-        except (AuditError, KeyError, ValueError):
-            pass
         plan.failed.append(request)
 
     def _schedule_running(
