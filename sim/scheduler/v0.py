@@ -22,7 +22,6 @@ auditor's stop policy.
 from __future__ import annotations
 
 import contextlib
-import contextlib
 from collections import deque
 
 from sim.audit import AuditError
