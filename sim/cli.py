@@ -146,6 +146,12 @@ def run(
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Save PNG plots next to the tables.")
     ] = True,
+    vllm_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--vllm-root", help="Run vLLM's REAL block manager from this install (scripts/setup_vllm.sh)."
+        ),
+    ] = None,
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
     from sim.overrides import parse_assignment
@@ -163,7 +169,7 @@ def run(
             overrides["engine.violation_policy"] = "stop"
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
-            result = run_scenario(path, overrides=overrides or None, progress=progress)
+            result = run_scenario(path, overrides=overrides or None, progress=progress, vllm_root=vllm_root)
         finally:
             progress.close()
     except INPUT_ERRORS as error:

@@ -44,6 +44,9 @@ class EngineConfig:
     audit_level: AuditLevel = AuditLevel.CHEAP
     #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
     max_sim_time_s: float | None = None
+    #: Builds the block manager instead of kvsim's model, e.g. vLLM's real code
+    #: (`sim.vllm_real`): called as `factory(design, kv_config)`.
+    manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
 
 
 STEP_COLUMNS = (
@@ -86,7 +89,8 @@ class Replica:
         self, index: int, config: EngineConfig, clock: Callable[[], tuple[float, int]]
     ) -> None:
         self.index = index
-        manager = make_manager(config.design, config.kv)
+        factory = config.manager_factory or make_manager
+        manager = factory(config.design, config.kv)
         kwargs = dict(policy=config.violation_policy, level=config.audit_level, clock=clock)
         if config.design.api == "v1":
             self.manager = AuditedV1Manager(manager, **kwargs)

@@ -190,10 +190,13 @@ def run(
     base_dir: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     overrides: dict | None = None,
+    vllm_root: str | Path | None = None,
 ) -> RunResult:
     """Run a scenario (an object, a path, or None for the built-in default) and return its tables.
 
     `overrides` are dotted keys applied before validation, e.g. {"cache.num_gpu_blocks": 4096}.
+    `vllm_root` runs vLLM's REAL block manager (an install made by scripts/setup_vllm.sh)
+    under the same scheduler and auditor instead of kvsim's model of it.
     """
     if scenario is None:
         scenario = builtin_scenario_path()
@@ -211,3 +214,18 @@ def run(
     )
     records = engine.run()
     return build_result(records, resolved.inputs)
+
+
+def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> ResolvedRun:
+    from dataclasses import replace
+
+    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.lockstep import make_real
+
+    install = load_vllm(vllm_root)
+
+    def factory(design, kv_config):
+        return make_real(design.value, kv_config, install)
+
+    inputs = {**resolved.inputs, "block_manager": f"vLLM {install.version} real code at {vllm_root}"}
+    return replace(resolved, engine=replace(resolved.engine, manager_factory=factory), inputs=inputs)

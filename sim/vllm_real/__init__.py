@@ -1,0 +1,1 @@
+"""Lockstep validation against vLLM's real block managers (loaded on demand; imports torch only then)."""

@@ -12,8 +12,8 @@ An install folder (a "root") is what ``scripts/setup_vllm.sh`` makes::
     .vllm/0.11.0/_deps/...             pure-Python packages the V1-engine modules import
 
 Only one vLLM can be loaded per process at a time (they share the module name ``vllm``);
-loading a different root purges the previous one's modules from ``sys.modules``. Objects built
-from the previous load keep working, because they hold references to their own modules.
+loading a different root stashes the previous one's modules out of ``sys.modules`` (and puts
+them back when that root is loaded again). Objects built from either keep working.
 
 torch is imported here (vLLM needs it), so this module is only imported when a real manager is
 actually requested; ``import sim`` never reaches it.
@@ -109,11 +109,21 @@ def read_version(root: Path) -> str:
     raise VllmNotAvailableError(f"cannot tell the vLLM version of {root}")
 
 
+# Process-wide by nature: it mirrors what sys.modules["vllm"] currently is.
 _loaded: dict[str, VllmInstall] = {}
 
 
-def _purge_vllm_modules() -> None:
-    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+#: Per-root snapshots of the ``vllm.*`` modules, so switching back never re-imports them
+#: (a re-import would register vLLM's torch custom ops twice, which torch rejects).
+_stashed: dict[Path, dict[str, types.ModuleType]] = {}
+
+
+def _stash_vllm_modules() -> None:
+    names = [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]
+    current = _loaded.get("current")
+    if current is not None:
+        _stashed[current.root] = {n: sys.modules[n] for n in names}
+    for name in names:
         del sys.modules[name]
 
 
@@ -147,7 +157,12 @@ def load_vllm(vllm_root: str | Path | None = None, vllm_version: str | None = No
     if deps.is_dir() and str(deps) not in sys.path:
         # Appended, not prepended: the project's own packages keep priority.
         sys.path.append(str(deps))
-    _purge_vllm_modules()
+    _stash_vllm_modules()
+    if root in _stashed:
+        sys.modules.update(_stashed.pop(root))
+        install = VllmInstall(root, version)
+        _loaded["current"] = install
+        return install
     # vLLM logs a warning per missing compiled op; keep the console quiet unless asked.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     pkg = types.ModuleType("vllm")
