@@ -92,6 +92,10 @@ class TokenContent:
     segments: list[Segment] = field(default_factory=list)
     _starts: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    # Generated tokens not yet folded into `segments`: appending one token per decode step is
+    # the hottest operation of a replay, so it only bumps counters (see `_fold`).
+    _open_key: int = 0
+    _open_len: int = 0
 
     @classmethod
     def from_segments(cls, segments: list[Segment]) -> TokenContent:
@@ -106,6 +110,7 @@ class TokenContent:
         return cls.from_segments([Segment(key, num_tokens)])
 
     def _push(self, seg: Segment) -> None:
+        assert not self._open_len, "fold generated tokens before pushing a segment"
         if seg.num_tokens <= 0:
             return
         self._starts.append(self.num_tokens)
@@ -116,18 +121,32 @@ class TokenContent:
         """Append `num_tokens` generated tokens from the sequence's own stream `seq_key`."""
         if num_tokens <= 0:
             return
+        if self._open_len and self._open_key != seq_key:
+            self._fold()
+        self._open_key = seq_key
+        self._open_len += num_tokens
+        self.num_tokens += num_tokens
+
+    def _fold(self) -> None:
+        """Move the open run of generated tokens into `segments`, merging with a same-key tail."""
+        if not self._open_len:
+            return
+        key, length = self._open_key, self._open_len
+        self._open_len = 0
         last = self.segments[-1] if self.segments else None
-        if last is not None and last.key == seq_key:
-            self.segments[-1] = Segment(seq_key, last.num_tokens + num_tokens)
-            self.num_tokens += num_tokens
+        if last is not None and last.key == key:
+            self.segments[-1] = Segment(key, last.num_tokens + length)
         else:
-            self._push(Segment(seq_key, num_tokens))
+            self._starts.append(self.num_tokens - length)
+            self.segments.append(Segment(key, length))
 
     def copy(self) -> TokenContent:
+        self._fold()
         return TokenContent(list(self.segments), list(self._starts), self.num_tokens)
 
     def truncated(self, num_tokens: int) -> TokenContent:
         """The first `num_tokens` tokens as a new content."""
+        self._fold()
         out = TokenContent()
         remaining = num_tokens
         for seg in self.segments:
@@ -140,6 +159,7 @@ class TokenContent:
 
     def span_key(self, start: int, end: int) -> tuple:
         """Content key of tokens [start, end): ((key, from, to), ...) per overlapped segment."""
+        self._fold()
         if not 0 <= start <= end <= self.num_tokens:
             raise IndexError(f"span [{start}, {end}) outside 0..{self.num_tokens}")
         parts = []

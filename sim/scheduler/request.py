@@ -56,6 +56,10 @@ class Request:
     last_token_s: float | None = None
     #: In the prefill stage (v0 `SequenceStage.PREFILL`): set again by recompute preemption.
     is_prefill: bool = True
+    #: Decode fast path: the length at which the next decode must call the manager (None: always).
+    touch_len: int | None = None
+    #: Decode steps were skipped since the manager last saw this request (sync before a call).
+    needs_sync: bool = False
 
     @classmethod
     def new(

@@ -47,6 +47,12 @@ class V1Scheduler:
             self.token_budget = max(self.token_budget, config.max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # The decode fast path needs the manager's `decode_touch_len`/`sync_decode`.
+        self._fast_path = (
+            config.num_lookahead_slots == 0
+            and callable(getattr(kv_cache_manager, "decode_touch_len", None))
+            and callable(getattr(kv_cache_manager, "sync_decode", None))
+        )
 
     # ------------------------------------------------------------------ queues
     def add_request(self, request: Request) -> None:
@@ -86,6 +92,8 @@ class V1Scheduler:
             self.running.remove(victim)
         else:
             victim = self.running.pop()
+        self._sync(victim)
+        victim.touch_len = None
         self.kv_cache_manager.free(victim.seq)
         victim.state = RequestState.WAITING
         victim.seq.status = SequenceStatus.PREEMPTED
@@ -98,6 +106,7 @@ class V1Scheduler:
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
         request.finish(RequestState.FAILED, error.violation.message, now_s)
         with contextlib.suppress(AuditError, KeyError, ValueError):
+            self._sync(request)
             self.kv_cache_manager.free(request.seq)
         plan.failed.append(request)
 
@@ -106,6 +115,7 @@ class V1Scheduler:
     ) -> tuple[int, dict[int, int]]:
         scheduled: dict[int, int] = {}
         index = 0
+        fast = self._fast_path
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             seq = request.seq
@@ -114,6 +124,19 @@ class V1Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
+            # Fast path: a one-token decode the manager declared quiet would get [] from
+            # allocate_slots and change nothing, so the call is skipped (synced later).
+            touch_len = request.touch_len
+            if fast and num_new == 1 and touch_len is not None and seq.num_tokens < touch_len:
+                request.needs_sync = True
+                scheduled[request.request_id] = 1
+                plan.scheduled.append(
+                    ScheduledWork(request, 1, seq.num_computed_tokens, self._is_prefill(request, 1))
+                )
+                budget -= 1
+                index += 1
+                continue
+            self._sync(request)
             can_schedule = True
             while True:
                 try:
@@ -135,6 +158,7 @@ class V1Scheduler:
                 continue
             if not can_schedule:
                 break
+            self._refresh_touch(request)
             scheduled[request.request_id] = num_new
             plan.scheduled.append(
                 ScheduledWork(
@@ -144,6 +168,17 @@ class V1Scheduler:
             budget -= num_new
             index += 1
         return budget, scheduled
+
+    def _refresh_touch(self, request: Request) -> None:
+        """Ask the manager when the next decode of `request` must call it again."""
+        manager = self.kv_cache_manager
+        request.touch_len = manager.decode_touch_len(request.seq) if self._fast_path else None
+
+    def _sync(self, request: Request) -> None:
+        """Let the manager catch up on decode steps the fast path skipped, before a real call."""
+        if request.needs_sync:
+            request.needs_sync = False
+            self.kv_cache_manager.sync_decode(request.seq)
 
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
@@ -186,6 +221,7 @@ class V1Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            self._refresh_touch(request)
             request.state = RequestState.RUNNING
             seq.status = SequenceStatus.RUNNING
             if request.first_scheduled_s is None:
@@ -223,6 +259,7 @@ class V1Scheduler:
             sample_token(request, now_s)
             reason = stop_reason(request, self.config.max_model_len, ">=")
             if reason is not None:
+                self._sync(request)
                 self.kv_cache_manager.free(seq)
                 finish(request, reason, now_s)
                 finished.append(request)
