@@ -69,6 +69,9 @@ def main() -> None:
                 dask,
             )
         )
+    for name, _, table in rows:
+        if table["error"].notna().any():
+            print(f"{name}: first error: {table['error'].dropna().iloc[0]}")
     same = all(r[2][["key", "ttft_p99_s"]].equals(serial[["key", "ttft_p99_s"]]) for r in rows)
     print(f"16-point sweep, Azure conv trace, first {args.first_n} requests per point")
     print(f"{'executor':<48} {'wall (s)':>9} {'sum of point times (s)':>23} {'failed':>7}")

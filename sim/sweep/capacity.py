@@ -19,8 +19,9 @@ the search brackets it as [good, bad) = [2.0, 2.015625) x 50 req/s.
 
 Replicates (seeds, or trace windows via `replicates=`) give a spread: the mean and a 95 %
 Student-t confidence interval of the per-replicate capacities. Replicas for a target rate R:
-``ceil(R / capacity)`` using the CI's low end (conservative) and the mean; this assumes the
-router splits the load evenly, which round robin does only on average.
+``ceil(R / capacity)`` using the worst replicate (conservative; with two or three replicates
+the t-interval's low end is often near zero) and the mean; this assumes the router splits the
+load evenly, which round robin does only on average.
 """
 
 from __future__ import annotations
@@ -278,6 +279,7 @@ def capacity_search(
         mine = [res for res in results if res["config_index"] == c]
         capacities = [res["capacity_rate_req_per_s"] for res in mine]
         mean, low, high = confidence_interval(capacities)
+        low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
         row = {"config": _label(config), **config, "num_replicates": len(mine)}
         row.update(
             capacity_rate_req_per_s=mean,
@@ -293,7 +295,7 @@ def capacity_search(
         )
         if target_rate is not None:
             row["target_rate_req_per_s"] = target_rate
-            row["replicas_needed"] = _replicas(target_rate, low)
+            row["replicas_needed"] = _replicas(target_rate, min(capacities))
             row["replicas_needed_at_mean"] = _replicas(target_rate, mean)
         rows.append(row)
     return pd.DataFrame.from_records(rows), probes

@@ -256,7 +256,7 @@ def register(app: typer.Typer) -> None:
             "capacity_ci_low": "95% CI low",
             "capacity_ci_high": "95% CI high",
             "num_replicates": "runs",
-            "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (CI low)",
+            "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
             "replicas_needed_at_mean": "(at mean)",
         }
         for column in columns:
