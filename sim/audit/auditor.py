@@ -154,6 +154,18 @@ class _AuditorBase:
         )
         return self._fail(violation)
 
+    # ------------------------------------------------------------------ decode fast path
+    # Plain pass-throughs, recorded nowhere. Properties, not methods, so that an inner manager
+    # without the optional capability (a real-vLLM adapter) reads as lacking it here too:
+    # `getattr(audited, "sync_decode", None)` is then None.
+    @property
+    def decode_touch_len(self) -> Callable[[Sequence], int | None]:
+        return self.inner.decode_touch_len
+
+    @property
+    def sync_decode(self) -> Callable[[Sequence], None]:
+        return self.inner.sync_decode
+
     # ------------------------------------------------------------------ delegation
     def __getattr__(self, name: str):
         # Read-only introspection (pool_stats, block_size, seq_block_ids, ...) passes through.

@@ -76,8 +76,47 @@ class PoolIntrospection(Protocol):
 
 
 @runtime_checkable
+class DecodeFastPath(Protocol):
+    """Optional capability: let a scheduler skip manager calls on quiet decode steps.
+
+    Not part of vLLM's API and not required by `V0BlockManager` / `V1KVCacheManager`: every
+    kvsim model has it, other implementations (the real-vLLM adapters) may not, and a
+    scheduler uses it only when both methods exist. Skipping is exact: results are the same
+    as calling the manager on every decode.
+
+    A decode at length L has ``L - 1`` tokens computed: v0 calls `can_append_slots(group)`
+    then `append_slots(seq)` (one-sequence group, no lookahead); the V1 engine calls
+    `allocate_slots(seq, 1)`.
+    """
+
+    def decode_touch_len(self, seq: Sequence) -> int | None:
+        """Called right after a real call on `seq`: the first length L' at which a decode
+        may change anything the manager holds (or, v0, get a `can_append_slots` answer other
+        than ``get_num_free_gpu_blocks() >= 1``). Decodes at ``L < L'`` are quiet and may be
+        skipped; ``L' == seq.num_tokens`` means the next decode must call. None: do not skip
+        (call on every decode and ask again). Valid until another call on `seq` (fork, swap,
+        free); other sequences' calls do not invalidate it.
+
+        Example (bs=16, full attention, no caching): right after a call at 20 tokens in 2
+        blocks it returns 33, so decodes at 21..32 are skipped.
+        """
+        ...
+
+    def sync_decode(self, seq: Sequence) -> None:
+        """Before the next real call on `seq` at length L (or its free/preemption), bring the
+        manager's per-sequence bookkeeping to what the skipped quiet decodes below L would
+        have left. Safe when nothing was skipped.
+        """
+        ...
+
+
+@runtime_checkable
 class V0BlockManager(PoolIntrospection, Protocol):
-    """vLLM v0 `BlockSpaceManager` API (`vllm/core/interfaces.py @fc93e56`)."""
+    """vLLM v0 `BlockSpaceManager` API (`vllm/core/interfaces.py @fc93e56`).
+
+    kvsim's models also offer `DecodeFastPath` (`decode_touch_len`, `sync_decode`), an
+    optional capability that is deliberately not a member here.
+    """
 
     num_total_gpu_blocks: int
     num_total_cpu_blocks: int
@@ -106,7 +145,10 @@ class V0BlockManager(PoolIntrospection, Protocol):
 
 @runtime_checkable
 class V1KVCacheManager(PoolIntrospection, Protocol):
-    """vLLM V1-engine `KVCacheManager` API (`vllm/v1/core/kv_cache_manager.py @4ac7713`)."""
+    """vLLM V1-engine `KVCacheManager` API (`vllm/v1/core/kv_cache_manager.py @4ac7713`).
+
+    kvsim's model also offers the optional `DecodeFastPath` capability (not a member here).
+    """
 
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
         """Prefix-cache hit: (block ids, number of computed tokens)."""

@@ -32,7 +32,7 @@ Reuses the V2 components (`sim.kv.v0_v2`), following vLLM 0.5.4 @ 00c3d68 everyw
 from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
-from sim.kv.types import SequenceGroup, TokenContent, cdiv
+from sim.kv.types import Sequence, SequenceGroup, TokenContent, cdiv
 from sim.kv.v0_v2.block_table import BlockTable
 from sim.kv.v0_v2.manager import BlockSpaceManagerV2
 from sim.kv.v0_v2.naive import Block
@@ -91,6 +91,19 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
 
     def _blocks_for_swap(self, seq_group, status) -> list[Block]:
         return [b for b in super()._blocks_for_swap(seq_group, status) if not b.is_null]
+
+    def decode_touch_len(self, seq: Sequence) -> int | None:
+        """V2's rule (`BlockTable.decode_touch_len`); the null block always exists here.
+
+        Example (bs=16, W=24 -> M=3): a 64-token prompt is ``[null, a, b, c]`` (1 leading
+        null). Candidates 4*16 + 1 = 65 and (1 + 3 + 1)*16 + 1 = 81, so decodes 65.. are not
+        quiet: 65 is returned; after it (5 blocks) the answer is 81 (index 1 is dropped).
+        """
+        return super().decode_touch_len(seq)
+
+    def sync_decode(self, seq: Sequence) -> None:
+        """V2's: write the skipped tokens (e.g. bs=16, slots 65 -> 79 before a call at 80)."""
+        super().sync_decode(seq)
 
     def max_seq_footprint(self, seq) -> int | None:
         table = self.block_tables.get(seq.seq_id)

@@ -257,6 +257,68 @@ class BlockSpaceManagerV1:
         for block in _unique(src):
             self.gpu_allocator.incref(block)
 
+    # ------------------------------------------------------------ decode fast path
+    def decode_touch_len(self, seq: Sequence) -> int | None:
+        """The first decode length at which `append_slots(seq)` may change anything.
+
+        Called right after a real call on `seq`. A decode at length X (``X - 1`` computed)
+        with X below the answer is quiet: `append_slots` changes nothing and
+        `can_append_slots` of its one-sequence group is ``free >= 1``. Touch points:
+
+        * ``len(table) * bs + 1``: the table grows (a new block, or a ring entry reused);
+        * with prefix caching, the next X with ``X % bs == 0``: the last block fills and is
+          promoted (re-keyed or swapped for a cached twin);
+        * now, if the last block is shared (copy-on-write) or, with caching, is a partial
+          block keyed by its content (a prompt tail, see the module docstring): an identical
+          prompt admitted later would share it, so the next append might copy.
+
+        Example (bs=16, no caching): a 20-token prompt has 2 blocks; decodes at 21..32 are
+        quiet and 33 is returned (the third block). With caching the answer is 32 (block 1
+        fills) unless block 1 is the prompt's content-keyed tail, then 20 (call every step
+        until it fills). None when the table is unknown or swapped out.
+        """
+        table = self.block_tables.get(seq.seq_id)
+        if not table or table[-1].device is not Device.GPU:
+            return None
+        num_tokens = seq.num_tokens
+        last_block = table[-1]
+        if last_block.ref_count != 1:
+            return num_tokens
+        bs = self.block_size
+        touch_len = len(table) * bs + 1
+        if self.enable_caching:
+            touch_len = min(touch_len, cdiv(num_tokens, bs) * bs)
+            if touch_len > num_tokens and self._is_content_keyed_tail(seq, table):
+                return num_tokens
+        return max(touch_len, num_tokens)
+
+    def _is_content_keyed_tail(self, seq: Sequence, table: BlockTable) -> bool:
+        """Whether the partial last block carries the hash `allocate` gives a prompt tail.
+
+        `allocate` keys a partial tail by the hash of the whole prompt (P tokens), so the
+        candidates are the P in ``(s, s + bs)`` with ``s = (len(table) - 1) * bs``. A counter
+        key that happens to equal one only makes the answer more cautious.
+        """
+        bs = self.block_size
+        tail_idx = len(table) - 1
+        start = tail_idx * bs
+        stop = min(start + bs, seq.num_tokens + 1)
+        if seq.num_tokens < start + 1:
+            return True  # the table runs ahead of the tokens: be cautious
+        parent = self._full_block_hashes(seq, tail_idx)[-1] if tail_idx else NONE_HASH
+        block_hash = table[-1].block_hash
+        return any(
+            block_hash == chain_hash(parent, seq.content.span_key(start, num_prompt_tokens))
+            for num_prompt_tokens in range(start + 1, stop)
+        )
+
+    def sync_decode(self, seq: Sequence) -> None:
+        """Catch up on skipped quiet decodes: a no-op, this manager keeps no per-token state.
+
+        (Its hash memo is extended lazily from the sequence's content when next needed.)
+        """
+        return None
+
     # -------------------------------------------------------------------- swap
     def _get_physical_blocks(self, seq_group: SequenceGroup) -> BlockTable:
         blocks: dict[PhysicalBlock, None] = {}

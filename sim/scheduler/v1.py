@@ -127,7 +127,13 @@ class V1Scheduler:
             # Fast path: a one-token decode the manager declared quiet would get [] from
             # allocate_slots and change nothing, so the call is skipped (synced later).
             touch_len = request.touch_len
-            if fast and num_new == 1 and touch_len is not None and seq.num_tokens < touch_len:
+            if (
+                fast
+                and num_new == 1
+                and touch_len is not None
+                and seq.num_tokens < touch_len
+                and seq.num_computed_tokens == seq.num_tokens - 1  # a decode, not a 1-token chunk
+            ):
                 request.needs_sync = True
                 scheduled[request.request_id] = 1
                 plan.scheduled.append(

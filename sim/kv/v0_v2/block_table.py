@@ -149,6 +149,77 @@ class BlockTable:
         first_chunk = self.block_size - self.num_full_slots % self.block_size
         return 1 + signed_cdiv(num_new_tokens + num_lookahead_slots - first_chunk, self.block_size)
 
+    # -- decode fast path ----------------------------------------------------------------
+    def decode_touch_len(self, num_tokens: int) -> int | None:
+        """The first decode length X (token ``X - 1`` written, ``X - 1`` computed) at which
+        `append_token_ids` may change anything; shorter decodes are quiet.
+
+        Touch points: ``len(blocks) * bs + 1`` (a new block); with a window, the first X whose
+        drop end ``(X - 1)//bs - M`` passes the leading null entries, and now if the null block
+        does not exist yet (V2 creates it lazily); with prefix caching, the next X with
+        ``X % bs == 0`` (the block fills: promotion or dedupe); now, if a block still to be
+        written is shared (copy-on-write). `num_tokens` is the sequence's current length.
+
+        Example (bs=16, W=64 so M=6, no caching): 200-token prompt, after the first decode
+        (X=201) indices 0..5 are null and the table has 13 blocks. Candidates: 13*16 + 1 = 209
+        and (6 + 6 + 1)*16 + 1 = 209, so decodes 202..208 are quiet and 209 is returned.
+        None with lookahead slots (or an empty table).
+        """
+        if not self.blocks or self.max_lookahead_slots > 0:
+            return None
+        bs = self.block_size
+        num_full_slots = self.num_full_slots
+        for block in self.blocks[num_full_slots // bs :]:
+            if block.is_null or block.block_id is None:
+                return None
+            if self.allocator.allocator_of(block.block_id).refcounter.get(block.block_id) != 1:
+                return num_tokens  # the next write copies on write
+        touch_len = len(self.blocks) * bs + 1
+        window = self.max_block_sliding_window
+        if window is not None:
+            null = self.allocator.null_block
+            if null is None:
+                return num_tokens  # the next drop creates the null block
+            num_leading_null = 0
+            for block in self.blocks:
+                if block is not null:
+                    break
+                num_leading_null += 1
+            touch_len = min(touch_len, (num_leading_null + window + 1) * bs + 1)
+        if self.allocator.uses_content_keys:
+            touch_len = min(touch_len, cdiv(num_full_slots + 1, bs) * bs)
+        return max(touch_len, num_tokens)
+
+    def write_quiet_tokens(self, num_full_slots: int) -> None:
+        """Count tokens up to `num_full_slots` as written, as skipped quiet decodes would have.
+
+        Only bookkeeping changes (each block's token counts and `num_full_slots`): by
+        `decode_touch_len`'s rule those tokens fit the existing blocks, which are unshared,
+        and none fills a prefix-caching block. Example (bs=16): 13 blocks, 201 slots, target
+        206 -> block 12 goes from 9 to 14 tokens.
+        """
+        pos = self.num_full_slots
+        if num_full_slots <= pos:
+            return
+        bs = self.block_size
+        caching = self.allocator.uses_content_keys
+        while pos < num_full_slots:
+            block = self.blocks[pos // bs]
+            num = min(bs - pos % bs, num_full_slots - pos)
+            assert not block.is_null and block.block_id is not None, "quiet write to a null block"
+            assert block.num_tokens == pos % bs, (
+                f"block holds {block.num_tokens} tokens, not {pos % bs}"
+            )
+            assert not caching or block.num_tokens + num < bs, (
+                "a quiet write cannot fill a cached block"
+            )
+            assert self.allocator.allocator_of(block.block_id).refcounter.get(block.block_id) == 1
+            block.num_tokens += num
+            block.num_tokens_total += num
+            pos += num
+        self.num_full_slots = num_full_slots
+        self.has_decoded = True
+
     # -- fork / free ---------------------------------------------------------------------
     def fork(self) -> BlockTable:
         assert self.blocks

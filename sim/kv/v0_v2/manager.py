@@ -123,6 +123,35 @@ class BlockSpaceManagerV2:
         )
         return self.block_allocator.clear_copy_on_writes()
 
+    # -- decode fast path ----------------------------------------------------------------
+    def decode_touch_len(self, seq: Sequence) -> int | None:
+        """The first decode length at which `append_slots(seq)` may change anything.
+
+        Decodes at lengths X below it are quiet: `append_slots` would only write token
+        ``X - 1`` into a block it already has (no drop, allocation, copy or promotion), and
+        `can_append_slots` counts 1 block, so it is ``free >= 1``. The rule is the table's
+        (`BlockTable.decode_touch_len`). Example (bs=16, no window, no caching): a 20-token
+        prompt has 2 blocks; decodes at 21..32 are quiet and 33 is returned. None when the
+        table is unknown or swapped out, or lookahead slots were used.
+        """
+        table = self.block_tables.get(seq.seq_id)
+        if table is None or not table.is_on_gpu():
+            return None
+        return table.decode_touch_len(seq.num_tokens)
+
+    def sync_decode(self, seq: Sequence) -> None:
+        """Write the tokens of skipped quiet decodes into the table, silently.
+
+        Right before a real call at length L the table must look as if every decode below L
+        had been called: tokens ``0..L-2`` written. Example (bs=16): last call at X=21 (21
+        slots), the scheduler skipped 22..25 and syncs at L=26: slots become 25, block 1
+        holds 9 tokens. A no-op when nothing was skipped.
+        """
+        table = self.block_tables.get(seq.seq_id)
+        if table is None or not table.is_on_gpu():
+            return
+        table.write_quiet_tokens(seq.num_tokens - 1)
+
     # -- fork / free ---------------------------------------------------------------------
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
         if parent_seq.seq_id not in self.block_tables:

@@ -196,6 +196,69 @@ class KVCacheManager:
     def get_block_ids(self, request_id: int) -> list[int]:
         return [b.block_id for b in self.single_type_manager.req_to_blocks.get(request_id, [])]
 
+    # --------------------------------------------------------------------- decode fast path
+    def decode_touch_len(self, request: Sequence) -> int | None:
+        """The first decode length X (``C = X - 1``) at which `allocate_slots(request, 1)` may
+        change anything; below it the call returns [] and changes nothing but the per-request
+        counters that `sync_decode` replays.
+
+        Touch points: ``len(table) * bs + 1`` (a new block); with a window, the first X whose
+        first useful block ``(X - W) // bs`` passes the leading null entries (a free); with
+        caching, ``(num_cached + 1) * bs`` (a block fills and is cached).
+
+        Example (bs=16, W=24, no caching): after the decode at X=113 the table has 8 entries,
+        0..4 null. Candidates 8*16 + 1 = 129 and (5 + 1)*16 + 24 = 120: decodes 114..119 are
+        quiet, 120 is returned (block 5 leaves the window). None when the request holds no
+        table or used lookahead slots.
+        """
+        request_id = request.seq_id
+        manager = self.single_type_manager
+        table = manager.req_to_blocks.get(request_id)
+        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
+        if not table or max_need_tokens is None or request_id not in manager.num_cached_block:
+            return None
+        num_tokens = request.num_tokens
+        if max_need_tokens > num_tokens:
+            return None  # lookahead slots: not a plain decode
+        bs = self.block_size
+        touch_len = len(table) * bs + 1
+        if self.enable_caching:
+            num_cached = manager.num_cached_block[request_id]
+            hashes = self.req_to_block_hashes.get(request_id)
+            if hashes is None or len(hashes) < num_cached or num_cached * bs > num_tokens:
+                return num_tokens
+            touch_len = min(touch_len, (num_cached + 1) * bs)
+        if self.sliding_window is not None:
+            num_leading_null = 0
+            for block in table:
+                if not block.is_null:
+                    break
+                num_leading_null += 1
+            touch_len = min(touch_len, (num_leading_null + 1) * bs + self.sliding_window)
+        return max(touch_len, num_tokens)
+
+    def sync_decode(self, request: Sequence) -> None:
+        """Replay the per-request counters of skipped quiet one-token steps.
+
+        A quiet step at C computed tokens sets the skip mark to C and the largest slot count to
+        ``min(C + 1, max_model_len)``; nothing else. The last real call covered ``T`` slots
+        (its largest slot count) and the scheduler advanced C to T; each skipped step advanced
+        C by one more. So with C now above T, the last skipped step ran at ``C - 1``.
+        Example (bs=16): last call at X=21 (T=21, skip 20), decodes 22..25 skipped, sync at
+        L=26 (C=25) -> T=25, skip 24. A no-op when ``C <= T`` (nothing was skipped, e.g.
+        between prefill chunks or after a failed call).
+        """
+        request_id = request.seq_id
+        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
+        num_computed_tokens = request.num_computed_tokens
+        if max_need_tokens is None or num_computed_tokens <= max_need_tokens:
+            return
+        need_tokens = num_computed_tokens
+        if self.max_model_len is not None:
+            need_tokens = min(need_tokens, self.max_model_len)
+        self._req_to_max_need_tokens[request_id] = max(max_need_tokens, need_tokens)
+        self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
+
     # ---------------------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
         return PoolStats(
