@@ -70,7 +70,10 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self in _FINISHED_STATUSES
+
+
+_FINISHED_STATUSES = frozenset(s for s in SequenceStatus if s.name.startswith("FINISHED"))
 
 
 class NoFreeBlocksError(ValueError):
@@ -268,6 +271,8 @@ class SequenceGroup:
 
     def get_max_num_running_seqs(self) -> int:
         """Seqs this group may run (vLLM `sequence.py:L644-660 @fc93e56`)."""
+        if self.best_of == 1 and len(self.seqs) == 1:  # the common n=1 request, once per step
+            return 0 if self.seqs[0].status in _FINISHED_STATUSES else 1
         if self.best_of > len(self.get_unfinished_seqs()) and self.seqs and self.seqs[0].output_len == 0:
             return self.best_of
         return len(self.get_unfinished_seqs())

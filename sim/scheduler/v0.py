@@ -28,7 +28,7 @@ from sim.audit import AuditError
 from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
-from sim.scheduler.lifecycle import finish, sample_token, stop_reason
+from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 
 SWAP_SPACE_ERROR = (
@@ -225,7 +225,7 @@ class V0Scheduler:
             request = queue[0]
             if fast and free >= 1 and not request.is_prefill:
                 touch_len = request.touch_len
-                if touch_len is not None and request.seq.num_tokens < touch_len:
+                if touch_len is not None and request.seq.content.num_tokens < touch_len:
                     queue.popleft()
                     request.needs_sync = True
                     scheduled.append(ScheduledWork(request, 1, request.seq.num_computed_tokens, False))
@@ -400,17 +400,26 @@ class V0Scheduler:
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
         """Apply the step's results (`_process_model_outputs`); returns the requests that finished."""
         finished: list[Request] = []
+        running = RequestState.RUNNING
+        max_model_len = self.config.max_model_len
         for work in plan.scheduled:
             request = work.request
-            if request.state is not RequestState.RUNNING:
+            if request.state is not running:
                 continue
             seq = request.seq
             seq.num_computed_tokens += work.num_tokens
-            if request.is_prefill and seq.num_computed_tokens < seq.num_tokens:
+            if request.is_prefill and seq.num_computed_tokens < seq.content.num_tokens:
                 continue  # a chunk that does not finish the prompt samples nothing
             request.is_prefill = False
             sample_token(request, now_s)
-            reason = stop_reason(request, self.config.max_model_len, ">")
+            # The StopChecker's length checks (stop_checker.py @fc93e56), inlined: once per token.
+            num_tokens = seq.content.num_tokens
+            if num_tokens - seq.prompt_len >= request.max_tokens:
+                reason = "length: generated max_tokens"
+            elif num_tokens > max_model_len:
+                reason = "length: reached max_model_len"
+            else:
+                continue
             if reason is not None:
                 self._sync(request)
                 self.block_manager.free(seq)

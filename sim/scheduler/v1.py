@@ -25,7 +25,7 @@ from collections import deque
 from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.config import Policy, SchedulerConfig
-from sim.scheduler.lifecycle import finish, sample_token, stop_reason
+from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 
 
@@ -116,30 +116,35 @@ class V1Scheduler:
         scheduled: dict[int, int] = {}
         index = 0
         fast = self._fast_path
+        last_computable = self.config.max_model_len - 1
+        works = plan.scheduled
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             seq = request.seq
-            num_new = self._clamp(seq.num_tokens - seq.num_computed_tokens, budget)
-            num_new = min(num_new, self.config.max_model_len - 1 - seq.num_computed_tokens)
-            if num_new <= 0:
-                index += 1
-                continue
-            # Fast path: a one-token decode the manager declared quiet would get [] from
-            # allocate_slots and change nothing, so the call is skipped (synced later).
+            computed = seq.num_computed_tokens
+            num_tokens = seq.content.num_tokens
+            # Fast path: a one-token decode (all but the newest token computed, outputs exist)
+            # that the manager declared quiet would get [] from allocate_slots and change
+            # nothing, so the call is skipped and synced before the next real one. This is the
+            # hot loop of a replay, hence the inlined checks.
             touch_len = request.touch_len
             if (
                 fast
-                and num_new == 1
                 and touch_len is not None
-                and seq.num_tokens < touch_len
-                and seq.num_computed_tokens == seq.num_tokens - 1  # a decode, not a 1-token chunk
+                and num_tokens < touch_len
+                and computed == num_tokens - 1
+                and num_tokens > seq.prompt_len
+                and computed < last_computable
             ):
                 request.needs_sync = True
                 scheduled[request.request_id] = 1
-                plan.scheduled.append(
-                    ScheduledWork(request, 1, seq.num_computed_tokens, self._is_prefill(request, 1))
-                )
+                works.append(ScheduledWork(request, 1, computed, False))
                 budget -= 1
+                index += 1
+                continue
+            num_new = self._clamp(num_tokens - computed, budget)
+            num_new = min(num_new, last_computable - computed)
+            if num_new <= 0:
                 index += 1
                 continue
             self._sync(request)
@@ -254,16 +259,25 @@ class V1Scheduler:
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
         """`update_from_output`: sample for requests whose tokens are all computed; finish them."""
         finished: list[Request] = []
+        running = RequestState.RUNNING
+        max_model_len = self.config.max_model_len
         for work in plan.scheduled:
             request = work.request
-            if request.state is not RequestState.RUNNING:
+            if request.state is not running:
                 continue
             seq = request.seq
-            if seq.num_computed_tokens < seq.num_tokens:
+            content = seq.content
+            if seq.num_computed_tokens < content.num_tokens:
                 continue  # partial prefill: the sampled token is discarded
             request.is_prefill = False
             sample_token(request, now_s)
-            reason = stop_reason(request, self.config.max_model_len, ">=")
+            # `check_stop` (sched/utils.py @4ac7713), inlined: this loop runs once per token.
+            if content.num_tokens - seq.prompt_len >= request.max_tokens:
+                reason = "length: generated max_tokens"
+            elif content.num_tokens >= max_model_len:
+                reason = "length: reached max_model_len"
+            else:
+                continue
             if reason is not None:
                 self._sync(request)
                 self.kv_cache_manager.free(seq)
