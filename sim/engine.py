@@ -104,14 +104,11 @@ class Replica:
 
 
 def batch_shape(plan: StepPlan) -> BatchShape:
-    decodes = []
-    prefills = []
-    for work in plan.scheduled:
-        if work.is_prefill:
-            prefills.append((work.num_context_tokens, work.num_tokens))
-        else:
-            decodes.append(work.num_context_tokens)
-    return BatchShape(tuple(decodes), tuple(prefills))
+    works = plan.scheduled
+    return BatchShape(
+        tuple([w.num_context_tokens for w in works if not w.is_prefill]),
+        tuple([(w.num_context_tokens, w.num_tokens) for w in works if w.is_prefill]),
+    )
 
 
 class Engine:
@@ -196,6 +193,7 @@ class Engine:
 
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler
+        empty_streak = 0
         while self._stop is None:
             if not scheduler.has_unfinished():
                 if self._arrivals_done:
@@ -218,18 +216,29 @@ class Engine:
                 self._stop = f"stopped at the first violation ({first.kind.value}): {first.message}"
                 return
             if plan.is_empty:
+                if ended or plan.num_preempted:
+                    # The queues changed, as after an empty engine step: schedule again at once.
+                    # A design that preempts and readmits forever without running anything
+                    # (a livelock the real engine would share) is cut off.
+                    empty_streak += 1
+                    if empty_streak <= 2 * scheduler.num_unfinished() + 8:
+                        continue
+                    self._abort(
+                        scheduler.unfinished(),
+                        "livelock: steps keep preempting without running anything",
+                    )
+                    return
                 if not self._arrivals_done:
                     replica.wakeup = self.env.event()
                     yield replica.wakeup
                     continue
-                if ended:
-                    continue  # the queue changed; try again
                 self._abort(
                     scheduler.unfinished(),
                     "stalled: nothing running and no waiting request can be admitted "
                     f"({replica.manager.pool_stats().num_free} free blocks)",
                 )
                 return
+            empty_streak = 0
             shape = batch_shape(plan)
             duration_s = self.step_time.predict_s(shape)
             start_s = self.env.now

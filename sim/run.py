@@ -131,6 +131,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     inputs["max_num_batched_tokens"] = token_budget
     kv = _kv_config(scenario, model, token_budget, inputs)
     kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
+    _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})
@@ -151,6 +152,35 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         max_sim_time_s=scenario.engine.max_sim_time_s,
     )
     return ResolvedRun(scenario, engine, workload, step_time, inputs)
+
+
+def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> None:
+    """vLLM refuses to start when one max-length request cannot fit in the pool.
+
+    v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
+    V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
+    request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
+    cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks.
+    Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
+    """
+    bs, num_blocks = kv.block_size, kv.num_gpu_blocks
+    if design.api == "v0":
+        if max_model_len > bs * num_blocks:
+            raise ScenarioError(
+                f"scheduler.max_model_len: {max_model_len} tokens is larger than the KV cache "
+                f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
+            )
+        return
+    window = kv.sliding_window
+    if window is None:
+        needed = -(-max_model_len // bs)
+    else:
+        needed = -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
+    if needed > num_blocks - 1:
+        raise ScenarioError(
+            f"scheduler.max_model_len: one {max_model_len}-token request needs {needed} blocks but "
+            f"only {num_blocks - 1} are usable (block 0 is the null block); vLLM would refuse to start"
+        )
 
 
 def _asdict(config: KVCacheConfig) -> dict:
@@ -227,5 +257,10 @@ def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> Resolved
     def factory(design, kv_config):
         return make_real(design.value, kv_config, install)
 
-    inputs = {**resolved.inputs, "block_manager": f"vLLM {install.version} real code at {vllm_root}"}
-    return replace(resolved, engine=replace(resolved.engine, manager_factory=factory), inputs=inputs)
+    inputs = {
+        **resolved.inputs,
+        "block_manager": f"vLLM {install.version} real code at {vllm_root}",
+    }
+    return replace(
+        resolved, engine=replace(resolved.engine, manager_factory=factory), inputs=inputs
+    )

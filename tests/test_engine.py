@@ -26,7 +26,7 @@ def _inline(design: str, requests: list[dict], **sections) -> dict:
             "num_cpu_blocks": 0,
             "sliding_window": 24,
         },
-        "scheduler": {"design": design, "max_model_len": 256},
+        "scheduler": {"design": design, "max_model_len": 160},
         "workload": {"kind": "inline", "requests": requests},
         "step_time": {
             "linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}
@@ -96,18 +96,55 @@ def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyo
     assert "never arrived" in result.requests.set_index("request_id").loc[2, "reason"]
 
 
-def test_a_request_that_can_never_fit_is_aborted_as_stalled_not_lost():
+def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
+    """A vLLM 0.5.4 v0-V2 hang kvsim found: once any sliding-window sequence has decoded, the
+    null block holds one of G blocks forever, so a prompt needing exactly G blocks (allowed by
+    the startup check max_model_len <= bs * G) is LATER forever: G - 10 >= Wm, but F = G - 1."""
+    scenario = scenario_from_dict(
+        _inline(
+            "v0-v2",
+            [
+                {"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4},
+                {"arrival_s": 1.0, "prompt_tokens": 160, "output_tokens": 4},
+            ],
+            cache={"sliding_window": 256},  # M = 18 > 10 blocks: the cap does not apply
+        )
+    )
+    result = run(scenario)
+    rows = result.requests.set_index("request_id")
+    assert rows.loc[0, "state"] == "finished"
+    assert rows.loc[1, "state"] == "aborted"
+    assert rows.loc[1, "reason"] == (
+        "stalled: nothing running and no waiting request can be admitted (9 free blocks)"
+    )
+
+
+def test_v1_engine_prompt_over_max_model_len_is_ignored_at_arrival():
     scenario = scenario_from_dict(
         _inline(
             "v1-engine",
             [{"arrival_s": 0.0, "prompt_tokens": 200, "output_tokens": 4}],
             cache={"sliding_window": None},
+            scheduler={"max_model_len": 128},
         )
     )
-    result = run(scenario)
-    row = result.requests.iloc[0]
-    assert row["state"] == "aborted"
-    assert row["reason"].startswith("stalled")
+    row = run(scenario).requests.iloc[0]
+    assert row["state"] == "ignored"
+    assert row["reason"] == "prompt (200 tokens) is longer than max_model_len (128)"
+
+
+def test_a_pool_too_small_for_max_model_len_is_refused_like_vllm():
+    from sim.scenario import ScenarioError
+
+    scenario = scenario_from_dict(
+        _inline(
+            "v0-v1",
+            [{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 1}],
+            scheduler={"max_model_len": 161},
+        )
+    )
+    with pytest.raises(ScenarioError, match="161 tokens is larger than the KV cache holds"):
+        run(scenario)
 
 
 def test_round_robin_replicas_share_the_requests():
@@ -128,7 +165,7 @@ def test_every_trace_request_has_exactly_one_row_even_under_pressure():
                 "name": "azure-pressure",
                 "model": "mistral-7b-v0.1",
                 "cache": {"num_gpu_blocks": 600, "sliding_window": "model"},
-                "scheduler": {"design": "v0-v2"},
+                "scheduler": {"design": "v0-v2", "max_model_len": 8192},
                 "workload": {
                     "kind": "trace",
                     "path": str(

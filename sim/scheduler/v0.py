@@ -364,8 +364,8 @@ class V0Scheduler:
 
     def _schedule_default(self, plan: StepPlan, now_s: float) -> None:
         budget = self._new_budget()
-        for request in self.running:
-            budget.add_num_seqs(request.request_id, request.group.get_max_num_running_seqs())
+        # Every kvsim request is one sequence (n=1, see `Request`): each running group counts 1.
+        budget.add_single_seq_requests(r.request_id for r in self.running)
         prefills: list[Request] = []
         if not self.swapped:
             prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
