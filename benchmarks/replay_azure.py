@@ -31,6 +31,10 @@ def replay(design: str) -> dict:
             sys.executable, "-m", "sim.cli", "run", str(SCENARIO), "--no-plots", "--json",
             "-o", out, "--set", f"scheduler.design={design}",
         ]
+        if design == "v1-engine":
+            # vLLM's V1 engine turns chunked prefill on by default (spec 1.3); without it, its
+            # startup check refuses this pool for a 32k max_model_len.
+            cmd += ["--set", "scheduler.enable_chunked_prefill=true"]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout = proc.stdout.read()

@@ -8,7 +8,8 @@ preceding admission query promised, and checks pool invariants:
   (else `admission_undercount`) and takes no more blocks than were counted (else
   `admission_overtake`: the same undercount, survived because the pool had room);
 * leaks: blocks taken by a failed allocation that no table owns;
-* the sliding-window footprint bound of the design, and the watermark;
+* the sliding-window footprint bound of the design (at the cheap level, after calls that took
+  blocks), and the watermark;
 * refcounts (full level only, O(pool) per call): every table entry is held, and the held count
   agrees with the refcount map.
 
@@ -323,7 +324,9 @@ class AuditedV0Manager(_AuditorBase):
             raise self._fail(violation) from None
         except (ValueError, AssertionError, KeyError) as exc:
             raise self._manager_error("append_slots", rid, exc) from None
-        if rid is not None:
+        # The cheap level checks the footprint only when the call took blocks (a footprint
+        # grows only by allocation); the full level checks it after every call.
+        if rid is not None and (self.level is AuditLevel.FULL or self._free() < free_before):
             self._check_footprint("append_slots", rid, seq)
         self._after_call("append_slots", rid)
         return cows
@@ -433,7 +436,8 @@ class AuditedV1Manager(_AuditorBase):
             raise self._manager_error("allocate_slots", rid, exc) from None
         if blocks is not None:
             self._live_seq_to_request[rid] = rid
-            self._check_footprint("allocate_slots", rid, request)
+            if blocks or self.level is AuditLevel.FULL:
+                self._check_footprint("allocate_slots", rid, request)
         self._after_call("allocate_slots", rid)
         return blocks
 
