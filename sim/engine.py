@@ -106,7 +106,7 @@ class Replica:
 def batch_shape(plan: StepPlan) -> BatchShape:
     works = plan.scheduled
     return BatchShape(
-        tuple([w.num_context_tokens for w in works if not w.is_prefill]),
+        tuple([w.num_context_tokens for w in works if not w.is_prefill] + plan.quiet_contexts),
         tuple([(w.num_context_tokens, w.num_tokens) for w in works if w.is_prefill]),
     )
 

@@ -65,7 +65,7 @@ def test_v0_later_blocks_the_head_of_the_waiting_queue():
     scheduler.add_request(_request(1, 4 * BS))  # 4 blocks: LATER (2 free)
     scheduler.add_request(_request(2, 1 * BS))  # would fit, but is behind the LATER head
     plan = scheduler.schedule(0.0)
-    assert [w.request.request_id for w in plan.scheduled] == [0]
+    assert [w.request.request_id for w in plan.all_scheduled()] == [0]
     assert [r.request_id for r in scheduler.waiting] == [1, 2]
 
 
@@ -77,7 +77,7 @@ def test_v0_never_ignores_the_request_with_the_reason_and_scans_on():
     assert [r.request_id for r in plan.ignored] == [0]
     assert plan.ignored[0].state is RequestState.IGNORED
     assert "exceeds the capacity of block_manager" in plan.ignored[0].finish_reason
-    assert [w.request.request_id for w in plan.scheduled] == [1]
+    assert [w.request.request_id for w in plan.all_scheduled()] == [1]
 
 
 def test_v0_prompt_longer_than_the_limit_is_ignored():
@@ -91,13 +91,13 @@ def test_v0_default_policy_steps_are_all_prefill_or_all_decode():
     scheduler = _v0(num_gpu_blocks=100)
     scheduler.add_request(_request(0, 20))
     plan, _ = _step(scheduler)
-    assert [w.is_prefill for w in plan.scheduled] == [True]
+    assert [w.is_prefill for w in plan.all_scheduled()] == [True]
     scheduler.add_request(_request(1, 20))
     plan, _ = _step(scheduler)
     # A waiting prefill runs alone: request 0's decode stalls for this step.
-    assert [(w.request.request_id, w.is_prefill) for w in plan.scheduled] == [(1, True)]
+    assert [(w.request.request_id, w.is_prefill) for w in plan.all_scheduled()] == [(1, True)]
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.is_prefill) for w in plan.scheduled] == [
+    assert [(w.request.request_id, w.is_prefill) for w in plan.all_scheduled()] == [
         (0, False),
         (1, False),
     ]
@@ -114,7 +114,7 @@ def test_v0_recompute_preemption_takes_the_last_group_and_requeues_it_in_front()
     # Request 0 needs a block with F=0: the last group (2) is preempted, 0 appends (F=0 again);
     # request 1 then finds nothing left to preempt and preempts itself.
     assert plan.num_preempted == 2
-    assert [w.request.request_id for w in plan.scheduled] == [0]
+    assert [w.request.request_id for w in plan.all_scheduled()] == [0]
     # `waiting.extendleft([2, 1])` reverses: the LAST preempted ends up at the front. (The spec's
     # section 5.3 says the earliest; deque.extendleft says otherwise, and so does the real code.)
     assert [r.request_id for r in scheduler.waiting] == [1, 2]
@@ -140,14 +140,14 @@ def test_v0_chunked_prefill_splits_by_the_remaining_budget():
     scheduler.add_request(_request(0, 100))
     scheduler.add_request(_request(1, 30))
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.num_tokens) for w in plan.scheduled] == [(0, 48)]
+    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [(0, 48)]
     plan, _ = _step(scheduler)
     # Running first: request 0 continues with 48 tokens, nothing left for request 1.
-    assert [(w.request.request_id, w.num_tokens, w.num_context_tokens) for w in plan.scheduled] == [
-        (0, 48, 48)
-    ]
+    assert [
+        (w.request.request_id, w.num_tokens, w.num_context_tokens) for w in plan.all_scheduled()
+    ] == [(0, 48, 48)]
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.num_tokens) for w in plan.scheduled] == [(0, 4), (1, 30)]
+    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [(0, 4), (1, 30)]
 
 
 def test_v0_priority_policy_admits_lower_priority_value_first():
@@ -216,10 +216,13 @@ def test_v1_running_requests_are_scheduled_before_waiting_ones():
     scheduler = _v1(num_gpu_blocks=100, max_num_batched_tokens=64, enable_chunked_prefill=True)
     scheduler.add_request(_request(0, 100))
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.num_tokens) for w in plan.scheduled] == [(0, 64)]
+    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [(0, 64)]
     scheduler.add_request(_request(1, 10))
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.num_tokens) for w in plan.scheduled] == [(0, 36), (1, 10)]
+    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [
+        (0, 36),
+        (1, 10),
+    ]
 
 
 def test_v1_without_chunking_a_prompt_over_the_budget_is_skipped_not_blocking():
@@ -234,7 +237,7 @@ def test_v1_without_chunking_a_prompt_over_the_budget_is_skipped_not_blocking():
     scheduler.add_request(_request(1, 30))  # 50 + 30 > 64: skipped this step
     scheduler.add_request(_request(2, 10))
     plan = scheduler.schedule(0.0)
-    assert [w.request.request_id for w in plan.scheduled] == [0, 2]
+    assert [w.request.request_id for w in plan.all_scheduled()] == [0, 2]
     assert [r.request_id for r in scheduler.waiting] == [1]
 
 
@@ -244,7 +247,7 @@ def test_v1_long_prefill_threshold_caps_each_chunk():
     )
     scheduler.add_request(_request(0, 100))
     plan, _ = _step(scheduler)
-    assert plan.scheduled[0].num_tokens == 32
+    assert plan.all_scheduled()[0].num_tokens == 32
 
 
 def test_v1_preempts_the_last_running_request_and_skips_waiting_that_step():
@@ -256,7 +259,9 @@ def test_v1_preempts_the_last_running_request_and_skips_waiting_that_step():
     scheduler.add_request(_request(3, 4))
     plan = scheduler.schedule(0.02)
     assert plan.num_preempted >= 1
-    assert all(w.request.request_id != 3 for w in plan.scheduled)  # no admission after a preemption
+    assert all(
+        w.request.request_id != 3 for w in plan.all_scheduled()
+    )  # no admission after a preemption
     # Request 0 preempts the last running request (2); request 1 then is the last and preempts
     # itself, ending the running loop. Each victim is prepended: [1, 2, 3].
     assert [r.request_id for r in scheduler.waiting] == [1, 2, 3]
@@ -277,7 +282,7 @@ def test_v1_prefix_cache_hits_are_counted_at_admission():
     second = Request.new(1, 0.1, shared.copy(), 2)
     scheduler.add_request(second)
     plan = scheduler.schedule(0.2)
-    work = plan.scheduled[0]
+    work = plan.all_scheduled()[0]
     # 64 shared tokens = 4 full blocks; the last token is always recomputed, so 3 blocks hit.
     assert second.num_prefix_hit_tokens == 48
     assert (work.num_context_tokens, work.num_tokens) == (48, 16)

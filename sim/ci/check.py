@@ -24,8 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from sim.results import RunResult
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_to_yaml
+from sim.workload.errors import WorkloadError
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -64,6 +67,8 @@ class CheckOutcome:
     first_violations: list[FirstViolation] = field(default_factory=list)
     fatal_error: str | None = None
     num_requests: int = 0
+    #: The simulator itself raised (a bug in kvsim, not a violation of the model).
+    crashed: bool = False
 
     @property
     def passed(self) -> bool:
@@ -122,6 +127,7 @@ class CheckOutcome:
                 for f in self.first_violations
             ],
             "fatal_error": self.fatal_error,
+            "crashed": self.crashed,
             "num_requests": self.num_requests,
             "duration_s": round(self.duration_s, 6),
             "reproduce": self.reproduce_command,
@@ -165,6 +171,31 @@ def collect_scenario_paths(paths: Iterable[str | Path]) -> list[Path]:
     return unique
 
 
+def explicit_yaml(scenario: Scenario) -> str:
+    """`scenario_to_yaml`, but the design, block size and window are always written.
+
+    Generated scenarios (fuzz findings, shrunk reproducers) are checked in as regression
+    tests; they must not change meaning if a schema default changes later.
+    """
+    text = scenario_to_yaml(scenario)
+    data = yaml.safe_load(text)
+    data["scheduler"] = {"design": scenario.scheduler.design.value, **data.get("scheduler", {})}
+    data["cache"] = {
+        "block_size": scenario.cache.block_size,
+        **data.get("cache", {}),
+        "sliding_window": scenario.cache.sliding_window,
+    }
+    ordered = {key: data[key] for key in _KEY_ORDER if key in data}
+    ordered.update({k: v for k, v in data.items() if k not in ordered})
+    return yaml.safe_dump(ordered, sort_keys=False)
+
+
+_KEY_ORDER = (
+    "name", "description", "seed", "model", "hardware", "cache", "scheduler", "engine",
+    "workload", "step_time", "expect",
+)  # fmt: skip
+
+
 def expected_of(scenario: Scenario) -> str | list[str]:
     wanted = scenario.expect.violations
     if isinstance(wanted, str):
@@ -205,7 +236,12 @@ def compare(
     observed_set = set(observed)
     if expected == "none":
         if observed:
-            return Status.FAILED, f"unexpected violation: {', '.join(observed)}", sorted(observed), []
+            return (
+                Status.FAILED,
+                f"unexpected violation: {', '.join(observed)}",
+                sorted(observed),
+                [],
+            )
         if fatal_error:
             return Status.FAILED, f"fatal engine error: {fatal_error}", [], []
         return Status.PASSED, "no violations, as expected", [], []
@@ -232,7 +268,12 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
 
     scenario = scenario if scenario is not None else load_scenario(path)
     start = time.perf_counter()
-    result = run(scenario, base_dir=path.parent)
+    try:
+        result = run(scenario, base_dir=path.parent)
+    except (ScenarioError, WorkloadError, OSError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a simulator crash fails this scenario only
+        return _crashed(path, scenario, error, time.perf_counter() - start)
     duration_s = time.perf_counter() - start
     observed = sorted(result.violation_kinds)
     expected = expected_of(scenario)
@@ -253,6 +294,22 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
         first_violations=first_violations(result),
         fatal_error=fatal_error,
         num_requests=int(result.summary.get("num_requests", 0)),
+    )
+
+
+def _crashed(path: Path, scenario: Scenario, error: Exception, duration_s: float) -> CheckOutcome:
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return CheckOutcome(
+        path=path,
+        name=scenario.name,
+        seed=scenario.seed,
+        design=scenario.scheduler.design.value,
+        expected=expected_of(scenario),
+        observed_kinds=[],
+        status=Status.FAILED,
+        reason=f"the simulator raised {type(error).__name__}: {first_line}",
+        duration_s=duration_s,
+        crashed=True,
     )
 
 

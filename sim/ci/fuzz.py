@@ -31,12 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.audit import ViolationKind
+from sim.ci.check import explicit_yaml
 from sim.kv.config import Design
-from sim.scenario import Scenario, ScenarioError, scenario_from_dict, scenario_to_yaml
+from sim.scenario import Scenario, ScenarioError, scenario_from_dict
 from sim.workload.errors import WorkloadError
 
 #: Simple step costs: enough to order events, cheap to compute.
-FUZZ_STEP_TIME = {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}}
+FUZZ_STEP_TIME = {
+    "linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}
+}
 DEFAULT_BUDGET_S = 60.0
 
 
@@ -55,7 +59,9 @@ def _int(rng: np.random.Generator, low: int, high: int) -> int:
     return int(rng.integers(low, high + 1))
 
 
-def _cache_and_scheduler(rng: np.random.Generator, design: Design) -> tuple[dict, dict]:
+def _cache_and_scheduler(
+    rng: np.random.Generator, design: Design, allow_swap: bool = True
+) -> tuple[dict, dict]:
     block_size = int(rng.choice([2, 4, 8, 16]))
     num_gpu_blocks = _int(rng, 6, 48)
     sliding_window = _int(rng, 1, 6 * block_size) if rng.random() < 0.6 else None
@@ -67,9 +73,18 @@ def _cache_and_scheduler(rng: np.random.Generator, design: Design) -> tuple[dict
         preemption_mode = str(rng.choice(["auto", "recompute", "swap"]))
     else:
         preemption_mode = "recompute"  # the V1 engine has no swapping
-    num_cpu_blocks = _int(rng, 0, 2 * num_gpu_blocks) if preemption_mode != "recompute" else 0
+    num_cpu_blocks = _int(rng, 0, 2 * num_gpu_blocks)
+    if preemption_mode == "recompute":
+        num_cpu_blocks = 0
+    if not allow_swap:
+        # Drawn above all the same, so a case seed stands for the same case otherwise.
+        preemption_mode, num_cpu_blocks = "recompute", 0
     watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
-    max_model_len = _int(rng, 2 * block_size, (num_gpu_blocks + 2) * block_size)
+    # vLLM refuses to start unless one max-length request fits the pool (v0: G blocks; V1
+    # engine: G - 1, block 0 being the null block, and one more with a sliding window); see
+    # `sim.run._check_cache_fits`.
+    usable_blocks = num_gpu_blocks if is_v0 else num_gpu_blocks - 2
+    max_model_len = _int(rng, 2 * block_size, usable_blocks * block_size)
     max_num_seqs = _int(rng, 1, 8)
     cache = {
         "block_size": block_size,
@@ -89,7 +104,8 @@ def _cache_and_scheduler(rng: np.random.Generator, design: Design) -> tuple[dict
     }
     if chunked and rng.random() < 0.7:
         # A small token budget makes prompts arrive in several chunks (vLLM: >= max_num_seqs).
-        scheduler["max_num_batched_tokens"] = _int(rng, max(max_num_seqs, block_size), max_model_len)
+        low = max(max_num_seqs, block_size)
+        scheduler["max_num_batched_tokens"] = _int(rng, low, max(low, max_model_len))
     if not is_v0 and rng.random() < 0.3:
         scheduler["long_prefill_token_threshold"] = _int(rng, 1, max_model_len)
     return cache, scheduler
@@ -125,11 +141,33 @@ def _requests(rng: np.random.Generator, cache: dict, scheduler: dict) -> list[di
     return requests
 
 
-def generate_case(design: str | Design, seed: int) -> Scenario:
-    """The valid scenario that case seed `seed` stands for on `design` (a pure function)."""
+def sim_time_limit_s(requests: list[dict]) -> float:
+    """A simulated-time cap: 3x the time to serve the requests one by one, plus the arrivals.
+
+    A pool too small for one sequence's next block makes v0 preempt and recompute it forever,
+    as vLLM does; the cap ends such a livelock (the run reports `stopped_early`, which is not
+    a violation). Serving one request alone takes at most one step per prompt token (the
+    smallest chunk) plus one per output token, each of at most fixed + per-token cost.
+    Example: 2 requests of 10 prompt + 5 output tokens arriving at 0 s ->
+    3 * 30 steps * 0.0052 s + 0 + 1 = 1.468 s.
+    """
+    linear = FUZZ_STEP_TIME["linear"]
+    step_s = linear["fixed_s"] + linear["per_prefill_token_s"] + linear["per_decode_seq_s"]
+    num_steps = sum(r["prompt_tokens"] + r["output_tokens"] for r in requests)
+    last_arrival_s = max(r["arrival_s"] for r in requests)
+    return round(3 * num_steps * step_s + last_arrival_s + 1.0, 6)
+
+
+def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
+    """The valid scenario that case seed `seed` stands for on `design` (a pure function).
+
+    `allow_swap=False` turns swap preemption off (recompute only, no CPU blocks) and changes
+    nothing else of the case.
+    """
     design = Design(design)
     rng = np.random.default_rng(seed)
-    cache, scheduler = _cache_and_scheduler(rng, design)
+    cache, scheduler = _cache_and_scheduler(rng, design, allow_swap)
+    requests = _requests(rng, cache, scheduler)
     data = {
         "name": f"fuzz-{design.value}-{seed}",
         "description": f"kvsim fuzz case seed {seed} on {design.value}",
@@ -137,8 +175,12 @@ def generate_case(design: str | Design, seed: int) -> Scenario:
         "model": None,
         "cache": cache,
         "scheduler": scheduler,
-        "engine": {"audit_level": "full", "violation_policy": "record"},
-        "workload": {"kind": "inline", "requests": _requests(rng, cache, scheduler)},
+        "engine": {
+            "audit_level": "full",
+            "violation_policy": "record",
+            "max_sim_time_s": sim_time_limit_s(requests),
+        },
+        "workload": {"kind": "inline", "requests": requests},
         "step_time": FUZZ_STEP_TIME,
         "expect": {"violations": "none"},
     }
@@ -158,22 +200,31 @@ class Finding:
     observed_kinds: list[str]
     count: int = 1
 
-    def reproduce_command(self, design: str, saved_path: Path | None = None) -> str:
+    def reproduce_command(
+        self, design: str, saved_path: Path | None = None, allow_swap: bool = True
+    ) -> str:
         if saved_path is not None:
             return f"kvsim run {saved_path} --no-plots"
-        return f"kvsim fuzz --design {design} --case-seed {self.case_seed}"
+        no_swap = "" if allow_swap else " --no-swap"
+        return f"kvsim fuzz --design {design}{no_swap} --case-seed {self.case_seed}"
 
 
 @dataclass(slots=True)
 class FuzzReport:
     design: str
     master_seed: int
+    allow_swap: bool = True
     num_cases: int = 0
     elapsed_s: float = 0.0
     stopped_by: str = ""
     findings: dict[str, Finding] = field(default_factory=dict)
     num_fatal_errors: int = 0
     num_violating_cases: int = 0
+    #: Cases that reached their simulated-time cap (a preemption livelock; not a violation).
+    num_time_limited: int = 0
+    #: Cases the scenario validation refused (a generator out of step with `sim.run`).
+    num_invalid_cases: int = 0
+    first_invalid: str | None = None
     saved: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -184,11 +235,15 @@ class FuzzReport:
         return {
             "design": self.design,
             "master_seed": self.master_seed,
+            "allow_swap": self.allow_swap,
             "num_cases": self.num_cases,
             "elapsed_s": round(self.elapsed_s, 3),
             "stopped_by": self.stopped_by,
             "num_violating_cases": self.num_violating_cases,
             "num_fatal_errors": self.num_fatal_errors,
+            "num_time_limited": self.num_time_limited,
+            "num_invalid_cases": self.num_invalid_cases,
+            "first_invalid": self.first_invalid,
             "findings": [
                 {
                     "kind": f.kind,
@@ -198,7 +253,9 @@ class FuzzReport:
                     "message": f.message,
                     "time_s": f.time_s,
                     "observed_kinds": f.observed_kinds,
-                    "reproduce": f.reproduce_command(self.design, self.saved.get(f.kind)),
+                    "reproduce": f.reproduce_command(
+                        self.design, self.saved.get(f.kind), self.allow_swap
+                    ),
                     "saved": str(self.saved[f.kind]) if f.kind in self.saved else None,
                 }
                 for f in (self.findings[k] for k in self.kinds)
@@ -206,11 +263,21 @@ class FuzzReport:
         }
 
 
-def run_case(scenario: Scenario) -> tuple[list[tuple[str, str, float | None]], str | None]:
-    """([(kind, first message, first time)] per kind, fatal error) of one case.
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """What one case showed: (kind, first message, first time) per kind, and how it ended."""
 
-    An exception escaping the engine is itself a finding, of kind `exception:<Type>`.
-    """
+    kinds: list[tuple[str, str, float | None]]
+    fatal_error: str | None = None
+    stopped_early: str | None = None
+
+    @property
+    def kind_names(self) -> list[str]:
+        return [kind for kind, _, _ in self.kinds]
+
+
+def run_case(scenario: Scenario) -> CaseResult:
+    """Run one case. An exception escaping the simulator is a finding, `exception:<Type>`."""
     from sim.run import run
 
     try:
@@ -218,15 +285,16 @@ def run_case(scenario: Scenario) -> tuple[list[tuple[str, str, float | None]], s
     except (ScenarioError, WorkloadError):
         raise
     except Exception as error:  # noqa: BLE001 - a crash of the simulator is what we look for
-        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        return [(f"exception:{type(error).__name__}", message, None)], None
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        kind = f"exception:{type(error).__name__}"
+        return CaseResult([(kind, f"{type(error).__name__}: {first_line}", None)])
     frame = result.violations
-    out = []
+    kinds = []
     for kind in sorted(set(frame["kind"])) if len(frame) else []:
         row = frame[frame["kind"] == kind].iloc[0]
         time_s = row["time_s"]
-        out.append((kind, str(row["message"]), None if time_s != time_s else float(time_s)))
-    return out, result.summary.get("fatal_error")
+        kinds.append((kind, str(row["message"]), None if time_s != time_s else float(time_s)))
+    return CaseResult(kinds, result.summary.get("fatal_error"), result.summary.get("stopped_early"))
 
 
 def fuzz(
@@ -235,6 +303,7 @@ def fuzz(
     budget_s: float | None = DEFAULT_BUDGET_S,
     max_cases: int | None = None,
     on_case: Callable[[int, FuzzReport], None] | None = None,
+    allow_swap: bool = True,
 ) -> FuzzReport:
     """Run cases `case_seed(master_seed, 0), (…, 1), …` until the budget or the case count ends.
 
@@ -247,22 +316,30 @@ def fuzz(
         raise ValueError(f"max_cases must be >= 1, got {max_cases}")
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget must be positive, got {budget_s} s")
-    report = FuzzReport(design.value, master_seed)
+    report = FuzzReport(design.value, master_seed, allow_swap=allow_swap)
     start = time.perf_counter()
     index = 0
     while True:
         seed = case_seed(master_seed, index)
-        scenario = generate_case(design, seed)
-        kinds, fatal_error = run_case(scenario)
+        scenario = generate_case(design, seed, allow_swap)
+        try:
+            case = run_case(scenario)
+        except (ScenarioError, WorkloadError) as error:
+            report.num_invalid_cases += 1
+            report.first_invalid = report.first_invalid or f"case seed {seed}: {error}"
+            case = CaseResult([])
         report.num_cases += 1
-        report.num_fatal_errors += fatal_error is not None
-        report.num_violating_cases += bool(kinds)
-        observed = [k for k, _, _ in kinds]
-        for kind, message, time_s in kinds:
+        report.num_fatal_errors += case.fatal_error is not None
+        report.num_time_limited += bool(case.stopped_early) and case.fatal_error is None
+        report.num_violating_cases += bool(case.kinds)
+        observed = case.kind_names
+        for kind, message, time_s in case.kinds:
             if kind in report.findings:
                 report.findings[kind].count += 1
             else:
-                report.findings[kind] = Finding(kind, index, seed, message, time_s, scenario, observed)
+                report.findings[kind] = Finding(
+                    kind, index, seed, message, time_s, scenario, observed
+                )
         if on_case is not None:
             on_case(index, report)
         index += 1
@@ -282,7 +359,9 @@ def finding_yaml(finding: Finding, design: str) -> str:
     scenario = finding.scenario.model_copy(
         update={
             "name": f"fuzz-{design}-{finding.kind.replace(':', '-')}-{finding.case_seed}",
-            "expect": finding.scenario.expect.model_copy(update={"violations": kinds or "none"}),
+            "expect": finding.scenario.expect.model_copy(
+                update={"violations": [ViolationKind(k) for k in kinds] or "none"}
+            ),
         }
     )
     header = (
@@ -292,7 +371,7 @@ def finding_yaml(finding: Finding, design: str) -> str:
         f"# Reproduce: kvsim run <this file> --no-plots   (or: kvsim fuzz --design {design} "
         f"--case-seed {finding.case_seed})\n"
     )
-    return header + scenario_to_yaml(scenario)
+    return header + explicit_yaml(scenario)
 
 
 def save_findings(report: FuzzReport, out_dir: str | Path) -> dict[str, Path]:

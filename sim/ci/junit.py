@@ -32,15 +32,16 @@ def _classname(outcome: CheckOutcome) -> str:
 
 def junit_xml(outcomes: list[CheckOutcome], suite_name: str = "kvsim check") -> str:
     """The JUnit XML document (a string with an XML declaration) for `outcomes`."""
-    num_failures = sum(not o.passed for o in outcomes)
+    num_errors = sum(o.crashed for o in outcomes)
+    num_failures = sum(not o.passed for o in outcomes) - num_errors
     total_s = sum(o.duration_s for o in outcomes)
     root = ET.Element("testsuites", name=suite_name, tests=str(len(outcomes)))
     root.set("failures", str(num_failures))
-    root.set("errors", "0")
+    root.set("errors", str(num_errors))
     root.set("time", f"{total_s:.3f}")
     suite = ET.SubElement(root, "testsuite", name=suite_name, tests=str(len(outcomes)))
     suite.set("failures", str(num_failures))
-    suite.set("errors", "0")
+    suite.set("errors", str(num_errors))
     suite.set("skipped", "0")
     suite.set("time", f"{total_s:.3f}")
     for outcome in outcomes:
@@ -53,9 +54,11 @@ def junit_xml(outcomes: list[CheckOutcome], suite_name: str = "kvsim check") -> 
             time=f"{outcome.duration_s:.3f}",
         )
         if not outcome.passed:
-            failure = ET.SubElement(
-                case, "failure", message=outcome.one_line(), type="ExpectationFailed"
+            # JUnit: <failure> is a failed assertion, <error> an unexpected crash.
+            tag, kind = (
+                ("error", "SimulatorError") if outcome.crashed else ("failure", "ExpectationFailed")
             )
+            failure = ET.SubElement(case, tag, message=outcome.one_line(), type=kind)
             failure.text = outcome.failure_text()
         out = ET.SubElement(case, "system-out")
         out.text = (

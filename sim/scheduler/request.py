@@ -101,9 +101,17 @@ class ScheduledWork:
 
 @dataclass(slots=True)
 class StepPlan:
-    """What a scheduler decided for one step."""
+    """What a scheduler decided for one step.
+
+    `scheduled` holds every piece of work that needs individual handling after the step, in
+    schedule order. Fast-path decodes (one token, no manager call, not finishing this step) go to
+    `quiet` instead, with their context lengths in `quiet_contexts`: the hot path of a replay
+    handles them in bulk. `all_scheduled()` gives everything as `ScheduledWork`.
+    """
 
     scheduled: list[ScheduledWork] = field(default_factory=list)
+    quiet: list[Request] = field(default_factory=list)
+    quiet_contexts: list[int] = field(default_factory=list)
     num_preempted: int = 0
     ignored: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)
@@ -115,8 +123,16 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.quiet
 
     @property
     def num_tokens(self) -> int:
-        return sum(w.num_tokens for w in self.scheduled)
+        return sum(w.num_tokens for w in self.scheduled) + len(self.quiet)
+
+    def all_scheduled(self) -> list[ScheduledWork]:
+        """Everything scheduled this step: `scheduled`, then the quiet decodes."""
+        quiet = [
+            ScheduledWork(r, 1, ctx, False)
+            for r, ctx in zip(self.quiet, self.quiet_contexts, strict=True)
+        ]
+        return [*self.scheduled, *quiet]

@@ -53,6 +53,8 @@ class V0Scheduler:
         self.running: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.num_cumulative_preemption = 0
+        #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
+        self._later_key: tuple[int, int, int] | None = None
         # The decode fast path needs the manager's `decode_touch_len`/`sync_decode` and plain
         # single-token decodes (no lookahead slots).
         self._fast_path = (
@@ -144,7 +146,9 @@ class V0Scheduler:
 
     def _refresh_touch(self, request: Request) -> None:
         """Ask the manager when the next decode of `request` must call it again."""
-        request.touch_len = self.block_manager.decode_touch_len(request.seq) if self._fast_path else None
+        request.touch_len = (
+            self.block_manager.decode_touch_len(request.seq) if self._fast_path else None
+        )
 
     def _sync(self, request: Request) -> None:
         """Let the manager catch up on decode steps the fast path skipped, before a real call."""
@@ -169,8 +173,18 @@ class V0Scheduler:
                 )
                 plan.ignored.append(request)
                 continue
+            # `can_allocate` is a pure query of (request, free blocks): while neither changes, a
+            # LATER head stays LATER, so the repeat query of an overloaded replay is skipped.
+            later_key = (
+                request.request_id,
+                request.seq.content.num_tokens,
+                self.block_manager.get_num_free_gpu_blocks(),
+            )
+            if later_key == self._later_key:
+                break
             status = self.block_manager.can_allocate(request.group)
             if status is AllocStatus.LATER:
+                self._later_key = later_key
                 break
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
@@ -221,18 +235,39 @@ class V0Scheduler:
         fast = self._fast_path
         free = manager.get_num_free_gpu_blocks() if fast else 0
         scheduled = plan.scheduled
+        quiet, quiet_contexts = plan.quiet, plan.quiet_contexts
+        max_model_len = self.config.max_model_len
         while queue:
             request = queue[0]
-            if fast and free >= 1 and not request.is_prefill:
+            if (
+                fast
+                and free >= 1
+                and not request.is_prefill
+                and (not chunking or budget.num_batched_tokens < budget.token_budget)
+            ):
                 touch_len = request.touch_len
-                if touch_len is not None and request.seq.content.num_tokens < touch_len:
+                seq = request.seq
+                num_tokens = seq.content.num_tokens
+                if touch_len is not None and num_tokens < touch_len:
                     queue.popleft()
                     request.needs_sync = True
-                    scheduled.append(ScheduledWork(request, 1, request.seq.num_computed_tokens, False))
+                    # After this step it has num_tokens + 1 tokens; one that finishes then is
+                    # freed in schedule order, so it stays in `scheduled`.
+                    if (
+                        num_tokens + 1 - seq.prompt_len >= request.max_tokens
+                        or num_tokens >= max_model_len
+                    ):
+                        scheduled.append(ScheduledWork(request, 1, seq.num_computed_tokens, False))
+                    else:
+                        quiet.append(request)
+                        quiet_contexts.append(seq.num_computed_tokens)
                     kept_decode.append(request)
-                    budget.add_num_batched_tokens(request.request_id, 1)
+                    # Counted without the per-request id sets: those only make a later
+                    # subtract idempotent, and a request already walked is never preempted
+                    # in this step (victims come from the tail).
+                    budget.num_batched_tokens += 1
                     if chunking:
-                        budget.add_num_seqs(request.request_id, 1)
+                        budget.num_curr_seqs += 1
                     continue
             num_tokens = self._num_new_tokens(request, budget, chunking)
             if num_tokens == 0:
@@ -425,6 +460,12 @@ class V0Scheduler:
                 self.block_manager.free(seq)
                 finish(request, reason, now_s)
                 finished.append(request)
+        for request in plan.quiet:  # fast-path decodes that do not finish: one token each
+            if request.state is running:
+                seq = request.seq
+                seq.num_computed_tokens += 1
+                seq.content.append_output(-(seq.seq_id + 1), 1)  # == seq.append_tokens(1)
+                request.last_token_s = now_s
         if finished:
             self.running = deque(r for r in self.running if not r.state.is_terminal)
         return finished

@@ -110,14 +110,13 @@ class V1Scheduler:
             self.kv_cache_manager.free(request.seq)
         plan.failed.append(request)
 
-    def _schedule_running(
-        self, plan: StepPlan, budget: int, now_s: float
-    ) -> tuple[int, dict[int, int]]:
-        scheduled: dict[int, int] = {}
+    def _schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> int:
         index = 0
         fast = self._fast_path
-        last_computable = self.config.max_model_len - 1
+        max_model_len = self.config.max_model_len
+        last_computable = max_model_len - 1
         works = plan.scheduled
+        quiet, quiet_contexts = plan.quiet, plan.quiet_contexts
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             seq = request.seq
@@ -137,8 +136,16 @@ class V1Scheduler:
                 and computed < last_computable
             ):
                 request.needs_sync = True
-                scheduled[request.request_id] = 1
-                works.append(ScheduledWork(request, 1, computed, False))
+                # After this step it has num_tokens + 1 tokens; one that finishes then is freed
+                # in schedule order, so it stays in `scheduled`.
+                if (
+                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
+                    or num_tokens + 1 >= max_model_len
+                ):
+                    works.append(ScheduledWork(request, 1, computed, False))
+                else:
+                    quiet.append(request)
+                    quiet_contexts.append(computed)
                 budget -= 1
                 index += 1
                 continue
@@ -170,7 +177,6 @@ class V1Scheduler:
             if not can_schedule:
                 break
             self._refresh_touch(request)
-            scheduled[request.request_id] = num_new
             plan.scheduled.append(
                 ScheduledWork(
                     request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
@@ -178,7 +184,7 @@ class V1Scheduler:
             )
             budget -= num_new
             index += 1
-        return budget, scheduled
+        return budget
 
     def _refresh_touch(self, request: Request) -> None:
         """Ask the manager when the next decode of `request` must call it again."""
@@ -198,9 +204,7 @@ class V1Scheduler:
             num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1
         )
 
-    def _schedule_waiting(
-        self, plan: StepPlan, budget: int, scheduled: dict[int, int], now_s: float
-    ) -> None:
+    def _schedule_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0:
             if len(self.running) == self.config.max_num_seqs:
@@ -239,7 +243,6 @@ class V1Scheduler:
                 request.first_scheduled_s = now_s
                 request.num_prefix_hit_tokens = num_computed
             seq.num_computed_tokens = num_computed
-            scheduled[request.request_id] = num_new
             plan.scheduled.append(ScheduledWork(request, num_new, num_computed, True))
             budget -= num_new
         for request in reversed(skipped):
@@ -247,13 +250,15 @@ class V1Scheduler:
 
     def schedule(self, now_s: float) -> StepPlan:
         plan = StepPlan()
-        budget, scheduled = self._schedule_running(plan, self.token_budget, now_s)
+        budget = self._schedule_running(plan, self.token_budget, now_s)
         if plan.num_preempted == 0:
-            self._schedule_waiting(plan, budget, scheduled, now_s)
+            self._schedule_waiting(plan, budget, now_s)
         # `_update_after_schedule`: computed tokens advance now, for every scheduled request
         # (at 4ac7713 this includes a priority victim scheduled earlier in the same step).
         for work in plan.scheduled:
             work.request.seq.num_computed_tokens += work.num_tokens
+        for request in plan.quiet:
+            request.seq.num_computed_tokens += 1
         return plan
 
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
@@ -283,6 +288,11 @@ class V1Scheduler:
                 self.kv_cache_manager.free(seq)
                 finish(request, reason, now_s)
                 finished.append(request)
+        for request in plan.quiet:  # fast-path decodes that do not finish: one token each
+            if request.state is running:
+                seq = request.seq
+                seq.content.append_output(-(seq.seq_id + 1), 1)  # == seq.append_tokens(1)
+                request.last_token_s = now_s
         if finished:
             self.running = [r for r in self.running if not r.state.is_terminal]
         return finished

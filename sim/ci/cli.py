@@ -1,0 +1,258 @@
+"""The `kvsim check`, `kvsim fuzz` and `kvsim shrink` commands (registered by `sim.cli`).
+
+Exit status, for CI:
+
+* check: 0 every expectation holds; 1 a scenario shows an unexpected violation or misses an
+  expected one; 2 bad input (unreadable file, invalid scenario), one line on stderr.
+* fuzz: 0 nothing found; 1 at least one violation kind (or simulator exception) found; 2 bad input.
+* shrink: 0 written; 1 the input shows no such violation; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sim.audit import ViolationKind
+
+
+def _cli():
+    import sim.cli as cli  # the app module, imported late: it imports this one
+
+    return cli
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise _cli().fail(f"{path}: cannot write: {error.strerror or error}") from None
+
+
+def _expected_text(expected) -> str:
+    return expected if isinstance(expected, str) else ", ".join(expected)
+
+
+def check(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Scenario files and folders (searched for *.yaml).")
+    ],
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the outcomes as JSON here.")
+    ] = None,
+) -> None:
+    """Run every scenario and compare its violations with its `expect:` (exit 0 / 1 / 2)."""
+    from sim.ci.check import check_paths, exit_code, outcomes_json
+    from sim.ci.junit import github_annotations, in_github_actions, junit_xml
+
+    cli = _cli()
+    try:
+        outcomes = check_paths(paths)
+    except cli.INPUT_ERRORS as error:
+        raise cli.fail(str(error).splitlines()[0]) from None
+    table = Table(title="kvsim check", header_style="bold")
+    for column in ("scenario", "design", "expected", "observed", "result", "time (s)"):
+        table.add_column(
+            column, justify="right" if column == "time (s)" else "left", overflow="fold"
+        )
+    for o in outcomes:
+        result = "[green]pass[/]" if o.passed else "[bold red]FAIL[/]"
+        table.add_row(
+            o.path.name,
+            o.design,
+            _expected_text(o.expected),
+            ", ".join(o.observed_kinds) or "none",
+            result,
+            f"{o.duration_s:.2f}",
+        )
+    cli.console.print(table)
+    failed = [o for o in outcomes if not o.passed]
+    for o in failed:
+        cli.console.print(f"[bold red]FAIL[/] {o.failure_text()}", highlight=False, soft_wrap=True)
+    cli.console.print(
+        f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", highlight=False
+    )
+    if in_github_actions():
+        for line in github_annotations(outcomes):
+            typer.echo(line)
+    if junit is not None:
+        _write(junit, junit_xml(outcomes))
+    if json_path is not None:
+        _write(json_path, json.dumps(outcomes_json(outcomes), indent=2) + "\n")
+    raise typer.Exit(exit_code(outcomes))
+
+
+def fuzz(
+    design: Annotated[
+        str, typer.Option("--design", help="v0-v1 | v0-v2 | v0-fixed | v1-engine")
+    ] = "v0-v2",
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Master seed; case seeds derive from it.")
+    ] = 0,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="Time budget, e.g. 60s, 2m (default 60s).")
+    ] = None,
+    max_cases: Annotated[
+        int | None, typer.Option("--max-cases", min=1, help="Stop after this many cases.")
+    ] = None,
+    case: Annotated[
+        int | None, typer.Option("--case-seed", min=0, help="Run only this case seed.")
+    ] = None,
+    save: Annotated[
+        Path | None,
+        typer.Option("--save", help="Write each first finding as a scenario YAML here."),
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the report as JSON here.")
+    ] = None,
+    no_swap: Annotated[
+        bool, typer.Option("--no-swap", help="Recompute preemption only (no CPU swap).")
+    ] = False,
+) -> None:
+    """Run random valid workloads and cache configurations; report each violation kind found."""
+    from sim.ci import fuzz as fz
+    from sim.kv.config import Design
+
+    cli = _cli()
+    try:
+        design_value = Design(design)
+    except ValueError:
+        choices = ", ".join(d.value for d in Design)
+        raise cli.fail(f"--design {design!r}: expected one of {choices}") from None
+    try:
+        budget_s = fz.parse_budget(budget) if budget is not None else None
+        if budget_s is None and max_cases is None:
+            budget_s = fz.DEFAULT_BUDGET_S
+        if case is not None:
+            report = _single_case(fz, design_value, case, allow_swap=not no_swap)
+        else:
+            progress = cli.LazyProgress(f"fuzzing {design_value.value}", delay_s=0.5)
+
+            def on_case(index: int, report) -> None:
+                if max_cases is not None:
+                    progress(index + 1, max_cases)
+                else:
+                    progress(int(min(report.elapsed_s, budget_s)), int(budget_s))
+
+            try:
+                report = fz.fuzz(
+                    design_value, seed, budget_s, max_cases, on_case=on_case, allow_swap=not no_swap
+                )
+            finally:
+                progress.close()
+    except cli.INPUT_ERRORS as error:
+        raise cli.fail(str(error).splitlines()[0]) from None
+    if save is not None:
+        try:
+            fz.save_findings(report, save)
+        except OSError as error:
+            raise cli.fail(f"{save}: cannot write: {error.strerror or error}") from None
+    _print_fuzz(cli, report)
+    if json_path is not None:
+        _write(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
+    raise typer.Exit(1 if report.findings else 0)
+
+
+def _single_case(fz, design, case_seed: int, allow_swap: bool):
+    import time
+
+    report = fz.FuzzReport(design.value, master_seed=-1, allow_swap=allow_swap)
+    start = time.perf_counter()
+    scenario = fz.generate_case(design, case_seed, allow_swap)
+    result = fz.run_case(scenario)
+    report.num_cases = 1
+    report.num_violating_cases = int(bool(result.kinds))
+    report.num_fatal_errors = int(result.fatal_error is not None)
+    for kind, message, time_s in result.kinds:
+        report.findings[kind] = fz.Finding(
+            kind, 0, case_seed, message, time_s, scenario, result.kind_names
+        )
+    report.elapsed_s = time.perf_counter() - start
+    report.stopped_by = f"case seed {case_seed}"
+    return report
+
+
+def _print_fuzz(cli, report) -> None:
+    summary = (
+        f"kvsim fuzz {report.design}: {report.num_cases} cases in {report.elapsed_s:.1f} s "
+        f"(stopped by {report.stopped_by}); {report.num_violating_cases} cases with violations, "
+        f"{report.num_time_limited} livelocked (time cap), {report.num_fatal_errors} fatal engine errors"
+    )
+    cli.console.print(summary, highlight=False)
+    if report.num_invalid_cases:
+        cli.err_console.print(
+            f"[yellow]warning:[/] {report.num_invalid_cases} generated cases were invalid; first: {report.first_invalid}",
+            highlight=False,
+        )
+    if not report.findings:
+        cli.console.print("[green]no violations found[/]")
+        return
+    cli.console.print(
+        f"[bold red]{len(report.findings)} violation kind(s) found on {report.design}:[/]"
+    )
+    for kind in report.kinds:
+        f = report.findings[kind]
+        at = f" at t={f.time_s:.6g} s" if f.time_s is not None else ""
+        cli.console.print(
+            f"[red]{kind}[/]: first in case {f.case_index} (case seed {f.case_seed}){at}, "
+            f"{f.count} case(s)\n  {f.message}\n"
+            f"  reproduce: {f.reproduce_command(report.design, report.saved.get(kind), report.allow_swap)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def shrink(
+    source: Annotated[
+        Path, typer.Argument(help="A scenario file, or a run directory with its scenario.yaml.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the minimal scenario.")
+    ] = Path("minimal.yaml"),
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="Violation kind to keep (default: the first one).")
+    ] = None,
+) -> None:
+    """Delta-debug a violating scenario down to a minimal inline reproducer of one violation kind."""
+    from sim.ci.shrink import NothingToShrink, ShrinkError, load_input
+    from sim.ci.shrink import shrink as shrink_scenario
+
+    cli = _cli()
+    known = [k.value for k in ViolationKind]
+    if kind is not None and kind not in known:
+        raise cli.fail(f"--kind {kind!r}: expected one of {', '.join(known)}")
+
+    def progress(entry) -> None:
+        cli.err_console.print(
+            f"  {entry.phase:<9} {entry.num_requests:>6} requests  {entry.num_gpu_blocks:>6} GPU blocks"
+            f"  {entry.num_runs:>5} runs  {entry.elapsed_s:7.1f} s",
+            highlight=False,
+        )
+
+    try:
+        scenario, base_dir, label = load_input(source)
+        result = shrink_scenario(scenario, base_dir, kind, label, progress=progress)
+    except NothingToShrink as error:
+        raise cli.fail(str(error), code=1) from None
+    except (ShrinkError, *cli.INPUT_ERRORS) as error:
+        raise cli.fail(str(error).splitlines()[0]) from None
+    _write(out, result.to_yaml())
+    cli.console.print(
+        f"shrunk {label}: {result.kind} kept; {result.start_num_requests} -> "
+        f"{result.final_num_requests} requests, {result.start_num_gpu_blocks} -> "
+        f"{result.final_num_gpu_blocks} GPU blocks, {result.num_runs} runs in {result.elapsed_s:.1f} s\n"
+        f"written to {out}; reproduce with: kvsim run {out} --no-plots",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check)
+    app.command("fuzz")(fuzz)
+    app.command("shrink")(shrink)
