@@ -103,6 +103,12 @@ class Replica:
         self.wakeup: simpy.Event | None = None
 
 
+def _request_of(spec: RequestSpec) -> Request:
+    return Request.new(
+        spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority
+    )
+
+
 def batch_shape(plan: StepPlan) -> BatchShape:
     works = plan.scheduled
     return BatchShape(
@@ -152,13 +158,7 @@ class Engine:
                 yield self.env.timeout(delay)
             if self._stop is not None:
                 break
-            request = Request.new(
-                spec.request_id,
-                spec.arrival_s,
-                spec.prompt_content(),
-                spec.output_tokens,
-                spec.priority,
-            )
+            request = _request_of(spec)
             self.records.requests.append(request)
             replica = self._route()
             request.replica = replica.index
@@ -300,13 +300,7 @@ class Engine:
         reason = self._stop or "run ended"
         for spec in self.specs:
             if spec.request_id not in arrived:
-                request = Request.new(
-                    spec.request_id,
-                    spec.arrival_s,
-                    spec.prompt_content(),
-                    spec.output_tokens,
-                    spec.priority,
-                )
+                request = _request_of(spec)
                 request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
                 self.records.requests.append(request)
         for replica in self.replicas:

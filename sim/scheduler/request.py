@@ -89,6 +89,11 @@ class Request:
         }.get(state, SequenceStatus.FINISHED_ABORTED)
 
 
+def priority_key(request: Request) -> tuple[int, float, int]:
+    """Order of the priority policy: lower `priority` first, then earlier arrival, then id."""
+    return (request.priority, request.arrival_s, request.request_id)
+
+
 @dataclass(slots=True)
 class ScheduledWork:
     """One request's share of a step: `num_tokens` computed after `num_context_tokens` of KV."""

@@ -29,15 +29,11 @@ from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
 from sim.scheduler.lifecycle import finish, sample_token
-from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
 SWAP_SPACE_ERROR = (
     "Aborted due to the lack of CPU swap space. Please increase the swap space to avoid this error."
 )
-
-
-def _priority_key(request: Request) -> tuple[int, float, int]:
-    return (request.priority, request.arrival_s, request.request_id)
 
 
 class V0Scheduler:
@@ -73,7 +69,7 @@ class V0Scheduler:
         if self.config.policy is Policy.PRIORITY:
             # Keep waiting sorted by (priority, arrival); equal keys keep arrival order.
             index = len(self.waiting)
-            while index > 0 and _priority_key(self.waiting[index - 1]) > _priority_key(request):
+            while index > 0 and priority_key(self.waiting[index - 1]) > priority_key(request):
                 index -= 1
             self.waiting.insert(index, request)
         else:
@@ -359,11 +355,11 @@ class V0Scheduler:
         """Preempt worse-priority running groups until the waiting head fits (L970-1036 @4ac7713)."""
         if not self.waiting:
             return
-        running = sorted(self.running, key=_priority_key)
+        running = sorted(self.running, key=priority_key)
         head = self.waiting.popleft()
         num_new = self._num_new_tokens(head, budget, False)
         num_new_seqs = head.group.get_max_num_running_seqs()
-        while running and _priority_key(running[-1]) > _priority_key(head):
+        while running and priority_key(running[-1]) > priority_key(head):
             status = self.block_manager.can_allocate(head.group)
             if (
                 num_new > 0
@@ -379,7 +375,7 @@ class V0Scheduler:
             self._preempt(victim, plan, PreemptionMode.RECOMPUTE)
             self.waiting.appendleft(victim)
         self.waiting.appendleft(head)
-        self.waiting = deque(sorted(self.waiting, key=_priority_key))
+        self.waiting = deque(sorted(self.waiting, key=priority_key))
         self.running = deque(running)
 
     # ------------------------------------------------------------------ step

@@ -26,11 +26,7 @@ from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.lifecycle import finish, sample_token
-from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
-
-
-def _priority_key(request: Request) -> tuple[int, float, int]:
-    return (request.priority, request.arrival_s, request.request_id)
+from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
 
 class V1Scheduler:
@@ -62,7 +58,7 @@ class V1Scheduler:
         """FCFS: append (or prepend after preemption). PRIORITY: insert in (priority, arrival) order."""
         if self.config.policy is Policy.PRIORITY:
             index = len(self.waiting)
-            while index > 0 and _priority_key(self.waiting[index - 1]) > _priority_key(request):
+            while index > 0 and priority_key(self.waiting[index - 1]) > priority_key(request):
                 index -= 1
             self.waiting.insert(index, request)
         elif front:
@@ -88,7 +84,7 @@ class V1Scheduler:
 
     def _preempt(self, plan: StepPlan) -> Request:
         if self.config.policy is Policy.PRIORITY:
-            victim = max(self.running, key=_priority_key)
+            victim = max(self.running, key=priority_key)
             self.running.remove(victim)
         else:
             victim = self.running.pop()
