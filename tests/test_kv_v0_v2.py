@@ -153,13 +153,21 @@ def test_fork_after_swa_drop_is_rejected():
         m.fork(g.seqs[0], g.seqs[0].fork(2))
 
 
-def test_empty_append_on_full_table_index_error():
-    """Continuing chunk (no unseen tokens) of a prompt that fills its last block (L150-154)."""
-    m = make(10)
-    g = admit(m, group(1, 64))
+def test_empty_append_on_full_table_raises_in_the_0_5_4_release_only():
+    """vLLM #7371: a continuing chunk (no unseen tokens) of a prompt that fills its last block.
+    The 0.5.4 wheel indexes past the table (block_table.py:L150-154); the pinned commit 00c3d68
+    has the fix (#7380), where the append writes nothing."""
+    released = make(10, vllm_pin="0.5.4")
+    g = admit(released, group(1, 64))
     g.seqs[0].num_computed_tokens = 32
     with pytest.raises(IndexError):
-        m.append_slots(g.seqs[0])
+        released.append_slots(g.seqs[0])
+
+    pinned = make(10)
+    g = admit(pinned, group(1, 64))
+    g.seqs[0].num_computed_tokens = 32
+    assert pinned.append_slots(g.seqs[0]) == []
+    assert pinned.get_num_free_gpu_blocks() == 6
 
 
 def test_swa_with_prefix_caching_rejected():

@@ -199,6 +199,8 @@ class Finding:
     scenario: Scenario
     observed_kinds: list[str]
     count: int = 1
+    #: Seconds from the start of the fuzz run until this case finished.
+    found_after_s: float = 0.0
 
     def reproduce_command(
         self, design: str, saved_path: Path | None = None, allow_swap: bool = True
@@ -250,6 +252,7 @@ class FuzzReport:
                     "case_index": f.case_index,
                     "case_seed": f.case_seed,
                     "num_cases": f.count,
+                    "found_after_s": round(f.found_after_s, 3),
                     "message": f.message,
                     "time_s": f.time_s,
                     "observed_kinds": f.observed_kinds,
@@ -337,8 +340,9 @@ def fuzz(
             if kind in report.findings:
                 report.findings[kind].count += 1
             else:
+                found_after_s = time.perf_counter() - start
                 report.findings[kind] = Finding(
-                    kind, index, seed, message, time_s, scenario, observed
+                    kind, index, seed, message, time_s, scenario, observed, 1, found_after_s
                 )
         if on_case is not None:
             on_case(index, report)

@@ -340,6 +340,10 @@ class Shrinker:
         if self.holds(zero):
             self.requests = zero
             return
+        first_s = self.requests[0].arrival_s
+        shifted = [r.replace(arrival_s=round(r.arrival_s - first_s, 9)) for r in self.requests]
+        if first_s > 0 and self.holds(shifted):
+            self.requests = shifted
         for i in range(len(self.requests)):
             previous = self.requests[i - 1].arrival_s if i else 0.0
             for value in (previous, math.floor(self.requests[i].arrival_s * 1000) / 1000):

@@ -39,6 +39,10 @@ class KVCacheConfig:
     enable_prefix_caching: bool = False
     watermark: float = 0.01
     max_model_len: int | None = None
+    #: The upstream release a design follows where releases differ from its pinned commit
+    #: (None: the pinned commit). "0.5.4" selects the vLLM 0.5.4 wheel's v0-V2 block table,
+    #: which predates #7380 (see `sim.kv.v0_v2.block_table`).
+    vllm_pin: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

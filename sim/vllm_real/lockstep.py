@@ -133,6 +133,8 @@ def random_config(rng: random.Random, design: str) -> KVCacheConfig:
         enable_prefix_caching=caching,
         watermark=watermark,
         max_model_len=max_model_len,
+        # The real v0 code installed is the 0.5.4 wheel: compare with its release behaviour.
+        vllm_pin="0.5.4" if design != "v1-engine" else None,
     )
 
 

@@ -26,6 +26,11 @@ def signed_cdiv(a: int, b: int) -> int:
 
 
 class BlockTable:
+    #: The last chunk of a chunked prefill whose prompt is a multiple of the block size appends
+    #: no token to a full table. The vLLM 0.5.4 release raises IndexError there (#7371); the
+    #: pinned commit 00c3d68 includes the fix (#7380). See `Release054BlockTable`.
+    empty_append_raises = False
+
     def __init__(
         self,
         block_size: int,
@@ -123,8 +128,11 @@ class BlockTable:
         for i, num in enumerate(chunks):
             idx = first_idx + i
             if idx >= len(self.blocks):
-                # vLLM indexes blocks[first_idx] even for an empty append; a full table
-                # (num_full_slots % bs == 0, no lookahead) raises here (block_table.py:L150-154).
+                if num == 0 and not self.empty_append_raises:
+                    break  # the pinned commit 00c3d68 has #7380: nothing to write
+                # The 0.5.4 release indexes blocks[first_idx] even for an empty append, so a
+                # full table (num_full_slots % bs == 0, no lookahead) raises here
+                # (block_table.py:L150-154 @0.5.4; vLLM #7371, fixed by #7380 on 2024-08-09).
                 raise IndexError(
                     f"block index {idx} out of range for a {len(self.blocks)}-block table"
                 )
@@ -254,3 +262,10 @@ class BlockTable:
 
     def num_live_blocks(self) -> int:
         return len({b.block_id for b in self.blocks if not b.is_null})
+
+
+class Release054BlockTable(BlockTable):
+    """The block table of the vLLM 0.5.4 wheel (2024-08-05), before #7380: an empty append to a
+    full table raises IndexError. Chosen by `KVCacheConfig(vllm_pin="0.5.4")`."""
+
+    empty_append_raises = True

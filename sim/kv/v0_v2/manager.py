@@ -25,7 +25,7 @@ from __future__ import annotations
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
 from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus, cdiv
-from sim.kv.v0_v2.block_table import BlockTable
+from sim.kv.v0_v2.block_table import BlockTable, Release054BlockTable
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
 from sim.kv.v0_v2.naive import Block
 from sim.kv.v0_v2.trackers import ComputedBlocksTracker, LastAccessBlocksTracker
@@ -81,7 +81,10 @@ class BlockSpaceManagerV2:
         return AllocStatus.LATER
 
     def _new_table(self, blocks: list[Block] | None = None) -> BlockTable:
-        return self.table_cls(
+        table_cls = self.table_cls
+        if self.config.vllm_pin == "0.5.4" and table_cls is BlockTable:
+            table_cls = Release054BlockTable
+        return table_cls(
             self.block_size, self.block_allocator, self.max_block_sliding_window, blocks
         )
 
