@@ -149,7 +149,8 @@ def run(
     vllm_root: Annotated[
         Path | None,
         typer.Option(
-            "--vllm-root", help="Run vLLM's REAL block manager from this install (scripts/setup_vllm.sh)."
+            "--vllm-root",
+            help="Run vLLM's REAL block manager from this install (scripts/setup_vllm.sh).",
         ),
     ] = None,
 ) -> None:
@@ -169,7 +170,9 @@ def run(
             overrides["engine.violation_policy"] = "stop"
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
-            result = run_scenario(path, overrides=overrides or None, progress=progress, vllm_root=vllm_root)
+            result = run_scenario(
+                path, overrides=overrides or None, progress=progress, vllm_root=vllm_root
+            )
         finally:
             progress.close()
     except INPUT_ERRORS as error:

@@ -39,6 +39,11 @@ from sim.kv.types import (
     cdiv,
 )
 
+#: Errors a manager raises on its own (vLLM's included: "null block should not be modified",
+#: "Double free", an IndexError of the 0.5.4 block table, a RecursionError in a V2 fork). The
+#: auditor records them as violations instead of letting them crash the simulator.
+_MANAGER_ERRORS = (ValueError, AssertionError, KeyError, IndexError, RuntimeError)
+
 
 class AuditLevel(enum.Enum):
     #: O(1) checks after every call (conservation, admission, leaks, footprint, watermark).
@@ -260,7 +265,7 @@ class AuditedV0Manager(_AuditorBase):
                 )
             self._after_call("allocate", rid)
             raise self._fail(violation) from None
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("allocate", rid, exc) from None
         taken = free_before - self._free()
         for seq in seq_group.get_seqs():
@@ -322,7 +327,7 @@ class AuditedV0Manager(_AuditorBase):
             )
             self._after_call("append_slots", rid)
             raise self._fail(violation) from None
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("append_slots", rid, exc) from None
         # The cheap level checks the footprint only when the call took blocks (a footprint
         # grows only by allocation); the full level checks it after every call.
@@ -336,7 +341,7 @@ class AuditedV0Manager(_AuditorBase):
         rid = self._live_seq_to_request.get(parent_seq.seq_id)
         try:
             self.inner.fork(parent_seq, child_seq)
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("fork", rid, exc) from None
         if rid is not None:
             self._live_seq_to_request[child_seq.seq_id] = rid
@@ -346,7 +351,7 @@ class AuditedV0Manager(_AuditorBase):
         rid = self._live_seq_to_request.pop(seq.seq_id, None)
         try:
             self.inner.free(seq)
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("free", rid, exc) from None
         self._after_call("free", rid)
 
@@ -381,7 +386,7 @@ class AuditedV0Manager(_AuditorBase):
             )
             self._after_call(call, rid)
             raise self._fail(violation) from None
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error(call, rid, exc) from None
         promised.discard(rid)
         self._after_call(call, rid)
@@ -432,7 +437,7 @@ class AuditedV1Manager(_AuditorBase):
             )
             self._after_call("allocate_slots", rid)
             raise self._fail(violation) from None
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("allocate_slots", rid, exc) from None
         if blocks is not None:
             self._live_seq_to_request[rid] = rid
@@ -446,7 +451,7 @@ class AuditedV1Manager(_AuditorBase):
         self._live_seq_to_request.pop(rid, None)
         try:
             self.inner.free(request)
-        except (ValueError, AssertionError, KeyError) as exc:
+        except _MANAGER_ERRORS as exc:
             raise self._manager_error("free", rid, exc) from None
         self._after_call("free", rid)
 

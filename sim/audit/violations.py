@@ -59,8 +59,13 @@ class AuditError(Exception):
     """Raised to the caller when an audited call failed; carries the violation."""
 
     def __init__(self, violation: Violation) -> None:
-        super().__init__(violation.message)
+        # The violation itself is the argument, so copies made from `args` (SimPy rebuilds an
+        # exception escaping a process that way, as does pickling) stay whole.
+        super().__init__(violation)
         self.violation = violation
+
+    def __str__(self) -> str:
+        return self.violation.message
 
 
 class ViolationPolicy(enum.Enum):

@@ -182,7 +182,9 @@ class TokenContent:
         start = block_index * block_size
         return self.span_key(start, start + block_size)
 
-    def block_hashes(self, block_size: int, num_blocks: int, parent: int = NONE_HASH) -> list[BlockHash]:
+    def block_hashes(
+        self, block_size: int, num_blocks: int, parent: int = NONE_HASH
+    ) -> list[BlockHash]:
         """Chained hashes of the first `num_blocks` full blocks.
 
         Equal hashes at index i mean equal token prefixes up to the end of block i.
@@ -194,7 +196,9 @@ class TokenContent:
             out.append(BlockHash(h))
         return out
 
-    def token_ids(self, start: int = 0, end: int | None = None, vocab_size: int = 32000) -> list[int]:
+    def token_ids(
+        self, start: int = 0, end: int | None = None, vocab_size: int = 32000
+    ) -> list[int]:
         """Deterministic token ids for [start, end): equal content keys give equal ids."""
         end = self.num_tokens if end is None else end
         ids: list[int] = []
@@ -242,7 +246,9 @@ class Sequence:
         return -(-self.num_tokens // block_size)
 
     def fork(self, child_id: int) -> Sequence:
-        return Sequence(child_id, self.content.copy(), self.prompt_len, self.status, self.num_computed_tokens)
+        return Sequence(
+            child_id, self.content.copy(), self.prompt_len, self.status, self.num_computed_tokens
+        )
 
     def is_finished(self) -> bool:
         return self.status.is_finished
@@ -273,7 +279,11 @@ class SequenceGroup:
         """Seqs this group may run (vLLM `sequence.py:L644-660 @fc93e56`)."""
         if self.best_of == 1 and len(self.seqs) == 1:  # the common n=1 request, once per step
             return 0 if self.seqs[0].status in _FINISHED_STATUSES else 1
-        if self.best_of > len(self.get_unfinished_seqs()) and self.seqs and self.seqs[0].output_len == 0:
+        if (
+            self.best_of > len(self.get_unfinished_seqs())
+            and self.seqs
+            and self.seqs[0].output_len == 0
+        ):
             return self.best_of
         return len(self.get_unfinished_seqs())
 

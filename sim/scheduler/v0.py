@@ -94,9 +94,13 @@ class V0Scheduler:
         return num_new
 
     def _preempt(
-        self, request: Request, plan: StepPlan, mode: PreemptionMode | None = None
-    ) -> PreemptionMode:
-        """`_preempt` (L1070-1114): recompute or swap; swap without CPU space is fatal."""
+        self, request: Request, plan: StepPlan, now_s: float, mode: PreemptionMode | None = None
+    ) -> PreemptionMode | None:
+        """`_preempt` (L1070-1114): recompute or swap; swap without CPU space is fatal.
+
+        Returns None when the manager failed the preemption itself (e.g. v0-V1's double free
+        swapping out a wrapped sliding-window ring): the request then fails with the violation.
+        """
         if mode is None:
             mode = self.config.preemption_mode
             if mode is PreemptionMode.AUTO:
@@ -110,6 +114,13 @@ class V0Scheduler:
         plan.num_preempted += 1
         self._sync(request)
         request.touch_len = None
+        try:
+            return self._preempt_as(mode, request, plan)
+        except AuditError as error:
+            self._fail(request, plan, error, now_s)
+            return None
+
+    def _preempt_as(self, mode: PreemptionMode, request: Request, plan: StepPlan) -> PreemptionMode:
         if mode is PreemptionMode.RECOMPUTE:
             request.seq.status = SequenceStatus.WAITING
             request.state = RequestState.WAITING
@@ -275,8 +286,11 @@ class V0Scheduler:
                 budget.subtract_num_batched_tokens(request.request_id, num_tokens)
                 budget.subtract_num_seqs(request.request_id, num_seqs)
                 victim = queue.pop() if queue else request
-                mode = self._preempt(victim, plan)
-                (preempted if mode is PreemptionMode.RECOMPUTE else swapped_out).append(victim)
+                mode = self._preempt(victim, plan, now_s)
+                if mode is PreemptionMode.RECOMPUTE:
+                    preempted.append(victim)
+                elif mode is PreemptionMode.SWAP:
+                    swapped_out.append(victim)
                 if victim is request:
                     break
             else:
@@ -351,7 +365,9 @@ class V0Scheduler:
             swapped_in.append(request)
         return swapped_in
 
-    def _schedule_priority_preemption(self, budget: SchedulingBudget, plan: StepPlan) -> None:
+    def _schedule_priority_preemption(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float
+    ) -> None:
         """Preempt worse-priority running groups until the waiting head fits (L970-1036 @4ac7713)."""
         if not self.waiting:
             return
@@ -372,8 +388,8 @@ class V0Scheduler:
                 victim.request_id, self._num_new_tokens(victim, budget, False)
             )
             budget.subtract_num_seqs(victim.request_id, victim.group.get_max_num_running_seqs())
-            self._preempt(victim, plan, PreemptionMode.RECOMPUTE)
-            self.waiting.appendleft(victim)
+            if self._preempt(victim, plan, now_s, PreemptionMode.RECOMPUTE) is not None:
+                self.waiting.appendleft(victim)
         self.waiting.appendleft(head)
         self.waiting = deque(sorted(self.waiting, key=priority_key))
         self.running = deque(running)
@@ -401,7 +417,7 @@ class V0Scheduler:
         if not self.swapped:
             prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
         if not prefills and self.config.policy is Policy.PRIORITY:
-            self._schedule_priority_preemption(budget, plan)
+            self._schedule_priority_preemption(budget, plan, now_s)
         kept, preempted, swapped_out, swapped_in = [], [], [], []
         if not prefills:
             kept, preempted, swapped_out = self._schedule_running(
