@@ -28,8 +28,17 @@ DESIGNS = ["v0-v1", "v0-v2", "v0-fixed", "v1-engine"]
 def replay(design: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [
-            sys.executable, "-m", "sim.cli", "run", str(SCENARIO), "--no-plots", "--json",
-            "-o", out, "--set", f"scheduler.design={design}",
+            sys.executable,
+            "-m",
+            "sim.cli",
+            "run",
+            str(SCENARIO),
+            "--no-plots",
+            "--json",
+            "-o",
+            out,
+            "--set",
+            f"scheduler.design={design}",
         ]
         if design == "v1-engine":
             # vLLM's V1 engine turns chunked prefill on by default (spec 1.3); without it, its

@@ -157,8 +157,8 @@ def run(
     """Run a scenario and write requests / steps / violations tables."""
     from sim.overrides import parse_assignment
     from sim.results import summary_json, write_result
-    from sim.run import builtin_scenario_path
-    from sim.run import run as run_scenario
+    from sim.runner import builtin_scenario_path
+    from sim.runner import run as run_scenario
 
     path = scenario or builtin_scenario_path()
     overrides = {}
@@ -214,7 +214,7 @@ def _register_optional_commands() -> None:
 
     for module_name in (
         "sim.ci.cli",
-        "sim.sweep.cli",
+        "sim.planning.cli",
         "sim.plots_cli",
         "sim.calibrate_cli",
         "sim.vllm_real.cli",

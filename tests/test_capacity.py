@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import sim
-from sim.sweep.capacity import (
+from sim.planning.capacity import (
     Slo,
     capacity_search,
     confidence_interval,

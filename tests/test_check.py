@@ -235,12 +235,12 @@ def test_annotation_escapes_percent_and_newlines(failing):
 
 
 def test_simulator_crash_is_a_junit_error_not_a_traceback(passing, monkeypatch):
-    import sim.run
+    import sim.runner
 
     def boom(*args, **kwargs):
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(sim.run, "run", boom)
+    monkeypatch.setattr(sim.runner, "run", boom)
     (outcome,) = check_paths([passing])
     assert not outcome.passed and outcome.crashed
     assert "the simulator raised RuntimeError: engine exploded" in outcome.reason

@@ -9,7 +9,7 @@ import pytest
 
 from sim.overrides import apply_overrides
 from sim.results import write_result
-from sim.run import builtin_scenario_path, run
+from sim.runner import builtin_scenario_path, run
 from sim.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from sim.ci.fuzz import (
     sim_time_limit_s,
 )
 from sim.cli import app
-from sim.run import run
+from sim.runner import run
 from sim.scenario import load_scenario, scenario_to_yaml
 
 runner = CliRunner()

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 import sim
 import sim.plots as plots
+from sim.planning.capacity import capacity_search
 from sim.results import write_result
-from sim.sweep.capacity import capacity_search
 from tests.sweep_helpers import dd1_scenario
 
 SWA = Path(__file__).resolve().parent.parent / "scenarios" / "swa_4_vs_3_v0_v2.yaml"

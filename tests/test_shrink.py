@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sim.ci.check import check_paths
 from sim.ci.shrink import NothingToShrink, ddmin, minimize_int, shrink
 from sim.cli import app
-from sim.run import run
+from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 import sim
+from sim.planning.executor import CACHE_FILE
+from sim.planning.grid import build_points, expand_grid, parse_sets, scenario_key
 from sim.scenario import ScenarioError, scenario_from_dict
-from sim.sweep.executor import CACHE_FILE
-from sim.sweep.grid import build_points, expand_grid, parse_sets, scenario_key
 from tests.sweep_helpers import dd1_scenario
 
 STABLE = ["point", "key", "workload.rate_scale", "ttft_p99_s", "num_finished", "error"]

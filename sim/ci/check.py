@@ -264,7 +264,7 @@ def compare(
 
 def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome:
     """Run one scenario file and compare it with its expectations (bad input raises)."""
-    from sim.run import run
+    from sim.runner import run
 
     scenario = scenario if scenario is not None else load_scenario(path)
     start = time.perf_counter()

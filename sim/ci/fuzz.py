@@ -82,7 +82,7 @@ def _cache_and_scheduler(
     watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
     # vLLM refuses to start unless one max-length request fits the pool (v0: G blocks; V1
     # engine: G - 1, block 0 being the null block, and one more with a sliding window); see
-    # `sim.run._check_cache_fits`.
+    # `sim.runner._check_cache_fits`.
     usable_blocks = num_gpu_blocks if is_v0 else num_gpu_blocks - 2
     max_model_len = _int(rng, 2 * block_size, usable_blocks * block_size)
     max_num_seqs = _int(rng, 1, 8)
@@ -224,7 +224,7 @@ class FuzzReport:
     num_violating_cases: int = 0
     #: Cases that reached their simulated-time cap (a preemption livelock; not a violation).
     num_time_limited: int = 0
-    #: Cases the scenario validation refused (a generator out of step with `sim.run`).
+    #: Cases the scenario validation refused (a generator out of step with `sim.runner`).
     num_invalid_cases: int = 0
     first_invalid: str | None = None
     saved: dict[str, Path] = field(default_factory=dict)
@@ -281,7 +281,7 @@ class CaseResult:
 
 def run_case(scenario: Scenario) -> CaseResult:
     """Run one case. An exception escaping the simulator is a finding, `exception:<Type>`."""
-    from sim.run import run
+    from sim.runner import run
 
     try:
         result = run(scenario)

@@ -151,7 +151,7 @@ def _prefix_of(
 
 def to_inline(scenario: Scenario, base_dir: Path) -> tuple[Scenario, list[Req], Pool]:
     """The scenario with every resolved number explicit, and its workload as `Req`s."""
-    from sim.run import resolve
+    from sim.runner import resolve
 
     resolved = resolve(scenario, base_dir)
     inputs = resolved.inputs
@@ -209,7 +209,7 @@ def build(base: Scenario, requests: Sequence[Req], pool: Pool) -> Scenario:
 
 
 class _Invalid(Exception):
-    """A candidate the schema or `sim.run` refuses (e.g. a pool too small to start)."""
+    """A candidate the schema or `sim.runner` refuses (e.g. a pool too small to start)."""
 
 
 class _Oracle:
@@ -227,7 +227,7 @@ class _Oracle:
 
     def observe(self, requests: Sequence[Req], pool: Pool) -> tuple[set[str], object | None]:
         """(kinds shown, the RunResult or None when the simulator raised)."""
-        from sim.run import run
+        from sim.runner import run
 
         self.num_runs += 1
         try:

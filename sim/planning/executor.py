@@ -6,7 +6,7 @@ row of summary metrics, so both executors ship it as-is. A point that raises bec
 
 Resuming: each finished row is appended to ``points.jsonl`` in the output folder as it arrives;
 a later sweep over the same folder reuses every error-free row whose key (the scenario hash,
-see `sim.sweep.grid.scenario_key`) is still in the grid and runs only the rest.
+see `sim.planning.grid.scenario_key`) is still in the grid and runs only the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.sweep.grid import SweepPoint
+from sim.planning.grid import SweepPoint
 
 #: Summary metrics copied into a sweep row, in column order.
 METRIC_COLUMNS = (
@@ -91,7 +91,7 @@ def run_point(
     scenario_data: dict[str, Any], overrides: dict[str, Any], key: str, index: int
 ) -> dict[str, Any]:
     """Run one point and return its row; never raises (the error goes in the row)."""
-    from sim.run import run
+    from sim.runner import run
     from sim.scenario import scenario_from_dict
 
     start = time.perf_counter()

@@ -82,9 +82,9 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from sim.cli import INPUT_ERRORS, console, err_console, fail
-        from sim.sweep import load_base
-        from sim.sweep.executor import run_points, write_table
-        from sim.sweep.grid import build_points, parse_sets
+        from sim.planning import load_base
+        from sim.planning.executor import run_points, write_table
+        from sim.planning.grid import build_points, parse_sets
 
         try:
             base, base_dir = load_base(scenario)
@@ -197,9 +197,9 @@ def register(app: typer.Typer) -> None:
 
         from sim.cli import INPUT_ERRORS, console, fail
         from sim.overrides import parse_assignment
-        from sim.sweep import load_base
-        from sim.sweep.capacity import as_slos, capacity_search, write_capacity
-        from sim.sweep.grid import parse_sets
+        from sim.planning import load_base
+        from sim.planning.capacity import as_slos, capacity_search, write_capacity
+        from sim.planning.grid import parse_sets
 
         try:
             slos = as_slos(slo)

@@ -9,7 +9,7 @@ Search (assuming pass/fail is monotone in the rate): probe the start scale; doub
 probe fails (or halve until one passes) to bracket [good, bad); then bisect until
 ``(bad - good) / good <= tolerance``. The answer is `good`, a LOWER bound within the stated
 relative tolerance of the true threshold. Rates are the offered rates of the scaled workload:
-``(n - 1) / arrival span`` (see `sim.sweep.executor.offered_rate`).
+``(n - 1) / arrival span`` (see `sim.planning.executor.offered_rate`).
 
 Worked example (the D/D/1 scenario of tests/test_capacity.py): 200 requests every 20 ms
 (50 req/s), each served alone in one 10 ms step, so TTFT_i = 10 ms + i * (10 ms - 1/rate)
@@ -35,9 +35,9 @@ from typing import Any
 
 import pandas as pd
 
+from sim.planning.executor import map_tasks, run_point
+from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
 from sim.scenario import ScenarioError
-from sim.sweep.executor import map_tasks, run_point
-from sim.sweep.grid import expand_grid, resolved_data, scenario_key, validate_axes
 
 #: SLO metrics: summary columns (seconds).
 SLO_METRICS = tuple(f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99"))
@@ -244,7 +244,7 @@ def capacity_search(
     replicate {"seed": s}; a trace's arrivals do not depend on the seed, so use windows there).
     """
     from sim.overrides import apply_overrides
-    from sim.sweep import load_base
+    from sim.planning import load_base
 
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance {tolerance}: must be in (0, 1) (relative)")
@@ -318,7 +318,7 @@ def capacity(scenario, slos, **kwargs) -> pd.DataFrame:
 
 
 def write_capacity(table: pd.DataFrame, probes: pd.DataFrame, out_dir: str | Path) -> Path:
-    from sim.sweep.executor import write_table
+    from sim.planning.executor import write_table
 
     out = Path(out_dir)
     clean = table.copy()

@@ -1,6 +1,6 @@
-"""Capacity planning: parameter sweeps (`sweep`) and SLO capacity search (`sim.sweep.capacity`).
+"""Capacity planning: parameter sweeps (`sweep`) and SLO capacity search (`sim.planning.capacity`).
 
-`sim.sweep(...)` calls `sweep` below; nothing heavy is imported until it runs.
+`sim.sweep(...)` is `sweep` below; nothing heavy is imported until it runs.
 
 Example::
 
@@ -24,7 +24,7 @@ def load_base(
     scenario: Scenario | str | Path | dict | None, base_dir: str | Path | None = None
 ) -> tuple[Scenario, Path]:
     """A scenario object (from an object, a dict, a path, or None for the built-in default)."""
-    from sim.run import builtin_scenario_path
+    from sim.runner import builtin_scenario_path
     from sim.scenario import Scenario, load_scenario, scenario_from_dict
 
     if scenario is None:
@@ -55,8 +55,8 @@ def sweep(
     and resume from it. `cluster`: a Dask address or Client (default: local processes).
     """
     from sim.overrides import apply_overrides
-    from sim.sweep.executor import run_points, write_table
-    from sim.sweep.grid import build_points
+    from sim.planning.executor import run_points, write_table
+    from sim.planning.grid import build_points
 
     base, base_path = load_base(scenario, base_dir)
     if overrides:
