@@ -155,10 +155,11 @@ def run(
     ] = None,
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
-    from sim.overrides import parse_assignment
+    from sim.overrides import apply_overrides, parse_assignment
     from sim.results import summary_json, write_result
-    from sim.runner import builtin_scenario_path
+    from sim.runner import builtin_scenario_path, self_contained
     from sim.runner import run as run_scenario
+    from sim.scenario import load_scenario, scenario_to_yaml
 
     path = scenario or builtin_scenario_path()
     overrides = {}
@@ -168,10 +169,13 @@ def run(
             overrides[key] = values[0] if len(values) == 1 else values
         if stop:
             overrides["engine.violation_policy"] = "stop"
+        scenario_obj = load_scenario(path)
+        if overrides:
+            scenario_obj = apply_overrides(scenario_obj, overrides)
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
             result = run_scenario(
-                path, overrides=overrides or None, progress=progress, vllm_root=vllm_root
+                scenario_obj, base_dir=path.parent, progress=progress, vllm_root=vllm_root
             )
         finally:
             progress.close()
@@ -180,6 +184,8 @@ def run(
     name = result.inputs.get("scenario", "scenario")
     out_dir = out or Path("runs") / name
     write_result(result, out_dir)
+    # The scenario as run (overrides applied, paths absolute): `kvsim shrink OUT_DIR` reads it.
+    (out_dir / "scenario.yaml").write_text(scenario_to_yaml(self_contained(scenario_obj, path.parent)))
     if plots:
         _save_plots(result, out_dir)
     if json_out:

@@ -183,6 +183,21 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
         )
 
 
+def self_contained(scenario: Scenario, base_dir: str | Path) -> Scenario:
+    """The scenario with its relative file paths (trace, profile) made absolute from base_dir."""
+    base_dir = Path(base_dir).resolve()
+    workload = scenario.workload
+    if workload.path is not None and not Path(workload.path).is_absolute():
+        workload = workload.model_copy(update={"path": str(base_dir / workload.path)})
+    step_time = scenario.step_time
+    if step_time is not None and step_time.calibrated is not None:
+        profile = Path(step_time.calibrated.profile)
+        if not profile.is_absolute():
+            calibrated = step_time.calibrated.model_copy(update={"profile": str(base_dir / profile)})
+            step_time = step_time.model_copy(update={"calibrated": calibrated})
+    return scenario.model_copy(update={"workload": workload, "step_time": step_time})
+
+
 def _asdict(config: KVCacheConfig) -> dict:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
 

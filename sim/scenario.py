@@ -149,5 +149,5 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def scenario_to_yaml(scenario: Scenario) -> str:
-    data = scenario.model_dump(mode="json", exclude_defaults=True)
+    data = scenario.model_dump(mode="json", exclude_unset=True)
     return yaml.safe_dump(data, sort_keys=False)

@@ -240,6 +240,13 @@ class PrefixCachingBlockAllocator:
         assert block.content_hash is not None
         return block.content_hash in self._cached_blocks
 
+    def cached_block_id(self, content_hash: int) -> int | None:
+        """The id cached under `content_hash` (active or in the evictor), else None.
+
+        Read-only; vLLM has no such query. Used by kvsim's corrected design to count swaps.
+        """
+        return self._cached_blocks.get(content_hash)
+
     def get_num_blocks_touched(self, blocks: list[Block], num_lookahead_slots: int = 0) -> int:
         """Partial blocks as naive; a full block counts 1 unless its hash is cached here,
         active *or in the evictor* (prefix_caching_block.py:L563-594)."""
