@@ -92,6 +92,27 @@ def test_tiny_cpu_calibration_feeds_the_simulator(tmp_path):
     summary = summarize(loaded)
     assert summary["decode_bw_frac_copy_median"] > 0 and summary["gemm_TFLOPs_max"] > 0
     write_report(loaded, tmp_path / "again")
+    # ... and `kvsim run` consumes it through a scenario's `step_time: {calibrated: PROFILE}`.
+    from sim.runner import run
+    from sim.scenario import scenario_from_dict
+
+    scenario = scenario_from_dict(
+        {
+            "model": TINY,
+            "cache": {"num_gpu_blocks": 64, "num_cpu_blocks": 0},
+            "scheduler": {"design": "v1-engine", "max_model_len": 512, "enable_chunked_prefill": True},
+            "workload": {"kind": "inline", "requests": [
+                {"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 5},
+                {"arrival_s": 0.001, "prompt_tokens": 40, "output_tokens": 3},
+            ]},  # fmt: skip
+            "step_time": {"calibrated": out.name},
+        }
+    )
+    result = run(scenario, base_dir=tmp_path)
+    assert result.summary["states"]["finished"] == 2
+    assert result.steps["duration_s"].iloc[0] == pytest.approx(
+        model.predict_s(BatchShape((), ((0, 100),)))
+    )
 
 
 def _profile_doc(tmp_path):

@@ -6,8 +6,8 @@ $KVSIM_VLLM_ROOT_0_11_0) are absent. Run: `bash scripts/setup_vllm.sh && pytest 
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -36,11 +36,6 @@ def _needs(version: str):
 
 V054 = _needs("0.5.4")
 V011 = _needs("0.11.0")
-HAVE_MODELS = all(
-    importlib.util.find_spec(m) is not None
-    for m in ("sim.kv.v0_v1", "sim.kv.v0_v2", "sim.kv.v1_engine")
-)
-needs_models = pytest.mark.skipif(not HAVE_MODELS, reason="kvsim models not present yet")
 
 
 def _group(rid: int, num_tokens: int) -> SequenceGroup:
@@ -55,7 +50,6 @@ def test_missing_install_gives_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("window", [16, 24])
-@pytest.mark.usefixtures()
 def test_real_v2_four_vs_three_crash(window):
     """Spec vector 1 on the real code: can_allocate OK, allocate raises and leaks 3 blocks."""
     for mark in V054:
@@ -130,26 +124,49 @@ def _lockstep(design: str, version_marks, num_ops: int, seed: int, **kw):
     assert result.num_ops >= num_ops
 
 
-@needs_models
 @pytest.mark.parametrize("seed", [1, 2])
 def test_lockstep_v0_v2(seed):
     _lockstep("v0-v2", V054, 1500, seed)
 
 
-@needs_models
 @pytest.mark.parametrize("seed", [1, 2])
 def test_lockstep_v0_v1(seed):
     _lockstep("v0-v1", V054, 1500, seed)
 
 
-@needs_models
 @pytest.mark.parametrize("seed", [1, 2])
 def test_lockstep_v1_engine(seed):
     _lockstep("v1-engine", V011, 1500, seed)
 
 
-@needs_models
 @pytest.mark.parametrize("design", ["v0-v1", "v0-v2"])
 def test_lockstep_four_vs_three_config(design):
     """The #7470 configuration (G=10, bs=16, W=24) under random walks: both sides agree."""
     _lockstep(design, V054, 600, 3, config=KVCacheConfig(10, 16, sliding_window=24))
+
+
+@pytest.mark.parametrize(
+    "overrides", [None, {"workload.first_n": 300}], ids=["4-vs-3", "azure-300"]
+)
+def test_kvsim_run_on_real_v0_v2_matches_the_model(overrides):
+    """`kvsim run --vllm-root`: vLLM 0.5.4's own BlockSpaceManagerV2 under kvsim's scheduler and
+    auditor gives the same violations and the same request and step tables as kvsim's model."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    import pandas as pd
+
+    from sim.runner import builtin_scenario_path, run
+
+    root = Path(__file__).resolve().parents[1]
+    scenario = (
+        root / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
+        if overrides is None
+        else builtin_scenario_path()
+    )
+    model = run(scenario, overrides=overrides)
+    real = run(scenario, overrides=overrides, vllm_root=_root("0.5.4"))
+    assert list(real.violations["kind"]) == list(model.violations["kind"])
+    assert "admission_undercount" in set(real.violations["kind"]) or overrides is not None
+    pd.testing.assert_frame_equal(real.requests, model.requests)
+    pd.testing.assert_frame_equal(real.steps, model.steps)
