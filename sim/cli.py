@@ -185,7 +185,9 @@ def run(
     out_dir = out or Path("runs") / name
     write_result(result, out_dir)
     # The scenario as run (overrides applied, paths absolute): `kvsim shrink OUT_DIR` reads it.
-    (out_dir / "scenario.yaml").write_text(scenario_to_yaml(self_contained(scenario_obj, path.parent)))
+    (out_dir / "scenario.yaml").write_text(
+        scenario_to_yaml(self_contained(scenario_obj, path.parent))
+    )
     if plots:
         _save_plots(result, out_dir)
     if json_out:

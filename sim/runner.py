@@ -193,7 +193,9 @@ def self_contained(scenario: Scenario, base_dir: str | Path) -> Scenario:
     if step_time is not None and step_time.calibrated is not None:
         profile = Path(step_time.calibrated.profile)
         if not profile.is_absolute():
-            calibrated = step_time.calibrated.model_copy(update={"profile": str(base_dir / profile)})
+            calibrated = step_time.calibrated.model_copy(
+                update={"profile": str(base_dir / profile)}
+            )
             step_time = step_time.model_copy(update={"calibrated": calibrated})
     return scenario.model_copy(update={"workload": workload, "step_time": step_time})
 

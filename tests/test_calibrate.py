@@ -100,11 +100,18 @@ def test_tiny_cpu_calibration_feeds_the_simulator(tmp_path):
         {
             "model": TINY,
             "cache": {"num_gpu_blocks": 64, "num_cpu_blocks": 0},
-            "scheduler": {"design": "v1-engine", "max_model_len": 512, "enable_chunked_prefill": True},
-            "workload": {"kind": "inline", "requests": [
-                {"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 5},
-                {"arrival_s": 0.001, "prompt_tokens": 40, "output_tokens": 3},
-            ]},  # fmt: skip
+            "scheduler": {
+                "design": "v1-engine",
+                "max_model_len": 512,
+                "enable_chunked_prefill": True,
+            },
+            "workload": {
+                "kind": "inline",
+                "requests": [
+                    {"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 5},
+                    {"arrival_s": 0.001, "prompt_tokens": 40, "output_tokens": 3},
+                ],
+            },  # fmt: skip
             "step_time": {"calibrated": out.name},
         }
     )
