@@ -284,9 +284,14 @@ def run_ops(m, op_list, on_alloc, strict_append=False):
                     m.recover_leaked_blocks()
         elif op == "decode" and running:
             g = running[arg % len(running)]
+            seq = g.seqs[0]
+            # As in the engine: the previous step computed every token and sampled a new one,
+            # THEN the scheduler asks can_append_slots for the slot of that new token.
+            seq.num_computed_tokens = seq.num_tokens
+            seq.append_tokens(1)
             if m.can_append_slots(g):
                 try:
-                    decode(m, g.seqs[0])
+                    m.append_slots(seq)
                 except NoFreeBlocksError:
                     assert not strict_append, "append_slots raised after can_append_slots OK"
                     # Only the lazy null block can cause this (see the finding test above): it
@@ -301,6 +306,11 @@ def run_ops(m, op_list, on_alloc, strict_append=False):
         assert stats.is_conserved
         assert m.block_refcounts() == expected_refcounts(m)
         for g in running:
+            ids = m.seq_block_ids(g.seqs[0].seq_id)
+            # Null entries are a prefix and the rest distinct: what num_seq_blocks relies on.
+            live = [i for i in ids if i != m.null_block_id]
+            assert ids[: len(ids) - len(live)] == [m.null_block_id] * (len(ids) - len(live))
+            assert m.num_seq_blocks(g.seqs[0].seq_id) == len(set(live)) == len(live)
             bound = m.max_seq_footprint(g.seqs[0])
             if bound is not None:
                 assert m.num_seq_blocks(g.seqs[0].seq_id) <= bound

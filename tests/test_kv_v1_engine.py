@@ -331,8 +331,10 @@ def _check_invariants(m: KVCacheManager) -> None:
     assert cached == {(b.block_hash, b.block_id) for b in pool.blocks if b.block_hash is not None}
     for seq_id in m.single_type_manager.req_to_blocks:
         table = m.seq_block_ids(seq_id)
-        # Null entries only ever form a prefix of a table.
+        # Null entries only ever form a prefix of a table, and no block repeats in it, which
+        # `num_seq_blocks` relies on (a binary search, not a set).
         assert table[: table.count(0)] == [0] * table.count(0)
+        assert m.num_seq_blocks(seq_id) == len({b for b in table if b != 0}) == len(table) - table.count(0)
 
 
 def _snapshot(m: KVCacheManager):

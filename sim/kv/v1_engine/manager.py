@@ -229,11 +229,7 @@ class KVCacheManager:
                 return num_tokens
             touch_len = min(touch_len, (num_cached + 1) * bs)
         if self.sliding_window is not None:
-            num_leading_null = 0
-            for block in table:
-                if not block.is_null:
-                    break
-                num_leading_null += 1
+            num_leading_null = _num_leading_nulls(table)
             touch_len = min(touch_len, (num_leading_null + 1) * bs + self.sliding_window)
         return max(touch_len, num_tokens)
 
@@ -276,8 +272,10 @@ class KVCacheManager:
         return self.get_block_ids(seq_id)
 
     def num_seq_blocks(self, seq_id: int) -> int:
+        # A table never repeats a block and its null entries are a prefix (skipped blocks, or
+        # the padding of a sliding-window cache hit), so this is O(log n), not a set.
         table = self.single_type_manager.req_to_blocks.get(seq_id, [])
-        return len({b.block_id for b in table if not b.is_null})
+        return len(table) - _num_leading_nulls(table)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
@@ -302,3 +300,18 @@ class KVCacheManager:
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""
         return 0
+
+
+def _num_leading_nulls(table: list) -> int:
+    """Null entries at the front of a request's table (binary search: they form a prefix).
+
+    Example: [NULL, NULL, 7, 8] -> 2.
+    """
+    lo, hi = 0, len(table)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if table[mid].is_null:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
