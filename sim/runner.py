@@ -124,6 +124,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         policy=sched.policy,
         preemption_mode=sched.preemption_mode,
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        decode_fast_path=sched.decode_fast_path,
     )
     token_budget = scheduler_config.token_budget(sched.design.api)
     inputs["design"] = sched.design.value

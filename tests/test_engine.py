@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.overrides import apply_overrides
@@ -195,3 +196,29 @@ def test_same_scenario_and_seed_give_byte_identical_outputs(tmp_path):
     assert "requests.parquet" in names and "steps.csv" in names
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    "design,extra",
+    [
+        ("v0-v1", {}),
+        ("v0-v2", {}),
+        ("v0-fixed", {"scheduler.preemption_mode": "swap"}),
+        ("v1-engine", {"scheduler.enable_chunked_prefill": True}),
+    ],
+)
+def test_decode_fast_path_changes_no_result(design, extra):
+    """The quiet-decode fast path is an optimisation only: every table is identical without it."""
+    overrides = {
+        "workload.first_n": 400,
+        "workload.rate_scale": 3,
+        "scheduler.design": design,
+        **extra,
+    }
+    fast = run(builtin_scenario_path(), overrides=overrides)
+    slow = run(
+        builtin_scenario_path(), overrides={**overrides, "scheduler.decode_fast_path": False}
+    )
+    assert fast.summary["num_preemptions"] > 0  # the pool is under pressure
+    for name in ("requests", "steps", "violations"):
+        pd.testing.assert_frame_equal(getattr(fast, name), getattr(slow, name), check_exact=True)

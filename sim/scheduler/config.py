@@ -36,6 +36,9 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
     long_prefill_token_threshold: int = 0
     num_lookahead_slots: int = 0
+    #: Skip manager calls on decode steps the manager declares quiet (see `decode_touch_len`).
+    #: An optimisation that changes no result; turn it off to verify that.
+    decode_fast_path: bool = True
 
     def __post_init__(self) -> None:
         if self.max_model_len <= 0:

@@ -54,7 +54,8 @@ class V0Scheduler:
         # The decode fast path needs the manager's `decode_touch_len`/`sync_decode` and plain
         # single-token decodes (no lookahead slots).
         self._fast_path = (
-            config.num_lookahead_slots == 0
+            config.decode_fast_path
+            and config.num_lookahead_slots == 0
             and callable(getattr(block_manager, "decode_touch_len", None))
             and callable(getattr(block_manager, "sync_decode", None))
         )

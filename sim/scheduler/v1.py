@@ -45,7 +45,8 @@ class V1Scheduler:
         self.running: list[Request] = []
         # The decode fast path needs the manager's `decode_touch_len`/`sync_decode`.
         self._fast_path = (
-            config.num_lookahead_slots == 0
+            config.decode_fast_path
+            and config.num_lookahead_slots == 0
             and callable(getattr(kv_cache_manager, "decode_touch_len", None))
             and callable(getattr(kv_cache_manager, "sync_decode", None))
         )
