@@ -3,11 +3,13 @@ scheduler / block-manager design, each in a fresh process, and print a table of 
 (whole process: imports, load, simulate, write outputs), simulated requests per second and peak
 memory (max RSS of the process).
 
-    python benchmarks/replay_azure.py            # all four designs
-    python benchmarks/replay_azure.py v1-engine  # one design
+    python benchmarks/replay_azure.py             # all four designs, and v0-v2 without the fast path
+    python benchmarks/replay_azure.py v1-engine   # one design
+    python benchmarks/replay_azure.py v0-v2/slow  # the decode fast path off
 
 Target (issue #3): under 10 s and 500 MB per replay on a 2-core machine. Machines are noisy:
-compare the rows of one run with each other, not with another day's run.
+compare the rows of one run with each other (e.g. v0-v2 against v0-v2/slow for the fast
+path's speed-up), not with another day's run.
 """
 
 from __future__ import annotations
@@ -23,41 +25,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "mistral_azure_conv_swa.yaml"
 DESIGNS = ["v0-v1", "v0-v2", "v0-fixed", "v1-engine"]
+#: v0-v2 with the decode fast path off: a manager call on every decode step.
+SLOW = "v0-v2/slow"
 
 
-def replay(design: str) -> dict:
+def command(label: str, out: str) -> list[str]:
+    design, _, variant = label.partition("/")
+    cmd = [sys.executable, "-m", "sim.cli", "run", str(SCENARIO), "--no-plots", "--json", "-o", out]
+    cmd += ["--set", f"scheduler.design={design}"]
+    if design == "v1-engine":
+        # vLLM's V1 engine turns chunked prefill on by default (spec 1.3); without it, its
+        # startup check refuses this pool for Mistral's 32k max_model_len.
+        cmd += ["--set", "scheduler.enable_chunked_prefill=true"]
+    if variant == "slow":
+        cmd += ["--set", "scheduler.decode_fast_path=false"]
+    return cmd
+
+
+def replay(label: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            "-m",
-            "sim.cli",
-            "run",
-            str(SCENARIO),
-            "--no-plots",
-            "--json",
-            "-o",
-            out,
-            "--set",
-            f"scheduler.design={design}",
-        ]
-        if design == "v1-engine":
-            # vLLM's V1 engine turns chunked prefill on by default (spec 1.3); without it, its
-            # startup check refuses this pool for a 32k max_model_len.
-            cmd += ["--set", "scheduler.enable_chunked_prefill=true"]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stdout = proc.stdout.read()
-        stderr = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.Popen(
+            command(label, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        stdout, stderr = proc.communicate()
         wall_s = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
-            raise SystemExit(f"{design}: kvsim run failed ({proc.returncode}): {stderr.strip()}")
+            raise SystemExit(f"{label}: kvsim run failed ({proc.returncode}): {stderr.strip()}")
         summary = json.loads(stdout)["summary"]
+    # communicate() reaped the child: its peak RSS is the max over reaped children so far,
+    # so each label runs in its own process tree (see main).
     return {
-        "design": design,
+        "design": label,
         "wall_s": wall_s,
-        "peak_rss_mb": usage.ru_maxrss / 1024,
         "requests": summary["num_requests"],
         "sim_req_per_wall_s": summary["num_requests"] / wall_s,
         "steps": summary["num_steps"],
@@ -66,15 +66,38 @@ def replay(design: str) -> dict:
     }
 
 
+def measure(label: str) -> dict:
+    """Run `replay` in a child process so that ru_maxrss of its children is this replay's alone."""
+    import resource
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        row = replay(label)
+        row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        os.write(write, json.dumps(row).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 65536):
+        data += chunk
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
 def main() -> None:
-    designs = sys.argv[1:] or DESIGNS
-    rows = [replay(d) for d in designs]
-    header = f"{'design':<10} {'wall s':>7} {'peak MB':>8} {'requests':>8} {'req/wall-s':>10} {'steps':>8} {'violations':>10} {'failed':>6}"
+    labels = sys.argv[1:] or [*DESIGNS, SLOW]
+    rows = [measure(label) for label in labels]
+    header = (
+        f"{'design':<11} {'wall s':>7} {'peak MB':>8} {'requests':>8} {'req/wall-s':>10} "
+        f"{'steps':>8} {'violations':>10} {'failed':>6}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['design']:<10} {r['wall_s']:>7.1f} {r['peak_rss_mb']:>8.0f} {r['requests']:>8} "
+            f"{r['design']:<11} {r['wall_s']:>7.1f} {r['peak_rss_mb']:>8.0f} {r['requests']:>8} "
             f"{r['sim_req_per_wall_s']:>10.0f} {r['steps']:>8} {r['violations']:>10} {r['failed']:>6}"
         )
 
