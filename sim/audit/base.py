@@ -1,0 +1,151 @@
+"""What every auditor shares: recording violations, the invariants checked after any call."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from sim.audit.violations import AuditError, Violation, ViolationKind, ViolationPolicy
+from sim.kv.protocol import PoolIntrospection
+from sim.kv.types import (
+    DoubleFreeError,
+    Sequence,
+)
+
+#: Errors a manager raises on its own (vLLM's included: "null block should not be modified",
+#: "Double free", an IndexError of the 0.5.4 block table, a RecursionError in a V2 fork). The
+#: auditor records them as violations instead of letting them crash the simulator.
+_MANAGER_ERRORS = (ValueError, AssertionError, KeyError, IndexError, RuntimeError)
+
+
+class AuditLevel(enum.Enum):
+    #: O(1) checks after every call (conservation, admission, leaks, footprint, watermark).
+    CHEAP = "cheap"
+    #: Also walks the refcount map and every live table after every call (tests, fuzzing).
+    FULL = "full"
+
+
+class AuditorBase:
+    def __init__(
+        self,
+        inner: PoolIntrospection,
+        policy: ViolationPolicy = ViolationPolicy.RECORD,
+        level: AuditLevel = AuditLevel.CHEAP,
+        clock: Callable[[], tuple[float | None, int | None]] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.policy = policy
+        self.level = level
+        self.violations: list[Violation] = []
+        self.num_calls = 0
+        self._clock = clock or (lambda: (None, None))
+        #: seq_id -> request_id for every sequence holding blocks (for the full level).
+        self._live_seq_to_request: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ recording
+    def _record(
+        self, kind: ViolationKind, call: str, request_id: int | None, message: str, **counts
+    ) -> Violation:
+        time_s, step = self._clock()
+        violation = Violation(kind, call, request_id, message, time_s=time_s, step=step, **counts)
+        self.violations.append(violation)
+        return violation
+
+    def _fail(self, violation: Violation) -> AuditError:
+        return AuditError(violation)
+
+    def _free(self) -> int:
+        return self.inner.pool_stats().num_free
+
+    def _after_call(self, call: str, request_id: int | None) -> None:
+        """Invariants that hold after every call, whatever it was."""
+        self.num_calls += 1
+        stats = self.inner.pool_stats()
+        if not stats.is_conserved:
+            self._record(
+                ViolationKind.CONSERVATION,
+                call,
+                request_id,
+                f"{call}: free {stats.num_free} + held {stats.num_held} != total {stats.num_total} "
+                f"(evictable {stats.num_evictable})",
+                free_blocks=stats.num_free,
+            )
+        if self.level is AuditLevel.FULL:
+            self._check_refcounts(call, request_id, stats.num_held)
+
+    def _check_refcounts(self, call: str, request_id: int | None, num_held: int) -> None:
+        refcounts = self.inner.block_refcounts()
+        negative = [b for b, r in refcounts.items() if r < 0]
+        if negative:
+            self._record(
+                ViolationKind.DOUBLE_FREE,
+                call,
+                request_id,
+                f"{call}: negative refcount on blocks {negative[:5]}",
+            )
+        held = sum(1 for r in refcounts.values() if r > 0)
+        if held != num_held:
+            self._record(
+                ViolationKind.REFCOUNT,
+                call,
+                request_id,
+                f"{call}: {held} blocks have a positive refcount but the pool reports {num_held} held",
+            )
+        for seq_id, req_id in self._live_seq_to_request.items():
+            for block_id in self.inner.seq_block_ids(seq_id):
+                if block_id is not None and refcounts.get(block_id, 0) <= 0:
+                    self._record(
+                        ViolationKind.REFCOUNT,
+                        call,
+                        req_id,
+                        f"{call}: seq {seq_id} of request {req_id} references block {block_id} with refcount 0",
+                    )
+                    return
+
+    def _check_footprint(self, call: str, request_id: int, seq: Sequence) -> None:
+        bound = self.inner.max_seq_footprint(seq)
+        if bound is None:
+            return
+        held = self.inner.num_seq_blocks(seq.seq_id)
+        if held > bound:
+            self._record(
+                ViolationKind.SLIDING_WINDOW_FOOTPRINT,
+                call,
+                request_id,
+                f"{call}: request {request_id} holds {held} blocks ({seq.num_tokens} tokens) "
+                f"but the design's sliding-window bound is {bound}",
+                counted_blocks=bound,
+                needed_blocks=held,
+            )
+
+    def _manager_error(self, call: str, request_id: int | None, exc: Exception) -> AuditError:
+        kind = (
+            ViolationKind.DOUBLE_FREE
+            if isinstance(exc, DoubleFreeError)
+            else ViolationKind.MANAGER_ERROR
+        )
+        text = str(exc) or type(exc).__name__
+        violation = self._record(
+            kind,
+            call,
+            request_id,
+            f"{call} raised {type(exc).__name__}: {text} (request {request_id})",
+        )
+        return self._fail(violation)
+
+    # ------------------------------------------------------------------ decode fast path
+    # Plain pass-throughs, recorded nowhere. Properties, not methods, so that an inner manager
+    # without the optional capability (a real-vLLM adapter) reads as lacking it here too:
+    # `getattr(audited, "sync_decode", None)` is then None.
+    @property
+    def decode_touch_len(self) -> Callable[[Sequence], int | None]:
+        return self.inner.decode_touch_len
+
+    @property
+    def sync_decode(self) -> Callable[[Sequence], None]:
+        return self.inner.sync_decode
+
+    # ------------------------------------------------------------------ delegation
+    def __getattr__(self, name: str):
+        # Read-only introspection (pool_stats, block_size, seq_block_ids, ...) passes through.
+        return getattr(self.inner, name)

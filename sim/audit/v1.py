@@ -1,0 +1,68 @@
+"""The auditor of the V1-engine API: `allocate_slots` counts and allocates in one call."""
+
+from __future__ import annotations
+
+from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
+from sim.audit.violations import ViolationKind
+from sim.kv.types import (
+    NoFreeBlocksError,
+    Sequence,
+)
+
+
+class AuditedV1Manager(AuditorBase):
+    """Audits a V1-engine `KVCacheManager` (`allocate_slots` counts and allocates at once)."""
+
+    def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
+        result = self.inner.get_computed_blocks(request)
+        self._after_call("get_computed_blocks", request.seq_id)
+        return result
+
+    def allocate_slots(
+        self,
+        request: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_block_ids: list[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        rid = request.seq_id
+        try:
+            blocks = self.inner.allocate_slots(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_block_ids,
+                num_lookahead_tokens,
+            )
+        except NoFreeBlocksError as exc:
+            violation = self._record(
+                ViolationKind.ADMISSION_UNDERCOUNT,
+                "allocate_slots",
+                rid,
+                f"allocate_slots counted enough free blocks for request {rid} but the pool ran dry: {exc}",
+                free_blocks=self._free(),
+            )
+            self._after_call("allocate_slots", rid)
+            raise self._fail(violation) from None
+        except _MANAGER_ERRORS as exc:
+            raise self._manager_error("allocate_slots", rid, exc) from None
+        if blocks is not None:
+            self._live_seq_to_request[rid] = rid
+            if blocks or self.level is AuditLevel.FULL:
+                self._check_footprint("allocate_slots", rid, request)
+        self._after_call("allocate_slots", rid)
+        return blocks
+
+    def free(self, request: Sequence) -> None:
+        rid = request.seq_id
+        self._live_seq_to_request.pop(rid, None)
+        try:
+            self.inner.free(request)
+        except _MANAGER_ERRORS as exc:
+            raise self._manager_error("free", rid, exc) from None
+        self._after_call("free", rid)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.inner.num_free_blocks
