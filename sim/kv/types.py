@@ -298,3 +298,19 @@ def cdiv(a: int, b: int) -> int:
 
 class DoubleFreeError(ValueError):
     """Freeing a block whose refcount is already 0 (vLLM v0 "Double free! ...")."""
+
+
+def num_leading_nulls(blocks: list) -> int:
+    """How many entries at the front of a block table are null blocks (`.is_null`).
+
+    Tables whose null entries form a prefix (the sliding-window drop and skip nulls indices
+    from 0 upward) are searched in O(log n). Example: [NULL, NULL, 7, 8] -> 2.
+    """
+    lo, hi = 0, len(blocks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if blocks[mid].is_null:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

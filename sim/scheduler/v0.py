@@ -28,6 +28,7 @@ from sim.audit import AuditError
 from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
+from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
 from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -51,14 +52,7 @@ class V0Scheduler:
         self.num_cumulative_preemption = 0
         #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
         self._later_key: tuple[int, int, int] | None = None
-        # The decode fast path needs the manager's `decode_touch_len`/`sync_decode` and plain
-        # single-token decodes (no lookahead slots).
-        self._fast_path = (
-            config.decode_fast_path
-            and config.num_lookahead_slots == 0
-            and callable(getattr(block_manager, "decode_touch_len", None))
-            and callable(getattr(block_manager, "sync_decode", None))
-        )
+        self._fast_path = fast_path_enabled(config, block_manager)
         # The prompt limit of `_get_prompt_limit` (L626-639).
         if config.enable_chunked_prefill:
             self.prompt_limit = config.max_model_len
@@ -153,16 +147,10 @@ class V0Scheduler:
         self._refresh_touch(request)
 
     def _refresh_touch(self, request: Request) -> None:
-        """Ask the manager when the next decode of `request` must call it again."""
-        request.touch_len = (
-            self.block_manager.decode_touch_len(request.seq) if self._fast_path else None
-        )
+        refresh_touch(self.block_manager, request, self._fast_path)
 
     def _sync(self, request: Request) -> None:
-        """Let the manager catch up on decode steps the fast path skipped, before a real call."""
-        if request.needs_sync:
-            request.needs_sync = False
-            self.block_manager.sync_decode(request.seq)
+        sync(self.block_manager, request)
 
     # ------------------------------------------------------------------ phases
     def _schedule_prefills(
@@ -468,17 +456,11 @@ class V0Scheduler:
                 reason = "length: reached max_model_len"
             else:
                 continue
-            if reason is not None:
-                self._sync(request)
-                self.block_manager.free(seq)
-                finish(request, reason, now_s)
-                finished.append(request)
-        for request in plan.quiet:  # fast-path decodes that do not finish: one token each
-            if request.state is running:
-                seq = request.seq
-                seq.num_computed_tokens += 1
-                seq.content.append_output(-(seq.seq_id + 1), 1)  # == seq.append_tokens(1)
-                request.last_token_s = now_s
+            self._sync(request)
+            self.block_manager.free(seq)
+            finish(request, reason, now_s)
+            finished.append(request)
+        apply_quiet_decodes(plan.quiet, now_s, advance_computed=True)
         if finished:
             self.running = deque(r for r in self.running if not r.state.is_terminal)
         return finished

@@ -25,6 +25,7 @@ from collections import deque
 from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.config import Policy, SchedulerConfig
+from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
 from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -43,13 +44,7 @@ class V1Scheduler:
             self.token_budget = max(self.token_budget, config.max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        # The decode fast path needs the manager's `decode_touch_len`/`sync_decode`.
-        self._fast_path = (
-            config.decode_fast_path
-            and config.num_lookahead_slots == 0
-            and callable(getattr(kv_cache_manager, "decode_touch_len", None))
-            and callable(getattr(kv_cache_manager, "sync_decode", None))
-        )
+        self._fast_path = fast_path_enabled(config, kv_cache_manager)
 
     # ------------------------------------------------------------------ queues
     def add_request(self, request: Request) -> None:
@@ -184,15 +179,10 @@ class V1Scheduler:
         return budget
 
     def _refresh_touch(self, request: Request) -> None:
-        """Ask the manager when the next decode of `request` must call it again."""
-        manager = self.kv_cache_manager
-        request.touch_len = manager.decode_touch_len(request.seq) if self._fast_path else None
+        refresh_touch(self.kv_cache_manager, request, self._fast_path)
 
     def _sync(self, request: Request) -> None:
-        """Let the manager catch up on decode steps the fast path skipped, before a real call."""
-        if request.needs_sync:
-            request.needs_sync = False
-            self.kv_cache_manager.sync_decode(request.seq)
+        sync(self.kv_cache_manager, request)
 
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
@@ -280,16 +270,11 @@ class V1Scheduler:
                 reason = "length: reached max_model_len"
             else:
                 continue
-            if reason is not None:
-                self._sync(request)
-                self.kv_cache_manager.free(seq)
-                finish(request, reason, now_s)
-                finished.append(request)
-        for request in plan.quiet:  # fast-path decodes that do not finish: one token each
-            if request.state is running:
-                seq = request.seq
-                seq.content.append_output(-(seq.seq_id + 1), 1)  # == seq.append_tokens(1)
-                request.last_token_s = now_s
+            self._sync(request)
+            self.kv_cache_manager.free(seq)
+            finish(request, reason, now_s)
+            finished.append(request)
+        apply_quiet_decodes(plan.quiet, now_s, advance_computed=False)
         if finished:
             self.running = [r for r in self.running if not r.state.is_terminal]
         return finished

@@ -15,7 +15,7 @@ Worked example (bs=16, W=64 so M = 64//16 + 2 = 6, 200-token prompt):
 
 from __future__ import annotations
 
-from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv
+from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv, num_leading_nulls
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
 from sim.kv.v0_v2.naive import Block
 
@@ -264,15 +264,7 @@ class BlockTable:
         """Non-null blocks. The sliding-window drop nulls indices from 0 upward, so null entries
         are a prefix and the rest are distinct blocks: a binary search, not a set (this runs at
         every audited allocation). Example: [null, null, 7, 8] -> 2."""
-        blocks = self.blocks
-        lo, hi = 0, len(blocks)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if blocks[mid].is_null:
-                lo = mid + 1
-            else:
-                hi = mid
-        return len(blocks) - lo
+        return len(self.blocks) - num_leading_nulls(self.blocks)
 
 
 class Release054BlockTable(BlockTable):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
-from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash, num_leading_nulls
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
@@ -229,7 +229,7 @@ class KVCacheManager:
                 return num_tokens
             touch_len = min(touch_len, (num_cached + 1) * bs)
         if self.sliding_window is not None:
-            num_leading_null = _num_leading_nulls(table)
+            num_leading_null = num_leading_nulls(table)
             touch_len = min(touch_len, (num_leading_null + 1) * bs + self.sliding_window)
         return max(touch_len, num_tokens)
 
@@ -275,7 +275,7 @@ class KVCacheManager:
         # A table never repeats a block and its null entries are a prefix (skipped blocks, or
         # the padding of a sliding-window cache hit), so this is O(log n), not a set.
         table = self.single_type_manager.req_to_blocks.get(seq_id, [])
-        return len(table) - _num_leading_nulls(table)
+        return len(table) - num_leading_nulls(table)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
@@ -300,18 +300,3 @@ class KVCacheManager:
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""
         return 0
-
-
-def _num_leading_nulls(table: list) -> int:
-    """Null entries at the front of a request's table (binary search: they form a prefix).
-
-    Example: [NULL, NULL, 7, 8] -> 2.
-    """
-    lo, hi = 0, len(table)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if table[mid].is_null:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo

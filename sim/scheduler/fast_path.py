@@ -1,0 +1,56 @@
+"""The decode fast path both schedulers share.
+
+Most decode steps change nothing in the KV pool: the token lands in a block that has room. A
+manager that implements `decode_touch_len` / `sync_decode` (`sim.kv.protocol.DecodeFastPath`)
+says, after each real call, at which sequence length the next decode must call it again; until
+then the scheduler skips the call (the step is "quiet") and lets the manager catch up with
+`sync_decode` before its next real call. Results are identical with the fast path off
+(`scheduler.decode_fast_path: false`; see tests/test_engine.py and test_decode_fast_path.py).
+
+Example (bs=16, full attention): a request admitted with a 20-token prompt holds 2 blocks
+(32 slots); decodes at lengths 21..32 are quiet; the decode at length 33 needs a third block
+and calls the manager.
+"""
+
+from __future__ import annotations
+
+from sim.scheduler.config import SchedulerConfig
+from sim.scheduler.request import Request, RequestState
+
+
+def fast_path_enabled(config: SchedulerConfig, manager) -> bool:
+    """On when asked for, for plain single-token decodes, and when the manager supports it."""
+    return (
+        config.decode_fast_path
+        and config.num_lookahead_slots == 0
+        and callable(getattr(manager, "decode_touch_len", None))
+        and callable(getattr(manager, "sync_decode", None))
+    )
+
+
+def refresh_touch(manager, request: Request, enabled: bool) -> None:
+    """After a real call: ask the manager when the next decode of `request` must call it."""
+    request.touch_len = manager.decode_touch_len(request.seq) if enabled else None
+
+
+def sync(manager, request: Request) -> None:
+    """Before a real call: let the manager catch up on the decode steps that were skipped."""
+    if request.needs_sync:
+        request.needs_sync = False
+        manager.sync_decode(request.seq)
+
+
+def apply_quiet_decodes(quiet: list[Request], now_s: float, advance_computed: bool) -> None:
+    """After the step: each quiet decode that is still running gets its token (none finishes).
+
+    `advance_computed` is the v0 order (computed tokens advance after the step); the V1 engine
+    advanced them at schedule time.
+    """
+    running = RequestState.RUNNING
+    for request in quiet:
+        if request.state is running:
+            seq = request.seq
+            if advance_computed:
+                seq.num_computed_tokens += 1
+            seq.content.append_output(-(seq.seq_id + 1), 1)  # == seq.append_tokens(1), hot path
+            request.last_token_s = now_s
