@@ -183,14 +183,7 @@ def derive_num_gpu_blocks(
     return MemoryBudget(
         source=BlockCountSource.DERIVED,
         num_gpu_blocks=num_blocks,
-        block_size=block_size,
-        block_bytes=one_block,
-        num_layers_per_block=num_layers_per_block(model, kv_layout),
-        num_kv_heads_per_rank=kv_heads_per_rank(model.num_kv_heads, tp),
-        head_dim=model.head_dim,
-        kv_dtype=kv_dtype,
-        kv_dtype_bytes=dtype_bytes(kv_dtype),
-        tensor_parallel_size=tp,
+        **_block_geometry(model, one_block, block_size, kv_dtype, tp, kv_layout),
         total_memory_bytes=total,
         gpu_memory_utilization=gpu_memory_utilization,
         weight_bytes=weight_bytes,
@@ -199,6 +192,22 @@ def derive_num_gpu_blocks(
         non_torch_bytes=non_torch_bytes,
         available_kv_bytes=available,
     )
+
+
+def _block_geometry(
+    model: ModelSpec, one_block: int, block_size: int, kv_dtype: str, tp: int, kv_layout: str
+) -> dict[str, Any]:
+    """The MemoryBudget fields that describe one block, whether the count is derived or given."""
+    return {
+        "block_size": block_size,
+        "block_bytes": one_block,
+        "num_layers_per_block": num_layers_per_block(model, kv_layout),
+        "num_kv_heads_per_rank": kv_heads_per_rank(model.num_kv_heads, tp),
+        "head_dim": model.head_dim,
+        "kv_dtype": kv_dtype,
+        "kv_dtype_bytes": dtype_bytes(kv_dtype),
+        "tensor_parallel_size": tp,
+    }
 
 
 def given_num_gpu_blocks(
@@ -220,14 +229,7 @@ def given_num_gpu_blocks(
     return MemoryBudget(
         source=BlockCountSource.GIVEN,
         num_gpu_blocks=num_gpu_blocks,
-        block_size=block_size,
-        block_bytes=one_block,
-        num_layers_per_block=num_layers_per_block(model, kv_layout),
-        num_kv_heads_per_rank=kv_heads_per_rank(model.num_kv_heads, tp),
-        head_dim=model.head_dim,
-        kv_dtype=kv_dtype,
-        kv_dtype_bytes=dtype_bytes(kv_dtype),
-        tensor_parallel_size=tp,
+        **_block_geometry(model, one_block, block_size, kv_dtype, tp, kv_layout),
         total_memory_bytes=0,
         gpu_memory_utilization=0.0,
         weight_bytes=0,

@@ -17,7 +17,7 @@ from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
 from sim.kv.config import KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
-from sim.memory import block_bytes, derive_num_gpu_blocks
+from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
 from sim.results import RunResult, build_result
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.scheduler import SchedulerConfig
@@ -71,11 +71,20 @@ def _kv_config(
         except ValueError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
         num_gpu_blocks = budget.num_gpu_blocks
-        inputs["memory"] = budget.as_dict() if hasattr(budget, "as_dict") else dict(vars(budget))
+        inputs["memory"] = budget.as_dict()
         inputs["num_gpu_blocks_source"] = "derived"
     else:
         num_gpu_blocks = cache.num_gpu_blocks
         inputs["num_gpu_blocks_source"] = "given"
+        if model is not None:  # what the given blocks amount to, for the record
+            budget = given_num_gpu_blocks(
+                num_gpu_blocks,
+                model,
+                tp=hw.tensor_parallel_size,
+                block_size=cache.block_size,
+                kv_dtype=kv_dtype,
+            )
+            inputs["memory"] = budget.as_dict()
     if cache.num_cpu_blocks is not None:
         num_cpu_blocks = cache.num_cpu_blocks
     elif model is not None:
