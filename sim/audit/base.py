@@ -57,6 +57,14 @@ class AuditorBase:
     def _free(self) -> int:
         return self.inner.pool_stats().num_free
 
+    def _after_query(self) -> None:
+        """After an admission query (can_allocate, can_append_slots, can_swap_*): queries change
+        no state, so the cheap level checks nothing more; the full level checks everything."""
+        self.num_calls += 1
+        if self.level is AuditLevel.FULL:
+            self.num_calls -= 1
+            self._after_call("query", None)
+
     def _after_call(self, call: str, request_id: int | None) -> None:
         """Invariants that hold after every call, whatever it was."""
         self.num_calls += 1

@@ -29,7 +29,7 @@ class AuditedV0Manager(AuditorBase):
         status = self.inner.can_allocate(seq_group)
         counted = self.inner.admission_blocks(seq_group)
         self._admitted[seq_group.request_id] = (status, counted, self._free())
-        self._after_call("can_allocate", seq_group.request_id)
+        self._after_query()
         return status
 
     def _needed_blocks(self, seq_group: SequenceGroup) -> int:
@@ -137,7 +137,7 @@ class AuditedV0Manager(AuditorBase):
             self._append_ok.add(seq_group.request_id)
         else:
             self._append_ok.discard(seq_group.request_id)
-        self._after_call("can_append_slots", seq_group.request_id)
+        self._after_query()
         return ok
 
     def append_slots(
@@ -194,7 +194,7 @@ class AuditedV0Manager(AuditorBase):
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
         ok = self.inner.can_swap_out(seq_group)
         (self._swap_out_ok.add if ok else self._swap_out_ok.discard)(seq_group.request_id)
-        self._after_call("can_swap_out", seq_group.request_id)
+        self._after_query()
         return ok
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
@@ -202,7 +202,7 @@ class AuditedV0Manager(AuditorBase):
         (self._swap_in_ok.add if status is AllocStatus.OK else self._swap_in_ok.discard)(
             seq_group.request_id
         )
-        self._after_call("can_swap_in", seq_group.request_id)
+        self._after_query()
         return status
 
     def _swap(
