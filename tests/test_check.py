@@ -94,7 +94,6 @@ def test_regression_scenarios_hold_their_expectations():
     assert [o.one_line() for o in outcomes if not o.passed] == []
 
 
-@pytest.mark.slow
 def test_kvsim_check_scenarios_folder():
     """The project's own CI gate: `kvsim check scenarios/` exits 0 (~25 s: the Azure trace)."""
     result = runner.invoke(app, ["check", str(SCENARIOS)])
