@@ -120,9 +120,17 @@ class _RefCounting:
         )
 
     def incref(self, block: PhysicalBlock) -> None:
-        """One more owner of a live block (fork, swap mapping hit)."""
+        """One more owner of a block (fork, swap mapping hit).
+
+        vLLM increments without looking (`block.ref_count += 1`, block_manager_v1.py:L484-485
+        @fc93e56). A table can still name a block that went back to the free list or the
+        evictor through another v0 bug (a multi-sequence allocate with caching gives shared
+        blocks one reference); forking it revives the count while the block stays free, which
+        the auditor then reports as a conservation breach, as in the real code.
+        """
         self._check_owned(block)
-        assert block.ref_count > 0, f"incref of a free block {block}"
+        if block.ref_count == 0:
+            self.num_held_blocks += 1
         block.ref_count += 1
 
     def set_ref(self, block: PhysicalBlock, ref_count: int) -> None:

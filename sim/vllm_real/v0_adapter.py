@@ -52,6 +52,25 @@ def translate_error(exc: ValueError) -> ValueError:
     return exc
 
 
+def _deterministic_block_sets(install: VllmInstall) -> None:
+    """Make vLLM 0.5.4's BlockSpaceManagerV1 reproducible from run to run.
+
+    Its `free` walks `set(block_table)` of `PhysicalTokenBlock`s, which hash by object address,
+    so the order blocks return to the free list and the LRU evictor (and, with prefix caching,
+    which cached block is evicted later) changes between runs of the same workload: 3 of 6
+    10,000-operation lockstep runs of one seed diverged from kvsim's model. Hashing a block by
+    (device, block number) fixes that order without changing what any block is: with it, the
+    same runs are identical every time. Only the iteration order of a set vLLM leaves arbitrary
+    changes.
+    """
+    block_module = import_vllm("block", install)
+    cls = block_module.PhysicalTokenBlock
+    if getattr(cls, "_kvsim_deterministic_hash", False):
+        return
+    cls.__hash__ = lambda self: hash((self.device.value, self.block_number))
+    cls._kvsim_deterministic_hash = True
+
+
 class RealV0Manager:
     """A real vLLM v0 block manager ("v1" = BlockSpaceManagerV1, "v2" = BlockSpaceManagerV2)."""
 
@@ -69,6 +88,8 @@ class RealV0Manager:
         self.install = install or load_vllm(vllm_root, vllm_version)
         self.kind = kind
         self.config = config
+        if kind == "v1":
+            _deterministic_block_sets(self.install)
         self._seq_mod = import_vllm("sequence", self.install)
         mod = import_vllm(f"core.block_manager_{kind}", self.install)
         cls = mod.BlockSpaceManagerV1 if kind == "v1" else mod.BlockSpaceManagerV2
