@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sim.scenario import ScenarioError
@@ -39,7 +40,7 @@ def _root() -> None:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -117,9 +118,9 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         table.add_row(metric, _fmt(value))
     console.print(table)
     if summary.get("fatal_error"):
-        console.print(f"[bold red]fatal engine error:[/] {summary['fatal_error']}")
+        console.print(f"[bold red]fatal engine error:[/] {escape(summary['fatal_error'])}")
     if summary.get("stopped_early"):
-        console.print(f"[yellow]run stopped early:[/] {summary['stopped_early']}")
+        console.print(f"[yellow]run stopped early:[/] {escape(summary['stopped_early'])}")
     if out_dir is not None:
         console.print(
             f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)"
@@ -204,7 +205,8 @@ def _print_violations(result, limit: int = 5) -> None:
     console.print(f"[bold]first {min(limit, len(frame))} of {len(frame)} violations:[/]")
     for row in frame.head(limit).itertuples():
         console.print(
-            f"  [red]{row.kind}[/] at t={_fmt(row.time_s)} s: {row.message}", highlight=False
+            f"  [red]{row.kind}[/] at t={_fmt(row.time_s)} s: {escape(row.message)}",
+            highlight=False,
         )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sim.audit import ViolationKind
@@ -67,7 +68,9 @@ def check(
     cli.console.print(table)
     failed = [o for o in outcomes if not o.passed]
     for o in failed:
-        cli.console.print(f"[bold red]FAIL[/] {o.failure_text()}", highlight=False, soft_wrap=True)
+        cli.console.print(
+            f"[bold red]FAIL[/] {escape(o.failure_text())}", highlight=False, soft_wrap=True
+        )
     cli.console.print(
         f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", highlight=False
     )
