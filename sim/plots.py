@@ -1,7 +1,7 @@
 """Plots: a DataFrame in, a matplotlib Figure out (no pyplot state); PNGs saved by the CLI.
 
 * `kv_timeline(steps, violations, num_gpu_blocks)`: KV blocks used / free / cached over time,
-  violations marked as red lines;
+  violations marked as vertical lines, one style per kind;
 * `queue_lengths(steps)`: waiting / running / swapped requests over time;
 * `latency_cdfs(requests)`: empirical CDFs of TTFT, TPOT and end-to-end latency;
 * `throughput_latency(sweep_table)`: throughput against a latency percentile across a sweep;
@@ -75,19 +75,29 @@ def kv_timeline(
     return fig
 
 
+#: One line style per violation kind, so overlapping kinds stay tellable apart.
+_VIOLATION_STYLES = [
+    ("red", "-"),
+    ("darkorange", "--"),
+    ("purple", ":"),
+    ("brown", "-."),
+    ("magenta", "-"),
+    ("black", "--"),
+]
+
+
 def _mark_violations(ax, violations: pd.DataFrame) -> None:
-    first = True
-    for kind, group in violations.groupby("kind", sort=True):
-        for time_s in group["time_s"].dropna().unique():
+    for index, (kind, group) in enumerate(violations.groupby("kind", sort=True)):
+        color, style = _VIOLATION_STYLES[index % len(_VIOLATION_STYLES)]
+        for i, time_s in enumerate(group["time_s"].dropna().unique()):
             ax.axvline(
                 time_s,
-                color="red",
-                alpha=0.5,
+                color=color,
+                linestyle=style,
+                alpha=0.6,
                 linewidth=1,
-                label=f"violation: {kind}" if first else None,
+                label=f"violation: {kind} ({len(group)})" if i == 0 else None,
             )
-            first = False
-        first = True
 
 
 def queue_lengths(steps: pd.DataFrame) -> Figure:
