@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
-from sim.audit.violations import ViolationKind, ViolationPolicy
+from sim.audit.violations import Violation, ViolationKind, ViolationPolicy
 from sim.kv.types import (
     AllocStatus,
     NoFreeBlocksError,
@@ -50,62 +50,85 @@ class AuditedV0Manager(AuditorBase):
 
     def allocate(self, seq_group: SequenceGroup) -> None:
         rid = seq_group.request_id
-        status, counted, free_at_query = self._admitted.pop(rid, (None, None, None))
+        status, counted, _ = self._admitted.pop(rid, (None, None, None))
         free_before = self._free()
         try:
             self.inner.allocate(seq_group)
         except NoFreeBlocksError:
-            needed = self._needed_blocks(seq_group)
-            free_after = self._free()
-            what = self._describe(seq_group)
-            if status is AllocStatus.OK:
-                violation = self._record(
-                    ViolationKind.ADMISSION_UNDERCOUNT,
-                    "allocate",
-                    rid,
-                    f"can_allocate counted {counted} blocks for {what} but allocate needed {needed} with {free_before} free",
-                    counted_blocks=counted,
-                    needed_blocks=needed,
-                    free_blocks=free_before,
-                )
-            else:
-                violation = self._record(
-                    ViolationKind.MANAGER_ERROR,
-                    "allocate",
-                    rid,
-                    f"allocate ran out of blocks for {what} without an OK admission ({needed} needed, {free_before} free)",
-                    needed_blocks=needed,
-                    free_blocks=free_before,
-                )
-            leaked = free_before - free_after
-            if leaked > 0:
-                recovered = (
-                    self.inner.recover_leaked_blocks()
-                    if self.policy is ViolationPolicy.RECORD
-                    else 0
-                )
-                note = (
-                    f"; the auditor returned {recovered} to the pool"
-                    if recovered
-                    else "; they stay lost (stop policy)"
-                )
-                self._record(
-                    ViolationKind.LEAKED_BLOCKS,
-                    "allocate",
-                    rid,
-                    f"failed allocate for {what} leaked {leaked} blocks that no table owns{note}",
-                    needed_blocks=needed,
-                    free_blocks=free_after,
-                    recovered_blocks=recovered,
-                )
+            violation = self._allocation_failed(seq_group, status, counted, free_before)
             self._after_call("allocate", rid)
             raise self._fail(violation) from None
         except _MANAGER_ERRORS as exc:
             raise self._manager_error("allocate", rid, exc) from None
-        taken = free_before - self._free()
         for seq in seq_group.get_seqs():
             self._live_seq_to_request[seq.seq_id] = rid
-        if status is AllocStatus.OK and counted is not None and taken > counted:
+        if status is AllocStatus.OK:
+            self._check_admitted_allocation(seq_group, counted, free_before)
+        for seq in seq_group.get_seqs():
+            self._check_footprint("allocate", rid, seq)
+        self._after_call("allocate", rid)
+
+    def _allocation_failed(
+        self,
+        seq_group: SequenceGroup,
+        status: AllocStatus | None,
+        counted: int | None,
+        free_before: int,
+    ) -> Violation:
+        """`allocate` ran dry: an undercount if it was admitted, and whatever it leaked."""
+        rid = seq_group.request_id
+        needed = self._needed_blocks(seq_group)
+        free_after = self._free()
+        what = self._describe(seq_group)
+        if status is AllocStatus.OK:
+            violation = self._record(
+                ViolationKind.ADMISSION_UNDERCOUNT,
+                "allocate",
+                rid,
+                f"can_allocate counted {counted} blocks for {what} but allocate needed {needed} with {free_before} free",
+                counted_blocks=counted,
+                needed_blocks=needed,
+                free_blocks=free_before,
+            )
+        else:
+            violation = self._record(
+                ViolationKind.MANAGER_ERROR,
+                "allocate",
+                rid,
+                f"allocate ran out of blocks for {what} without an OK admission ({needed} needed, {free_before} free)",
+                needed_blocks=needed,
+                free_blocks=free_before,
+            )
+        leaked = free_before - free_after
+        if leaked > 0:
+            # The real code keeps the ids it popped; only the record policy gives them back.
+            recovered = (
+                self.inner.recover_leaked_blocks() if self.policy is ViolationPolicy.RECORD else 0
+            )
+            note = (
+                f"; the auditor returned {recovered} to the pool"
+                if recovered
+                else "; they stay lost (stop policy)"
+            )
+            self._record(
+                ViolationKind.LEAKED_BLOCKS,
+                "allocate",
+                rid,
+                f"failed allocate for {what} leaked {leaked} blocks that no table owns{note}",
+                needed_blocks=needed,
+                free_blocks=free_after,
+                recovered_blocks=recovered,
+            )
+        return violation
+
+    def _check_admitted_allocation(
+        self, seq_group: SequenceGroup, counted: int | None, free_before: int
+    ) -> None:
+        """An admitted allocation succeeded: it must take no more than counted, and keep the watermark."""
+        rid = seq_group.request_id
+        free_after = self._free()
+        taken = free_before - free_after
+        if counted is not None and taken > counted:
             self._record(
                 ViolationKind.ADMISSION_OVERTAKE,
                 "allocate",
@@ -116,19 +139,16 @@ class AuditedV0Manager(AuditorBase):
                 free_blocks=free_before,
             )
         wm = self.inner.watermark_blocks
-        if status is AllocStatus.OK and self._free() < wm:
+        if free_after < wm:
             self._record(
                 ViolationKind.WATERMARK,
                 "allocate",
                 rid,
-                f"admitting {self._describe(seq_group)} left {self._free()} free blocks, below the watermark {wm}",
+                f"admitting {self._describe(seq_group)} left {free_after} free blocks, below the watermark {wm}",
                 counted_blocks=counted,
                 needed_blocks=taken,
-                free_blocks=self._free(),
+                free_blocks=free_after,
             )
-        for seq in seq_group.get_seqs():
-            self._check_footprint("allocate", rid, seq)
-        self._after_call("allocate", rid)
 
     # --- decode-time slots --------------------------------------------------------
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:

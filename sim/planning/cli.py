@@ -53,222 +53,218 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def sweep(
+    scenario: Annotated[Path, typer.Argument(help="Base scenario YAML.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Axis KEY=V1,V2,... (repeatable; the grid is their product)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Output folder (default sweeps/<name>); re-running resumes."
+        ),
+    ] = None,
+    cluster: Annotated[str | None, _CLUSTER] = None,
+    workers: Annotated[int | None, _WORKERS] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Ignore points already done in the output folder.")
+    ] = False,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Save throughput-vs-latency PNG.")
+    ] = True,
+) -> None:
+    """Run a grid of scenario variants; one summary row per point (Parquet + CSV)."""
+    from rich.table import Table
+
+    from sim.cli import INPUT_ERRORS, console, err_console, fail
+    from sim.planning import load_base
+    from sim.planning.executor import run_points, write_table
+    from sim.planning.grid import build_points, parse_sets
+
+    try:
+        base, base_dir = load_base(scenario)
+        axes = parse_sets(set_)
+        points = build_points(base, axes, base_dir)
+    except INPUT_ERRORS as error:
+        raise fail(str(error).splitlines()[0]) from None
+    out_dir = out or Path("sweeps") / base.name
+    progress, task = _progress("sweep", len(points))
+    counts = {"failed": 0, "cached": 0}
+
+    def on_row(row, cached) -> None:
+        counts["cached"] += cached
+        counts["failed"] += row.get("error") is not None
+        note = f"{counts['cached']} cached, {counts['failed']} failed"
+        progress.update(task, advance=1, note=note)
+
+    try:
+        with progress:
+            table = run_points(
+                points,
+                out_dir=out_dir,
+                workers=workers,
+                cluster=cluster,
+                resume=not fresh,
+                on_row=on_row,
+            )
+    except (OSError, ValueError, TimeoutError) as error:
+        raise fail(f"sweep: {str(error).splitlines()[0]}") from None
+    write_table(table, out_dir, "sweep")
+    if plots:
+        from sim.plots import save_sweep_plots
+
+        save_sweep_plots(table, out_dir)
+    settings = list(axes)
+    view = Table(
+        title=f"kvsim sweep: {base.name} ({len(points)} points, {counts['cached']} reused)"
+    )
+    columns = [
+        *settings,
+        "throughput_tok_per_s",
+        "ttft_p99_s",
+        "tpot_p99_s",
+        "e2e_p99_s",
+        "num_preemptions",
+        "num_violations",
+        "kv_util_max",
+    ]
+    for column in columns:
+        view.add_column(_HEADERS.get(column, column.rpartition(".")[2]), justify="right")
+    for _, row in table[table["error"].isna()].iterrows():
+        view.add_row(*(_fmt(row[c]) for c in columns))
+    console.print(view)
+    failed = table[table["error"].notna()]
+    for _, row in failed.iterrows():
+        settings_text = ", ".join(f"{k}={row[k]}" for k in settings)
+        err_console.print(
+            f"[red]point {row['point']} failed[/] ({settings_text}): {row['error']}",
+            highlight=False,
+        )
+    console.print(f"table written to {out_dir}/sweep.parquet and sweep.csv")
+    if len(points) and len(failed) == len(points):
+        raise typer.Exit(1)
+
+
+def capacity(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML (its workload is rate-scaled).")],
+    slo: Annotated[
+        list[str],
+        typer.Option(
+            "--slo", help="METRIC=DURATION, e.g. ttft_p99=2s, tpot_p99=100ms (repeatable)."
+        ),
+    ],
+    target_rate: Annotated[
+        float | None,
+        typer.Option("--target-rate", help="Requests/s to serve: how many replicas?"),
+    ] = None,
+    seeds: Annotated[
+        str,
+        typer.Option("--seeds", help="Comma-separated seeds to repeat over (synthetic workloads)."),
+    ] = "0",
+    compare: Annotated[
+        list[str] | None,
+        typer.Option("--compare", help="KEY=V1,V2: one table row per value (repeatable)."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override KEY=VALUE for every run (repeatable)."),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option("--tolerance", help="Relative tolerance of the bisection on the rate."),
+    ] = 0.05,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default capacity/<name>)."),
+    ] = None,
+    cluster: Annotated[str | None, _CLUSTER] = None,
+    workers: Annotated[int | None, _WORKERS] = None,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Save the capacity-frontier PNG.")
+    ] = True,
+) -> None:
+    """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
+    from rich.table import Table
+
+    from sim.cli import INPUT_ERRORS, console, fail
+    from sim.overrides import parse_assignment
+    from sim.planning import load_base
+    from sim.planning.capacity import as_slos, capacity_search, write_capacity
+    from sim.planning.grid import parse_sets
+
+    try:
+        slos = as_slos(slo)
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        axes = parse_sets(compare)
+        overrides = {}
+        for item in set_ or []:
+            key, values = parse_assignment(item)
+            overrides[key] = values[0] if len(values) == 1 else values
+        base, base_dir = load_base(scenario)
+    except INPUT_ERRORS as error:
+        raise fail(str(error).splitlines()[0]) from None
+    num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
+    progress, task = _progress("capacity searches", num_tasks)
+    try:
+        with progress:
+            table, probes = capacity_search(
+                base,
+                slos,
+                target_rate=target_rate,
+                seeds=seed_list,
+                compare=axes,
+                overrides=overrides,
+                tolerance=tolerance,
+                workers=workers,
+                cluster=cluster,
+                base_dir=base_dir,
+                on_result=lambda i, res: progress.update(task, advance=1),
+            )
+    except INPUT_ERRORS as error:
+        raise fail(str(error).splitlines()[0]) from None
+    out_dir = out or Path("capacity") / base.name
+    write_capacity(table, probes, out_dir)
+    if plots:
+        from sim.plots import save_capacity_plots
+
+        save_capacity_plots(table, probes, out_dir)
+    view = Table(
+        title=f"kvsim capacity: {base.name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
+    )
+    columns = [
+        "config",
+        "capacity_rate_req_per_s",
+        "capacity_ci_low",
+        "capacity_ci_high",
+        "num_replicates",
+        "status",
+    ]
+    if target_rate is not None:
+        columns[5:5] = ["replicas_needed", "replicas_needed_at_mean"]
+    headers = {
+        "config": "configuration",
+        "capacity_rate_req_per_s": "req/s per replica",
+        "capacity_ci_low": "95% CI low",
+        "capacity_ci_high": "95% CI high",
+        "num_replicates": "runs",
+        "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
+        "replicas_needed_at_mean": "(at mean)",
+    }
+    for column in columns:
+        view.add_column(
+            headers.get(column, column),
+            justify="left" if column in ("config", "status") else "right",
+        )
+    for _, row in table.iterrows():
+        view.add_row(*(_fmt(row[c]) if c != "config" else (row[c] or base.name) for c in columns))
+    console.print(view)
+    console.print(
+        f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
+    )
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def sweep(
-        scenario: Annotated[Path, typer.Argument(help="Base scenario YAML.")],
-        set_: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--set", help="Axis KEY=V1,V2,... (repeatable; the grid is their product)."
-            ),
-        ] = None,
-        out: Annotated[
-            Path | None,
-            typer.Option(
-                "--out", "-o", help="Output folder (default sweeps/<name>); re-running resumes."
-            ),
-        ] = None,
-        cluster: Annotated[str | None, _CLUSTER] = None,
-        workers: Annotated[int | None, _WORKERS] = None,
-        fresh: Annotated[
-            bool, typer.Option("--fresh", help="Ignore points already done in the output folder.")
-        ] = False,
-        plots: Annotated[
-            bool, typer.Option("--plots/--no-plots", help="Save throughput-vs-latency PNG.")
-        ] = True,
-    ) -> None:
-        """Run a grid of scenario variants; one summary row per point (Parquet + CSV)."""
-        from rich.table import Table
-
-        from sim.cli import INPUT_ERRORS, console, err_console, fail
-        from sim.planning import load_base
-        from sim.planning.executor import run_points, write_table
-        from sim.planning.grid import build_points, parse_sets
-
-        try:
-            base, base_dir = load_base(scenario)
-            axes = parse_sets(set_)
-            points = build_points(base, axes, base_dir)
-        except INPUT_ERRORS as error:
-            raise fail(str(error).splitlines()[0]) from None
-        out_dir = out or Path("sweeps") / base.name
-        progress, task = _progress("sweep", len(points))
-        counts = {"failed": 0, "cached": 0}
-
-        def on_row(row, cached) -> None:
-            counts["cached"] += cached
-            counts["failed"] += row.get("error") is not None
-            note = f"{counts['cached']} cached, {counts['failed']} failed"
-            progress.update(task, advance=1, note=note)
-
-        try:
-            with progress:
-                table = run_points(
-                    points,
-                    out_dir=out_dir,
-                    workers=workers,
-                    cluster=cluster,
-                    resume=not fresh,
-                    on_row=on_row,
-                )
-        except (OSError, ValueError, TimeoutError) as error:
-            raise fail(f"sweep: {str(error).splitlines()[0]}") from None
-        write_table(table, out_dir, "sweep")
-        if plots:
-            from sim.plots import save_sweep_plots
-
-            save_sweep_plots(table, out_dir)
-        settings = list(axes)
-        view = Table(
-            title=f"kvsim sweep: {base.name} ({len(points)} points, {counts['cached']} reused)"
-        )
-        columns = [
-            *settings,
-            "throughput_tok_per_s",
-            "ttft_p99_s",
-            "tpot_p99_s",
-            "e2e_p99_s",
-            "num_preemptions",
-            "num_violations",
-            "kv_util_max",
-        ]
-        for column in columns:
-            view.add_column(_HEADERS.get(column, column.rpartition(".")[2]), justify="right")
-        for _, row in table[table["error"].isna()].iterrows():
-            view.add_row(*(_fmt(row[c]) for c in columns))
-        console.print(view)
-        failed = table[table["error"].notna()]
-        for _, row in failed.iterrows():
-            settings_text = ", ".join(f"{k}={row[k]}" for k in settings)
-            err_console.print(
-                f"[red]point {row['point']} failed[/] ({settings_text}): {row['error']}",
-                highlight=False,
-            )
-        console.print(f"table written to {out_dir}/sweep.parquet and sweep.csv")
-        if len(points) and len(failed) == len(points):
-            raise typer.Exit(1)
-
-    @app.command()
-    def capacity(
-        scenario: Annotated[
-            Path, typer.Argument(help="Scenario YAML (its workload is rate-scaled).")
-        ],
-        slo: Annotated[
-            list[str],
-            typer.Option(
-                "--slo", help="METRIC=DURATION, e.g. ttft_p99=2s, tpot_p99=100ms (repeatable)."
-            ),
-        ],
-        target_rate: Annotated[
-            float | None,
-            typer.Option("--target-rate", help="Requests/s to serve: how many replicas?"),
-        ] = None,
-        seeds: Annotated[
-            str,
-            typer.Option(
-                "--seeds", help="Comma-separated seeds to repeat over (synthetic workloads)."
-            ),
-        ] = "0",
-        compare: Annotated[
-            list[str] | None,
-            typer.Option("--compare", help="KEY=V1,V2: one table row per value (repeatable)."),
-        ] = None,
-        set_: Annotated[
-            list[str] | None,
-            typer.Option("--set", help="Override KEY=VALUE for every run (repeatable)."),
-        ] = None,
-        tolerance: Annotated[
-            float,
-            typer.Option("--tolerance", help="Relative tolerance of the bisection on the rate."),
-        ] = 0.05,
-        out: Annotated[
-            Path | None,
-            typer.Option("--out", "-o", help="Output folder (default capacity/<name>)."),
-        ] = None,
-        cluster: Annotated[str | None, _CLUSTER] = None,
-        workers: Annotated[int | None, _WORKERS] = None,
-        plots: Annotated[
-            bool, typer.Option("--plots/--no-plots", help="Save the capacity-frontier PNG.")
-        ] = True,
-    ) -> None:
-        """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
-        from rich.table import Table
-
-        from sim.cli import INPUT_ERRORS, console, fail
-        from sim.overrides import parse_assignment
-        from sim.planning import load_base
-        from sim.planning.capacity import as_slos, capacity_search, write_capacity
-        from sim.planning.grid import parse_sets
-
-        try:
-            slos = as_slos(slo)
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-            axes = parse_sets(compare)
-            overrides = {}
-            for item in set_ or []:
-                key, values = parse_assignment(item)
-                overrides[key] = values[0] if len(values) == 1 else values
-            base, base_dir = load_base(scenario)
-        except INPUT_ERRORS as error:
-            raise fail(str(error).splitlines()[0]) from None
-        num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
-        progress, task = _progress("capacity searches", num_tasks)
-        try:
-            with progress:
-                table, probes = capacity_search(
-                    base,
-                    slos,
-                    target_rate=target_rate,
-                    seeds=seed_list,
-                    compare=axes,
-                    overrides=overrides,
-                    tolerance=tolerance,
-                    workers=workers,
-                    cluster=cluster,
-                    base_dir=base_dir,
-                    on_result=lambda i, res: progress.update(task, advance=1),
-                )
-        except INPUT_ERRORS as error:
-            raise fail(str(error).splitlines()[0]) from None
-        out_dir = out or Path("capacity") / base.name
-        write_capacity(table, probes, out_dir)
-        if plots:
-            from sim.plots import save_capacity_plots
-
-            save_capacity_plots(table, probes, out_dir)
-        view = Table(
-            title=f"kvsim capacity: {base.name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
-        )
-        columns = [
-            "config",
-            "capacity_rate_req_per_s",
-            "capacity_ci_low",
-            "capacity_ci_high",
-            "num_replicates",
-            "status",
-        ]
-        if target_rate is not None:
-            columns[5:5] = ["replicas_needed", "replicas_needed_at_mean"]
-        headers = {
-            "config": "configuration",
-            "capacity_rate_req_per_s": "req/s per replica",
-            "capacity_ci_low": "95% CI low",
-            "capacity_ci_high": "95% CI high",
-            "num_replicates": "runs",
-            "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
-            "replicas_needed_at_mean": "(at mean)",
-        }
-        for column in columns:
-            view.add_column(
-                headers.get(column, column),
-                justify="left" if column in ("config", "status") else "right",
-            )
-        for _, row in table.iterrows():
-            view.add_row(
-                *(_fmt(row[c]) if c != "config" else (row[c] or base.name) for c in columns)
-            )
-        console.print(view)
-        console.print(
-            f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
-        )
+    """Add `kvsim sweep` and `kvsim capacity` to the main CLI."""
+    app.command()(sweep)
+    app.command()(capacity)
