@@ -334,7 +334,11 @@ def _check_invariants(m: KVCacheManager) -> None:
         # Null entries only ever form a prefix of a table, and no block repeats in it, which
         # `num_seq_blocks` relies on (a binary search, not a set).
         assert table[: table.count(0)] == [0] * table.count(0)
-        assert m.num_seq_blocks(seq_id) == len({b for b in table if b != 0}) == len(table) - table.count(0)
+        assert (
+            m.num_seq_blocks(seq_id)
+            == len({b for b in table if b != 0})
+            == len(table) - table.count(0)
+        )
 
 
 def _snapshot(m: KVCacheManager):
