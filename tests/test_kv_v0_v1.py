@@ -171,10 +171,11 @@ def test_lifo_reuse_order():
     assert m.get_block_table(a) == [9, 8, 7]
     b, _ = admit(m, 2, 16)
     assert m.get_block_table(b) == [6]
-    m.free(a)  # pushes 9, 8, 7 (table order): 7 is on top
-    assert m.gpu_allocator.free_block_ids() == [0, 1, 2, 3, 4, 5, 9, 8, 7]
+    # Pushes set([9, 8, 7]) in set order (hash (device, number), see `_set_order`): 7, 8, 9.
+    m.free(a)
+    assert m.gpu_allocator.free_block_ids() == [0, 1, 2, 3, 4, 5, 7, 8, 9]
     c, _ = admit(m, 3, 32)
-    assert m.get_block_table(c) == [7, 8]
+    assert m.get_block_table(c) == [9, 8]
 
 
 def test_out_of_blocks_message_and_leak_recovery():
@@ -551,3 +552,51 @@ def test_property_random_ops_keep_pool_consistent(scenario):
             m.free(seq)
     assert m.get_num_free_gpu_blocks() == config.num_gpu_blocks
     assert m.get_num_free_cpu_blocks() == config.num_cpu_blocks
+
+
+def test_free_follows_vllm_set_order_into_the_evictor():
+    """Regression (lockstep v0-v1 seeds 3, 6, 8, 9): `free` releases ``set(table)``.
+
+    We used to free in table order; vLLM frees in set order (blocks hashed by
+    (device, number), as the lockstep adapter pins it), which decides the LRU evictor's order
+    and so which block a later allocation evicts: table [0..4] enters as [2, 1, 4, 0, 3].
+    """
+    m = make(5, enable_prefix_caching=True)
+    a, _ = admit(m, 1, shared_prompt(7, 80, 7, 0))
+    assert m.get_block_table(a) == [0, 1, 2, 3, 4]
+    m.access_all_blocks_in_seq(a, 1.0)
+    b, _ = admit(m, 2, shared_prompt(7, 32, 7, 0))  # shares blocks 0 and 1
+    m.access_all_blocks_in_seq(b, 2.0)
+    m.free(b)
+    m.free(a)
+    assert [blk.block_id for blk in m.gpu_allocator.evictor.hash_to_block.values()] == [
+        2,
+        1,
+        4,
+        0,
+        3,
+    ]
+    # Scan: candidate 2 (t=1); block 1 (t=2) stops it. Table order would have evicted 4.
+    c, _ = admit(m, 3, shared_prompt(9, 16, 9, 0))
+    assert m.get_block_table(c) == [2]
+    assert m.get_num_free_gpu_blocks() == 4
+
+
+def test_evicting_a_block_revived_by_fork_increments_its_refcount():
+    """Regression (lockstep v0-v1 seeds 15, 17, exposed once `free` followed set order).
+
+    A fork increfs a block that is already in the evictor (the multi-seq allocate quirk
+    left it there); evicting it later for a new hash adds one more reference, as upstream
+    (`block.ref_count += 1`, no check). We used to assert the count was 0.
+    """
+    m = make(2, enable_prefix_caching=True)
+    a, b = Sequence.new(1, 32), Sequence.new(2, 32)
+    m.allocate(SequenceGroup(1, [a, b]))
+    m.free(a)  # blocks 0 and 1 reach refcount 0 and enter the evictor; b still names them
+    assert m.get_num_free_gpu_blocks() == 2
+    m.fork(b, Sequence.new(3, 32))
+    assert m.block_refcounts() == {0: 1, 1: 1} and m.get_num_free_gpu_blocks() == 2
+    d, _ = admit(m, 4, shared_prompt(9, 16, 9, 0))  # evicts block 1 (longest prefix)
+    assert m.get_block_table(d) == [1]
+    assert m.block_refcounts() == {0: 1, 1: 2}
+    assert m.get_num_free_gpu_blocks() == 1

@@ -338,3 +338,27 @@ def test_property_v2_full_attention_never_mismatches(num_gpu_blocks, caching, op
         assert not raised
 
     run_ops(m, op_list, on_alloc)
+
+
+def test_multi_block_append_recomputes_num_tokens_total_from_prev():
+    """Regression (lockstep v0-v2 seeds 3, 6, 7): an append that adds two blocks at once.
+
+    Both new blocks are allocated empty first, so the second one started with its
+    predecessor's pre-write total. vLLM recomputes ``prev total + own tokens`` on every append
+    (`PrefixCachingBlock._update_num_tokens_total`), giving totals 1, 2, 3 here; we used to
+    keep 1, 2, 2, so the evictor's tie-break (longest prefix first) picked id 1, not 2.
+    """
+    m = make(3, block_size=1, enable_prefix_caching=True)
+    a = admit(m, group(1, TokenContent.unique(7, 1)))
+    seq = a.seqs[0]
+    assert decode(m, seq, num_tokens=2) == []
+    table = m.block_tables[1]
+    assert table.physical_block_ids == [0, 1, 2]
+    assert [b.num_tokens_total for b in table.blocks] == [1, 2, 3]
+    m.access_all_blocks_in_seq(seq, 1.0)
+    m.free(seq)
+    assert m.block_allocator.gpu.evictor.block_ids() == [0, 1, 2]
+    c = group(2, TokenContent.unique(9, 1))
+    m.allocate(c)
+    assert m.get_block_table(c.seqs[0]) == [2]  # all at t=1.0: the 3-token prefix goes first
+    assert m.get_num_free_gpu_blocks() == 2

@@ -27,8 +27,9 @@ Faithful quirks kept on purpose (each has a test):
 * If `allocate` runs dry part-way the blocks it took are leaked; we remember them so that
   `recover_leaked_blocks` (the auditor's continue policy) can return them.
 
-Deliberate difference: upstream frees ``set(blocks)`` in Python set order (object addresses,
-not reproducible); we free in first-occurrence table order so runs are deterministic.
+`free` releases ``set(table)`` in Python set order. Upstream blocks hash by object address (not
+reproducible); we follow the order they have when hashed by ``(device, block number)``, as the
+lockstep adapter pins them (see `_set_order`), so runs are deterministic and match it.
 Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no encoder seq.
 """
 
@@ -69,8 +70,44 @@ class _HashCache:
 
 
 def _unique(blocks: BlockTable) -> BlockTable:
-    """Distinct blocks in first-occurrence order (our deterministic stand-in for `set`)."""
+    """Distinct blocks in first-occurrence order (where the order does not matter)."""
     return list(dict.fromkeys(blocks))
+
+
+#: vLLM's `utils.Device` values (``enum.auto()``: GPU = 1, CPU = 2), used by `_set_order`.
+_VLLM_DEVICE_VALUE = {Device.GPU: 1, Device.CPU: 2}
+
+
+class _SetOrderKey:
+    """A block as a set member hashed by ``(device value, block id)`` (ints only, so the
+    hash never depends on PYTHONHASHSEED), equal only to a key of the same block object."""
+
+    __slots__ = ("block", "_hash")
+
+    def __init__(self, block: PhysicalBlock) -> None:
+        self.block = block
+        self._hash = hash((_VLLM_DEVICE_VALUE[block.device], block.block_id))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SetOrderKey) and other.block is self.block
+
+
+def _set_order(blocks: BlockTable) -> BlockTable:
+    """Distinct blocks in the order Python iterates ``set(blocks)`` under the block hash
+    ``hash((device, block number))``.
+
+    Upstream `_free_block_table` frees ``set(table)`` (block_manager_v1.py:L597-610 @fc93e56);
+    with prefix caching that order decides the LRU evictor's insertion order, hence which
+    block a later allocation evicts. vLLM's own `PhysicalTokenBlock` hashes by object address
+    (irreproducible), so the lockstep adapter pins it to ``hash((device.value, number))``
+    (`sim/vllm_real/v0_adapter.py:_deterministic_block_sets`) and we follow that order: the
+    same hashes inserted in the same order give the same set iteration order. Example: GPU
+    table [0, 1, 2, 3, 4] frees as [2, 1, 4, 0, 3]; [9, 8, 7] as [7, 8, 9].
+    """
+    return [key.block for key in set(map(_SetOrderKey, blocks))]
 
 
 class BlockSpaceManagerV1:
@@ -389,7 +426,8 @@ class BlockSpaceManagerV1:
     def _free_block_table(self, table: BlockTable) -> None:
         w = self.block_sliding_window
         # A ring's last w entries name every ring block once: free only those.
-        for block in _unique(table[-w:] if w is not None else table):
+        # In upstream's `set` order (see `_set_order`): it decides the evictor's order.
+        for block in _set_order(table[-w:] if w is not None else table):
             allocator = self.gpu_allocator if block.device is Device.GPU else self.cpu_allocator
             allocator.free(block)
 

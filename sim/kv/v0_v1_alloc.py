@@ -139,10 +139,18 @@ class _RefCounting:
         assert ref_count > 0 and block.ref_count > 0, f"set_ref({ref_count}) on {block}"
         block.ref_count = ref_count
 
-    def _take(self, block: PhysicalBlock) -> None:
-        assert block.ref_count == 0
-        block.ref_count = 1
-        self.num_held_blocks += 1
+    def _take(self, block: PhysicalBlock, *, increment: bool = False) -> None:
+        """A block leaves the free list / evictor: refcount set to 1, or +1 (`increment`).
+
+        Normally the count was 0. A fork of a block that is already free (see `incref`)
+        leaves a positive count on a free block; upstream then assigns 1 (uncached
+        `allocate`, block_manager_v1.py:L187-188 @fc93e56) or increments (a cached block
+        taken by creation or eviction, L116-120), without checking, and so do we. Such a
+        block was counted held by `incref` already.
+        """
+        if block.ref_count == 0:
+            self.num_held_blocks += 1
+        block.ref_count = block.ref_count + 1 if increment else 1
 
     def _drop(self, block: PhysicalBlock) -> bool:
         """Decrement; True when the block became free. Raises on a double free."""
@@ -246,6 +254,7 @@ class CachedBlockAllocator(_RefCounting):
         if block_hash in self.evictor:
             assert block_hash not in self.hash_to_block
             block = self.evictor.remove(block_hash)
+            assert block.ref_count == 0, f"{block} revived from the evictor"  # as upstream
             self.hash_to_block[block_hash] = block
             self._take(block)
             return block
@@ -253,7 +262,7 @@ class CachedBlockAllocator(_RefCounting):
         if block is None:
             block = self._new_or_evicted_block(block_hash, num_hashed_tokens)
             self.hash_to_block[block_hash] = block
-            self._take(block)
+            self._take(block, increment=True)
         else:
             block.ref_count += 1
         assert block.block_hash == block_hash

@@ -552,8 +552,10 @@ def verify(
 
     `config` fixes the manager configuration; otherwise each workload draws one
     (`random_config`). Stops at the first divergence. `compare_ids` defaults to True when the
-    loaded vLLM is the version the design models (0.5.x for v0, 0.10/0.11 for the V1 engine;
-    never for v0-v1, whose free order follows object addresses upstream).
+    loaded vLLM is the version the design models (0.5.x for v0, 0.10/0.11 for the V1 engine).
+    For v0-v1 that relies on the adapter pinning vLLM's `set(table)` free order (upstream it
+    follows object addresses; see `v0_adapter._deterministic_block_sets`), which the model
+    follows.
 
     `fork_after_window_drop=False` skips forking a sliding-window v0 sequence that has
     decoded: in real V2 that walks a `prev_block` chain through recycled block objects and
@@ -568,15 +570,9 @@ def verify(
     install = load_vllm(vllm_root, vllm_version if vllm_root is None else None)
     if compare_ids is None:
         pinned = _MODELLED_VERSION.get(design)
-        # v0-v1 is excluded: upstream frees `set(table)` in object-address order, so its
-        # LIFO free list (hence later ids) is not reproducible run to run (see v0_v1.py).
-        compare_ids = (
-            design != "v0-v1"
-            and pinned is not None
-            and (
-                install.version_tuple[:2] == pinned
-                or (design == "v1-engine" and install.version_tuple[:2] >= (0, 10))
-            )
+        compare_ids = pinned is not None and (
+            install.version_tuple[:2] == pinned
+            or (design == "v1-engine" and install.version_tuple[:2] >= (0, 10))
         )
     rng = random.Random(seed)
     result = VerifyResult(design=design, vllm_version=install.version)

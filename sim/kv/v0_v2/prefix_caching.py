@@ -170,7 +170,14 @@ class PrefixCachingBlockAllocator:
             return
         assert block.num_tokens + num_tokens <= self.block_size, "block overflow"
         block.num_tokens += num_tokens
-        block.num_tokens_total += num_tokens
+        # Recomputed from the predecessor, not incremented: a block allocated empty behind
+        # another still-empty block (two blocks ensured at once) carried the predecessor's
+        # total from before it was written (`_update_num_tokens_total`, L690-702, runs on
+        # every append, L740). Example, bs=1, 5 tokens, append 2: the new blocks hold totals 6
+        # and 7, not 6 and 6; the evictor's tie-break reads them.
+        block.num_tokens_total = (
+            block.prev.num_tokens_total if block.prev is not None else 0
+        ) + block.num_tokens
         if block.block_id is not None:
             block.block_id = self.cow_block_if_not_appendable(block)
         if block.num_tokens == self.block_size:
