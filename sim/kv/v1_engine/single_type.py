@@ -15,11 +15,13 @@ blocks, because touching an evictable hit takes it out of the free pool.
 
 from __future__ import annotations
 
+import abc
+
 from sim.kv.types import BlockHash, cdiv
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 
 
-class SingleTypeManager:
+class SingleTypeManager(abc.ABC):
     """Block tables of one KV group; subclasses say what a cache hit is and what is skipped."""
 
     def __init__(self, block_pool: BlockPool, block_size: int) -> None:
@@ -89,13 +91,15 @@ class SingleTypeManager:
         self.block_pool.free_blocks(reversed(table))
         self.num_cached_block.pop(request_id, None)
 
+    @abc.abstractmethod
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
     ) -> list[KVCacheBlock]:
-        raise NotImplementedError
+        """The longest prefix-cache hit for these hashes (each attention type has its rule)."""
 
+    @abc.abstractmethod
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        raise NotImplementedError
+        """Free blocks no future token attends to (none for full attention)."""
 
 
 class FullAttentionManager(SingleTypeManager):
