@@ -55,6 +55,8 @@ class AuditorBase:
         return AuditError(violation)
 
     def _free(self) -> int:
+        """Free GPU blocks. The v0 and V1 auditors override this with their API's own O(1)
+        count (`get_num_free_gpu_blocks`, `num_free_blocks`), cheaper than a whole `pool_stats`."""
         return self.inner.pool_stats().num_free
 
     def _after_query(self) -> None:

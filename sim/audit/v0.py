@@ -16,6 +16,9 @@ from sim.kv.types import (
 class AuditedV0Manager(AuditorBase):
     """Audits a v0 `BlockSpaceManager` (`can_allocate` / `allocate` / `append_slots` / swap)."""
 
+    def _free(self) -> int:
+        return self.inner.get_num_free_gpu_blocks()
+
     def __init__(self, inner, **kwargs) -> None:
         super().__init__(inner, **kwargs)
         #: request_id -> (status, counted blocks, free blocks) of the last `can_allocate`.

@@ -13,6 +13,9 @@ from sim.kv.types import (
 class AuditedV1Manager(AuditorBase):
     """Audits a V1-engine `KVCacheManager` (`allocate_slots` counts and allocates at once)."""
 
+    def _free(self) -> int:
+        return self.inner.num_free_blocks
+
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
         result = self.inner.get_computed_blocks(request)
         self._after_call("get_computed_blocks", request.seq_id)
