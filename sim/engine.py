@@ -16,6 +16,7 @@ aborts what is left with the reason, so every request ends in exactly one termin
 from __future__ import annotations
 
 import enum
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -294,7 +295,16 @@ class Engine:
         self.env.process(self._arrivals())
         for replica in self.replicas:
             self.env.process(self._replica_loop(replica))
-        self.env.run()
+        # The cyclic GC keeps re-walking the millions of live objects of a long replay (~10% of
+        # its time) and finds nothing: requests, sequences and plans form no reference cycles
+        # (peak memory is the same with it off). It is switched back on however the run ends.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         # Requests that never arrived (run stopped early) are accounted for too.
         arrived = {r.request_id for r in self.records.requests}
         reason = self._stop or "run ended"
