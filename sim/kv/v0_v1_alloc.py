@@ -208,14 +208,6 @@ class UncachedBlockAllocator(_RefCounting):
         """Free list bottom to top: the last id is the next one `allocate` returns."""
         return [b.block_id for b in self._free_blocks]
 
-    # vLLM's uncached allocator refuses hash operations with this very error
-    # (block_manager_v1.py @fc93e56); the manager never calls them without prefix caching.
-    def contains_block(self, block_hash: int) -> bool:
-        raise NotImplementedError("Invalid codepath for uncached block allocator.")  # vLLM's
-
-    def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
-        raise NotImplementedError("Invalid codepath for uncached block allocator.")  # vLLM's
-
 
 class CachedBlockAllocator(_RefCounting):
     """Hash-keyed allocator with lazy block creation and LRU eviction

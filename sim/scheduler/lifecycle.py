@@ -6,7 +6,11 @@ step, in `_process_model_outputs`; the V1 engine at schedule time, `_update_afte
 
 from __future__ import annotations
 
-from sim.scheduler.request import Request, RequestState
+import contextlib
+
+from sim.audit import AuditError
+from sim.scheduler.fast_path import sync
+from sim.scheduler.request import Request, RequestState, StepPlan
 
 
 def sample_token(request: Request, now_s: float) -> None:
@@ -20,3 +24,13 @@ def sample_token(request: Request, now_s: float) -> None:
 
 def finish(request: Request, reason: str, now_s: float) -> None:
     request.finish(RequestState.FINISHED, reason, now_s)
+
+
+def fail(manager, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
+    """Fail a request whose manager call raised (the auditor recorded why) and release what it
+    still holds; the table may never have been created, so a failing free is ignored."""
+    request.finish(RequestState.FAILED, error.violation.message, now_s)
+    with contextlib.suppress(AuditError, KeyError, ValueError):
+        sync(manager, request)
+        manager.free(request.seq)
+    plan.failed.append(request)

@@ -29,7 +29,7 @@ from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
 from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
-from sim.scheduler.lifecycle import finish, sample_token
+from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
 SWAP_SPACE_ERROR = (
@@ -133,13 +133,7 @@ class V0Scheduler:
         return mode
 
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
-        """Fail a request whose manager call raised; release whatever it still holds."""
-        request.finish(RequestState.FAILED, error.violation.message, now_s)
-        # The table may never have been created; the auditor has recorded the failure.
-        with contextlib.suppress(AuditError, KeyError, ValueError):
-            self._sync(request)
-            self.block_manager.free(request.seq)
-        plan.failed.append(request)
+        fail(self.block_manager, request, plan, error, now_s)
 
     def _append_slots(self, request: Request, plan: StepPlan) -> None:
         cows = self.block_manager.append_slots(request.seq, self.config.num_lookahead_slots)

@@ -19,14 +19,13 @@ is queued, which kvsim reports as ignored at arrival.
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 
 from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
-from sim.scheduler.lifecycle import finish, sample_token
+from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
 
@@ -96,11 +95,7 @@ class V1Scheduler:
         return victim
 
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
-        request.finish(RequestState.FAILED, error.violation.message, now_s)
-        with contextlib.suppress(AuditError, KeyError, ValueError):
-            self._sync(request)
-            self.kv_cache_manager.free(request.seq)
-        plan.failed.append(request)
+        fail(self.kv_cache_manager, request, plan, error, now_s)
 
     def _schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> int:
         index = 0

@@ -173,16 +173,7 @@ class NaiveBlockAllocator:
 
     def fork(self, blocks: list[Block]) -> list[Block]:
         """New block objects sharing every id of `blocks` (refcount +1 each)."""
-        forked: list[Block] = []
-        prev = None
-        for block in blocks:
-            assert block.block_id is not None
-            assert self.refcounter.incr(block.block_id) != 1, "can't fork a freed block"
-            prev = Block(
-                block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
-            )
-            forked.append(prev)
-        return forked
+        return fork_blocks(self.refcounter, blocks)
 
     # -- counts ------------------------------------------------------------------------
     @property
@@ -247,3 +238,18 @@ class NaiveBlockAllocator:
 
     def get_common_computed_block_ids(self, per_seq_ids: list[list[int]]) -> list[int]:
         return []
+
+
+def fork_blocks(refcounter, blocks: list[Block]) -> list[Block]:
+    """A chain of new block objects sharing every id of `blocks`, each id's refcount +1
+    (both allocators' `fork`, naive_block.py / prefix_caching_block.py @00c3d68)."""
+    forked: list[Block] = []
+    prev = None
+    for block in blocks:
+        assert block.block_id is not None
+        assert refcounter.incr(block.block_id) != 1, "can't fork a freed block"
+        prev = Block(
+            block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
+        )
+        forked.append(prev)
+    return forked

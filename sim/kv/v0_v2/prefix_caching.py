@@ -24,7 +24,7 @@ from os.path import commonprefix
 
 from sim.kv.types import NONE_HASH, NoFreeBlocksError, cdiv, chain_hash
 from sim.kv.v0_v2.evictor import LRUEvictor
-from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
+from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator, fork_blocks
 
 #: vLLM's "never accessed" time (prefix_caching_block.py:L19).
 DEFAULT_LAST_ACCESSED_S = -1.0
@@ -215,16 +215,7 @@ class PrefixCachingBlockAllocator:
         return cows
 
     def fork(self, blocks: list[Block]) -> list[Block]:
-        forked: list[Block] = []
-        prev = None
-        for block in blocks:
-            assert block.block_id is not None
-            assert self.refcounter.incr(block.block_id) != 1, "can't fork a freed block"
-            prev = Block(
-                block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
-            )
-            forked.append(prev)
-        return forked
+        return fork_blocks(self.refcounter, blocks)
 
     # -- counts --------------------------------------------------------------------------
     @property
