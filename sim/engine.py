@@ -87,7 +87,11 @@ class Replica:
     """One engine instance: an audited manager and a scheduler."""
 
     def __init__(
-        self, index: int, config: EngineConfig, clock: Callable[[], tuple[float, int]]
+        self,
+        index: int,
+        config: EngineConfig,
+        clock: Callable[[], tuple[float, int]],
+        decode_window: int | None = None,
     ) -> None:
         self.index = index
         factory = config.manager_factory or make_manager
@@ -99,6 +103,9 @@ class Replica:
         else:
             self.manager = AuditedV0Manager(manager, **kwargs)
             self.scheduler = V0Scheduler(config.scheduler, self.manager)
+        if config.scheduler.decode_cohort:
+            # The cohort sums decode contexts capped at the step-time model's attention window.
+            self.scheduler.use_decode_cohort(decode_window)
         self.num_steps = 0
         self.outstanding = 0
         self.wakeup: simpy.Event | None = None
@@ -115,6 +122,7 @@ def batch_shape(plan: StepPlan) -> BatchShape:
     return BatchShape(
         tuple([w.num_context_tokens for w in works if not w.is_prefill] + plan.quiet_contexts),
         tuple([(w.num_context_tokens, w.num_tokens) for w in works if w.is_prefill]),
+        plan.bulk,
     )
 
 
@@ -135,7 +143,10 @@ class Engine:
         self.env = simpy.Environment()
         self.records = RunRecords(num_gpu_blocks=config.kv.num_gpu_blocks)
         self._current_step = 0
-        self.replicas = [Replica(i, config, self._clock) for i in range(config.num_replicas)]
+        window = getattr(step_time, "decode_window", None)
+        self.replicas = [
+            Replica(i, config, self._clock, window) for i in range(config.num_replicas)
+        ]
         self._arrivals_done = False
         self._next_replica = 0
         self._stop: str | None = None

@@ -134,6 +134,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         preemption_mode=sched.preemption_mode,
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         decode_fast_path=sched.decode_fast_path,
+        decode_cohort=sched.decode_cohort,
     )
     token_budget = scheduler_config.token_budget(sched.design.api)
     inputs["design"] = sched.design.value

@@ -63,6 +63,8 @@ class SchedulerSection(_Closed):
     long_prefill_token_threshold: int = Field(default=0, ge=0)
     #: A speed-up that changes no result (tests prove it); false calls the manager every step.
     decode_fast_path: bool = True
+    #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
+    decode_cohort: bool = True
 
 
 class EngineSection(_Closed):

@@ -13,16 +13,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per step/call, 3x cheaper
+class DecodeBulk:
+    """The members of a cohort as one step's decodes see them: a count and context sums.
+
+    `windowed_context_tokens` is sum(min(context, window)) for the attention window the cohort
+    was built for (None: no window, then it equals `context_tokens`).
+
+    Example: members at contexts 100, 3000 and 5000 with window 4096 give
+    DecodeBulk(3, 8100, 4096, 100 + 3000 + 4096 = 7196).
+    """
+
+    num_seqs: int
+    context_tokens: int
+    window: int | None
+    windowed_context_tokens: int
+
+
+@dataclass(slots=True)  # not frozen: built per step/call, 3x cheaper
 class BatchShape:
-    """One step's work. Decode context lengths exclude the token being decoded."""
+    """One step's work. Decode context lengths exclude the token being decoded.
+
+    Decodes come as a list of contexts (`decode_context_tokens`) and, for a scheduler that
+    keeps its steady decodes in a cohort (`sim.scheduler.cohort`), as `bulk`: a count and sums
+    that stand for many more. Models read decodes only through the properties below, so both
+    forms give the same step time.
+    """
 
     decode_context_tokens: tuple[int, ...]  # context length of each decode seq
     prefill_chunks: tuple[tuple[int, int], ...]  # (prior context tokens, chunk tokens) per prefill
+    bulk: DecodeBulk | None = None
 
     @property
     def num_decode_seqs(self) -> int:
-        return len(self.decode_context_tokens)
+        bulk = self.bulk
+        return len(self.decode_context_tokens) + (bulk.num_seqs if bulk is not None else 0)
+
+    @property
+    def decode_context_sum(self) -> int:
+        """Sum of the decode contexts (listed and bulk)."""
+        bulk = self.bulk
+        return sum(self.decode_context_tokens) + (bulk.context_tokens if bulk is not None else 0)
+
+    def decode_windowed_context_sum(self, window: int) -> int:
+        """Sum of min(context, window) over the decodes: what a sliding-window layer reads.
+
+        Example: contexts (100, 5000), window 4096 -> 100 + 4096 = 4196.
+        """
+        total = sum(c if c < window else window for c in self.decode_context_tokens)
+        bulk = self.bulk
+        if bulk is not None and bulk.num_seqs:
+            if bulk.window != window:
+                raise ValueError(
+                    f"the decode bulk was summed for window {bulk.window}, not {window}"
+                )
+            total += bulk.windowed_context_tokens
+        return total
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -36,4 +82,4 @@ class BatchShape:
     @property
     def total_context_tokens(self) -> int:
         """KV tokens already cached that this step reads: decode contexts + prefill priors."""
-        return sum(self.decode_context_tokens) + sum(prior for prior, _ in self.prefill_chunks)
+        return self.decode_context_sum + sum(prior for prior, _ in self.prefill_chunks)

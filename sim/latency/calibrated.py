@@ -105,10 +105,14 @@ class CalibratedStepTime:
         a, b, c = self._dec
         return a + b * num_seqs + c * context_tokens
 
+    @property
+    def decode_window(self) -> int | None:
+        """The attention window of the sliding-window layers (decode context sums cap at it)."""
+        return self._window
+
     def predict_s(self, batch: BatchShape) -> float:
-        dec = batch.decode_context_tokens
         chunks = batch.prefill_chunks
-        num_dec = len(dec)
+        num_dec = batch.num_decode_seqs
         num_tokens = num_dec
         a, b, c = self._pre
         pre_full = pre_win = 0.0
@@ -124,9 +128,9 @@ class CalibratedStepTime:
         total = 0.0
         if num_dec:
             if self._num_full:
-                total += self._num_full * self._decode_s(num_dec, sum(dec))
+                total += self._num_full * self._decode_s(num_dec, batch.decode_context_sum)
             if self._num_slide:
-                ctx_win = sum(x if x < window else window for x in dec)
+                ctx_win = batch.decode_windowed_context_sum(window)
                 total += self._num_slide * self._decode_s(num_dec, ctx_win)
         total += self._num_full * per_layer_full
         total += self._num_slide * (per_layer_full - pre_full + pre_win)

@@ -37,6 +37,6 @@ class LinearStepTime:
         return (
             self.fixed_s
             + self.per_prefill_token_s * batch.num_prefill_tokens
-            + self.per_decode_seq_s * len(batch.decode_context_tokens)
+            + self.per_decode_seq_s * batch.num_decode_seqs
             + self.per_context_token_s * batch.total_context_tokens
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -20,6 +19,9 @@ class SchedulingBudget:
     num_curr_seqs: int = 0
     _token_ids: set[int] = field(default_factory=set)
     _seq_ids: set[int] = field(default_factory=set)
+    #: `count_running_seqs` was called: ids not added explicitly are the running ones.
+    _running_counted: bool = False
+    _running_uncounted: set[int] = field(default_factory=set)
 
     def can_schedule(self, num_new_tokens: int, num_new_seqs: int) -> bool:
         return (
@@ -49,10 +51,18 @@ class SchedulingBudget:
         if request_id in self._seq_ids:
             self._seq_ids.remove(request_id)
             self.num_curr_seqs -= num_seqs
+        elif self._running_counted and request_id not in self._running_uncounted:
+            self._running_uncounted.add(request_id)
+            self.num_curr_seqs -= num_seqs
 
-    def add_single_seq_requests(self, request_ids: Iterable[int]) -> None:
-        """`add_num_seqs(id, 1)` for many single-sequence requests at once (the per-step
-        up-front count of `_schedule_default`, L770-773 @fc93e56, in one set operation)."""
-        new = set(request_ids) - self._seq_ids
-        self._seq_ids |= new
-        self.num_curr_seqs += len(new)
+    def count_running_seqs(self, num_running: int) -> None:
+        """`add_num_seqs(id, 1)` for each of the `num_running` single-sequence running requests
+        (the per-step up-front count of `_schedule_default`, L770-773 @fc93e56), without
+        listing them: a later `subtract_num_seqs` of an id not added otherwise is taken to be
+        one of them and uncounts it once. The default policy subtracts only running requests
+        and adds only others (prefills, swap-ins), so this is the same count in O(1).
+
+        Example: 3 running; count_running_seqs(3) -> 3 seqs; subtract(7, 1) twice -> 2 seqs.
+        """
+        self.num_curr_seqs += num_running
+        self._running_counted = True

@@ -39,6 +39,9 @@ class SchedulerConfig:
     #: Skip manager calls on decode steps the manager declares quiet (see `decode_touch_len`).
     #: An optimisation that changes no result; turn it off to verify that.
     decode_fast_path: bool = True
+    #: With the fast path, let the engine keep steady decodes in a `DecodeCohort` (the
+    #: scheduler then visits only the requests whose step changes something). Same results.
+    decode_cohort: bool = True
 
     def __post_init__(self) -> None:
         if self.max_model_len <= 0:

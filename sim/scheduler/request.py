@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sim.kv.types import Sequence, SequenceGroup, SequenceStatus, TokenContent
+
+if TYPE_CHECKING:
+    from sim.latency.batch import DecodeBulk
 
 
 class RequestState(enum.Enum):
@@ -60,6 +64,13 @@ class Request:
     touch_len: int | None = None
     #: Decode steps were skipped since the manager last saw this request (sync before a call).
     needs_sync: bool = False
+    #: Position in its scheduler's running queue (smaller runs first); see `sim.scheduler.cohort`.
+    order_key: int = 0
+    #: Decode cohort membership: the clock it joined at (-1: not a member), its tokens then,
+    #: and the clock of its next event.
+    cohort_clock: int = -1
+    cohort_tokens: int = 0
+    cohort_event: int = 0
 
     @classmethod
     def new(
@@ -117,6 +128,8 @@ class StepPlan:
     scheduled: list[ScheduledWork] = field(default_factory=list)
     quiet: list[Request] = field(default_factory=list)
     quiet_contexts: list[int] = field(default_factory=list)
+    #: The decode cohort's members, when the step ran them (each decodes one token).
+    bulk: DecodeBulk | None = None
     num_preempted: int = 0
     ignored: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)
@@ -127,15 +140,19 @@ class StepPlan:
     fatal_error: str | None = None
 
     @property
+    def num_bulk_decodes(self) -> int:
+        return self.bulk.num_seqs if self.bulk is not None else 0
+
+    @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.quiet
+        return not self.scheduled and not self.quiet and not self.num_bulk_decodes
 
     @property
     def num_tokens(self) -> int:
-        return sum(w.num_tokens for w in self.scheduled) + len(self.quiet)
+        return sum(w.num_tokens for w in self.scheduled) + len(self.quiet) + self.num_bulk_decodes
 
     def all_scheduled(self) -> list[ScheduledWork]:
-        """Everything scheduled this step: `scheduled`, then the quiet decodes."""
+        """Everything listed this step: `scheduled`, then the quiet decodes (not the bulk)."""
         quiet = [
             ScheduledWork(r, 1, ctx, False)
             for r, ctx in zip(self.quiet, self.quiet_contexts, strict=True)

@@ -27,6 +27,7 @@ from collections import deque
 from sim.audit import AuditError
 from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
+from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
 from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
 from sim.scheduler.lifecycle import fail, finish, sample_token
@@ -53,6 +54,12 @@ class V0Scheduler:
         #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
         self._later_key: tuple[int, int, int] | None = None
         self._fast_path = fast_path_enabled(config, block_manager)
+        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
+        self._cohort: DecodeCohort | None = None
+        #: With a cohort: the running requests that are not members, in no particular order.
+        self._outsiders: dict[Request, None] = {}
+        self._back_key = 0
+        self._front_key = -1
         # The prompt limit of `_get_prompt_limit` (L626-639).
         if config.enable_chunked_prefill:
             self.prompt_limit = config.max_model_len
@@ -77,7 +84,65 @@ class V0Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def unfinished(self) -> list[Request]:
+        self.materialize()
         return [*self.running, *self.swapped, *self.waiting]
+
+    # ------------------------------------------------------------------ decode cohort
+    def use_decode_cohort(self, window: int | None) -> bool:
+        """Keep steady decodes in a `DecodeCohort` (see `sim.scheduler.cohort`): a decode step
+        then costs what changes in it, not the batch size. Needs the decode fast path and the
+        FCFS policy (the priority policy re-sorts `running` every step). Call before the first
+        step; `materialize` brings every request's tokens up to date. Returns whether it is on.
+        """
+        if not self._fast_path or self.config.policy is not Policy.FCFS:
+            return False
+        self._cohort = DecodeCohort(window)
+        self._renumber_running()
+        return True
+
+    def materialize(self) -> None:
+        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
+        if self._cohort is not None:
+            for request in self._cohort.release_all():
+                self._outsiders[request] = None
+
+    def _renumber_running(self) -> None:
+        for key, request in enumerate(self.running):
+            request.order_key = key
+        self._back_key = len(self.running)
+        self._front_key = -1
+        self._outsiders = dict.fromkeys(self.running)
+
+    def _append_running(self, requests: list[Request]) -> None:
+        self.running.extend(requests)
+        if self._cohort is not None:
+            for request in requests:
+                request.order_key = self._back_key
+                self._back_key += 1
+                self._outsiders[request] = None
+
+    def _remove_running(self, request: Request) -> None:
+        self.running.remove(request)
+        self._outsiders.pop(request, None)
+
+    def _join_cohort(self) -> None:
+        """After a step: every running decode that has a quiet stretch ahead joins."""
+        cohort = self._cohort
+        max_model_len = self.config.max_model_len
+        running = RequestState.RUNNING
+        joined = []
+        for request in self._outsiders:
+            touch_len = request.touch_len
+            if touch_len is None or request.is_prefill or request.state is not running:
+                continue
+            # The first length at which its decode is not quiet: the manager must see it
+            # (touch_len), or the step will finish it (see the finish tests in the walk).
+            seq = request.seq
+            event_len = min(touch_len, seq.prompt_len + request.max_tokens - 1, max_model_len)
+            if cohort.join(request, event_len):
+                joined.append(request)
+        for request in joined:
+            del self._outsiders[request]
 
     # ------------------------------------------------------------------ helpers
     def _num_new_tokens(self, request: Request, budget: SchedulingBudget, chunking: bool) -> int:
@@ -107,6 +172,7 @@ class V0Scheduler:
         self.num_cumulative_preemption += 1
         request.num_preemptions += 1
         plan.num_preempted += 1
+        self._outsiders.pop(request, None)
         self._sync(request)
         request.touch_len = None
         try:
@@ -299,6 +365,88 @@ class V0Scheduler:
                 free = manager.get_num_free_gpu_blocks()
         return kept_prefill + kept_decode, preempted, swapped_out
 
+    def _schedule_running_lazy(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> list[Request] | None:
+        """`_schedule_running` with a cohort: visit only the outsiders and the members whose
+        event is due, in queue order; the other members decode in bulk (`plan.bulk`).
+
+        Returns the scheduled prefill-stage requests (taken out of `running`, to go in front),
+        or None when this step must visit every request: when the pool is so low that a call
+        may fail or leave no free block for a quiet decode (the walk's `free >= 1` test), or
+        when the token budget would not cover every request. Nothing has changed then.
+        """
+        cohort = self._cohort
+        for request in cohort.pop_due():
+            self._outsiders[request] = None
+        explicit = sorted(self._outsiders, key=_order_key)
+        manager = self.block_manager
+        # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
+        # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
+        # holds and at least one block stays free for the quiet decodes after it.
+        if manager.get_num_free_gpu_blocks() < 2 * len(explicit) + 2:
+            return None
+        if chunking:
+            demand = len(cohort)
+            for request in explicit:
+                seq = request.seq
+                demand += seq.num_tokens - seq.num_computed_tokens if request.is_prefill else 1
+            if demand > budget.remaining_token_budget():
+                return None
+        scheduled = plan.scheduled
+        max_model_len = self.config.max_model_len
+        kept_prefill: list[Request] = []
+        for request in explicit:
+            seq = request.seq
+            num_tokens = seq.content.num_tokens
+            touch_len = request.touch_len
+            if not request.is_prefill and touch_len is not None and num_tokens < touch_len:
+                # Quiet, as in the walk; here because it finishes after this step.
+                request.needs_sync = True
+                if (
+                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
+                    or num_tokens >= max_model_len
+                ):
+                    scheduled.append(ScheduledWork(request, 1, seq.num_computed_tokens, False))
+                else:
+                    plan.quiet.append(request)
+                    plan.quiet_contexts.append(seq.num_computed_tokens)
+                budget.num_batched_tokens += 1
+                if chunking:
+                    budget.num_curr_seqs += 1
+                continue
+            num_new = self._num_new_tokens(request, budget, chunking)
+            self._sync(request)
+            if not manager.can_append_slots(request.group, self.config.num_lookahead_slots):
+                raise AssertionError(
+                    f"kvsim: lazy step without room for request {request.request_id}"
+                )
+            try:
+                self._append_slots(request, plan)
+            except AuditError as error:
+                self._remove_running(request)
+                self._fail(request, plan, error, now_s)
+                continue
+            is_prefill = request.is_prefill
+            scheduled.append(
+                ScheduledWork(
+                    request, num_new if is_prefill else 1, seq.num_computed_tokens, is_prefill
+                )
+            )
+            if is_prefill:
+                self._remove_running(request)
+                kept_prefill.append(request)
+            budget.add_num_batched_tokens(request.request_id, num_new)
+            if chunking:
+                budget.add_num_seqs(request.request_id, request.group.get_max_num_running_seqs())
+        members = len(cohort)
+        if members:
+            plan.bulk = cohort.bulk()
+            budget.num_batched_tokens += members
+            if chunking:
+                budget.num_curr_seqs += members
+        return kept_prefill
+
     def _schedule_swapped(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
     ) -> list[Request]:
@@ -392,40 +540,80 @@ class V0Scheduler:
     def _new_budget(self) -> SchedulingBudget:
         return SchedulingBudget(self.token_budget, self.config.max_num_seqs)
 
+    def _walk_running(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> tuple[list[Request], list[Request], list[Request], list[Request] | None]:
+        """The running phase, lazily when a cohort allows it. Returns (kept, preempted,
+        swapped out, kept prefills of a lazy walk or None after a full walk)."""
+        if self._cohort is not None:
+            kept_prefill = self._schedule_running_lazy(budget, plan, now_s, chunking)
+            if kept_prefill is not None:
+                return [], [], [], kept_prefill
+            self.materialize()
+        kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking)
+        return kept, preempted, swapped_out, None
+
     def _schedule_default(self, plan: StepPlan, now_s: float) -> None:
         budget = self._new_budget()
         # Every kvsim request is one sequence (n=1, see `Request`): each running group counts 1.
-        budget.add_single_seq_requests(r.request_id for r in self.running)
+        budget.count_running_seqs(len(self.running))
         prefills: list[Request] = []
         if not self.swapped:
             prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
         if not prefills and self.config.policy is Policy.PRIORITY:
             self._schedule_priority_preemption(budget, plan, now_s)
         kept, preempted, swapped_out, swapped_in = [], [], [], []
+        kept_prefill: list[Request] | None = []  # [] : `running` was not walked
         if not prefills:
-            kept, preempted, swapped_out = self._schedule_running(
+            kept, preempted, swapped_out, kept_prefill = self._walk_running(
                 budget, plan, now_s, chunking=False
             )
             if not preempted and not swapped_out:
                 swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
-        self._requeue(prefills, kept, preempted, swapped_out, swapped_in)
+        self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
     def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
         budget = self._new_budget()
-        kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking=True)
+        kept, preempted, swapped_out, kept_prefill = self._walk_running(
+            budget, plan, now_s, chunking=True
+        )
         swapped_in = []
         if not preempted and not swapped_out:
             swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=True)
         prefills = self._schedule_prefills(budget, plan, now_s, chunking=True)
-        self._requeue(prefills, kept, preempted, swapped_out, swapped_in)
+        self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
-    def _requeue(self, prefills, kept, preempted, swapped_out, swapped_in) -> None:
+    def _requeue(
+        self, prefills, kept, preempted, swapped_out, swapped_in, kept_prefill=None
+    ) -> None:
+        """Put the step's requests back in the queues.
+
+        After a full walk (`kept_prefill` None) `running` holds what the walk left and is
+        extended by the new prefills, the kept ones and the swapped-in ones. After a lazy walk
+        (or none) it still holds every request in order; the new prefills and the kept
+        prefill-stage ones go first when chunking (where a full walk would have put them), or
+        last otherwise (the default policy schedules prefills only when it walks nothing).
+        """
         # `extendleft` reverses: the earliest-preempted ends up at the front (spec 5.3).
         self.waiting.extendleft(preempted)
-        self.running.extend(prefills)
-        self.running.extend(kept)
-        self.running.extend(swapped_in)
         self.swapped.extend(swapped_out)
+        if kept_prefill is None or self._cohort is None:
+            self.running.extend(prefills)
+            self.running.extend(kept)
+            self.running.extend(swapped_in)
+            if self._cohort is not None:
+                self._renumber_running()
+            return
+        front = [*prefills, *kept_prefill]
+        if self.config.enable_chunked_prefill and front:
+            for request in reversed(front):
+                self.running.appendleft(request)
+                request.order_key = self._front_key
+                self._front_key -= 1
+                self._outsiders[request] = None
+        else:
+            self._append_running(front)
+        self._append_running(swapped_in)
 
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
         """Apply the step's results (`_process_model_outputs`); returns the requests that finished."""
@@ -455,9 +643,21 @@ class V0Scheduler:
             finish(request, reason, now_s)
             finished.append(request)
         apply_quiet_decodes(plan.quiet, now_s, advance_computed=True)
-        if finished:
-            self.running = deque(r for r in self.running if not r.state.is_terminal)
+        cohort = self._cohort
+        if cohort is None:
+            if finished:
+                self.running = deque(r for r in self.running if not r.state.is_terminal)
+            return finished
+        if plan.bulk is not None:
+            cohort.tick(now_s)
+        for request in finished:
+            self._remove_running(request)
+        self._join_cohort()
         return finished
+
+
+def _order_key(request: Request) -> int:
+    return request.order_key
 
 
 class _FatalError(Exception):

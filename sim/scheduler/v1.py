@@ -23,6 +23,7 @@ from collections import deque
 
 from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
+from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
 from sim.scheduler.lifecycle import fail, finish, sample_token
@@ -44,6 +45,11 @@ class V1Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._fast_path = fast_path_enabled(config, kv_cache_manager)
+        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
+        self._cohort: DecodeCohort | None = None
+        #: With a cohort: the running requests that are not members.
+        self._outsiders: dict[Request, None] = {}
+        self._next_key = 0
 
     # ------------------------------------------------------------------ queues
     def add_request(self, request: Request) -> None:
@@ -68,7 +74,52 @@ class V1Scheduler:
         return len(self.waiting) + len(self.running)
 
     def unfinished(self) -> list[Request]:
+        self.materialize()
         return [*self.running, *self.waiting]
+
+    # ------------------------------------------------------------------ decode cohort
+    def use_decode_cohort(self, window: int | None) -> bool:
+        """Keep steady decodes in a `DecodeCohort` (see `sim.scheduler.cohort`). Needs the
+        decode fast path and FCFS (a priority victim may sit anywhere in `running`). Call
+        before the first step; `materialize` brings every request up to date."""
+        if not self._fast_path or self.config.policy is not Policy.FCFS:
+            return False
+        self._cohort = DecodeCohort(window)
+        for request in self.running:
+            self._add_outsider(request)
+        return True
+
+    def materialize(self) -> None:
+        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
+        if self._cohort is not None:
+            for request in self._cohort.release_all():
+                self._outsiders[request] = None
+
+    def _add_outsider(self, request: Request) -> None:
+        request.order_key = self._next_key
+        self._next_key += 1
+        self._outsiders[request] = None
+
+    def _join_cohort(self) -> None:
+        """After a step: every running decode that has a quiet stretch ahead joins."""
+        cohort = self._cohort
+        max_model_len = self.config.max_model_len
+        running = RequestState.RUNNING
+        joined = []
+        for request in self._outsiders:
+            touch_len = request.touch_len
+            if touch_len is None or request.state is not running:
+                continue
+            seq = request.seq
+            num_tokens = seq.content.num_tokens
+            if seq.num_computed_tokens != num_tokens - 1 or num_tokens <= seq.prompt_len:
+                continue  # not a one-token decode
+            # The first length at which the walk's quiet test fails or the step finishes it.
+            event_len = min(touch_len, seq.prompt_len + request.max_tokens - 1, max_model_len - 1)
+            if cohort.join(request, event_len):
+                joined.append(request)
+        for request in joined:
+            del self._outsiders[request]
 
     # ------------------------------------------------------------------ step
     def _clamp(self, num_new: int, budget: int) -> int:
@@ -83,6 +134,10 @@ class V1Scheduler:
             self.running.remove(victim)
         else:
             victim = self.running.pop()
+        if self._cohort is not None:
+            if victim.cohort_clock >= 0:
+                self._cohort.leave(victim)
+            self._outsiders.pop(victim, None)
         self._sync(victim)
         victim.touch_len = None
         self.kv_cache_manager.free(victim.seq)
@@ -142,23 +197,7 @@ class V1Scheduler:
                 index += 1
                 continue
             self._sync(request)
-            can_schedule = True
-            while True:
-                try:
-                    blocks = self.kv_cache_manager.allocate_slots(
-                        seq, num_new, 0, None, self.config.num_lookahead_slots
-                    )
-                except AuditError as error:
-                    self.running.remove(request)
-                    self._fail(request, plan, error, now_s)
-                    can_schedule = None
-                    break
-                if blocks is not None:
-                    break
-                victim = self._preempt(plan)
-                if victim is request:
-                    can_schedule = False
-                    break
+            can_schedule = self._allocate_running(request, num_new, plan, now_s)
             if can_schedule is None:
                 continue
             if not can_schedule:
@@ -172,6 +211,114 @@ class V1Scheduler:
             budget -= num_new
             index += 1
         return budget
+
+    def _schedule_running_lazy(self, plan: StepPlan, budget: int, now_s: float) -> int | None:
+        """`_schedule_running` with a cohort: visit only the outsiders and the members whose
+        event is due, in queue order; the other members decode in bulk (`plan.bulk`).
+
+        Returns the budget left, or None when the budget would not cover every running
+        request (the full walk then decides who is cut off; nothing has changed yet).
+        A preemption victim (the last running request) that is a member leaves the cohort
+        first; every member before the current request stays scheduled, as in the walk.
+        """
+        cohort = self._cohort
+        for request in cohort.pop_due():
+            self._outsiders[request] = None
+        explicit = sorted(self._outsiders, key=_order_key)
+        last_computable = self.config.max_model_len - 1
+        demand = len(cohort)
+        for request in explicit:
+            seq = request.seq
+            if self._is_quiet(request):
+                demand += 1
+            else:
+                threshold = self.config.long_prefill_token_threshold
+                num_new = seq.content.num_tokens - seq.num_computed_tokens
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                demand += max(0, min(num_new, last_computable - seq.num_computed_tokens))
+        if demand > budget:
+            return None
+        max_model_len = self.config.max_model_len
+        running = RequestState.RUNNING
+        for request in explicit:
+            if request.state is not running:
+                continue  # preempted earlier in this walk
+            seq = request.seq
+            computed = seq.num_computed_tokens
+            num_tokens = seq.content.num_tokens
+            if self._is_quiet(request):
+                request.needs_sync = True
+                if (
+                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
+                    or num_tokens + 1 >= max_model_len
+                ):
+                    plan.scheduled.append(ScheduledWork(request, 1, computed, False))
+                else:
+                    plan.quiet.append(request)
+                    plan.quiet_contexts.append(computed)
+                budget -= 1
+                continue
+            num_new = self._clamp(num_tokens - computed, budget)
+            num_new = min(num_new, last_computable - computed)
+            if num_new <= 0:
+                continue
+            self._sync(request)
+            outcome = self._allocate_running(request, num_new, plan, now_s)
+            if outcome is None:
+                continue
+            if not outcome:
+                break
+            self._refresh_touch(request)
+            plan.scheduled.append(
+                ScheduledWork(
+                    request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
+                )
+            )
+            budget -= num_new
+        members = len(cohort)
+        if members:
+            plan.bulk = cohort.bulk()
+            budget -= members
+        return budget
+
+    def _is_quiet(self, request: Request) -> bool:
+        """The walk's fast-path test: a one-token decode the manager declared quiet."""
+        seq = request.seq
+        num_tokens = seq.content.num_tokens
+        touch_len = request.touch_len
+        computed = seq.num_computed_tokens
+        return (
+            self._fast_path
+            and touch_len is not None
+            and num_tokens < touch_len
+            and computed == num_tokens - 1
+            and num_tokens > seq.prompt_len
+            and computed < self.config.max_model_len - 1
+        )
+
+    def _allocate_running(
+        self, request: Request, num_new: int, plan: StepPlan, now_s: float
+    ) -> bool | None:
+        """`allocate_slots` for a running request, preempting from the tail until it fits.
+
+        True: it fits. False: it was itself the victim (the running phase ends). None: the
+        manager call failed; the request failed and left `running`.
+        """
+        while True:
+            try:
+                blocks = self.kv_cache_manager.allocate_slots(
+                    request.seq, num_new, 0, None, self.config.num_lookahead_slots
+                )
+            except AuditError as error:
+                self.running.remove(request)
+                self._outsiders.pop(request, None)
+                self._fail(request, plan, error, now_s)
+                return None
+            if blocks is not None:
+                return True
+            if self._preempt(plan) is request:
+                return False
 
     def _refresh_touch(self, request: Request) -> None:
         refresh_touch(self.kv_cache_manager, request, self._fast_path)
@@ -218,6 +365,8 @@ class V1Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            if self._cohort is not None:
+                self._add_outsider(request)
             self._refresh_touch(request)
             request.state = RequestState.RUNNING
             seq.status = SequenceStatus.RUNNING
@@ -232,7 +381,13 @@ class V1Scheduler:
 
     def schedule(self, now_s: float) -> StepPlan:
         plan = StepPlan()
-        budget = self._schedule_running(plan, self.token_budget, now_s)
+        budget = None
+        if self._cohort is not None:
+            budget = self._schedule_running_lazy(plan, self.token_budget, now_s)
+            if budget is None:
+                self.materialize()
+        if budget is None:
+            budget = self._schedule_running(plan, self.token_budget, now_s)
         if plan.num_preempted == 0:
             self._schedule_waiting(plan, budget, now_s)
         # `_update_after_schedule`: computed tokens advance now, for every scheduled request
@@ -272,4 +427,15 @@ class V1Scheduler:
         apply_quiet_decodes(plan.quiet, now_s, advance_computed=False)
         if finished:
             self.running = [r for r in self.running if not r.state.is_terminal]
+        cohort = self._cohort
+        if cohort is not None:
+            if plan.bulk is not None:
+                cohort.tick(now_s)
+            for request in finished:
+                del self._outsiders[request]
+            self._join_cohort()
         return finished
+
+
+def _order_key(request: Request) -> int:
+    return request.order_key
