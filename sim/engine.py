@@ -106,6 +106,9 @@ class Replica:
         if config.scheduler.decode_cohort:
             # The cohort sums decode contexts capped at the step-time model's attention window.
             self.scheduler.use_decode_cohort(decode_window)
+        # Bound once: the auditor passes read-only queries through `__getattr__`, which would
+        # cost a failed lookup on every step.
+        self.pool_stats = self.manager.pool_stats
         self.num_steps = 0
         self.outstanding = 0
         self.wakeup: simpy.Event | None = None
@@ -205,6 +208,10 @@ class Engine:
 
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler
+        env = self.env
+        stop_at_violation = self.config.violation_policy is ViolationPolicy.STOP
+        max_sim_time_s = self.config.max_sim_time_s
+        predict_s = self.step_time.predict_s
         empty_streak = 0
         while self._stop is None:
             if not scheduler.has_unfinished():
@@ -223,7 +230,7 @@ class Engine:
                 self.records.fatal_error = plan.fatal_error
                 self._stop = f"fatal engine error: {plan.fatal_error}"
                 return
-            if self.config.violation_policy is ViolationPolicy.STOP and replica.manager.violations:
+            if stop_at_violation and replica.manager.violations:
                 first = replica.manager.violations[0]
                 self._stop = f"stopped at the first violation ({first.kind.value}): {first.message}"
                 return
@@ -247,46 +254,51 @@ class Engine:
                 self._abort(
                     scheduler.unfinished(),
                     "stalled: nothing running and no waiting request can be admitted "
-                    f"({replica.manager.pool_stats().num_free} free blocks)",
+                    f"({replica.pool_stats().num_free} free blocks)",
                 )
                 return
             empty_streak = 0
             shape = batch_shape(plan)
-            duration_s = self.step_time.predict_s(shape)
-            start_s = self.env.now
-            yield self.env.timeout(duration_s)
-            finished = scheduler.update(plan, self.env.now)
+            duration_s = predict_s(shape)
+            start_s = env.now
+            yield env.timeout(duration_s)
+            finished = scheduler.update(plan, env.now)
             if finished:
                 replica.outstanding -= len(finished)
                 self._on_terminal(len(finished))
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
-            if (
-                self.config.max_sim_time_s is not None
-                and self.env.now >= self.config.max_sim_time_s
-            ):
-                self._stop = f"reached the simulated-time limit of {self.config.max_sim_time_s} s"
+            if max_sim_time_s is not None and env.now >= max_sim_time_s:
+                self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
 
     def _record_step(
         self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
     ) -> None:
-        stats = replica.manager.pool_stats()
+        stats = replica.pool_stats()
         scheduler = replica.scheduler
+        chunks = shape.prefill_chunks
+        num_prefill_tokens = 0
+        prior_tokens = 0
+        for prior, chunk in chunks:
+            num_prefill_tokens += chunk
+            prior_tokens += prior
+        # The BatchShape properties, summed once here (this runs on every step).
+        num_decode_seqs = shape.num_decode_seqs
         self.records.steps.append(
             (
                 replica.index,
                 replica.num_steps,
                 start_s,
                 duration_s,
-                len(shape.prefill_chunks),
-                shape.num_prefill_tokens,
-                shape.num_decode_seqs,
-                shape.num_tokens,
-                shape.total_context_tokens,
+                len(chunks),
+                num_prefill_tokens,
+                num_decode_seqs,
+                num_decode_seqs + num_prefill_tokens,
+                shape.decode_context_sum + prior_tokens,
                 plan.num_preempted,
                 len(scheduler.waiting),
                 len(scheduler.running),
-                len(getattr(scheduler, "swapped", ())),
+                len(scheduler.swapped) if scheduler.engine == "v0" else 0,
                 stats.num_free,
                 stats.num_total - stats.num_free,
                 stats.num_evictable,

@@ -130,6 +130,10 @@ class DecodeCohort:
         self._crossings.clear()
         return members
 
+    def max_order_key(self) -> int:
+        """The largest `order_key` among the members (the last member in its queue)."""
+        return max(request.order_key for request in self._members)
+
     # ------------------------------------------------------------------ steps
     def bulk(self) -> DecodeBulk:
         """What this step's member decodes read: count, context sum, windowed context sum."""

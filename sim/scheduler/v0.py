@@ -54,6 +54,9 @@ class V0Scheduler:
         #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
         self._later_key: tuple[int, int, int] | None = None
         self._fast_path = fast_path_enabled(config, block_manager)
+        # Bound once: the auditor passes this pure query through `__getattr__`, which would
+        # cost a failed lookup on each of the several calls per step.
+        self._num_free_gpu_blocks = block_manager.get_num_free_gpu_blocks
         #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
         self._cohort: DecodeCohort | None = None
         #: With a cohort: the running requests that are not members, in no particular order.
@@ -234,7 +237,7 @@ class V0Scheduler:
             later_key = (
                 request.request_id,
                 request.seq.content.num_tokens,
-                self.block_manager.get_num_free_gpu_blocks(),
+                self._num_free_gpu_blocks(),
             )
             if later_key == self._later_key:
                 break
@@ -289,7 +292,7 @@ class V0Scheduler:
         queue = self.running
         manager = self.block_manager
         fast = self._fast_path
-        free = manager.get_num_free_gpu_blocks() if fast else 0
+        free = self._num_free_gpu_blocks() if fast else 0
         scheduled = plan.scheduled
         quiet, quiet_contexts = plan.quiet, plan.quiet_contexts
         max_model_len = self.config.max_model_len
@@ -362,7 +365,7 @@ class V0Scheduler:
                 if chunking:
                     budget.add_num_seqs(request.request_id, num_seqs)
             if fast:
-                free = manager.get_num_free_gpu_blocks()
+                free = self._num_free_gpu_blocks()
         return kept_prefill + kept_decode, preempted, swapped_out
 
     def _schedule_running_lazy(
@@ -384,7 +387,7 @@ class V0Scheduler:
         # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
         # holds and at least one block stays free for the quiet decodes after it.
-        if manager.get_num_free_gpu_blocks() < 2 * len(explicit) + 2:
+        if self._num_free_gpu_blocks() < 2 * len(explicit) + 2:
             return None
         if chunking:
             demand = len(cohort)

@@ -216,38 +216,60 @@ class V1Scheduler:
         """`_schedule_running` with a cohort: visit only the outsiders and the members whose
         event is due, in queue order; the other members decode in bulk (`plan.bulk`).
 
-        Returns the budget left, or None when the budget would not cover every running
-        request (the full walk then decides who is cut off; nothing has changed yet).
-        A preemption victim (the last running request) that is a member leaves the cohort
-        first; every member before the current request stays scheduled, as in the walk.
+        The members take one token each where they stand in the queue. When every request's
+        demand fits the budget, nothing is cut off. Otherwise the budget runs out somewhere;
+        that is still exact lazily when it runs out after the last member (the usual case: a
+        long prefill admitted last takes what remains), so the members' tokens are counted
+        just before the first request behind them. Else this returns None (nothing changed
+        yet) and the full walk decides who is cut off. A preemption victim (the last running
+        request) that is a member leaves the cohort first. Returns the budget left.
         """
         cohort = self._cohort
         for request in cohort.pop_due():
             self._outsiders[request] = None
         explicit = sorted(self._outsiders, key=_order_key)
         last_computable = self.config.max_model_len - 1
-        demand = len(cohort)
+        threshold = self.config.long_prefill_token_threshold
+        members = len(cohort)
+        quiet_flags = []
+        demands = []
         for request in explicit:
             seq = request.seq
-            if self._is_quiet(request):
-                demand += 1
+            quiet = self._is_quiet(request)
+            quiet_flags.append(quiet)
+            if quiet:
+                demands.append(1)
             else:
-                threshold = self.config.long_prefill_token_threshold
                 num_new = seq.content.num_tokens - seq.num_computed_tokens
                 if 0 < threshold < num_new:
                     num_new = threshold
-                demand += max(0, min(num_new, last_computable - seq.num_computed_tokens))
-        if demand > budget:
-            return None
+                demands.append(max(0, min(num_new, last_computable - seq.num_computed_tokens)))
+        # Members' tokens are counted before the first request with a larger key.
+        members_key = -1
+        if members and members + sum(demands) > budget:
+            members_key = cohort.max_order_key()
+            ahead = sum(
+                d for r, d in zip(explicit, demands, strict=True) if r.order_key < members_key
+            )
+            if ahead + members > budget:
+                return None
+        elif members:
+            members_key = explicit[-1].order_key + 1 if explicit else 0  # count them at the end
+        members_counted = not members
         max_model_len = self.config.max_model_len
         running = RequestState.RUNNING
-        for request in explicit:
+        for request, quiet in zip(explicit, quiet_flags, strict=True):
+            if not members_counted and request.order_key > members_key:
+                budget -= len(cohort)
+                members_counted = True
+            if budget <= 0:
+                break
             if request.state is not running:
                 continue  # preempted earlier in this walk
             seq = request.seq
             computed = seq.num_computed_tokens
             num_tokens = seq.content.num_tokens
-            if self._is_quiet(request):
+            if quiet:
                 request.needs_sync = True
                 if (
                     num_tokens + 1 - seq.prompt_len >= request.max_tokens
@@ -276,10 +298,10 @@ class V1Scheduler:
                 )
             )
             budget -= num_new
-        members = len(cohort)
-        if members:
+        if not members_counted:
+            budget -= len(cohort)
+        if len(cohort):
             plan.bulk = cohort.bulk()
-            budget -= members
         return budget
 
     def _is_quiet(self, request: Request) -> bool:
