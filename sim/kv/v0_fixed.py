@@ -97,6 +97,7 @@ class WindowedBlockTable(BlockTable):
         null = self.allocator.allocate_or_get_null_block()
         num_null = max(0, cdiv(num_tokens, self.block_size) - window)
         self.blocks = [null] * num_null + self._allocate_blocks(content, num_null, num_tokens)
+        self.num_leading_null = num_null
         self.num_full_slots = num_tokens
 
     def drop_out_of_window(self, num_computed_slots: int) -> None:
@@ -191,21 +192,18 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
             return AllocStatus.OK
         return AllocStatus.LATER
 
-    def decode_touch_len(self, seq: Sequence) -> int | None:
-        """V2's rule (`BlockTable.decode_touch_len`); the null block always exists here.
-
-        Example (bs=16, W=24 -> M=3): a 64-token prompt is ``[null, a, b, c]`` (1 leading
-        null). Candidates 4*16 + 1 = 65 and (1 + 3 + 1)*16 + 1 = 81, so decodes 65.. are not
-        quiet: 65 is returned; after it (5 blocks) the answer is 81 (index 1 is dropped).
-        """
-        return super().decode_touch_len(seq)
-
-    def sync_decode(self, seq: Sequence) -> None:
-        """V2's: write the skipped tokens (e.g. bs=16, slots 65 -> 79 before a call at 80)."""
-        super().sync_decode(seq)
+    # Decode fast path: V2's `decode_touch_len` and `sync_decode`, inherited (no pass-through
+    # override: both run once per real decode call). The null block always exists here.
+    # Example (bs=16, W=24 -> M=3): a 64-token prompt is ``[null, a, b, c]`` (1 leading null).
+    # Candidates 4*16 + 1 = 65 and (1 + 3 + 1)*16 + 1 = 81, so decodes 65.. are not quiet: 65
+    # is returned; after it (5 blocks) the answer is 81 (index 1 is dropped). `sync_decode`
+    # then writes the skipped tokens (e.g. slots 65 -> 79 before a call at 80).
 
     def max_seq_footprint(self, seq) -> int | None:
-        table = self.block_tables.get(seq.seq_id)
-        if self.max_block_sliding_window is None or table is None:
+        window = self.max_block_sliding_window
+        if window is None:
             return None
-        return self.max_block_sliding_window + 1 + cdiv(table.max_lookahead_slots, self.block_size)
+        table = self.block_tables.get(seq.seq_id)
+        if table is None:
+            return None
+        return window + 1 + -(-table.max_lookahead_slots // self.block_size)  # cdiv

@@ -15,7 +15,7 @@ Worked example (bs=16, W=64 so M = 64//16 + 2 = 6, 200-token prompt):
 
 from __future__ import annotations
 
-from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv, num_leading_nulls
+from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
 from sim.kv.v0_v2.naive import Block
 
@@ -42,6 +42,17 @@ class BlockTable:
         self.allocator = allocator
         self.max_block_sliding_window = max_block_sliding_window
         self.blocks: list[Block] = blocks if blocks is not None else []
+        #: How many leading entries are the null block. The sliding-window drop nulls indices
+        #: from 0 upward (and the corrected design allocates a null prefix), so these are the
+        #: only null entries; kept up to date wherever entries change, so the drop and the
+        #: fast-path queries need not scan them.
+        self.num_leading_null = 0
+        for block in self.blocks:
+            if not block.is_null:
+                break
+            self.num_leading_null += 1
+        #: Whether the allocator wants content keys (prefix caching); fixed for its life.
+        self._uses_content_keys = allocator.uses_content_keys
         #: Tokens written into the table (vLLM `_num_full_slots`).
         self.num_full_slots = sum(b.num_tokens for b in self.blocks)
         #: Largest lookahead ever ensured (bounds the footprint).
@@ -53,7 +64,7 @@ class BlockTable:
     def _content_keys(
         self, content: TokenContent, start_block: int, end_block: int
     ) -> list[tuple | None]:
-        if not self.allocator.uses_content_keys:
+        if not self._uses_content_keys:
             return [None] * (end_block - start_block)
         return [content.block_key(i, self.block_size) for i in range(start_block, end_block)]
 
@@ -89,14 +100,22 @@ class BlockTable:
 
     # -- appends -------------------------------------------------------------------------
     def drop_out_of_window(self, num_computed_slots: int) -> None:
-        """Replace indices < C//bs - M by the null block, creating it first if needed."""
+        """Replace indices < C//bs - M by the null block, creating it first if needed.
+
+        Indices below `num_leading_null` are null already, so the scan starts there (a
+        one-token decode moves the end by at most one index). Example (bs=16, M=6): 3 leading nulls and
+        C=160 give end 4, so only index 3 is freed and nulled.
+        """
         assert self.max_block_sliding_window is not None
         null = self.allocator.allocate_or_get_null_block()
         end = num_computed_slots // self.block_size - self.max_block_sliding_window
-        for idx in range(end):
-            if self.blocks[idx] is not null:
-                self.allocator.free(self.blocks[idx])
-                self.blocks[idx] = null
+        blocks = self.blocks
+        free = self.allocator.free
+        for idx in range(self.num_leading_null, end):
+            if blocks[idx] is not null:
+                free(blocks[idx])
+                blocks[idx] = null
+            self.num_leading_null = idx + 1  # per index: right even if a free raises
 
     def append_token_ids(
         self,
@@ -106,49 +125,71 @@ class BlockTable:
         num_computed_slots: int | None = None,
     ) -> None:
         """Append the `num_new_tokens` unseen tokens of `content` (BlockTable L103-156)."""
-        assert self.blocks, "no blocks have been allocated"
-        if self.max_block_sliding_window is not None:
+        blocks = self.blocks
+        assert blocks, "no blocks have been allocated"
+        bs = self.block_size
+        window = self.max_block_sliding_window
+        if window is not None:
             assert num_computed_slots is not None
-            self.drop_out_of_window(num_computed_slots)
-        self.ensure_num_empty_slots(num_new_tokens + num_lookahead_slots)
-        self.max_lookahead_slots = max(self.max_lookahead_slots, num_lookahead_slots)
+            # Skip the call when it would do nothing: the null block exists and the drop end
+            # does not pass the leading null entries (most decodes).
+            if (
+                self.allocator.null_block is None
+                or num_computed_slots // bs - window > self.num_leading_null
+            ):
+                self.drop_out_of_window(num_computed_slots)
+        num_wanted = num_new_tokens + num_lookahead_slots
+        if len(blocks) * bs - self.num_full_slots < num_wanted:  # else ensure is a no-op
+            self.ensure_num_empty_slots(num_wanted)
+        if num_lookahead_slots > self.max_lookahead_slots:
+            self.max_lookahead_slots = num_lookahead_slots
         self._write_tokens(content, num_new_tokens)
         if num_new_tokens > 0:
             self.has_decoded = True
 
     def _write_tokens(self, content: TokenContent, num_new_tokens: int) -> None:
+        """Write the tokens chunk by chunk: first the rest of the partial block (a chunk of 0
+        for an empty append, which still runs the CoW check), then one chunk per block.
+
+        Example (bs=16, 20 slots, 30 new tokens): chunks 12, 16, 2 into blocks 1, 2, 3.
+        """
         bs = self.block_size
-        first_idx = self.num_full_slots // bs
-        first_chunk = bs - self.num_full_slots % bs
-        chunks = [min(num_new_tokens, first_chunk)]
-        remaining = num_new_tokens - first_chunk
-        while remaining > 0:
-            chunks.append(min(bs, remaining))
-            remaining -= bs
-        for i, num in enumerate(chunks):
-            idx = first_idx + i
-            if idx >= len(self.blocks):
+        blocks = self.blocks
+        allocator = self.allocator
+        caching = self._uses_content_keys
+        idx = self.num_full_slots // bs
+        num = bs - self.num_full_slots % bs  # room in the first block: 1..bs
+        if num > num_new_tokens:
+            num = num_new_tokens
+        remaining = num_new_tokens
+        while True:
+            if idx >= len(blocks):
                 if num == 0 and not self.empty_append_raises:
                     break  # the pinned commit 00c3d68 has #7380: nothing to write
                 # The 0.5.4 release indexes blocks[first_idx] even for an empty append, so a
                 # full table (num_full_slots % bs == 0, no lookahead) raises here
                 # (block_table.py:L150-154 @0.5.4; vLLM #7371, fixed by #7380 on 2024-08-09).
-                raise IndexError(
-                    f"block index {idx} out of range for a {len(self.blocks)}-block table"
-                )
-            block = self.blocks[idx]
+                raise IndexError(f"block index {idx} out of range for a {len(blocks)}-block table")
+            block = blocks[idx]
             key = None
-            if self.allocator.uses_content_keys and block.num_tokens + num == bs:
+            if caching and block.num_tokens + num == bs:
                 key = content.block_key(idx, bs)
-            self.allocator.append_tokens(block, num, key)
+            allocator.append_tokens(block, num, key)
+            remaining -= num
+            if remaining <= 0:
+                break
+            idx += 1
+            num = bs if remaining > bs else remaining
         self.num_full_slots += num_new_tokens
 
     def ensure_num_empty_slots(self, num_empty_slots: int) -> None:
         num_empty = len(self.blocks) * self.block_size - self.num_full_slots
         if num_empty >= num_empty_slots:
             return
-        for _ in range(cdiv(num_empty_slots - num_empty, self.block_size)):
-            self.blocks.append(self.allocator.allocate_mutable_block(self.blocks[-1], Device.GPU))
+        blocks = self.blocks
+        allocate = self.allocator.gpu.allocate_mutable_block
+        for _ in range(-(-(num_empty_slots - num_empty) // self.block_size)):  # cdiv
+            blocks.append(allocate(blocks[-1]))
 
     def get_num_blocks_touched_by_append_slots(
         self, num_new_tokens: int, num_lookahead_slots: int
@@ -173,30 +214,29 @@ class BlockTable:
         and (6 + 6 + 1)*16 + 1 = 209, so decodes 202..208 are quiet and 209 is returned.
         None with lookahead slots (or an empty table).
         """
-        if not self.blocks or self.max_lookahead_slots > 0:
+        blocks = self.blocks
+        if not blocks or self.max_lookahead_slots > 0:
             return None
         bs = self.block_size
         num_full_slots = self.num_full_slots
-        for block in self.blocks[num_full_slots // bs :]:
-            if block.is_null or block.block_id is None:
+        refcount = self.allocator.refcount
+        for block in blocks[num_full_slots // bs :]:  # usually just the partial tail block
+            block_id = block.block_id
+            if block.is_null or block_id is None:
                 return None
-            if self.allocator.allocator_of(block.block_id).refcounter.get(block.block_id) != 1:
+            if refcount(block_id) != 1:
                 return num_tokens  # the next write copies on write
-        touch_len = len(self.blocks) * bs + 1
+        touch_len = len(blocks) * bs + 1
         window = self.max_block_sliding_window
         if window is not None:
-            null = self.allocator.null_block
-            if null is None:
+            if self.allocator.null_block is None:
                 return num_tokens  # the next drop creates the null block
-            num_leading_null = 0
-            for block in self.blocks:
-                if block is not null:
-                    break
-                num_leading_null += 1
-            touch_len = min(touch_len, (num_leading_null + window + 1) * bs + 1)
-        if self.allocator.uses_content_keys:
+            drop_len = (self.num_leading_null + window + 1) * bs + 1
+            if drop_len < touch_len:
+                touch_len = drop_len
+        if self._uses_content_keys:
             touch_len = min(touch_len, cdiv(num_full_slots + 1, bs) * bs)
-        return max(touch_len, num_tokens)
+        return touch_len if touch_len > num_tokens else num_tokens
 
     def write_quiet_tokens(self, num_full_slots: int) -> None:
         """Count tokens up to `num_full_slots` as written, as skipped quiet decodes would have.
@@ -210,18 +250,23 @@ class BlockTable:
         if num_full_slots <= pos:
             return
         bs = self.block_size
-        caching = self.allocator.uses_content_keys
-        while pos < num_full_slots:
-            block = self.blocks[pos // bs]
-            num = min(bs - pos % bs, num_full_slots - pos)
+        blocks = self.blocks
+        caching = self._uses_content_keys
+        refcount = self.allocator.refcount
+        while pos < num_full_slots:  # usually one pass: the tokens fit the tail block
+            offset = pos % bs
+            block = blocks[pos // bs]
+            num = bs - offset
+            if num > num_full_slots - pos:
+                num = num_full_slots - pos
             assert not block.is_null and block.block_id is not None, "quiet write to a null block"
-            assert block.num_tokens == pos % bs, (
-                f"block holds {block.num_tokens} tokens, not {pos % bs}"
+            assert block.num_tokens == offset, (
+                f"block holds {block.num_tokens} tokens, not {offset}"
             )
             assert not caching or block.num_tokens + num < bs, (
                 "a quiet write cannot fill a cached block"
             )
-            assert self.allocator.allocator_of(block.block_id).refcounter.get(block.block_id) == 1
+            assert refcount(block.block_id) == 1
             block.num_tokens += num
             block.num_tokens_total += num
             pos += num
@@ -247,9 +292,10 @@ class BlockTable:
         return child
 
     def free(self) -> None:
-        for block in self.blocks:
-            self.allocator.free(block)
+        """Free every block in order (in bulk: tables hold hundreds of blocks)."""
+        self.allocator.free_blocks(self.blocks)
         self.blocks = []
+        self.num_leading_null = 0
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -262,9 +308,9 @@ class BlockTable:
 
     def num_live_blocks(self) -> int:
         """Non-null blocks. The sliding-window drop nulls indices from 0 upward, so null entries
-        are a prefix and the rest are distinct blocks: a binary search, not a set (this runs at
-        every audited allocation). Example: [null, null, 7, 8] -> 2."""
-        return len(self.blocks) - num_leading_nulls(self.blocks)
+        are a prefix (`num_leading_null` long) and the rest are distinct blocks: O(1), not a set
+        (this runs at every audited allocation). Example: [null, null, 7, 8] -> 2."""
+        return len(self.blocks) - self.num_leading_null
 
 
 class Release054BlockTable(BlockTable):

@@ -52,25 +52,58 @@ class CpuGpuBlockAllocator:
             self.null_block = block
         return self.null_block
 
+    # The per-block entry points below pick the device inline (not via `device_allocator` /
+    # `allocator_of`): they run once per allocated, written or freed block.
     def allocate_mutable_block(self, prev: Block | None, device: Device = Device.GPU) -> Block:
-        return self.device_allocator(device).allocate_mutable_block(prev)
+        alloc = self.gpu if device is Device.GPU else self.cpu
+        return alloc.allocate_mutable_block(prev)
 
     def allocate_immutable_blocks(
         self, prev: Block | None, keys: list, device: Device = Device.GPU
     ) -> list[Block]:
-        return self.device_allocator(device).allocate_immutable_blocks(prev, keys)
+        alloc = self.gpu if device is Device.GPU else self.cpu
+        return alloc.allocate_immutable_blocks(prev, keys)
 
     def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
         if block.is_null:
             raise ValueError("null block should not be modified")
-        assert block.block_id is not None
-        self.allocator_of(block.block_id).append_tokens(block, num_tokens, key)
+        block_id = block.block_id
+        assert block_id is not None
+        alloc = self.gpu if block_id < self.num_gpu_blocks else self.cpu
+        alloc.append_tokens(block, num_tokens, key)
 
     def free(self, block: Block) -> None:
         if block.is_null:
             return
-        assert block.block_id is not None
-        self.allocator_of(block.block_id).free(block)
+        block_id = block.block_id
+        assert block_id is not None
+        (self.gpu if block_id < self.num_gpu_blocks else self.cpu).free(block)
+
+    def free_blocks(self, blocks: list[Block]) -> None:
+        """`free` every block of `blocks` in order (a table's release): same effect, same errors.
+
+        Runs of blocks of one device go through that allocator's `free_run` (one loop, no
+        call per block). Example (G=10): [null, 3, 4] skips the null block and frees 3 then 4,
+        so the GPU deque starts 4, 3, ...
+        """
+        idx, num = 0, len(blocks)
+        while idx < num:
+            block = blocks[idx]
+            if block.is_null:
+                idx += 1
+                continue
+            assert block.block_id is not None
+            alloc = self.allocator_of(block.block_id)
+            end = alloc.free_run(blocks, idx)
+            if end == idx:  # an id no pool holds: the per-block path raises as before
+                alloc.free(block)
+                end = idx + 1
+            idx = end
+
+    def refcount(self, block_id: int) -> int:
+        """The refcount of an absolute id, on whichever device holds it."""
+        alloc = self.gpu if block_id < self.num_gpu_blocks else self.cpu
+        return alloc.refcounter.get(block_id)
 
     def fork(self, blocks: list[Block]) -> list[Block]:
         assert blocks and not blocks[-1].is_null and blocks[-1].block_id is not None

@@ -54,26 +54,31 @@ class BlockSpaceManagerV2:
             config.block_size,
             config.enable_prefix_caching,
         )
+        #: The GPU allocator and its free count, read directly by the per-step queries
+        #: (`get_num_free_gpu_blocks` runs several times per engine step).
+        self._gpu = self.block_allocator.gpu
+        self._count_free_gpu = self._gpu.count_free_blocks
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
         self._last_access_tracker = LastAccessBlocksTracker(self.block_allocator)
 
     # -- admission -----------------------------------------------------------------------
     def _first_waiting(self, seq_group: SequenceGroup) -> Sequence:
-        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
-        if not waiting:
-            raise ValueError(f"request {seq_group.request_id} has no WAITING sequence")
-        return waiting[0]
+        for seq in seq_group.seqs:  # `get_seqs(WAITING)[0]` without building the list
+            if seq.status is SequenceStatus.WAITING:
+                return seq
+        raise ValueError(f"request {seq_group.request_id} has no WAITING sequence")
 
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
-        num_required = cdiv(self._first_waiting(seq_group).num_tokens, self.block_size)
-        if self.max_block_sliding_window is not None:
-            num_required = min(num_required, self.max_block_sliding_window)
+        num_required = cdiv(self._first_waiting(seq_group).content.num_tokens, self.block_size)
+        window = self.max_block_sliding_window
+        if window is not None and window < num_required:
+            num_required = window
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         num_required = self.admission_blocks(seq_group)
-        num_free = self.block_allocator.num_free_blocks(Device.GPU)
+        num_free = self._count_free_gpu()
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
         if num_free - num_required >= self.watermark_blocks:
@@ -112,19 +117,25 @@ class BlockSpaceManagerV2:
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         num_touched = 0
-        for seq in seq_group.get_seqs(SequenceStatus.RUNNING):
-            table = self.block_tables[seq.seq_id]
-            num_touched += table.get_num_blocks_touched_by_append_slots(
-                self._num_unseen(seq, table), num_lookahead_slots
-            )
-        return num_touched <= self.block_allocator.num_free_blocks(Device.GPU)
+        running = SequenceStatus.RUNNING
+        for seq in seq_group.seqs:  # the RUNNING ones, as `get_seqs(RUNNING)`
+            if seq.status is running:
+                table = self.block_tables[seq.seq_id]
+                num_touched += table.get_num_blocks_touched_by_append_slots(
+                    seq.content.num_tokens - table.num_full_slots, num_lookahead_slots
+                )
+        return num_touched <= self._count_free_gpu()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         table = self.block_tables[seq.seq_id]
+        content = seq.content
         table.append_token_ids(
-            seq.content, self._num_unseen(seq, table), num_lookahead_slots, seq.num_computed_tokens
+            content,
+            content.num_tokens - table.num_full_slots,  # `_num_unseen`
+            num_lookahead_slots,
+            seq.num_computed_tokens,
         )
-        return self.block_allocator.clear_copy_on_writes()
+        return self._gpu.clear_copy_on_writes()
 
     # -- decode fast path ----------------------------------------------------------------
     def decode_touch_len(self, seq: Sequence) -> int | None:
@@ -140,7 +151,7 @@ class BlockSpaceManagerV2:
         table = self.block_tables.get(seq.seq_id)
         if table is None or not table.is_on_gpu():
             return None
-        return table.decode_touch_len(seq.num_tokens)
+        return table.decode_touch_len(seq.content.num_tokens)
 
     def sync_decode(self, seq: Sequence) -> None:
         """Write the tokens of skipped quiet decodes into the table, silently.
@@ -151,9 +162,11 @@ class BlockSpaceManagerV2:
         holds 9 tokens. A no-op when nothing was skipped.
         """
         table = self.block_tables.get(seq.seq_id)
-        if table is None or not table.is_on_gpu():
+        # Nothing skipped (also true of most calls) -> nothing to write, on any device.
+        if table is None or seq.content.num_tokens - 1 <= table.num_full_slots:
             return
-        table.write_quiet_tokens(seq.num_tokens - 1)
+        if table.is_on_gpu():
+            table.write_quiet_tokens(seq.content.num_tokens - 1)
 
     # -- fork / free ---------------------------------------------------------------------
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
@@ -166,10 +179,10 @@ class BlockSpaceManagerV2:
         table = self.block_tables.get(seq.seq_id)
         if table is None:
             return
-        self._last_access_tracker.update_seq_blocks_last_access(
-            seq.seq_id, table.physical_block_ids
-        )
-        self._last_access_tracker.remove_seq(seq.seq_id)
+        tracker = self._last_access_tracker
+        if tracker.has_access_time(seq.seq_id):  # only with prefix caching; else a no-op
+            tracker.update_seq_blocks_last_access(seq.seq_id, table.physical_block_ids)
+        tracker.remove_seq(seq.seq_id)
         self._computed_tracker.remove_seq(seq.seq_id)
         table.free()
         del self.block_tables[seq.seq_id]
@@ -235,7 +248,7 @@ class BlockSpaceManagerV2:
         return self.block_tables[seq.seq_id].physical_block_ids
 
     def get_num_free_gpu_blocks(self) -> int:
-        return self.block_allocator.num_free_blocks(Device.GPU)
+        return self._count_free_gpu()
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.block_allocator.num_free_blocks(Device.CPU)
@@ -258,10 +271,10 @@ class BlockSpaceManagerV2:
 
     # -- PoolIntrospection ---------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
-        gpu = self.block_allocator.gpu
+        gpu = self._gpu
         return PoolStats(
-            gpu.num_total_blocks,
-            gpu.num_free_blocks,
+            self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
+            self._count_free_gpu(),
             gpu.refcounter.num_positive,
             gpu.num_evictable_blocks,
         )
@@ -282,10 +295,13 @@ class BlockSpaceManagerV2:
         return table.num_live_blocks()
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
-        table = self.block_tables.get(seq.seq_id)
-        if self.max_block_sliding_window is None or table is None or not table.has_decoded:
+        window = self.max_block_sliding_window
+        if window is None:
             return None
-        return self.max_block_sliding_window + 1 + cdiv(table.max_lookahead_slots, self.block_size)
+        table = self.block_tables.get(seq.seq_id)
+        if table is None or not table.has_decoded:
+            return None
+        return window + 1 + -(-table.max_lookahead_slots // self.block_size)  # cdiv
 
     def recover_leaked_blocks(self) -> int:
         return self.block_allocator.gpu.recover_leaked_blocks()

@@ -21,6 +21,7 @@ them; real vLLM never does.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.kv.types import DoubleFreeError, NoFreeBlocksError, cdiv
@@ -71,6 +72,17 @@ class RefCounter:
             self.num_positive -= 1
         return count
 
+    def incr_many(self, block_ids: list[int]) -> None:
+        """`incr` each id in order, in one loop (a prompt's ids are taken in bulk)."""
+        refcounts = self._refcounts
+        num_new_positive = 0
+        for block_id in block_ids:
+            count = refcounts[block_id] + 1
+            refcounts[block_id] = count
+            if count == 1:
+                num_new_positive += 1
+        self.num_positive += num_new_positive
+
     def get(self, block_id: int) -> int:
         return self._refcounts[block_id]
 
@@ -88,7 +100,13 @@ class NaiveBlockAllocator:
         self.block_size = block_size
         self.all_block_ids = tuple(sorted(block_ids))
         self._free_block_ids: deque[int] = deque(block_ids)
+        #: `num_free_blocks` as a call without a Python frame (the deque's own `len`): the
+        #: managers read the free count several times per engine step.
+        self.count_free_blocks: Callable[[], int] = self._free_block_ids.__len__
         self.refcounter = RefCounter(block_ids)
+        #: The refcounter's dict, read and updated inline by the hot loops below (the
+        #: same object for the allocator's whole life).
+        self._refcounts = self.refcounter._refcounts
         self._copy_on_writes: list[tuple[int, int]] = []
         self.leaked_blocks: list[Block] = []
 
@@ -125,20 +143,27 @@ class NaiveBlockAllocator:
     def allocate_immutable_blocks(
         self, prev: Block | None, keys: list[tuple | None]
     ) -> list[Block]:
-        """Pop every id first, then build the blocks (naive_block.py:L85-106 @00c3d68)."""
-        block_ids: list[int] = []
-        try:
-            for _ in keys:
-                block_ids.append(self.allocate_block_id())
-        except NoFreeBlocksError:
+        """Pop every id first, then build the blocks (naive_block.py:L85-106 @00c3d68).
+
+        Same effect as `allocate_block_id` once per key, in bulk: a prompt takes hundreds of
+        blocks. If the deque holds fewer ids than keys, vLLM pops them all and then raises.
+        """
+        free_ids = self._free_block_ids
+        popleft = free_ids.popleft
+        block_ids = [popleft() for _ in range(min(len(keys), len(free_ids)))]
+        self.refcounter.incr_many(block_ids)
+        if len(block_ids) < len(keys):
             # The real code drops these ids on the floor: refcount 1, owned by no table.
             self.leaked_blocks.extend(Block(i) for i in block_ids)
-            raise
+            raise NoFreeBlocksError()
+        bs = self.block_size
+        total = prev.num_tokens_total if prev is not None else 0
         blocks: list[Block] = []
+        append = blocks.append
         for block_id in block_ids:
-            total = (prev.num_tokens_total if prev is not None else 0) + self.block_size
-            prev = Block(block_id, prev, self.block_size, None, total)
-            blocks.append(prev)
+            total += bs
+            prev = Block(block_id, prev, bs, None, total)
+            append(prev)
         return blocks
 
     def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
@@ -151,7 +176,10 @@ class NaiveBlockAllocator:
         assert block.num_tokens + num_tokens <= self.block_size, "block overflow"
         block.num_tokens += num_tokens
         block.num_tokens_total += num_tokens
-        if block.block_id is not None:
+        block_id = block.block_id
+        # `cow_block_if_not_appendable` keeps the id of an unshared block: only ask it (the
+        # rare case) when the block is shared.
+        if block_id is not None and self._refcounts[block_id] > 1:
             block.block_id = self.cow_block_if_not_appendable(block)
 
     def cow_block_if_not_appendable(self, block: Block) -> int:
@@ -171,6 +199,39 @@ class NaiveBlockAllocator:
     def free(self, block: Block) -> None:
         self.free_block_id(block)
 
+    def free_run(self, blocks: list[Block], start: int) -> int:
+        """Free ``blocks[start:]`` in order, up to the first block whose id is not in this
+        pool (another device's, or None); return that block's index, else ``len(blocks)``.
+
+        Null blocks are skipped, as `CpuGpuBlockAllocator.free` skips them. Each other block
+        is freed exactly as `free_block_id` would (same deque order, same DoubleFreeError),
+        with the refcount update inlined: releasing a finished request's table is the
+        hottest free path (hundreds of blocks per table).
+        """
+        refcounts = self._refcounts
+        push = self._free_block_ids.appendleft
+        num_zeroed = 0
+        try:
+            for idx in range(start, len(blocks)):
+                block = blocks[idx]
+                if block.is_null:
+                    continue
+                block_id = block.block_id
+                count = refcounts.get(block_id)  # type: ignore[arg-type]
+                if count is None:
+                    return idx
+                if count <= 0:
+                    raise DoubleFreeError(f"block {block_id} freed with refcount 0")
+                count -= 1
+                refcounts[block_id] = count  # type: ignore[index]
+                if count == 0:
+                    push(block_id)  # type: ignore[arg-type]
+                    num_zeroed += 1
+                block.block_id = None
+            return len(blocks)
+        finally:
+            self.refcounter.num_positive -= num_zeroed
+
     def fork(self, blocks: list[Block]) -> list[Block]:
         """New block objects sharing every id of `blocks` (refcount +1 each)."""
         return fork_blocks(self.refcounter, blocks)
@@ -184,9 +245,8 @@ class NaiveBlockAllocator:
     def num_total_blocks(self) -> int:
         return len(self.all_block_ids)
 
-    @property
-    def num_evictable_blocks(self) -> int:
-        return 0
+    #: Never any without caching; a constant, not a property: `pool_stats` reads it per step.
+    num_evictable_blocks = 0
 
     def free_block_ids(self) -> list[int]:
         """The free deque, front first (for tests)."""

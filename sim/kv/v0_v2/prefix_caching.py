@@ -116,6 +116,21 @@ class PrefixCachingBlockAllocator:
     def free(self, block: Block) -> None:
         self.free_block_id(block)
 
+    def free_run(self, blocks: list[Block], start: int) -> int:
+        """Free ``blocks[start:]`` in order up to the first block whose id is not in this pool
+        (another device's, or None); return its index, else ``len(blocks)``. Null blocks are
+        skipped (see `NaiveBlockAllocator.free_run`); each other block goes through
+        `free_block_id` (a cached block enters the evictor)."""
+        owned = self._trackers  # one entry per id of this pool
+        for idx in range(start, len(blocks)):
+            block = blocks[idx]
+            if block.is_null:
+                continue
+            if block.block_id not in owned:
+                return idx
+            self.free_block_id(block)
+        return len(blocks)
+
     # -- blocks --------------------------------------------------------------------------
     def _hash_of(self, prev: Block | None, key: tuple) -> int | None:
         if prev is None:
@@ -220,6 +235,10 @@ class PrefixCachingBlockAllocator:
     # -- counts --------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        return self._hashless.num_free_blocks + self.evictor.num_blocks
+
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a call (the naive allocator's is a bound `len`)."""
         return self._hashless.num_free_blocks + self.evictor.num_blocks
 
     @property

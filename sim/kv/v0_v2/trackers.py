@@ -51,6 +51,11 @@ class LastAccessBlocksTracker:
     def remove_seq(self, seq_id: int) -> None:
         del self._seq_to_last_access_s[seq_id]
 
+    def has_access_time(self, seq_id: int) -> bool:
+        """Whether `update_seq_blocks_last_access` would stamp anything (a KeyError if the seq
+        is not tracked, as there)."""
+        return self._seq_to_last_access_s[seq_id] is not None
+
     def update_last_access(self, seq_id: int, now_s: float) -> None:
         assert seq_id in self._seq_to_last_access_s
         self._seq_to_last_access_s[seq_id] = now_s
