@@ -36,6 +36,8 @@ Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import cycle, groupby, islice
+from operator import attrgetter
 from os.path import commonprefix
 
 from sim.kv.config import KVCacheConfig
@@ -51,6 +53,7 @@ from sim.kv.types import (
     chain_hash,
 )
 from sim.kv.v0_v1_alloc import (
+    OUT_OF_BLOCKS_MSG,
     BlockAllocator,
     CachedBlockAllocator,
     Device,
@@ -59,6 +62,8 @@ from sim.kv.v0_v1_alloc import (
 )
 
 BlockTable = list[PhysicalBlock]
+
+_DEVICE_OF = attrgetter("device")
 
 
 @dataclass(slots=True)
@@ -74,27 +79,6 @@ def _unique(blocks: BlockTable) -> BlockTable:
     return list(dict.fromkeys(blocks))
 
 
-#: vLLM's `utils.Device` values (``enum.auto()``: GPU = 1, CPU = 2), used by `_set_order`.
-_VLLM_DEVICE_VALUE = {Device.GPU: 1, Device.CPU: 2}
-
-
-class _SetOrderKey:
-    """A block as a set member hashed by ``(device value, block id)`` (ints only, so the
-    hash never depends on PYTHONHASHSEED), equal only to a key of the same block object."""
-
-    __slots__ = ("block", "_hash")
-
-    def __init__(self, block: PhysicalBlock) -> None:
-        self.block = block
-        self._hash = hash((_VLLM_DEVICE_VALUE[block.device], block.block_id))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SetOrderKey) and other.block is self.block
-
-
 def _set_order(blocks: BlockTable) -> BlockTable:
     """Distinct blocks in the order Python iterates ``set(blocks)`` under the block hash
     ``hash((device, block number))``.
@@ -106,8 +90,17 @@ def _set_order(blocks: BlockTable) -> BlockTable:
     (`sim/vllm_real/v0_adapter.py:_deterministic_block_sets`) and we follow that order: the
     same hashes inserted in the same order give the same set iteration order. Example: GPU
     table [0, 1, 2, 3, 4] frees as [2, 1, 4, 0, 3]; [9, 8, 7] as [7, 8, 9].
+
+    The set members are the ``(device value, block number)`` tuples themselves (vLLM's
+    `utils.Device` values, ``enum.auto()``: GPU = 1, CPU = 2; tuples of ints, so their hash
+    never depends on PYTHONHASHSEED): the hashes are the blocks' hashes, inserted one by one
+    in table order, and two tuples are equal exactly when their blocks are the same (one
+    block object per device and number), so the set iterates in the order a set of the
+    blocks would; a dict maps each tuple back to its block. No wrapper object per block.
     """
-    return [key.block for key in set(map(_SetOrderKey, blocks))]
+    keys = [(1 if block.device is Device.GPU else 2, block.block_id) for block in blocks]
+    block_of = dict(zip(keys, blocks, strict=True))
+    return [block_of[key] for key in set(keys)]
 
 
 class BlockSpaceManagerV1:
@@ -137,6 +130,9 @@ class BlockSpaceManagerV1:
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
         self._seq_id_to_hashes: dict[int, _HashCache] = {}
+        #: seq_id -> (table, its length, its last entry, distinct GPU block ids) at the last
+        #: `num_seq_blocks` call, to extend instead of recount (see there).
+        self._seq_gpu_ids: dict[int, tuple[BlockTable, int, PhysicalBlock, set[int]]] = {}
 
     # ------------------------------------------------------------------ hashing
     def _full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -173,7 +169,12 @@ class BlockSpaceManagerV1:
     # --------------------------------------------------------------- admission
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
         """Blocks `can_allocate` compares: ``min(cdiv(L, bs), w)``; 112 tokens, w=2 -> 2."""
-        num_required = seq_group.get_seqs(SequenceStatus.WAITING)[0].n_blocks(self.block_size)
+        seqs = seq_group.seqs
+        if len(seqs) == 1 and seqs[0].status is SequenceStatus.WAITING:
+            seq = seqs[0]  # `get_seqs(WAITING)[0]` of the common one-sequence group
+        else:
+            seq = seq_group.get_seqs(SequenceStatus.WAITING)[0]
+        num_required = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
         if self.block_sliding_window is not None:
             num_required = min(num_required, self.block_sliding_window)
         return num_required
@@ -191,9 +192,20 @@ class BlockSpaceManagerV1:
         self, seq: Sequence, ref_count: int, taken: list[tuple[PhysicalBlock, int]]
     ) -> BlockTable:
         """Prompt table; `taken` records (block, refs added) so a failure can be undone later."""
-        table: BlockTable = []
         w = self.block_sliding_window
-        for logical_idx in range(seq.n_blocks(self.block_size)):
+        num_blocks = seq.n_blocks(self.block_size)
+        if not self.enable_caching and ref_count > 0:
+            # The loop below, in bulk: take the table's own blocks (all of it, or the ring's
+            # first w) at once; the ring entries repeat them, and their `set_ref` calls find
+            # every own block at `ref_count` already, so they change nothing.
+            num_own = num_blocks if w is None else min(num_blocks, w)
+            own = self.gpu_allocator.allocate_n(num_own, ref_count)
+            if len(own) < num_own:
+                taken.extend((block, ref_count) for block in own)
+                raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
+            return own if num_blocks == num_own else list(islice(cycle(own), num_blocks))
+        table: BlockTable = []
+        for logical_idx in range(num_blocks):
             if w is not None and logical_idx >= w:
                 block = table[logical_idx % w]
                 self.gpu_allocator.set_ref(block, ref_count)  # set, not +1: the ring quirk
@@ -228,7 +240,12 @@ class BlockSpaceManagerV1:
         """One free block per RUNNING seq; no watermark (L353-364)."""
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
-        return seq_group.num_seqs(SequenceStatus.RUNNING) <= self.gpu_allocator.num_free_blocks
+        seqs = seq_group.seqs
+        if len(seqs) == 1:  # `num_seqs(RUNNING)` of the common one-sequence group
+            num_running = 1 if seqs[0].status is SequenceStatus.RUNNING else 0
+        else:
+            num_running = seq_group.num_seqs(SequenceStatus.RUNNING)
+        return num_running <= self.gpu_allocator.num_free_blocks
 
     def _allocate_last_physical_block(self, seq: Sequence) -> PhysicalBlock:
         if not self.enable_caching:
@@ -264,15 +281,19 @@ class BlockSpaceManagerV1:
         """
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
-        n_blocks = seq.n_blocks(self.block_size)
+        n_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
         table = self.block_tables[seq.seq_id]
-        if len(table) < n_blocks:
-            assert len(table) == n_blocks - 1, "append_slots adds at most one block"
+        num_entries = len(table)
+        if num_entries < n_blocks:
+            assert num_entries == n_blocks - 1, "append_slots adds at most one block"
             w = self.block_sliding_window
-            if w is not None and len(table) >= w:
-                table.append(table[len(table) % w])  # then falls through: may copy-on-write
-            else:
+            if w is not None and num_entries >= w:
+                table.append(table[num_entries % w])  # then falls through: may copy-on-write
+            elif self.enable_caching:
                 table.append(self._allocate_last_physical_block(seq))
+                return []
+            else:
+                table.append(self.gpu_allocator.allocate())  # `_allocate_last_physical_block`
                 return []
         last_block = table[-1]
         assert last_block.device is Device.GPU, f"append_slots on swapped-out seq {seq.seq_id}"
@@ -315,10 +336,12 @@ class BlockSpaceManagerV1:
         until it fills). None when the table is unknown or swapped out.
         """
         table = self.block_tables.get(seq.seq_id)
-        if not table or table[-1].device is not Device.GPU:
+        if not table:
             return None
-        num_tokens = seq.num_tokens
         last_block = table[-1]
+        if last_block.device is not Device.GPU:
+            return None
+        num_tokens = seq.content.num_tokens
         if last_block.ref_count != 1:
             return num_tokens
         bs = self.block_size
@@ -426,16 +449,20 @@ class BlockSpaceManagerV1:
     def _free_block_table(self, table: BlockTable) -> None:
         w = self.block_sliding_window
         # A ring's last w entries name every ring block once: free only those.
-        # In upstream's `set` order (see `_set_order`): it decides the evictor's order.
-        for block in _set_order(table[-w:] if w is not None else table):
-            allocator = self.gpu_allocator if block.device is Device.GPU else self.cpu_allocator
-            allocator.free(block)
+        # In upstream's `set` order (see `_set_order`): it decides the evictor's order. Each
+        # run of blocks on one device (the whole table, in practice) goes to its allocator
+        # in one call.
+        blocks = _set_order(table[-w:] if w is not None else table)
+        for device, run in groupby(blocks, key=_DEVICE_OF):
+            allocator = self.gpu_allocator if device is Device.GPU else self.cpu_allocator
+            allocator.free_n(run)
 
     def free(self, seq: Sequence) -> None:
         table = self.block_tables.pop(seq.seq_id, None)
         if table is None:
             return  # already freed or never scheduled
         self._seq_id_to_hashes.pop(seq.seq_id, None)
+        self._seq_gpu_ids.pop(seq.seq_id, None)
         self._free_block_table(table)
 
     def get_block_table(self, seq: Sequence) -> list[int]:
@@ -492,12 +519,12 @@ class BlockSpaceManagerV1:
 
     # ----------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
-        gpu = self.gpu_allocator
+        gpu = self.gpu_allocator  # positional: called several times per engine step
         return PoolStats(
-            num_total=self.num_total_gpu_blocks,
-            num_free=gpu.num_free_blocks,
-            num_held=gpu.num_held_blocks,
-            num_evictable=gpu.num_evictable_blocks,
+            self.num_total_gpu_blocks,
+            gpu.num_free_blocks,
+            gpu.num_held_blocks,
+            gpu.num_evictable_blocks,
         )
 
     def block_refcounts(self) -> dict[int, int]:
@@ -509,9 +536,30 @@ class BlockSpaceManagerV1:
         return [b.block_id for b in table if b.device is Device.GPU]
 
     def num_seq_blocks(self, seq_id: int) -> int:
-        return len(
-            {b.block_id for b in self.block_tables.get(seq_id, []) if b.device is Device.GPU}
-        )
+        """Distinct GPU block ids in the table (a ring repeats its blocks).
+
+        Called after every allocate and append (footprint audit), so the id set is kept per
+        sequence and only the entries appended since the last call are added to it. A table
+        changes in place only by `append_slots` (append, or replace the last entry), so it
+        is unchanged up to the entry that was last at the last call if that entry still is
+        the same block; otherwise (copy-on-write replaced it, or the table is a new list)
+        the set is rebuilt.
+        """
+        table = self.block_tables.get(seq_id)
+        if not table:
+            self._seq_gpu_ids.pop(seq_id, None)
+            return 0
+        gpu = Device.GPU
+        memo = self._seq_gpu_ids.get(seq_id)
+        if memo is not None and memo[0] is table and table[memo[1] - 1] is memo[2]:
+            block_ids = memo[3]
+            for block in table[memo[1] :]:
+                if block.device is gpu:
+                    block_ids.add(block.block_id)
+        else:
+            block_ids = {b.block_id for b in table if b.device is gpu}
+        self._seq_gpu_ids[seq_id] = (table, len(table), table[-1], block_ids)
+        return len(block_ids)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         return self.block_sliding_window

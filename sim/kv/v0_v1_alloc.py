@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sim.kv.types import DoubleFreeError, NoFreeBlocksError
@@ -189,9 +189,53 @@ class UncachedBlockAllocator(_RefCounting):
         self._take(block)
         return block
 
+    def allocate_n(self, num_blocks: int, ref_count: int) -> list[PhysicalBlock]:
+        """`num_blocks` calls of `allocate()`, each followed by `set_ref(block, ref_count)`,
+        in one pass (a prompt's table); stops early, without raising, when the list runs dry.
+
+        Same blocks, order (LIFO pops) and counts as the calls; the caller raises
+        `NoFreeBlocksError` when it gets fewer blocks than it asked for.
+        """
+        assert ref_count > 0, f"allocate_n with ref_count {ref_count}"
+        free_blocks = self._free_blocks
+        num_taken = min(num_blocks, len(free_blocks))
+        if num_taken <= 0:
+            return []
+        blocks = free_blocks[-num_taken:]
+        del free_blocks[-num_taken:]
+        blocks.reverse()  # pop() order: the top of the stack first
+        num_newly_held = 0
+        for block in blocks:
+            # `_take` then `set_ref`: a block already counted held (see `_take`) is not again.
+            if block.ref_count == 0:
+                num_newly_held += 1
+            block.ref_count = ref_count
+        self.num_held_blocks += num_newly_held
+        return blocks
+
     def free(self, block: PhysicalBlock) -> None:
         if self._drop(block):
             self._free_blocks.append(block)
+
+    def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
+        """`free(block)` for each block in order (a finished table): same checks, same
+        DoubleFreeError at the same block, with every earlier free done."""
+        device = self.device
+        free_blocks = self._free_blocks
+        num_released = 0
+        try:
+            for block in blocks:
+                if block.device is not device:
+                    self._check_owned(block)  # the usual AssertionError
+                ref_count = block.ref_count
+                if ref_count == 0:
+                    raise DoubleFreeError(f"Double free! {block} is already freed.")
+                block.ref_count = ref_count - 1
+                if ref_count == 1:
+                    num_released += 1
+                    free_blocks.append(block)
+        finally:
+            self.num_held_blocks -= num_released
 
     @property
     def num_free_blocks(self) -> int:
@@ -266,6 +310,27 @@ class CachedBlockAllocator(_RefCounting):
         if self._drop(block):
             self.evictor.add(block)
             del self.hash_to_block[block.block_hash]
+
+    def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
+        """`free(block)` for each block in order (a finished table): same checks, same
+        DoubleFreeError at the same block, with every earlier free done."""
+        device = self.device
+        evictor = self.evictor
+        num_released = 0
+        try:
+            for block in blocks:
+                if block.device is not device:
+                    self._check_owned(block)  # the usual AssertionError
+                ref_count = block.ref_count
+                if ref_count == 0:
+                    raise DoubleFreeError(f"Double free! {block} is already freed.")
+                block.ref_count = ref_count - 1
+                if ref_count == 1:
+                    num_released += 1
+                    evictor.add(block)
+                    del self.hash_to_block[block.block_hash]
+        finally:
+            self.num_held_blocks -= num_released
 
     def contains_block(self, block_hash: int) -> bool:
         return block_hash in self.hash_to_block or block_hash in self.evictor

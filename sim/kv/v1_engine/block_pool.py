@@ -64,22 +64,16 @@ class BlockPool:
         self.null_block = self.blocks[null_id]
         self.null_block.is_null = True
         self.null_block.ref_cnt = 1
-        # Running counts so pool_stats is O(1) and independent of the free-queue length.
-        self._num_referenced = 0  # non-null blocks with ref_cnt > 0
-        self._num_evictable = 0  # free blocks that still carry a hash
+        # Running counts so pool_stats is O(1) and independent of the free-queue length. Plain
+        # attributes (read by the manager several times per step); only the pool writes them.
+        #: Distinct blocks with a positive refcount, the null block included.
+        self.num_held_blocks = 1
+        #: Free blocks that still carry a hash (cached, evicted when popped).
+        self.num_evictable_blocks = 0
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
         return len(self.free_block_queue)
-
-    @property
-    def num_held_blocks(self) -> int:
-        """Distinct blocks with a positive refcount, the null block included."""
-        return self._num_referenced + 1
-
-    @property
-    def num_evictable_blocks(self) -> int:
-        return self._num_evictable
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The first cached block with `block_hash`, or None (a cache miss)."""
@@ -91,16 +85,17 @@ class BlockPool:
     # ----------------------------------------------------------------------------- commands
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes."""
-        if num_blocks > self.get_num_free_blocks():
+        if num_blocks > len(self.free_block_queue):
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        new_blocks = [self.blocks[i] for i in self.free_block_queue.popleft_n(num_blocks)]
+        blocks = self.blocks
+        new_blocks = [blocks[i] for i in self.free_block_queue.popleft_n(num_blocks)]
         for block in new_blocks:
             assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
-                self._num_evictable -= 1
+                self.num_evictable_blocks -= 1
                 self._evict_cached_block(block)
             block.ref_cnt = 1
-        self._num_referenced += len(new_blocks)
+        self.num_held_blocks += len(new_blocks)
         return new_blocks
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
@@ -118,9 +113,9 @@ class BlockPool:
                 continue  # upstream bumps it, but never reads the null block's refcount
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block.block_id)
-                self._num_referenced += 1
+                self.num_held_blocks += 1
                 if block.block_hash is not None:
-                    self._num_evictable -= 1
+                    self.num_evictable_blocks -= 1
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -128,22 +123,31 @@ class BlockPool:
 
         The first block given is evicted first, which is why a request frees its table in
         reverse: its tail block (longest hash chain, least likely to be shared) goes first.
+        A double free raises with the blocks before it decremented (and counted) but none
+        of them queued, as it always has.
         """
+        # The hot loop of a request's end (every block of its table): counts are kept in
+        # locals and applied once, the queue is appended to once.
         released: list[int] = []
+        num_newly_evictable = 0
         for block in ordered_blocks:
             if block.is_null:
                 continue
-            if block.ref_cnt <= 0:
-                raise AssertionError(
-                    f"double free of block {block.block_id} (ref_cnt {block.ref_cnt})"
-                )
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            ref_cnt = block.ref_cnt
+            if ref_cnt <= 0:
+                self.num_held_blocks -= len(released)
+                self.num_evictable_blocks += num_newly_evictable
+                raise AssertionError(f"double free of block {block.block_id} (ref_cnt {ref_cnt})")
+            ref_cnt -= 1
+            block.ref_cnt = ref_cnt
+            if ref_cnt == 0:
                 released.append(block.block_id)
-                self._num_referenced -= 1
                 if block.block_hash is not None:
-                    self._num_evictable += 1
-        self.free_block_queue.append_n(released)
+                    num_newly_evictable += 1
+        if released:
+            self.num_held_blocks -= len(released)
+            self.num_evictable_blocks += num_newly_evictable
+            self.free_block_queue.append_n(released)
 
     def cache_full_blocks(
         self,

@@ -19,41 +19,47 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import islice
 
 
-class FreeBlockQueue:
-    """Free block ids in eviction order (head = evicted first)."""
+class FreeBlockQueue(OrderedDict[int, None]):
+    """Free block ids in eviction order (head = evicted first).
 
-    __slots__ = ("_ids",)
+    The queue *is* the ordered dict of its ids (values unused), so `len(q)` and `id in q` run
+    in C: the free count is read several times per engine step. Change it only through the
+    methods below, which keep upstream's order and checks.
+    """
+
+    __slots__ = ()
 
     def __init__(self, block_ids: Iterable[int]) -> None:
-        self._ids: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._ids
+        super().__init__(dict.fromkeys(block_ids))
 
     def popleft_n(self, num_blocks: int) -> list[int]:
         """Pop `num_blocks` ids from the head (the least recently freed first)."""
-        if num_blocks > len(self._ids):
+        if num_blocks > len(self):
             # Upstream asserts here; callers check the free count first.
-            raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self._ids)}")
-        return [self._ids.popitem(last=False)[0] for _ in range(num_blocks)]
+            raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self)}")
+        if num_blocks == 1:
+            return [self.popitem(False)[0]]  # a decode crossing into a new block
+        # Read the head ids, then delete them: cheaper than `popitem(last=False)` per id.
+        block_ids = list(islice(self, num_blocks))
+        for block_id in block_ids:
+            del self[block_id]
+        return block_ids
 
     def remove(self, block_id: int) -> None:
         """Take a block out of the middle (a cache hit on an evictable block)."""
-        if block_id not in self._ids:
+        if block_id not in self:
             raise ValueError(f"block {block_id} is not in the free queue")
-        del self._ids[block_id]
+        del self[block_id]
 
     def append_n(self, block_ids: Iterable[int]) -> None:
         """Put blocks back at the tail, in the given order (first given = evicted first)."""
         for block_id in block_ids:
-            assert block_id not in self._ids, f"block {block_id} appended to the free queue twice"
-            self._ids[block_id] = None
+            assert block_id not in self, f"block {block_id} appended to the free queue twice"
+            self[block_id] = None
 
     def ids(self) -> list[int]:
         """All free ids, head first (O(n); for tests and audits)."""
-        return list(self._ids)
+        return list(self)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
-from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash, num_leading_nulls
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash, num_leading_nulls
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
@@ -117,32 +117,53 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
         if num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("num_new_computed_tokens and num_lookahead_tokens must be >= 0")
-        hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+        # Only a new request's first call can bring prefix hits; every other call skips the
+        # checks and the hit handling below (each is a no-op without hits).
+        if new_computed_block_ids or num_new_computed_tokens:
+            hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+        else:
+            hits = []
         request_id = request.seq_id
         manager = self.single_type_manager
+        block_pool = self.block_pool
+        num_skip_tokens = request.num_computed_tokens
 
         # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
-        # stands even when the step then fails (`kv_cache_manager.py:L258-266`).
-        manager.remove_skipped_blocks(request_id, request.num_computed_tokens)
-        self._req_to_skip_tokens[request_id] = request.num_computed_tokens
+        # stands even when the step then fails (`kv_cache_manager.py:L258-266`). Full
+        # attention skips nothing, so only a sliding window needs the call.
+        if self.sliding_window is not None:
+            manager.remove_skipped_blocks(request_id, num_skip_tokens)
+        self._req_to_skip_tokens[request_id] = num_skip_tokens
 
         # Steps 2-4: count and check with the arithmetic the allocation then uses.
-        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_computed_tokens = num_skip_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        if self.max_model_len is not None:
-            num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
-        num_blocks_to_allocate = manager.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, hits
-        )
-        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
+        if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
+            num_tokens_need_slot = self.max_model_len
+        table = manager.req_to_blocks.setdefault(request_id, [])  # blocks_of, inlined (hot)
+        if hits:
+            num_blocks_to_allocate = manager.get_num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, hits
+            )
+        else:
+            # `get_num_blocks_to_allocate` without hits.
+            num_blocks_to_allocate = -(-num_tokens_need_slot // self.block_size) - len(table)
+        if num_blocks_to_allocate > len(block_pool.free_block_queue):
             return None
 
-        self.block_pool.touch(hits)
-        manager.save_new_computed_blocks(request_id, hits)
-        new_blocks = manager.allocate_new_blocks(request_id, num_tokens_need_slot)
-        self._req_to_max_need_tokens[request_id] = max(
-            num_tokens_need_slot, self._req_to_max_need_tokens.get(request_id, 0)
-        )
+        if hits or request_id not in manager.num_cached_block:
+            block_pool.touch(hits)
+            manager.save_new_computed_blocks(request_id, hits)
+        if hits:
+            new_blocks = manager.allocate_new_blocks(request_id, num_tokens_need_slot)
+        elif num_blocks_to_allocate > 0:
+            # `allocate_new_blocks` without hits: the table grows by exactly the count above.
+            new_blocks = block_pool.get_new_blocks(num_blocks_to_allocate)
+            table.extend(new_blocks)
+        else:
+            new_blocks = []
+        if num_tokens_need_slot > self._req_to_max_need_tokens.get(request_id, 0):
+            self._req_to_max_need_tokens[request_id] = num_tokens_need_slot
 
         # Step 5: cache blocks that this step's scheduled tokens fill, but never lookahead
         # (draft) slots: the cap at num_tokens keeps unfinalised tokens out of the cache.
@@ -186,7 +207,7 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.block_pool.get_num_free_blocks()
+        return len(self.block_pool.free_block_queue)
 
     @property
     def usage(self) -> float:
@@ -217,7 +238,7 @@ class KVCacheManager:
         max_need_tokens = self._req_to_max_need_tokens.get(request_id)
         if not table or max_need_tokens is None or request_id not in manager.num_cached_block:
             return None
-        num_tokens = request.num_tokens
+        num_tokens = request.content.num_tokens
         if max_need_tokens > num_tokens:
             return None  # lookahead slots: not a plain decode
         bs = self.block_size
@@ -229,7 +250,7 @@ class KVCacheManager:
                 return num_tokens
             touch_len = min(touch_len, (num_cached + 1) * bs)
         if self.sliding_window is not None:
-            num_leading_null = num_leading_nulls(table)
+            num_leading_null = self._num_leading_nulls(request_id, table)
             touch_len = min(touch_len, (num_leading_null + 1) * bs + self.sliding_window)
         return max(touch_len, num_tokens)
 
@@ -257,11 +278,12 @@ class KVCacheManager:
 
     # ---------------------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
+        pool = self.block_pool  # positional: called several times per engine step
         return PoolStats(
-            num_total=self.block_pool.num_gpu_blocks,
-            num_free=self.block_pool.get_num_free_blocks(),
-            num_held=self.block_pool.num_held_blocks,
-            num_evictable=self.block_pool.num_evictable_blocks,
+            pool.num_gpu_blocks,
+            len(pool.free_block_queue),
+            pool.num_held_blocks,
+            pool.num_evictable_blocks,
         )
 
     def block_refcounts(self) -> dict[int, int]:
@@ -273,9 +295,31 @@ class KVCacheManager:
 
     def num_seq_blocks(self, seq_id: int) -> int:
         # A table never repeats a block and its null entries are a prefix (skipped blocks, or
-        # the padding of a sliding-window cache hit), so this is O(log n), not a set.
-        table = self.single_type_manager.req_to_blocks.get(seq_id, [])
-        return len(table) - num_leading_nulls(table)
+        # the padding of a sliding-window cache hit), so this is O(1) or O(log n), not a set.
+        table = self.single_type_manager.req_to_blocks.get(seq_id)
+        if not table:
+            return 0
+        return len(table) - self._num_leading_nulls(seq_id, table)
+
+    def _num_leading_nulls(self, request_id: int, table: list[KVCacheBlock]) -> int:
+        """`num_leading_nulls(table)`, in O(1) when the window's last cut is the boundary.
+
+        After `remove_skipped_blocks(C)` the nulls end at ``(C - W + 1) // bs`` unless a
+        cache hit padded further; checking the two entries around that index confirms it
+        (nulls form a prefix), otherwise the binary search decides. Full attention never
+        skips, so its guess is 0, confirmed by a non-null ``table[0]``.
+        """
+        guess = 0
+        if self.sliding_window is not None:
+            skip_tokens = self._req_to_skip_tokens.get(request_id, 0)
+            guess = max(0, (skip_tokens - self.sliding_window + 1) // self.block_size)
+        if (
+            guess < len(table)
+            and not table[guess].is_null
+            and (guess == 0 or table[guess - 1].is_null)
+        ):
+            return guess
+        return num_leading_nulls(table)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
@@ -294,8 +338,9 @@ class KVCacheManager:
         if need_tokens is None:
             return 0
         skip_tokens = self._req_to_skip_tokens[seq.seq_id]
-        num_skipped_blocks = max(0, skip_tokens - self.sliding_window + 1) // self.block_size
-        return max(0, cdiv(need_tokens, self.block_size) - num_skipped_blocks)
+        bs = self.block_size
+        num_skipped_blocks = max(0, skip_tokens - self.sliding_window + 1) // bs
+        return max(0, -(-need_tokens // bs) - num_skipped_blocks)  # cdiv, inlined (hot)
 
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""

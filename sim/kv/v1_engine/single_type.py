@@ -49,6 +49,8 @@ class SingleTypeManager(abc.ABC):
         num_new_blocks = (
             num_required_blocks - len(new_computed_blocks) - len(self.blocks_of(request_id))
         )
+        if not new_computed_blocks:
+            return num_new_blocks  # the common case: no hits, so none is evictable
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new_blocks + num_evictable_hits
 
@@ -177,12 +179,14 @@ class SlidingWindowManager(SingleTypeManager):
         floor(89 / 16) = 5: blocks 4..0 are freed.
         """
         first_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
-        table = self.blocks_of(request_id)
+        table = self.req_to_blocks.setdefault(request_id, [])  # blocks_of, inlined (hot)
         if first_useful_block > len(table):
             raise ValueError(
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "
                 f"{len(table)} blocks in its table"
             )
+        if first_useful_block <= 0 or table[first_useful_block - 1].is_null:
+            return  # nothing left the window since the last call (most calls)
         removed: list[KVCacheBlock] = []
         for index in range(first_useful_block - 1, -1, -1):
             if table[index].is_null:
