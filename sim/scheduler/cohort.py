@@ -40,7 +40,8 @@ class DecodeCohort:
         self.clock = 0
         #: End time of the last tick: the time of every member's newest token.
         self.last_tick_s: float | None = None
-        self._members: set[Request] = set()
+        # A dict as an ordered set: iteration order never depends on object addresses.
+        self._members: dict[Request, None] = {}
         self._context_sum = 0
         # Members whose context is still below the window, and the sum of their contexts.
         self._num_below = 0
@@ -71,7 +72,7 @@ class DecodeCohort:
         request.cohort_tokens = num_tokens
         request.cohort_event = event
         request.needs_sync = True
-        self._members.add(request)
+        self._members[request] = None
         bucket = self._events.get(event)
         if bucket is None:
             self._events[event] = [request]
@@ -91,7 +92,7 @@ class DecodeCohort:
         """Take a member out: its skipped tokens are appended now (one call, same content)."""
         base_clock = request.cohort_clock
         delta = self.clock - base_clock
-        self._members.remove(request)
+        del self._members[request]
         request.cohort_clock = -1
         base_context = request.cohort_tokens - 1
         context = base_context + delta
@@ -109,7 +110,9 @@ class DecodeCohort:
             request.last_token_s = self.last_tick_s
 
     def pop_due(self) -> list[Request]:
-        """The members whose event is at the current clock, taken out of the cohort."""
+        """The members whose event is at the current clock, with their tokens brought up to
+        date. They stay members: the caller either `leave`s them or, after the call their
+        decode needed, `refile`s them under their next event."""
         bucket = self._events.pop(self.clock, None)
         if not bucket:
             return []
@@ -117,9 +120,35 @@ class DecodeCohort:
         clock = self.clock
         for request in bucket:
             if request.cohort_clock >= 0 and request.cohort_event == clock:
-                self.leave(request)
+                self._rebase(request)
                 due.append(request)
         return due
+
+    def _rebase(self, request: Request) -> None:
+        """Append a member's skipped tokens and restart its count from now. Its context, and
+        so the sums and the clock at which it reaches the window, do not change."""
+        delta = self.clock - request.cohort_clock
+        if delta:
+            seq = request.seq
+            seq.content.append_output(-(seq.seq_id + 1), delta)
+            seq.num_computed_tokens += delta
+            request.last_token_s = self.last_tick_s
+            request.cohort_clock = self.clock
+            request.cohort_tokens += delta
+
+    def refile(self, request: Request, event_len: int) -> None:
+        """File a due member (see `pop_due`) under its next event, during the step that runs
+        its decode at its current length N: from the next step on it has N + k tokens at
+        clock + k, so the event is at clock + max(1, event_len - N)."""
+        num_tokens = request.cohort_tokens
+        event = self.clock + max(1, event_len - num_tokens)
+        request.cohort_event = event
+        request.needs_sync = True
+        bucket = self._events.get(event)
+        if bucket is None:
+            self._events[event] = [request]
+        else:
+            bucket.append(request)
 
     def release_all(self) -> list[Request]:
         """Take every member out (before a step that must visit each request)."""

@@ -378,11 +378,24 @@ class V0Scheduler:
         or None when this step must visit every request: when the pool is so low that a call
         may fail or leave no free block for a quiet decode (the walk's `free >= 1` test), or
         when the token budget would not cover every request. Nothing has changed then.
+
+        A due member that finishes in this step leaves the cohort; one whose decode needs the
+        manager (it reached `touch_len`) gets its calls here and stays, filed under its next
+        event, so it costs no leave, no join and no explicit update.
         """
         cohort = self._cohort
+        touched = []
+        max_model_len = self.config.max_model_len
         for request in cohort.pop_due():
-            self._outsiders[request] = None
-        explicit = sorted(self._outsiders, key=_order_key)
+            seq = request.seq
+            if seq.content.num_tokens >= min(
+                seq.prompt_len + request.max_tokens - 1, max_model_len
+            ):
+                cohort.leave(request)  # finishes after this step: the explicit path frees it
+                self._outsiders[request] = None
+            else:
+                touched.append(request)
+        explicit = sorted([*self._outsiders, *touched], key=_order_key)
         manager = self.block_manager
         # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
@@ -390,16 +403,18 @@ class V0Scheduler:
         if self._num_free_gpu_blocks() < 2 * len(explicit) + 2:
             return None
         if chunking:
-            demand = len(cohort)
-            for request in explicit:
+            demand = len(cohort)  # the touched members included
+            for request in self._outsiders:
                 seq = request.seq
                 demand += seq.num_tokens - seq.num_computed_tokens if request.is_prefill else 1
             if demand > budget.remaining_token_budget():
                 return None
         scheduled = plan.scheduled
-        max_model_len = self.config.max_model_len
         kept_prefill: list[Request] = []
         for request in explicit:
+            if request.cohort_clock >= 0:
+                self._touch_member(request, budget, plan, now_s)
+                continue
             seq = request.seq
             num_tokens = seq.content.num_tokens
             touch_len = request.touch_len
@@ -449,6 +464,35 @@ class V0Scheduler:
             if chunking:
                 budget.num_curr_seqs += members
         return kept_prefill
+
+    def _touch_member(
+        self, request: Request, budget: SchedulingBudget, plan: StepPlan, now_s: float
+    ) -> None:
+        """The walk's real-call branch for a due cohort member (a one-token decode)."""
+        seq = request.seq
+        context = seq.num_computed_tokens
+        self._sync(request)
+        manager = self.block_manager
+        if not manager.can_append_slots(request.group, self.config.num_lookahead_slots):
+            raise AssertionError(f"kvsim: lazy step without room for request {request.request_id}")
+        try:
+            self._append_slots(request, plan)
+        except AuditError as error:
+            self._cohort.leave(request)
+            self._remove_running(request)
+            self._fail(request, plan, error, now_s)
+            return
+        touch_len = request.touch_len
+        if touch_len is not None:
+            # Same rule as `_join_cohort`: the first length that is not quiet.
+            finish_len = min(seq.prompt_len + request.max_tokens - 1, self.config.max_model_len)
+            self._cohort.refile(request, min(touch_len, finish_len))
+            return
+        # The manager wants every call from now on: this decode runs as an outsider's.
+        self._cohort.leave(request)
+        self._outsiders[request] = None
+        plan.scheduled.append(ScheduledWork(request, 1, context, False))
+        budget.add_num_batched_tokens(request.request_id, 1)
 
     def _schedule_swapped(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool

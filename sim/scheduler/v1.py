@@ -225,16 +225,29 @@ class V1Scheduler:
         request) that is a member leaves the cohort first. Returns the budget left.
         """
         cohort = self._cohort
+        max_model_len = self.config.max_model_len
+        touched = []
         for request in cohort.pop_due():
-            self._outsiders[request] = None
-        explicit = sorted(self._outsiders, key=_order_key)
-        last_computable = self.config.max_model_len - 1
+            seq = request.seq
+            if seq.content.num_tokens >= min(
+                seq.prompt_len + request.max_tokens - 1, max_model_len - 1
+            ):
+                cohort.leave(request)  # finishes after this step: the explicit path frees it
+                self._outsiders[request] = None
+            else:
+                touched.append(request)  # reached touch_len: calls here, stays a member
+        explicit = sorted([*self._outsiders, *touched], key=_order_key)
+        last_computable = max_model_len - 1
         threshold = self.config.long_prefill_token_threshold
         members = len(cohort)
         quiet_flags = []
         demands = []
         for request in explicit:
             seq = request.seq
+            if request.cohort_clock >= 0:
+                quiet_flags.append(False)
+                demands.append(0)  # counted with the members
+                continue
             quiet = self._is_quiet(request)
             quiet_flags.append(quiet)
             if quiet:
@@ -256,7 +269,6 @@ class V1Scheduler:
         elif members:
             members_key = explicit[-1].order_key + 1 if explicit else 0  # count them at the end
         members_counted = not members
-        max_model_len = self.config.max_model_len
         running = RequestState.RUNNING
         for request, quiet in zip(explicit, quiet_flags, strict=True):
             if not members_counted and request.order_key > members_key:
@@ -269,6 +281,25 @@ class V1Scheduler:
             seq = request.seq
             computed = seq.num_computed_tokens
             num_tokens = seq.content.num_tokens
+            if request.cohort_clock >= 0:
+                # A due member whose decode needs the manager: the walk's real-call branch.
+                self._sync(request)
+                outcome = self._allocate_running(request, 1, plan, now_s)
+                if outcome is None:
+                    continue
+                if not outcome:
+                    break
+                self._refresh_touch(request)
+                touch_len = request.touch_len
+                if touch_len is not None:
+                    finish_len = min(seq.prompt_len + request.max_tokens - 1, max_model_len - 1)
+                    cohort.refile(request, min(touch_len, finish_len))
+                else:  # every call from now on: this decode runs as an outsider's
+                    cohort.leave(request)
+                    self._outsiders[request] = None
+                    plan.scheduled.append(ScheduledWork(request, 1, computed, False))
+                    budget -= 1
+                continue
             if quiet:
                 request.needs_sync = True
                 if (
@@ -333,6 +364,8 @@ class V1Scheduler:
                     request.seq, num_new, 0, None, self.config.num_lookahead_slots
                 )
             except AuditError as error:
+                if request.cohort_clock >= 0:
+                    self._cohort.leave(request)
                 self.running.remove(request)
                 self._outsiders.pop(request, None)
                 self._fail(request, plan, error, now_s)
