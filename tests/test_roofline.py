@@ -16,6 +16,7 @@ from sim.latency import (
     StepTimeModel,
     make_step_time,
 )
+from sim.latency.batch import DecodeBulk
 
 LLAMA = get_model("llama-3.1-8b")
 DECODE_64x4K = BatchShape(decode_context_tokens=(4096,) * 64, prefill_chunks=())
@@ -82,6 +83,25 @@ def test_roofline_is_monotone(ctx, chunks, grow, model):
         longer = (ctx[0] + grow, *ctx[1:])
         assert r.predict_s(BatchShape(longer, tuple(chunks))) >= t  # a longer context
     assert r.predict_s(BatchShape(tuple(ctx), (*chunks, (0, grow)))) >= t  # one more chunk
+    # The per-step shortcut adds exactly the breakdown's terms.
+    assert t == r.breakdown(base).total_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ctx=st.lists(st.integers(1, 9000), min_size=1, max_size=20),
+    split=st.integers(0, 20),
+    chunks=st.lists(st.tuples(st.integers(0, 8000), st.integers(1, 2048)), max_size=2),
+)
+def test_bulk_decodes_predict_like_listed_ones(ctx, split, chunks):
+    """A cohort's decodes given as sums (`DecodeBulk`) time exactly like the same decodes listed."""
+    r = RooflineStepTime(get_model("mistral-7b-v0.1"), get_gpu("a100-80gb-sxm"))
+    window = r.decode_window
+    listed, bulked = ctx[:split], ctx[split:]
+    bulk = DecodeBulk(len(bulked), sum(bulked), window, sum(min(c, window) for c in bulked))
+    assert r.predict_s(BatchShape(tuple(listed), tuple(chunks), bulk)) == r.predict_s(
+        BatchShape(tuple(ctx), tuple(chunks))
+    )
 
 
 def test_linear_model_example_and_validation():

@@ -10,7 +10,7 @@ already-computed tokens:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)  # not frozen: built per step/call, 3x cheaper
@@ -43,17 +43,18 @@ class BatchShape:
     decode_context_tokens: tuple[int, ...]  # context length of each decode seq
     prefill_chunks: tuple[tuple[int, int], ...]  # (prior context tokens, chunk tokens) per prefill
     bulk: DecodeBulk | None = None
+    #: Decodes, listed and bulk (computed once: every model and the step record read it).
+    num_decode_seqs: int = field(init=False)
+    #: Sum of the decode contexts, listed and bulk.
+    decode_context_sum: int = field(init=False)
 
-    @property
-    def num_decode_seqs(self) -> int:
+    def __post_init__(self) -> None:
         bulk = self.bulk
-        return len(self.decode_context_tokens) + (bulk.num_seqs if bulk is not None else 0)
-
-    @property
-    def decode_context_sum(self) -> int:
-        """Sum of the decode contexts (listed and bulk)."""
-        bulk = self.bulk
-        return sum(self.decode_context_tokens) + (bulk.context_tokens if bulk is not None else 0)
+        self.num_decode_seqs = len(self.decode_context_tokens)
+        self.decode_context_sum = sum(self.decode_context_tokens)
+        if bulk is not None:
+            self.num_decode_seqs += bulk.num_seqs
+            self.decode_context_sum += bulk.context_tokens
 
     def decode_windowed_context_sum(self, window: int) -> int:
         """Sum of min(context, window) over the decodes: what a sliding-window layer reads.

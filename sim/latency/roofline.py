@@ -164,6 +164,10 @@ class RooflineStepTime:
         self._overhead_s = eff.overhead_s
 
     def breakdown(self, batch: BatchShape) -> RooflineBreakdown:
+        return RooflineBreakdown(*self._terms(batch))
+
+    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+        """The fields of `RooflineBreakdown`, in order (a tuple: `predict_s` runs every step)."""
         chunks = batch.prefill_chunks
         num_dec = batch.num_decode_seqs
         num_prefill = 0
@@ -175,7 +179,7 @@ class RooflineStepTime:
             pairs_full += chunk * (prior + (chunk + 1) * 0.5)
         num_tokens = num_dec + num_prefill
         if num_tokens == 0:
-            return RooflineBreakdown(0.0, 0.0, 0.0, self._overhead_s, 0.0, 0.0, 0.0, 0.0)
+            return (0.0, 0.0, 0.0, self._overhead_s, 0.0, 0.0, 0.0, 0.0)
         dec_sum = batch.decode_context_sum
         ctx_full = dec_sum + prior_sum
         pairs_full += dec_sum + num_dec
@@ -206,7 +210,7 @@ class RooflineStepTime:
             allreduce_s = self._ar_fixed_s + self._ar_bytes_per_token * num_tokens * (
                 self._ar_s_per_byte
             )
-        return RooflineBreakdown(
+        return (
             linear_s,
             attention_s,
             allreduce_s,
@@ -223,4 +227,5 @@ class RooflineStepTime:
         return self._window
 
     def predict_s(self, batch: BatchShape) -> float:
-        return self.breakdown(batch).total_s
+        linear_s, attention_s, allreduce_s, overhead_s = self._terms(batch)[:4]
+        return linear_s + attention_s + allreduce_s + overhead_s  # == breakdown().total_s
