@@ -38,7 +38,8 @@ def _request(request_id: int, num_tokens: int) -> Request:
 )
 def test_cohort_sums_and_tokens_match_explicit_bookkeeping(window, ops):
     """Members' implicit tokens, the context sums and the due events equal what explicit
-    per-request counting gives, under any sequence of joins, leaves, ticks and event pops."""
+    per-request counting gives, under any sequence of joins, leaves, ticks, event pops and
+    re-filings."""
     cohort = DecodeCohort(window)
     requests = [_request(i, 5 + i) for i in range(8)]
     expected_tokens = {r.request_id: r.seq.content.num_tokens for r in requests}
@@ -64,9 +65,19 @@ def test_cohort_sums_and_tokens_match_explicit_bookkeeping(window, ops):
             for member in members:
                 expected_tokens[member] += 1
         elif op == "due":
-            due = {r.request_id for r in cohort.pop_due()}
-            assert due == {r for r in members if expected_tokens[r] == events[r]}
-            members -= due
+            due = cohort.pop_due()
+            assert {r.request_id for r in due} == {
+                r for r in members if expected_tokens[r] == events[r]
+            }
+            for member in due:  # brought up to date in place, still members
+                mid = member.request_id
+                assert member.seq.content.num_tokens == expected_tokens[mid]
+                if (gap + mid) % 2:
+                    cohort.leave(member)
+                    members.discard(mid)
+                else:  # its decode ran: filed under its next event (at least one step on)
+                    cohort.refile(member, expected_tokens[mid] + gap - 3)
+                    events[mid] = max(expected_tokens[mid] + gap - 3, expected_tokens[mid] + 1)
         contexts = [expected_tokens[m] - 1 for m in members]
         bulk = cohort.bulk()
         assert bulk.num_seqs == len(members) == len(cohort)

@@ -34,6 +34,8 @@ class AuditorBase:
         clock: Callable[[], tuple[float | None, int | None]] | None = None,
     ) -> None:
         self.inner = inner
+        # Bound once: read after every call (None for a stand-in without it, as in tests).
+        self._pool_stats = getattr(inner, "pool_stats", None)
         self.policy = policy
         self.level = level
         self.violations: list[Violation] = []
@@ -70,7 +72,7 @@ class AuditorBase:
     def _after_call(self, call: str, request_id: int | None) -> None:
         """Invariants that hold after every call, whatever it was."""
         self.num_calls += 1
-        stats = self.inner.pool_stats()
+        stats = self._pool_stats()
         if not stats.is_conserved:
             self._record(
                 ViolationKind.CONSERVATION,

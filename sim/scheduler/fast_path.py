@@ -28,11 +28,6 @@ def fast_path_enabled(config: SchedulerConfig, manager) -> bool:
     )
 
 
-def refresh_touch(manager, request: Request, enabled: bool) -> None:
-    """After a real call: ask the manager when the next decode of `request` must call it."""
-    request.touch_len = manager.decode_touch_len(request.seq) if enabled else None
-
-
 def sync(manager, request: Request) -> None:
     """Before a real call: let the manager catch up on the decode steps that were skipped."""
     if request.needs_sync:

@@ -29,7 +29,7 @@ from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
-from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
+from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -54,6 +54,9 @@ class V0Scheduler:
         #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
         self._later_key: tuple[int, int, int] | None = None
         self._fast_path = fast_path_enabled(config, block_manager)
+        # The fast-path calls, bound once (they run on every touched decode).
+        self._touch_len_of = block_manager.decode_touch_len if self._fast_path else None
+        self._sync_decode = block_manager.sync_decode if self._fast_path else None
         # Bound once: the auditor passes this pure query through `__getattr__`, which would
         # cost a failed lookup on each of the several calls per step.
         self._num_free_gpu_blocks = block_manager.get_num_free_gpu_blocks
@@ -210,10 +213,14 @@ class V0Scheduler:
         self._refresh_touch(request)
 
     def _refresh_touch(self, request: Request) -> None:
-        refresh_touch(self.block_manager, request, self._fast_path)
+        """After a real call: ask the manager when the next decode must call it again."""
+        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
 
     def _sync(self, request: Request) -> None:
-        sync(self.block_manager, request)
+        """Before a real call: let the manager catch up on the decodes it did not see."""
+        if request.needs_sync:  # only ever set with the fast path on
+            request.needs_sync = False
+            self._sync_decode(request.seq)
 
     # ------------------------------------------------------------------ phases
     def _schedule_prefills(

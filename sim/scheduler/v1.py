@@ -25,7 +25,7 @@ from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
-from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled, refresh_touch, sync
+from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -45,6 +45,9 @@ class V1Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._fast_path = fast_path_enabled(config, kv_cache_manager)
+        # The fast-path calls, bound once (they run on every touched decode).
+        self._touch_len_of = kv_cache_manager.decode_touch_len if self._fast_path else None
+        self._sync_decode = kv_cache_manager.sync_decode if self._fast_path else None
         #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
         self._cohort: DecodeCohort | None = None
         #: With a cohort: the running requests that are not members.
@@ -376,10 +379,14 @@ class V1Scheduler:
                 return False
 
     def _refresh_touch(self, request: Request) -> None:
-        refresh_touch(self.kv_cache_manager, request, self._fast_path)
+        """After a real call: ask the manager when the next decode must call it again."""
+        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
 
     def _sync(self, request: Request) -> None:
-        sync(self.kv_cache_manager, request)
+        """Before a real call: let the manager catch up on the decodes it did not see."""
+        if request.needs_sync:  # only ever set with the fast path on
+            request.needs_sync = False
+            self._sync_decode(request.seq)
 
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
