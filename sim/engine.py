@@ -122,11 +122,17 @@ def _request_of(spec: RequestSpec) -> Request:
 
 def batch_shape(plan: StepPlan) -> BatchShape:
     works = plan.scheduled
-    return BatchShape(
-        tuple([w.num_context_tokens for w in works if not w.is_prefill] + plan.quiet_contexts),
-        tuple([(w.num_context_tokens, w.num_tokens) for w in works if w.is_prefill]),
-        plan.bulk,
-    )
+    if not works:  # the common step: the cohort and maybe a few quiet decodes
+        return BatchShape(tuple(plan.quiet_contexts), (), plan.bulk)
+    decodes = []
+    chunks = []
+    for work in works:
+        if work.is_prefill:
+            chunks.append((work.num_context_tokens, work.num_tokens))
+        else:
+            decodes.append(work.num_context_tokens)
+    decodes += plan.quiet_contexts
+    return BatchShape(tuple(decodes), tuple(chunks), plan.bulk)
 
 
 class Engine:

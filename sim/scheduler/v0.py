@@ -133,6 +133,8 @@ class V0Scheduler:
 
     def _join_cohort(self) -> None:
         """After a step: every running decode that has a quiet stretch ahead joins."""
+        if not self._outsiders:
+            return
         cohort = self._cohort
         max_model_len = self.config.max_model_len
         running = RequestState.RUNNING
@@ -402,7 +404,9 @@ class V0Scheduler:
                 self._outsiders[request] = None
             else:
                 touched.append(request)
-        explicit = sorted([*self._outsiders, *touched], key=_order_key)
+        explicit = [*self._outsiders, *touched]
+        if len(explicit) > 1:
+            explicit.sort(key=_order_key)
         manager = self.block_manager
         # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`

@@ -105,6 +105,8 @@ class V1Scheduler:
 
     def _join_cohort(self) -> None:
         """After a step: every running decode that has a quiet stretch ahead joins."""
+        if not self._outsiders:
+            return
         cohort = self._cohort
         max_model_len = self.config.max_model_len
         running = RequestState.RUNNING
@@ -239,7 +241,9 @@ class V1Scheduler:
                 self._outsiders[request] = None
             else:
                 touched.append(request)  # reached touch_len: calls here, stays a member
-        explicit = sorted([*self._outsiders, *touched], key=_order_key)
+        explicit = [*self._outsiders, *touched]
+        if len(explicit) > 1:
+            explicit.sort(key=_order_key)
         last_computable = max_model_len - 1
         threshold = self.config.long_prefill_token_threshold
         members = len(cohort)
