@@ -222,3 +222,29 @@ def test_decode_fast_path_changes_no_result(design, extra):
     assert fast.summary["num_preemptions"] > 0  # the pool is under pressure
     for name in ("requests", "steps", "violations"):
         pd.testing.assert_frame_equal(getattr(fast, name), getattr(slow, name), check_exact=True)
+
+
+@pytest.mark.parametrize(
+    "design,extra",
+    [
+        ("v0-v1", {}),
+        ("v0-v2", {}),
+        ("v0-fixed", {"scheduler.preemption_mode": "swap"}),
+        ("v0-v2", {"cache.sliding_window": None, "cache.enable_prefix_caching": True}),
+    ],
+)
+def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypatch):
+    """The v0 scheduler skips a `can_allocate` whose LATER answer cannot have changed (same
+    head, no block freed since): every table is the same when it asks every time."""
+    from sim.scheduler.v0 import V0Scheduler
+
+    overrides = {"workload.first_n": 300, "workload.rate_scale": 3, "scheduler.design": design}
+    overrides.update(extra)
+    skipping = run(builtin_scenario_path(), overrides=overrides)
+    monkeypatch.setattr(V0Scheduler, "skip_repeated_later", False)
+    asking = run(builtin_scenario_path(), overrides=overrides)
+    assert skipping.summary["num_preemptions"] > 0  # the pool is full at times
+    for name in ("requests", "steps", "violations"):
+        pd.testing.assert_frame_equal(
+            getattr(skipping, name), getattr(asking, name), check_exact=True
+        )

@@ -42,6 +42,9 @@ class V0Scheduler:
     """One replica's v0 scheduler over an audited v0 block manager."""
 
     engine = "v0"
+    #: Skip a `can_allocate` whose LATER answer is known (see `_schedule_prefills`); tests
+    #: turn it off to show that the skip changes no result.
+    skip_repeated_later = True
 
     def __init__(self, config: SchedulerConfig, block_manager) -> None:
         self.config = config
@@ -51,8 +54,9 @@ class V0Scheduler:
         self.running: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.num_cumulative_preemption = 0
-        #: (request id, its tokens, free blocks) of the last LATER answer (see _schedule_prefills).
-        self._later_key: tuple[int, int, int] | None = None
+        #: (request id, its tokens) and free blocks of the last LATER answer (_schedule_prefills).
+        self._later_key: tuple[int, int] | None = None
+        self._later_free = 0
         self._fast_path = fast_path_enabled(config, block_manager)
         # The fast-path calls, bound once (they run on every touched decode).
         self._touch_len_of = block_manager.decode_touch_len if self._fast_path else None
@@ -241,18 +245,23 @@ class V0Scheduler:
                 )
                 plan.ignored.append(request)
                 continue
-            # `can_allocate` is a pure query of (request, free blocks): while neither changes, a
-            # LATER head stays LATER, so the repeat query of an overloaded replay is skipped.
-            later_key = (
-                request.request_id,
-                request.seq.content.num_tokens,
-                self._num_free_gpu_blocks(),
-            )
-            if later_key == self._later_key:
+            # `can_allocate` is a pure query of (request, free blocks), and every v0 design's
+            # answer is monotone in the free blocks (OK iff free - required >= watermark; NEVER
+            # does not depend on them). So a head that got LATER stays LATER while it is
+            # unchanged and no block was freed: the repeat query of an overloaded replay,
+            # made on nearly every step, is skipped.
+            free = self._num_free_gpu_blocks()
+            later_key = (request.request_id, request.seq.content.num_tokens)
+            if (
+                later_key == self._later_key
+                and free <= self._later_free
+                and self.skip_repeated_later
+            ):
                 break
             status = self.block_manager.can_allocate(request.group)
             if status is AllocStatus.LATER:
                 self._later_key = later_key
+                self._later_free = free
                 break
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
