@@ -16,7 +16,7 @@ Worked example (bs=16, W=64 so M = 64//16 + 2 = 6, 200-token prompt):
 from __future__ import annotations
 
 from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv
-from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
+from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator
 from sim.kv.v0_v2.naive import Block
 
 
@@ -53,6 +53,13 @@ class BlockTable:
             self.num_leading_null += 1
         #: Whether the allocator wants content keys (prefix caching); fixed for its life.
         self._uses_content_keys = allocator.uses_content_keys
+        #: The GPU allocator, both devices' refcount dicts and the GPU/CPU id boundary, all
+        #: fixed for the allocator's life: the per-decode paths (`append_token_ids`,
+        #: `decode_touch_len`, `write_quiet_tokens`) read them without a call per block.
+        self._gpu = allocator.gpu
+        self._gpu_refcounts = allocator.gpu_refcounts
+        self._cpu_refcounts = allocator.cpu_refcounts
+        self._num_gpu_blocks = allocator.num_gpu_blocks
         #: Tokens written into the table (vLLM `_num_full_slots`).
         self.num_full_slots = sum(b.num_tokens for b in self.blocks)
         #: Largest lookahead ever ensured (bounds the footprint).
@@ -80,21 +87,23 @@ class BlockTable:
         self, content: TokenContent, first_block: int, num_tokens: int
     ) -> list[Block]:
         """Blocks for tokens [first_block * bs, num_tokens) with no predecessor block."""
-        num_full = num_tokens // self.block_size
-        num_tail_tokens = num_tokens % self.block_size
+        # Straight to the GPU allocator: `CpuGpuBlockAllocator` would only pick it (Device.GPU;
+        # the fresh tail's id is a GPU id, and a fresh block is never the null block).
+        gpu = self._gpu
+        num_full, num_tail_tokens = divmod(num_tokens, self.block_size)
         blocks: list[Block] = []
         if num_full > first_block:
             keys = self._content_keys(content, first_block, num_full)
-            blocks = self.allocator.allocate_immutable_blocks(None, keys, Device.GPU)
+            blocks = gpu.allocate_immutable_blocks(None, keys)
         if num_tail_tokens:
             prev = blocks[-1] if blocks else None
             try:
-                tail = self.allocator.allocate_mutable_block(prev, Device.GPU)
+                tail = gpu.allocate_mutable_block(prev)
             except NoFreeBlocksError:
                 # The full blocks were built but no table will own them.
-                self.allocator.gpu.leaked_blocks.extend(blocks)
+                gpu.leaked_blocks.extend(blocks)
                 raise
-            self.allocator.append_tokens(tail, num_tail_tokens, None)
+            gpu.append_tokens(tail, num_tail_tokens, None)
             blocks.append(tail)
         return blocks
 
@@ -138,8 +147,39 @@ class BlockTable:
                 or num_computed_slots // bs - window > self.num_leading_null
             ):
                 self.drop_out_of_window(num_computed_slots)
+        num_full_slots = self.num_full_slots
+        num_empty = len(blocks) * bs - num_full_slots
+        if (
+            num_empty == 0
+            and num_new_tokens == 1
+            and num_lookahead_slots == 0
+            and not self._uses_content_keys
+        ):
+            # The commonest touch of a replay (a decode that crosses a block boundary, no
+            # prefix caching, no lookahead): `ensure_num_empty_slots(1)` then `_write_tokens`,
+            # inlined: pop one GPU id (`allocate_block_id`), build the block behind the full
+            # last block and write the token into it (the naive `append_tokens`). The new block
+            # is unshared (refcount 1), so no copy on write, unless the pool was corrupt.
+            gpu = self._gpu
+            free_ids = gpu._free_block_ids
+            if not free_ids:
+                raise NoFreeBlocksError()
+            block_id = free_ids.popleft()
+            refcounts = self._gpu_refcounts
+            count = refcounts[block_id] + 1
+            refcounts[block_id] = count
+            if count == 1:
+                gpu.refcounter.num_positive += 1
+            prev = blocks[-1]
+            block = Block(block_id, prev, 1, None, prev.num_tokens_total + 1)
+            blocks.append(block)
+            if count > 1:  # a free id still referenced: `append_tokens` would copy it
+                block.block_id = gpu.cow_block_if_not_appendable(block)
+            self.num_full_slots = num_full_slots + 1
+            self.has_decoded = True
+            return
         num_wanted = num_new_tokens + num_lookahead_slots
-        if len(blocks) * bs - self.num_full_slots < num_wanted:  # else ensure is a no-op
+        if num_empty < num_wanted:  # else ensure is a no-op
             self.ensure_num_empty_slots(num_wanted)
         if num_lookahead_slots > self.max_lookahead_slots:
             self.max_lookahead_slots = num_lookahead_slots
@@ -219,14 +259,23 @@ class BlockTable:
             return None
         bs = self.block_size
         num_full_slots = self.num_full_slots
-        refcount = self.allocator.refcount
-        for block in blocks[num_full_slots // bs :]:  # usually just the partial tail block
+        num_blocks = len(blocks)
+        # The blocks still to be written: usually just the partial tail block, or none when
+        # the last block is full (right after a touch that allocated one and wrote 1 token,
+        # it is that block). Refcounts read inline (`CpuGpuBlockAllocator.refcount`).
+        idx = num_full_slots // bs
+        while idx < num_blocks:
+            block = blocks[idx]
             block_id = block.block_id
             if block.is_null or block_id is None:
                 return None
-            if refcount(block_id) != 1:
+            refcounts = (
+                self._gpu_refcounts if block_id < self._num_gpu_blocks else self._cpu_refcounts
+            )
+            if refcounts[block_id] != 1:
                 return num_tokens  # the next write copies on write
-        touch_len = len(blocks) * bs + 1
+            idx += 1
+        touch_len = num_blocks * bs + 1
         window = self.max_block_sliding_window
         if window is not None:
             if self.allocator.null_block is None:
@@ -235,7 +284,9 @@ class BlockTable:
             if drop_len < touch_len:
                 touch_len = drop_len
         if self._uses_content_keys:
-            touch_len = min(touch_len, cdiv(num_full_slots + 1, bs) * bs)
+            fill_len = cdiv(num_full_slots + 1, bs) * bs
+            if fill_len < touch_len:
+                touch_len = fill_len
         return touch_len if touch_len > num_tokens else num_tokens
 
     def write_quiet_tokens(self, num_full_slots: int) -> None:
@@ -252,21 +303,25 @@ class BlockTable:
         bs = self.block_size
         blocks = self.blocks
         caching = self._uses_content_keys
-        refcount = self.allocator.refcount
+        # Refcounts read inline (`CpuGpuBlockAllocator.refcount`), from the block's device.
+        gpu_refcounts, cpu_refcounts = self._gpu_refcounts, self._cpu_refcounts
+        num_gpu_blocks = self._num_gpu_blocks
         while pos < num_full_slots:  # usually one pass: the tokens fit the tail block
             offset = pos % bs
             block = blocks[pos // bs]
             num = bs - offset
             if num > num_full_slots - pos:
                 num = num_full_slots - pos
-            assert not block.is_null and block.block_id is not None, "quiet write to a null block"
+            block_id = block.block_id
+            assert not block.is_null and block_id is not None, "quiet write to a null block"
             assert block.num_tokens == offset, (
                 f"block holds {block.num_tokens} tokens, not {offset}"
             )
             assert not caching or block.num_tokens + num < bs, (
                 "a quiet write cannot fill a cached block"
             )
-            assert refcount(block.block_id) == 1
+            refcounts = gpu_refcounts if block_id < num_gpu_blocks else cpu_refcounts
+            assert refcounts[block_id] == 1
             block.num_tokens += num
             block.num_tokens_total += num
             pos += num

@@ -34,6 +34,11 @@ class CpuGpuBlockAllocator:
         self.gpu = cls(list(range(num_gpu_blocks)), block_size)
         self.cpu = cls(list(range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)), block_size)
         self.null_block: Block | None = None
+        #: Each device's refcount dict (absolute id -> count), the same objects for the
+        #: allocator's whole life: the block tables' decode queries read refcounts from them
+        #: inline instead of calling `refcount` once per tail block.
+        self.gpu_refcounts: dict[int, int] = self.gpu.refcounter._refcounts
+        self.cpu_refcounts: dict[int, int] = self.cpu.refcounter._refcounts
 
     def device_allocator(self, device: Device) -> DeviceAllocator:
         return self.gpu if device is Device.GPU else self.cpu
@@ -92,8 +97,9 @@ class CpuGpuBlockAllocator:
             if block.is_null:
                 idx += 1
                 continue
-            assert block.block_id is not None
-            alloc = self.allocator_of(block.block_id)
+            block_id = block.block_id
+            assert block_id is not None
+            alloc = self.gpu if block_id < self.num_gpu_blocks else self.cpu  # `allocator_of`
             end = alloc.free_run(blocks, idx)
             if end == idx:  # an id no pool holds: the per-block path raises as before
                 alloc.free(block)

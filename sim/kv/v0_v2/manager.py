@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
-from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus, cdiv
+from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus
 from sim.kv.v0_v2.block_table import BlockTable, Release054BlockTable
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator, Device
 from sim.kv.v0_v2.naive import Block
 from sim.kv.v0_v2.trackers import ComputedBlocksTracker, LastAccessBlocksTracker
+
+_WAITING = SequenceStatus.WAITING
+_RUNNING = SequenceStatus.RUNNING
 
 
 class BlockSpaceManagerV2:
@@ -40,6 +43,8 @@ class BlockSpaceManagerV2:
         self.config = config
         self.block_size = config.block_size
         self.num_total_gpu_blocks = config.num_gpu_blocks
+        #: GPU ids are ``0..G-1``: a table is on the GPU iff its last id is below this.
+        self._num_gpu_blocks = config.num_gpu_blocks
         self.num_total_cpu_blocks = config.num_cpu_blocks
         self.sliding_window = config.sliding_window
         self.max_block_sliding_window: int | None = None
@@ -58,19 +63,26 @@ class BlockSpaceManagerV2:
         #: (`get_num_free_gpu_blocks` runs several times per engine step).
         self._gpu = self.block_allocator.gpu
         self._count_free_gpu = self._gpu.count_free_blocks
+        self._gpu_refcounter = self._gpu.refcounter
+        if type(self).get_num_free_gpu_blocks is BlockSpaceManagerV2.get_num_free_gpu_blocks:
+            # The auditor asks twice per call and the scheduler several times per step:
+            # answer with the allocator's own count, no frame of ours (the method below
+            # documents it; a subclass that overrides it keeps its override).
+            self.get_num_free_gpu_blocks = self._count_free_gpu
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
         self._last_access_tracker = LastAccessBlocksTracker(self.block_allocator)
 
     # -- admission -----------------------------------------------------------------------
-    def _first_waiting(self, seq_group: SequenceGroup) -> Sequence:
-        for seq in seq_group.seqs:  # `get_seqs(WAITING)[0]` without building the list
-            if seq.status is SequenceStatus.WAITING:
-                return seq
-        raise ValueError(f"request {seq_group.request_id} has no WAITING sequence")
-
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
-        num_required = cdiv(self._first_waiting(seq_group).content.num_tokens, self.block_size)
+        # The first WAITING seq (`get_seqs(WAITING)[0]` without building the list); the
+        # auditor asks this right after every `can_allocate`, which asks it too.
+        for seq in seq_group.seqs:
+            if seq.status is _WAITING:
+                break
+        else:
+            raise ValueError(f"request {seq_group.request_id} has no WAITING sequence")
+        num_required = -(-seq.content.num_tokens // self.block_size)  # cdiv
         window = self.max_block_sliding_window
         if window is not None and window < num_required:
             num_required = window
@@ -98,17 +110,16 @@ class BlockSpaceManagerV2:
         self._last_access_tracker.add_seq(seq_id)
 
     def allocate(self, seq_group: SequenceGroup) -> None:
-        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        block_tables = self.block_tables
+        waiting = [s for s in seq_group.seqs if s.status is _WAITING]  # `get_seqs(WAITING)`
         assert waiting, "no WAITING sequence to allocate"
-        assert not ({s.seq_id for s in waiting} & self.block_tables.keys()), (
-            "block table already exists"
-        )
+        assert not any(s.seq_id in block_tables for s in waiting), "block table already exists"
         table = self._new_table()
         table.allocate(waiting[0].content)  # may raise NoFreeBlocksError, leaking popped ids
-        self.block_tables[waiting[0].seq_id] = table
+        block_tables[waiting[0].seq_id] = table
         self._track(waiting[0].seq_id)
         for seq in waiting[1:]:
-            self.block_tables[seq.seq_id] = table.fork()
+            block_tables[seq.seq_id] = table.fork()
             self._track(seq.seq_id)
 
     # -- appends -------------------------------------------------------------------------
@@ -117,13 +128,16 @@ class BlockSpaceManagerV2:
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         num_touched = 0
-        running = SequenceStatus.RUNNING
+        bs = self.block_size
+        block_tables = self.block_tables
         for seq in seq_group.seqs:  # the RUNNING ones, as `get_seqs(RUNNING)`
-            if seq.status is running:
-                table = self.block_tables[seq.seq_id]
-                num_touched += table.get_num_blocks_touched_by_append_slots(
-                    seq.content.num_tokens - table.num_full_slots, num_lookahead_slots
-                )
+            if seq.status is _RUNNING:
+                # `table.get_num_blocks_touched_by_append_slots(unseen, lookahead)`, inlined
+                # (it runs on every touch): 1 + signed_cdiv(unseen + lookahead - first, bs)
+                # with `first` the room left in the last written block (1..bs).
+                num_full_slots = block_tables[seq.seq_id].num_full_slots
+                num_wanted = seq.content.num_tokens - num_full_slots + num_lookahead_slots
+                num_touched += 1 - ((bs - num_full_slots % bs - num_wanted) // bs)
         return num_touched <= self._count_free_gpu()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
@@ -135,7 +149,14 @@ class BlockSpaceManagerV2:
             num_lookahead_slots,
             seq.num_computed_tokens,
         )
-        return self._gpu.clear_copy_on_writes()
+        # `self._gpu.clear_copy_on_writes()`, inlined: almost every append copies nothing, and
+        # then a new empty list is all the caller gets either way.
+        gpu = self._gpu
+        cows = gpu._copy_on_writes
+        if not cows:
+            return []
+        gpu._copy_on_writes = []
+        return cows
 
     # -- decode fast path ----------------------------------------------------------------
     def decode_touch_len(self, seq: Sequence) -> int | None:
@@ -149,7 +170,13 @@ class BlockSpaceManagerV2:
         table is unknown or swapped out, or lookahead slots were used.
         """
         table = self.block_tables.get(seq.seq_id)
-        if table is None or not table.is_on_gpu():
+        if table is None:
+            return None
+        blocks = table.blocks  # `table.is_on_gpu()`, inlined: once per touch
+        if not blocks:
+            return None
+        last_id = blocks[-1].block_id
+        if last_id is None or last_id >= self._num_gpu_blocks:
             return None
         return table.decode_touch_len(seq.content.num_tokens)
 
@@ -162,11 +189,15 @@ class BlockSpaceManagerV2:
         holds 9 tokens. A no-op when nothing was skipped.
         """
         table = self.block_tables.get(seq.seq_id)
-        # Nothing skipped (also true of most calls) -> nothing to write, on any device.
-        if table is None or seq.content.num_tokens - 1 <= table.num_full_slots:
+        if table is None:
             return
-        if table.is_on_gpu():
-            table.write_quiet_tokens(seq.content.num_tokens - 1)
+        num_full_slots = seq.content.num_tokens - 1
+        # Nothing skipped -> nothing to write, on any device.
+        if num_full_slots <= table.num_full_slots:
+            return
+        last_id = table.blocks[-1].block_id if table.blocks else None  # `table.is_on_gpu()`
+        if last_id is not None and last_id < self._num_gpu_blocks:
+            table.write_quiet_tokens(num_full_slots)
 
     # -- fork / free ---------------------------------------------------------------------
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
@@ -248,6 +279,8 @@ class BlockSpaceManagerV2:
         return self.block_tables[seq.seq_id].physical_block_ids
 
     def get_num_free_gpu_blocks(self) -> int:
+        """Free GPU blocks. `__init__` shadows this method with the allocator's own count
+        (`_count_free_gpu`, the same number) on each instance of a class that keeps it."""
         return self._count_free_gpu()
 
     def get_num_free_cpu_blocks(self) -> int:
@@ -271,12 +304,11 @@ class BlockSpaceManagerV2:
 
     # -- PoolIntrospection ---------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
-        gpu = self._gpu
         return PoolStats(
             self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
             self._count_free_gpu(),
-            gpu.refcounter.num_positive,
-            gpu.num_evictable_blocks,
+            self._gpu_refcounter.num_positive,
+            self._gpu.num_evictable_blocks,
         )
 
     def block_refcounts(self) -> dict[int, int]:
@@ -290,9 +322,15 @@ class BlockSpaceManagerV2:
 
     def num_seq_blocks(self, seq_id: int) -> int:
         table = self.block_tables.get(seq_id)
-        if table is None or not table.is_on_gpu():
+        if table is None:
             return 0
-        return table.num_live_blocks()
+        # `table.is_on_gpu()` and `table.num_live_blocks()`, inlined: the auditor asks after
+        # every call that took blocks. Null entries are the leading ones.
+        blocks = table.blocks
+        last_id = blocks[-1].block_id if blocks else None
+        if last_id is None or last_id >= self._num_gpu_blocks:
+            return 0
+        return len(blocks) - table.num_leading_null
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         window = self.max_block_sliding_window
