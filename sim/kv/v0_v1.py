@@ -64,6 +64,7 @@ from sim.kv.v0_v1_alloc import (
 BlockTable = list[PhysicalBlock]
 
 _DEVICE_OF = attrgetter("device")
+_SET_KEY_OF = attrgetter("set_key")
 
 
 @dataclass(slots=True)
@@ -96,11 +97,12 @@ def _set_order(blocks: BlockTable) -> BlockTable:
     never depends on PYTHONHASHSEED): the hashes are the blocks' hashes, inserted one by one
     in table order, and two tuples are equal exactly when their blocks are the same (one
     block object per device and number), so the set iterates in the order a set of the
-    blocks would; a dict maps each tuple back to its block. No wrapper object per block.
+    blocks would; a dict maps each tuple back to its block. No wrapper object per block:
+    each block carries its tuple (`PhysicalBlock.set_key`), and the passes run in C (`map`).
     """
-    keys = [(1 if block.device is Device.GPU else 2, block.block_id) for block in blocks]
+    keys = list(map(_SET_KEY_OF, blocks))
     block_of = dict(zip(keys, blocks, strict=True))
-    return [block_of[key] for key in set(keys)]
+    return list(map(block_of.__getitem__, set(keys)))
 
 
 class BlockSpaceManagerV1:
@@ -126,6 +128,15 @@ class BlockSpaceManagerV1:
         alloc_cls = CachedBlockAllocator if self.enable_caching else UncachedBlockAllocator
         self.gpu_allocator: BlockAllocator = alloc_cls(Device.GPU, config.num_gpu_blocks)
         self.cpu_allocator: BlockAllocator = alloc_cls(Device.CPU, config.num_cpu_blocks)
+        #: The uncached GPU allocator's free list, bound once: its length is the free count,
+        #: read several times per engine step (the scheduler, and the auditor around every
+        #: call), so hot readers take ``len`` of it instead of a property call. None with
+        #: prefix caching, where the count is a sum (`CachedBlockAllocator.num_free_blocks`).
+        self._gpu_free_list: list[PhysicalBlock] | None = (
+            self.gpu_allocator.free_list
+            if isinstance(self.gpu_allocator, UncachedBlockAllocator)
+            else None
+        )
         self.block_tables: dict[int, BlockTable] = {}
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
@@ -175,8 +186,9 @@ class BlockSpaceManagerV1:
         else:
             seq = seq_group.get_seqs(SequenceStatus.WAITING)[0]
         num_required = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
-        if self.block_sliding_window is not None:
-            num_required = min(num_required, self.block_sliding_window)
+        w = self.block_sliding_window
+        if w is not None and w < num_required:  # min(num_required, w), without the call
+            num_required = w
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
@@ -184,7 +196,9 @@ class BlockSpaceManagerV1:
         num_required = self.admission_blocks(seq_group)
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
-        if self.gpu_allocator.num_free_blocks - num_required >= self.watermark_blocks:
+        free_list = self._gpu_free_list  # the free count without a property call (see init)
+        num_free = len(free_list) if free_list is not None else self.gpu_allocator.num_free_blocks
+        if num_free - num_required >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
@@ -193,7 +207,7 @@ class BlockSpaceManagerV1:
     ) -> BlockTable:
         """Prompt table; `taken` records (block, refs added) so a failure can be undone later."""
         w = self.block_sliding_window
-        num_blocks = seq.n_blocks(self.block_size)
+        num_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
         if not self.enable_caching and ref_count > 0:
             # The loop below, in bulk: take the table's own blocks (all of it, or the ring's
             # first w) at once; the ring entries repeat them, and their `set_ref` calls find
@@ -224,10 +238,15 @@ class BlockSpaceManagerV1:
         return table
 
     def allocate(self, seq_group: SequenceGroup) -> None:
-        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        seqs = seq_group.seqs
+        if len(seqs) == 1 and seqs[0].status is SequenceStatus.WAITING:
+            waiting = seqs  # `get_seqs(WAITING)` of the common one-sequence group (only read)
+        else:
+            waiting = seq_group.get_seqs(SequenceStatus.WAITING)
         taken: list[tuple[PhysicalBlock, int]] = []
         try:
-            table = self._allocate_sequence(waiting[0], seq_group.num_seqs(), taken)
+            # `num_seqs()` counts every sequence: `len(seqs)`, without the list it copies.
+            table = self._allocate_sequence(waiting[0], len(seqs), taken)
         except NoFreeBlocksError:
             # Upstream drops the half-built local table: its blocks stay referenced forever.
             self._leaked.extend(taken)
@@ -245,6 +264,9 @@ class BlockSpaceManagerV1:
             num_running = 1 if seqs[0].status is SequenceStatus.RUNNING else 0
         else:
             num_running = seq_group.num_seqs(SequenceStatus.RUNNING)
+        free_list = self._gpu_free_list  # the free count without a property call (see init)
+        if free_list is not None:
+            return num_running <= len(free_list)
         return num_running <= self.gpu_allocator.num_free_blocks
 
     def _allocate_last_physical_block(self, seq: Sequence) -> PhysicalBlock:
@@ -350,7 +372,7 @@ class BlockSpaceManagerV1:
             touch_len = min(touch_len, cdiv(num_tokens, bs) * bs)
             if touch_len > num_tokens and self._is_content_keyed_tail(seq, table):
                 return num_tokens
-        return max(touch_len, num_tokens)
+        return touch_len if touch_len > num_tokens else num_tokens  # max, without the call
 
     def _is_content_keyed_tail(self, seq: Sequence, table: BlockTable) -> bool:
         """Whether the partial last block carries the hash `allocate` gives a prompt tail.
@@ -469,6 +491,9 @@ class BlockSpaceManagerV1:
         return [b.block_id for b in self.block_tables[seq.seq_id]]
 
     def get_num_free_gpu_blocks(self) -> int:
+        free_list = self._gpu_free_list  # the free count without a property call (see init)
+        if free_list is not None:
+            return len(free_list)
         return self.gpu_allocator.num_free_blocks
 
     def get_num_free_cpu_blocks(self) -> int:
@@ -520,9 +545,10 @@ class BlockSpaceManagerV1:
     # ----------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
         gpu = self.gpu_allocator  # positional: called several times per engine step
+        free_list = self._gpu_free_list  # the free count without a property call (see init)
         return PoolStats(
             self.num_total_gpu_blocks,
-            gpu.num_free_blocks,
+            len(free_list) if free_list is not None else gpu.num_free_blocks,
             gpu.num_held_blocks,
             gpu.num_evictable_blocks,
         )
@@ -538,7 +564,7 @@ class BlockSpaceManagerV1:
     def num_seq_blocks(self, seq_id: int) -> int:
         """Distinct GPU block ids in the table (a ring repeats its blocks).
 
-        Called after every allocate and append (footprint audit), so the id set is kept per
+        Called after every allocation (the auditor's footprint check), so the id set is kept per
         sequence and only the entries appended since the last call are added to it. A table
         changes in place only by `append_slots` (append, or replace the last entry), so it
         is unchanged up to the entry that was last at the last call if that entry still is
@@ -550,15 +576,26 @@ class BlockSpaceManagerV1:
             self._seq_gpu_ids.pop(seq_id, None)
             return 0
         gpu = Device.GPU
+        num_entries = len(table)
         memo = self._seq_gpu_ids.get(seq_id)
-        if memo is not None and memo[0] is table and table[memo[1] - 1] is memo[2]:
-            block_ids = memo[3]
-            for block in table[memo[1] :]:
-                if block.device is gpu:
-                    block_ids.add(block.block_id)
-        else:
-            block_ids = {b.block_id for b in table if b.device is gpu}
-        self._seq_gpu_ids[seq_id] = (table, len(table), table[-1], block_ids)
+        if memo is not None:
+            memo_table, num_known, last_known, block_ids = memo
+            if memo_table is table and table[num_known - 1] is last_known:
+                if num_known == num_entries:
+                    return len(block_ids)  # unchanged since the last call: so is the memo
+                if num_known + 1 == num_entries:
+                    # The usual call: right after `append_slots` added one entry.
+                    block = table[-1]
+                    if block.device is gpu:
+                        block_ids.add(block.block_id)
+                else:
+                    for block in table[num_known:]:
+                        if block.device is gpu:
+                            block_ids.add(block.block_id)
+                self._seq_gpu_ids[seq_id] = (table, num_entries, table[-1], block_ids)
+                return len(block_ids)
+        block_ids = {b.block_id for b in table if b.device is gpu}
+        self._seq_gpu_ids[seq_id] = (table, num_entries, table[-1], block_ids)
         return len(block_ids)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:

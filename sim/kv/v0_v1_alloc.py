@@ -24,7 +24,7 @@ import enum
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.kv.types import DoubleFreeError, NoFreeBlocksError
 
@@ -55,6 +55,13 @@ class PhysicalBlock:
     ref_count: int = 0
     last_accessed: float = DEFAULT_LAST_ACCESSED_S
     computed: bool = False
+    #: ``(device value, block number)`` as vLLM's ``utils.Device`` numbers them (GPU = 1,
+    #: CPU = 2): the key that orders a freed table like upstream's ``set`` of blocks (see
+    #: `v0_v1._set_order`). Device and number never change, so it is built once, here.
+    set_key: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.set_key = (1 if self.device is Device.GPU else 2, self.block_id)
 
     def __repr__(self) -> str:
         return (
@@ -181,12 +188,19 @@ class UncachedBlockAllocator(_RefCounting):
         # A stack: allocate pops the end, free pushes it back (LIFO reuse).
         self._free_blocks = list(self._all_blocks)
 
+    #: Nothing is evictable without prefix caching (a constant, read by every `pool_stats`).
+    num_evictable_blocks = 0
+
     def allocate(self, block_hash: int | None = None, num_hashed_tokens: int = 0) -> PhysicalBlock:
         """Hash arguments are accepted and ignored, as upstream (swap passes them)."""
-        if not self._free_blocks:
+        free_blocks = self._free_blocks
+        if not free_blocks:
             raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
-        block = self._free_blocks.pop()
-        self._take(block)
+        block = free_blocks.pop()
+        # `_take(block)`, inlined: a decode's new block (one call per block boundary).
+        if block.ref_count == 0:
+            self.num_held_blocks += 1
+        block.ref_count = 1
         return block
 
     def allocate_n(self, num_blocks: int, ref_count: int) -> list[PhysicalBlock]:
@@ -222,7 +236,7 @@ class UncachedBlockAllocator(_RefCounting):
         DoubleFreeError at the same block, with every earlier free done."""
         device = self.device
         free_blocks = self._free_blocks
-        num_released = 0
+        num_free_before = len(free_blocks)  # what the loop pushes is what it released
         try:
             for block in blocks:
                 if block.device is not device:
@@ -232,18 +246,19 @@ class UncachedBlockAllocator(_RefCounting):
                     raise DoubleFreeError(f"Double free! {block} is already freed.")
                 block.ref_count = ref_count - 1
                 if ref_count == 1:
-                    num_released += 1
                     free_blocks.append(block)
         finally:
-            self.num_held_blocks -= num_released
+            self.num_held_blocks -= len(free_blocks) - num_free_before
 
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
 
     @property
-    def num_evictable_blocks(self) -> int:
-        return 0
+    def free_list(self) -> list[PhysicalBlock]:
+        """The free list itself, bottom to top, so that a hot reader can bind it once and take
+        ``len(free_list)`` (= `num_free_blocks`) without a property call. Never change it."""
+        return self._free_blocks
 
     def blocks(self) -> Iterator[PhysicalBlock]:
         return iter(self._all_blocks)

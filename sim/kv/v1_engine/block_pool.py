@@ -85,10 +85,35 @@ class BlockPool:
     # ----------------------------------------------------------------------------- commands
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes."""
-        if num_blocks > len(self.free_block_queue):
+        new_blocks: list[KVCacheBlock] = []
+        self.get_new_blocks_into(num_blocks, new_blocks)
+        return new_blocks
+
+    def get_new_blocks_into(self, num_blocks: int, table: list[KVCacheBlock]) -> list[int]:
+        """`table.extend(get_new_blocks(num_blocks))`, returning the new blocks' ids.
+
+        The manager's allocation path: `allocate_slots` answers with the ids, which the queue
+        hands out anyway, so no second pass over the blocks is needed to collect them.
+        """
+        queue = self.free_block_queue
+        if num_blocks > len(queue):
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        if num_blocks == 1:
+            # A decode crossing into a new block (most calls): the loop below for one block,
+            # without `popleft_n`'s frame or a list built and thrown away.
+            block_id = queue.popitem(last=False)[0]
+            block = self.blocks[block_id]
+            assert block.ref_cnt == 0, f"free block {block_id} has ref_cnt {block.ref_cnt}"
+            if block.block_hash is not None:
+                self.num_evictable_blocks -= 1
+                self._evict_cached_block(block)
+            block.ref_cnt = 1
+            self.num_held_blocks += 1
+            table.append(block)
+            return [block_id]
+        block_ids = queue.popleft_n(num_blocks)
         blocks = self.blocks
-        new_blocks = [blocks[i] for i in self.free_block_queue.popleft_n(num_blocks)]
+        new_blocks = [blocks[i] for i in block_ids]
         for block in new_blocks:
             assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
@@ -96,7 +121,8 @@ class BlockPool:
                 self._evict_cached_block(block)
             block.ref_cnt = 1
         self.num_held_blocks += len(new_blocks)
-        return new_blocks
+        table.extend(new_blocks)
+        return block_ids
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None

@@ -122,17 +122,29 @@ class KVCacheManager:
         if new_computed_block_ids or num_new_computed_tokens:
             hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
         else:
-            hits = []
+            hits = None
         request_id = request.seq_id
         manager = self.single_type_manager
-        block_pool = self.block_pool
+        block_size = self.block_size
         num_skip_tokens = request.num_computed_tokens
+        # `blocks_of`, inlined (hot): get, not setdefault, so no list is built per call.
+        table = manager.req_to_blocks.get(request_id)
+        if table is None:
+            table = manager.req_to_blocks[request_id] = []
 
         # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
         # stands even when the step then fails (`kv_cache_manager.py:L258-266`). Full
-        # attention skips nothing, so only a sliding window needs the call.
-        if self.sliding_window is not None:
-            manager.remove_skipped_blocks(request_id, num_skip_tokens)
+        # attention skips nothing. With a window, `remove_skipped_blocks` runs only when it
+        # has work: a block left the window since the last call (the entry before the first
+        # useful block is not null yet), or C runs past the table (it raises). That is its
+        # own opening test, inlined here because most calls free nothing.
+        sliding_window = self.sliding_window
+        if sliding_window is not None:
+            first_useful_block = (num_skip_tokens - sliding_window + 1) // block_size
+            if first_useful_block > 0 and (
+                first_useful_block > len(table) or not table[first_useful_block - 1].is_null
+            ):
+                manager.remove_skipped_blocks(request_id, num_skip_tokens)
         self._req_to_skip_tokens[request_id] = num_skip_tokens
 
         # Steps 2-4: count and check with the arithmetic the allocation then uses.
@@ -140,28 +152,33 @@ class KVCacheManager:
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
-        table = manager.req_to_blocks.setdefault(request_id, [])  # blocks_of, inlined (hot)
+        block_pool = self.block_pool
         if hits:
             num_blocks_to_allocate = manager.get_num_blocks_to_allocate(
                 request_id, num_tokens_need_slot, hits
             )
         else:
-            # `get_num_blocks_to_allocate` without hits.
-            num_blocks_to_allocate = -(-num_tokens_need_slot // self.block_size) - len(table)
+            # `get_num_blocks_to_allocate` without hits (cdiv inlined).
+            num_blocks_to_allocate = -(-num_tokens_need_slot // block_size) - len(table)
         if num_blocks_to_allocate > len(block_pool.free_block_queue):
             return None
 
-        if hits or request_id not in manager.num_cached_block:
+        if hits:
             block_pool.touch(hits)
             manager.save_new_computed_blocks(request_id, hits)
-        if hits:
-            new_blocks = manager.allocate_new_blocks(request_id, num_tokens_need_slot)
-        elif num_blocks_to_allocate > 0:
-            # `allocate_new_blocks` without hits: the table grows by exactly the count above.
-            new_blocks = block_pool.get_new_blocks(num_blocks_to_allocate)
-            table.extend(new_blocks)
+            new_block_ids = [
+                b.block_id for b in manager.allocate_new_blocks(request_id, num_tokens_need_slot)
+            ]
         else:
-            new_blocks = []
+            if request_id not in manager.num_cached_block:
+                # A new request without hits: touching none is a no-op; this starts the
+                # (empty) table and its cached count.
+                manager.save_new_computed_blocks(request_id, [])
+            if num_blocks_to_allocate > 0:
+                # `allocate_new_blocks` without hits: the table grows by exactly the count above.
+                new_block_ids = block_pool.get_new_blocks_into(num_blocks_to_allocate, table)
+            else:
+                new_block_ids = []
         if num_tokens_need_slot > self._req_to_max_need_tokens.get(request_id, 0):
             self._req_to_max_need_tokens[request_id] = num_tokens_need_slot
 
@@ -169,9 +186,9 @@ class KVCacheManager:
         # (draft) slots: the cap at num_tokens keeps unfinalised tokens out of the cache.
         if self.enable_caching:
             num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-            block_hashes = self._block_hashes(request, num_tokens_to_cache // self.block_size)
+            block_hashes = self._block_hashes(request, num_tokens_to_cache // block_size)
             manager.cache_blocks(request_id, block_hashes, num_tokens_to_cache)
-        return [b.block_id for b in new_blocks]
+        return new_block_ids
 
     def _resolve_hits(
         self, block_ids: list[int], num_new_computed_tokens: int
@@ -197,10 +214,11 @@ class KVCacheManager:
         and drops them in `free_block_hashes` at finish); they are a pure function of the
         token content, so recomputing them later yields the same values.
         """
-        self.single_type_manager.free(request.seq_id)
-        self.free_block_hashes(request)
-        self._req_to_skip_tokens.pop(request.seq_id, None)
-        self._req_to_max_need_tokens.pop(request.seq_id, None)
+        request_id = request.seq_id
+        self.single_type_manager.free(request_id)
+        self.req_to_block_hashes.pop(request_id, None)  # `free_block_hashes`, inlined
+        self._req_to_skip_tokens.pop(request_id, None)
+        self._req_to_max_need_tokens.pop(request_id, None)
 
     def free_block_hashes(self, request: Sequence) -> None:
         self.req_to_block_hashes.pop(request.seq_id, None)
@@ -249,10 +267,24 @@ class KVCacheManager:
             if hashes is None or len(hashes) < num_cached or num_cached * bs > num_tokens:
                 return num_tokens
             touch_len = min(touch_len, (num_cached + 1) * bs)
-        if self.sliding_window is not None:
-            num_leading_null = self._num_leading_nulls(request_id, table)
-            touch_len = min(touch_len, (num_leading_null + 1) * bs + self.sliding_window)
-        return max(touch_len, num_tokens)
+        sliding_window = self.sliding_window
+        if sliding_window is not None:
+            # The leading-null count of `num_seq_blocks`, inlined (hot: after every real call).
+            num_leading_null = (
+                self._req_to_skip_tokens.get(request_id, 0) - sliding_window + 1
+            ) // bs
+            if num_leading_null < 0:
+                num_leading_null = 0
+            if not (
+                num_leading_null < len(table)
+                and not table[num_leading_null].is_null
+                and (num_leading_null == 0 or table[num_leading_null - 1].is_null)
+            ):
+                num_leading_null = num_leading_nulls(table)
+            window_touch_len = (num_leading_null + 1) * bs + sliding_window
+            if window_touch_len < touch_len:
+                touch_len = window_touch_len
+        return touch_len if touch_len > num_tokens else num_tokens
 
     def sync_decode(self, request: Sequence) -> None:
         """Replay the per-request counters of skipped quiet one-token steps.
@@ -270,10 +302,12 @@ class KVCacheManager:
         num_computed_tokens = request.num_computed_tokens
         if max_need_tokens is None or num_computed_tokens <= max_need_tokens:
             return
+        # T = max(T, min(C, max_model_len)), with conditionals rather than builtin calls (hot).
         need_tokens = num_computed_tokens
-        if self.max_model_len is not None:
-            need_tokens = min(need_tokens, self.max_model_len)
-        self._req_to_max_need_tokens[request_id] = max(max_need_tokens, need_tokens)
+        if self.max_model_len is not None and self.max_model_len < need_tokens:
+            need_tokens = self.max_model_len
+        if need_tokens > max_need_tokens:
+            self._req_to_max_need_tokens[request_id] = need_tokens
         self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
 
     # ---------------------------------------------------------------------- introspection
@@ -294,32 +328,34 @@ class KVCacheManager:
         return self.get_block_ids(seq_id)
 
     def num_seq_blocks(self, seq_id: int) -> int:
-        # A table never repeats a block and its null entries are a prefix (skipped blocks, or
-        # the padding of a sliding-window cache hit), so this is O(1) or O(log n), not a set.
+        """Non-null blocks in the table, in O(1) when the window's last cut is the boundary.
+
+        A table never repeats a block and its null entries are a prefix (skipped blocks, or the
+        padding of a sliding-window cache hit), so this is ``len(table)`` less the leading
+        nulls, not a set. After `remove_skipped_blocks(C)` the nulls end at
+        ``(C - W + 1) // bs`` unless a cache hit padded further; the two entries around that
+        index confirm the guess, otherwise a binary search decides (`num_leading_nulls`). Full
+        attention never skips, so its guess is 0, confirmed by a non-null ``table[0]``.
+        `decode_touch_len` inlines the same count.
+        """
         table = self.single_type_manager.req_to_blocks.get(seq_id)
         if not table:
             return 0
-        return len(table) - self._num_leading_nulls(seq_id, table)
-
-    def _num_leading_nulls(self, request_id: int, table: list[KVCacheBlock]) -> int:
-        """`num_leading_nulls(table)`, in O(1) when the window's last cut is the boundary.
-
-        After `remove_skipped_blocks(C)` the nulls end at ``(C - W + 1) // bs`` unless a
-        cache hit padded further; checking the two entries around that index confirms it
-        (nulls form a prefix), otherwise the binary search decides. Full attention never
-        skips, so its guess is 0, confirmed by a non-null ``table[0]``.
-        """
-        guess = 0
+        num_leading_null = 0
         if self.sliding_window is not None:
-            skip_tokens = self._req_to_skip_tokens.get(request_id, 0)
-            guess = max(0, (skip_tokens - self.sliding_window + 1) // self.block_size)
+            num_leading_null = (
+                self._req_to_skip_tokens.get(seq_id, 0) - self.sliding_window + 1
+            ) // self.block_size
+            if num_leading_null < 0:
+                num_leading_null = 0
+        num_blocks = len(table)
         if (
-            guess < len(table)
-            and not table[guess].is_null
-            and (guess == 0 or table[guess - 1].is_null)
+            num_leading_null < num_blocks
+            and not table[num_leading_null].is_null
+            and (num_leading_null == 0 or table[num_leading_null - 1].is_null)
         ):
-            return guess
-        return num_leading_nulls(table)
+            return num_blocks - num_leading_null
+        return num_blocks - num_leading_nulls(table)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
@@ -332,15 +368,19 @@ class KVCacheManager:
         `cdiv(W - 1, bs) + 1`; e.g. bs=16, W=24, C=112: cdiv(113, 16) - floor(89 / 16) = 3.
         A request that holds nothing gets 0.
         """
-        if self.sliding_window is None:
+        sliding_window = self.sliding_window
+        if sliding_window is None:
             return None
-        need_tokens = self._req_to_max_need_tokens.get(seq.seq_id)
+        request_id = seq.seq_id
+        need_tokens = self._req_to_max_need_tokens.get(request_id)
         if need_tokens is None:
             return 0
-        skip_tokens = self._req_to_skip_tokens[seq.seq_id]
+        # Read after every allocation that took blocks: cdiv and both max(0, .) inlined.
         bs = self.block_size
-        num_skipped_blocks = max(0, skip_tokens - self.sliding_window + 1) // bs
-        return max(0, -(-need_tokens // bs) - num_skipped_blocks)  # cdiv, inlined (hot)
+        num_skipped_tokens = self._req_to_skip_tokens[request_id] - sliding_window + 1
+        num_skipped_blocks = num_skipped_tokens // bs if num_skipped_tokens > 0 else 0
+        footprint = -(-need_tokens // bs) - num_skipped_blocks
+        return footprint if footprint > 0 else 0
 
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""
