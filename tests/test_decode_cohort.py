@@ -128,3 +128,20 @@ def test_decode_cohort_changes_no_result(design, extra):
     for name in ("requests", "steps", "violations"):
         pd.testing.assert_frame_equal(getattr(cohort, name), getattr(walk, name), check_exact=True)
         pd.testing.assert_frame_equal(getattr(cohort, name), getattr(slow, name), check_exact=True)
+
+
+def test_rejoined_member_is_due_once():
+    """Regression (found by `kvsim fuzz` on the V1 engine): a member that left and rejoined
+    with the same event clock sits twice in that clock's bucket; `pop_due` must return it once
+    (a second `leave` raised KeyError)."""
+    cohort = DecodeCohort(window=None)
+    request = _request(1, 10)
+    assert cohort.join(request, 13)  # event at clock 3
+    cohort.leave(request)
+    assert cohort.join(request, 13)  # the same clock again: two entries in one bucket
+    for _ in range(3):
+        assert cohort.pop_due() == []
+        cohort.tick(1.0)
+    assert cohort.pop_due() == [request]
+    cohort.leave(request)
+    assert len(cohort) == 0

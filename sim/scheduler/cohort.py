@@ -121,6 +121,9 @@ class DecodeCohort:
         for request in bucket:
             if request.cohort_clock >= 0 and request.cohort_event == clock:
                 self._rebase(request)
+                # A member that left and rejoined under the same clock is in the bucket twice:
+                # the mark makes the second entry stale (`refile` sets a real event again).
+                request.cohort_event = -1
                 due.append(request)
         return due
 
