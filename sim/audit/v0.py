@@ -21,6 +21,10 @@ class AuditedV0Manager(AuditorBase):
 
     def __init__(self, inner, **kwargs) -> None:
         super().__init__(inner, **kwargs)
+        # `_free`, bound once to the manager's own count (read two or three times per call).
+        count = getattr(inner, "get_num_free_gpu_blocks", None)
+        if count is not None:
+            self._free = count
         #: request_id -> (status, counted blocks, free blocks) of the last `can_allocate`.
         self._admitted: dict[int, tuple[AllocStatus, int, int]] = {}
         self._swap_in_ok: set[int] = set()

@@ -61,7 +61,8 @@ class BatchShape:
 
         Example: contexts (100, 5000), window 4096 -> 100 + 4096 = 4196.
         """
-        total = sum(c if c < window else window for c in self.decode_context_tokens)
+        listed = self.decode_context_tokens
+        total = sum(c if c < window else window for c in listed) if listed else 0
         bulk = self.bulk
         if bulk is not None and bulk.num_seqs:
             if bulk.window != window:
