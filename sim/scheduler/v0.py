@@ -413,6 +413,8 @@ class V0Scheduler:
                 self._outsiders[request] = None
             else:
                 touched.append(request)
+        if not touched and not self._outsiders:
+            return self._bulk_only(budget, plan, chunking)
         explicit = [*self._outsiders, *touched]
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
@@ -484,6 +486,24 @@ class V0Scheduler:
             if chunking:
                 budget.num_curr_seqs += members
         return kept_prefill
+
+    def _bulk_only(
+        self, budget: SchedulingBudget, plan: StepPlan, chunking: bool
+    ) -> list[Request] | None:
+        """The lazy walk of a step with nothing but members (about half of a replay's steps):
+        each quiet, if one block is free and the budget covers them."""
+        cohort = self._cohort
+        members = len(cohort)
+        if self._num_free_gpu_blocks() < 2:
+            return None
+        if chunking and members > budget.remaining_token_budget():
+            return None
+        if members:
+            plan.bulk = cohort.bulk()
+            budget.num_batched_tokens += members
+            if chunking:
+                budget.num_curr_seqs += members
+        return []
 
     def _touch_member(
         self, request: Request, budget: SchedulingBudget, plan: StepPlan, now_s: float

@@ -241,12 +241,19 @@ class V1Scheduler:
                 self._outsiders[request] = None
             else:
                 touched.append(request)  # reached touch_len: calls here, stays a member
+        members = len(cohort)
+        if not touched and not self._outsiders:
+            # Half the steps of a replay: nothing but members, one token each.
+            if members > budget:
+                return None  # some are cut off: the full walk decides which
+            if members:
+                plan.bulk = cohort.bulk()
+            return budget - members
         explicit = [*self._outsiders, *touched]
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
         last_computable = max_model_len - 1
         threshold = self.config.long_prefill_token_threshold
-        members = len(cohort)
         quiet_flags = []
         demands = []
         for request in explicit:
