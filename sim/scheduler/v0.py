@@ -635,7 +635,7 @@ class V0Scheduler:
         if self._cohort is not None:
             kept_prefill = self._schedule_running_lazy(budget, plan, now_s, chunking)
             if kept_prefill is not None:
-                return [], [], [], kept_prefill
+                return _NONE, _NONE, _NONE, kept_prefill
             self.materialize()
         kept, preempted, swapped_out = self._schedule_running(budget, plan, now_s, chunking)
         return kept, preempted, swapped_out, None
@@ -649,13 +649,13 @@ class V0Scheduler:
             prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
         if not prefills and self.config.policy is Policy.PRIORITY:
             self._schedule_priority_preemption(budget, plan, now_s)
-        kept, preempted, swapped_out, swapped_in = [], [], [], []
-        kept_prefill: list[Request] | None = []  # [] : `running` was not walked
+        kept, preempted, swapped_out, swapped_in = _NONE, _NONE, _NONE, _NONE
+        kept_prefill: list[Request] | None = _NONE  # empty: `running` was not walked
         if not prefills:
             kept, preempted, swapped_out, kept_prefill = self._walk_running(
                 budget, plan, now_s, chunking=False
             )
-            if not preempted and not swapped_out:
+            if self.swapped and not preempted and not swapped_out:
                 swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
         self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
@@ -681,6 +681,10 @@ class V0Scheduler:
         prefill-stage ones go first when chunking (where a full walk would have put them), or
         last otherwise (the default policy schedules prefills only when it walks nothing).
         """
+        if not (prefills or kept or preempted or swapped_out or swapped_in or kept_prefill):
+            if kept_prefill is None and self._cohort is not None:
+                self._renumber_running()
+            return  # a lazy decode step: the queues are as they were
         # `extendleft` reverses: the earliest-preempted ends up at the front (spec 5.3).
         self.waiting.extendleft(preempted)
         self.swapped.extend(swapped_out)
@@ -741,6 +745,10 @@ class V0Scheduler:
             self._remove_running(request)
         self._join_cohort()
         return finished
+
+
+#: No requests: an immutable empty sequence shared by every step (read, never appended to).
+_NONE: tuple = ()
 
 
 def _order_key(request: Request) -> int:
