@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SchedulingBudget:
     """Tokens and sequences scheduled in one step.
 
@@ -22,6 +22,17 @@ class SchedulingBudget:
     #: `count_running_seqs` was called: ids not added explicitly are the running ones.
     _running_counted: bool = False
     _running_uncounted: set[int] = field(default_factory=set)
+
+    def __init__(self, token_budget: int, max_num_seqs: int) -> None:
+        # Written out (dataclass(init=False)): one budget per engine step.
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+        self.num_batched_tokens = 0
+        self.num_curr_seqs = 0
+        self._token_ids = set()
+        self._seq_ids = set()
+        self._running_counted = False
+        self._running_uncounted = set()
 
     def can_schedule(self, num_new_tokens: int, num_new_seqs: int) -> bool:
         return (

@@ -118,9 +118,18 @@ class DecodeCohort:
             return []
         due = []
         clock = self.clock
+        last_tick_s = self.last_tick_s
         for request in bucket:
             if request.cohort_clock >= 0 and request.cohort_event == clock:
-                self._rebase(request)
+                # `_rebase`, inlined (every touched decode passes here).
+                delta = clock - request.cohort_clock
+                if delta:
+                    seq = request.seq
+                    seq.content.append_output(-(seq.seq_id + 1), delta)
+                    seq.num_computed_tokens += delta
+                    request.last_token_s = last_tick_s
+                    request.cohort_clock = clock
+                    request.cohort_tokens += delta
                 # A member that left and rejoined under the same clock is in the bucket twice:
                 # the mark makes the second entry stale (`refile` sets a real event again).
                 request.cohort_event = -1

@@ -115,7 +115,7 @@ class ScheduledWork:
     is_prefill: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StepPlan:
     """What a scheduler decided for one step.
 
@@ -138,6 +138,21 @@ class StepPlan:
     num_blocks_copied: int = 0
     #: A fatal engine error (e.g. "Aborted due to the lack of CPU swap space"); the run ends.
     fatal_error: str | None = None
+
+    def __init__(self) -> None:
+        # Written out (dataclass(init=False)): one plan per engine step, and the generated
+        # __init__ with seven defaults and five factories costs twice as much.
+        self.scheduled = []
+        self.quiet = []
+        self.quiet_contexts = []
+        self.bulk = None
+        self.num_preempted = 0
+        self.ignored = []
+        self.failed = []
+        self.num_blocks_swapped_in = 0
+        self.num_blocks_swapped_out = 0
+        self.num_blocks_copied = 0
+        self.fatal_error = None
 
     @property
     def num_bulk_decodes(self) -> int:
