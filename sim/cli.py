@@ -7,6 +7,7 @@ exit status 2; a scenario whose expectations fail in `kvsim check` exits 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -196,6 +197,21 @@ def run(
     else:
         print_summary(name, result.summary, result.inputs, out_dir)
         _print_violations(result)
+    _done_fast()
+
+
+def _done_fast() -> None:
+    """End the `kvsim` process now that everything is written and printed.
+
+    A whole-trace replay leaves millions of objects that the interpreter would free one by one
+    at exit (~0.3 s for the Azure trace); the OS reclaims them at once. Only in the console
+    script (`main`), never when the command runs inside another program or a test, and only
+    after flushing; `run` holds no other resource (no pools, no open files) at this point.
+    """
+    if _STANDALONE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _print_violations(result, limit: int = 5) -> None:
@@ -241,7 +257,13 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+#: Set by `main` (the console script): the process ends when a command ends.
+_STANDALONE = False
+
+
 def main() -> None:
+    global _STANDALONE
+    _STANDALONE = True
     try:
         app()
     except KeyboardInterrupt:
