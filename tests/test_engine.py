@@ -231,17 +231,26 @@ def test_decode_fast_path_changes_no_result(design, extra):
         ("v0-v2", {}),
         ("v0-fixed", {"scheduler.preemption_mode": "swap"}),
         ("v0-v2", {"cache.sliding_window": None, "cache.enable_prefix_caching": True}),
+        ("v1-engine", {"scheduler.enable_chunked_prefill": True}),
+        (
+            "v1-engine",
+            {"scheduler.enable_chunked_prefill": False, "scheduler.max_model_len": 8192},
+        ),
     ],
 )
 def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypatch):
     """The v0 scheduler skips a `can_allocate` whose LATER answer cannot have changed (same
-    head, no block freed since): every table is the same when it asks every time."""
+    head, no block freed since), the V1 one an `allocate_slots` whose None cannot have (same
+    head, no fewer tokens asked, no block freed, no prefix caching): every table is the same
+    when they ask every time."""
     from sim.scheduler.v0 import V0Scheduler
+    from sim.scheduler.v1 import V1Scheduler
 
     overrides = {"workload.first_n": 300, "workload.rate_scale": 3, "scheduler.design": design}
     overrides.update(extra)
     skipping = run(builtin_scenario_path(), overrides=overrides)
     monkeypatch.setattr(V0Scheduler, "skip_repeated_later", False)
+    monkeypatch.setattr(V1Scheduler, "skip_repeated_later", False)
     asking = run(builtin_scenario_path(), overrides=overrides)
     assert skipping.summary["num_preemptions"] > 0  # the pool is full at times
     for name in ("requests", "steps", "violations"):

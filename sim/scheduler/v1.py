@@ -34,6 +34,9 @@ class V1Scheduler:
     """One replica's V1-engine scheduler over an audited `KVCacheManager`."""
 
     engine = "v1"
+    #: Skip an `allocate_slots` whose None answer is known (see `_schedule_waiting`); tests
+    #: turn it off to show that the skip changes no result.
+    skip_repeated_later = True
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager) -> None:
         self.config = config
@@ -45,6 +48,14 @@ class V1Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._fast_path = fast_path_enabled(config, kv_cache_manager)
+        # Prefix-cache hits can only happen with caching on (a manager that does not say is
+        # taken to have it). Without them the waiting phase can skip known refusals.
+        self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
+        if not self._prefix_hits_possible:
+            self._num_free_blocks = lambda: kv_cache_manager.num_free_blocks
+        self._later_key: tuple[int, int, int] | None = None
+        self._later_num_new = 0
+        self._later_free = 0
         # The fast-path calls, bound once (they run on every touched decode).
         self._touch_len_of = kv_cache_manager.decode_touch_len if self._fast_path else None
         self._sync_decode = kv_cache_manager.sync_decode if self._fast_path else None
@@ -413,9 +424,9 @@ class V1Scheduler:
                 break
             request = self.waiting[0]
             seq = request.seq
-            if seq.num_computed_tokens == 0:
+            if seq.num_computed_tokens == 0 and self._prefix_hits_possible:
                 hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
-            else:
+            else:  # (without prefix caching the lookup is a pure ([], 0))
                 hit_block_ids, num_computed = [], seq.num_computed_tokens
             num_new = seq.num_tokens - num_computed
             threshold = self.config.long_prefill_token_threshold
@@ -426,6 +437,21 @@ class V1Scheduler:
                 continue
             num_new = min(num_new, budget)
             num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
+            # Without prefix hits, `allocate_slots` for a waiting request is None exactly when
+            # the blocks for its `num_new` tokens exceed the free ones: monotone in both. So
+            # a head that got None stays refused while it is unchanged, asks no fewer tokens
+            # and no block was freed; the repeat call, made on most steps of an overloaded
+            # replay, is skipped.
+            later_key = (request.request_id, seq.num_tokens, seq.num_computed_tokens)
+            free = self._num_free_blocks() if not self._prefix_hits_possible else 0
+            if (
+                not self._prefix_hits_possible
+                and self.skip_repeated_later
+                and later_key == self._later_key
+                and num_new >= self._later_num_new
+                and free <= self._later_free
+            ):
+                break
             try:
                 blocks = self.kv_cache_manager.allocate_slots(
                     seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
@@ -435,6 +461,7 @@ class V1Scheduler:
                 self._fail(request, plan, error, now_s)
                 continue
             if blocks is None:
+                self._later_key, self._later_num_new, self._later_free = later_key, num_new, free
                 break
             self.waiting.popleft()
             self.running.append(request)
