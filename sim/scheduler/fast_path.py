@@ -10,6 +10,10 @@ then the scheduler skips the call (the step is "quiet") and lets the manager cat
 Example (bs=16, full attention): a request admitted with a 20-token prompt holds 2 blocks
 (32 slots); decodes at lengths 21..32 are quiet; the decode at length 33 needs a third block
 and calls the manager.
+
+The engine goes one step further with a decode cohort (`sim.scheduler.cohort`): quiet decodes
+are then not even visited; this module's per-request quiet path remains for steps that must
+walk every request, and for schedulers used without a cohort.
 """
 
 from __future__ import annotations
