@@ -27,6 +27,8 @@ Results are identical either way (tests/test_decode_cohort.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sim.latency.batch import DecodeBulk
 from sim.scheduler.request import Request
 
@@ -87,6 +89,20 @@ class DecodeCohort:
             cross = clock + window - context
             self._crossings[cross] = self._crossings.get(cross, 0) + 1
         return True
+
+    def join_outsiders(
+        self, outsiders: dict[Request, None], event_len_of: Callable[[Request], int | None]
+    ) -> None:
+        """After a step: join every outsider with a quiet stretch ahead, and drop it from
+        `outsiders`. `event_len_of` gives a request's next event length, None if it cannot
+        be a member (the scheduler's own quiet rules)."""
+        joined = []
+        for request in outsiders:
+            event_len = event_len_of(request)
+            if event_len is not None and self.join(request, event_len):
+                joined.append(request)
+        for request in joined:
+            del outsiders[request]
 
     def leave(self, request: Request) -> None:
         """Take a member out: its skipped tokens are appended now (one call, same content)."""

@@ -19,7 +19,7 @@ walk every request, and for schedulers used without a cohort.
 from __future__ import annotations
 
 from sim.scheduler.config import SchedulerConfig
-from sim.scheduler.request import Request, RequestState
+from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 
 
 def fast_path_enabled(config: SchedulerConfig, manager) -> bool:
@@ -30,6 +30,24 @@ def fast_path_enabled(config: SchedulerConfig, manager) -> bool:
         and callable(getattr(manager, "decode_touch_len", None))
         and callable(getattr(manager, "sync_decode", None))
     )
+
+
+def add_quiet_decode(request: Request, plan: StepPlan, finish_len: int) -> None:
+    """Schedule a decode the manager declared quiet: no call now (synced before the next one).
+
+    One that finishes after this step (it then has one more token: the output limit, or
+    `finish_len` tokens already, i.e. v0's `max_model_len` or the V1 engine's
+    `max_model_len - 1`) stays in `plan.scheduled`, where finished requests are freed in
+    schedule order; the others go to `plan.quiet`.
+    """
+    seq = request.seq
+    num_tokens = seq.content.num_tokens
+    request.needs_sync = True
+    if num_tokens + 1 - seq.prompt_len >= request.max_tokens or num_tokens >= finish_len:
+        plan.scheduled.append(ScheduledWork(request, 1, seq.num_computed_tokens, False))
+    else:
+        plan.quiet.append(request)
+        plan.quiet_contexts.append(seq.num_computed_tokens)
 
 
 def sync(manager, request: Request) -> None:

@@ -29,7 +29,7 @@ from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
-from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled
+from sim.scheduler.fast_path import add_quiet_decode, apply_quiet_decodes, fast_path_enabled
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -137,26 +137,19 @@ class V0Scheduler:
 
     def _join_cohort(self) -> None:
         """After a step: every running decode that has a quiet stretch ahead joins."""
-        if not self._outsiders:
-            return
-        cohort = self._cohort
-        max_model_len = self.config.max_model_len
-        running = RequestState.RUNNING
-        joined = []
-        for request in self._outsiders:
-            touch_len = request.touch_len
-            if touch_len is None or request.is_prefill or request.state is not running:
-                continue
-            # The first length at which its decode is not quiet: the manager must see it
-            # (touch_len), or the step will finish it (see the finish tests in the walk).
-            seq = request.seq
-            event_len = min(touch_len, seq.prompt_len + request.max_tokens - 1, max_model_len)
-            if cohort.join(request, event_len):
-                joined.append(request)
-        for request in joined:
-            del self._outsiders[request]
+        if self._outsiders:
+            self._cohort.join_outsiders(self._outsiders, self._event_len)
 
-    # ------------------------------------------------------------------ helpers
+    def _event_len(self, request: Request) -> int | None:
+        """The first length at which a running decode is not quiet: the manager must see it
+        (`touch_len`), or the step finishes it (`add_quiet_decode`). None: not a decode the
+        fast path may skip."""
+        touch_len = request.touch_len
+        if touch_len is None or request.is_prefill or request.state is not RequestState.RUNNING:
+            return None
+        seq = request.seq
+        return min(touch_len, seq.prompt_len + request.max_tokens - 1, self.config.max_model_len)
+
     def _num_new_tokens(self, request: Request, budget: SchedulingBudget, chunking: bool) -> int:
         """`_get_num_new_tokens`: 1 for a decode, the uncomputed rest for a prefill (L1189-1213)."""
         seq = request.seq
@@ -312,8 +305,6 @@ class V0Scheduler:
         fast = self._fast_path
         free = self._num_free_gpu_blocks() if fast else 0
         scheduled = plan.scheduled
-        quiet, quiet_contexts = plan.quiet, plan.quiet_contexts
-        max_model_len = self.config.max_model_len
         while queue:
             request = queue[0]
             if (
@@ -327,17 +318,7 @@ class V0Scheduler:
                 num_tokens = seq.content.num_tokens
                 if touch_len is not None and num_tokens < touch_len:
                     queue.popleft()
-                    request.needs_sync = True
-                    # After this step it has num_tokens + 1 tokens; one that finishes then is
-                    # freed in schedule order, so it stays in `scheduled`.
-                    if (
-                        num_tokens + 1 - seq.prompt_len >= request.max_tokens
-                        or num_tokens >= max_model_len
-                    ):
-                        scheduled.append(ScheduledWork(request, 1, seq.num_computed_tokens, False))
-                    else:
-                        quiet.append(request)
-                        quiet_contexts.append(seq.num_computed_tokens)
+                    add_quiet_decode(request, plan, self.config.max_model_len)
                     kept_decode.append(request)
                     # Counted without the per-request id sets: those only make a later
                     # subtract idempotent, and a request already walked is never preempted
@@ -442,15 +423,7 @@ class V0Scheduler:
             touch_len = request.touch_len
             if not request.is_prefill and touch_len is not None and num_tokens < touch_len:
                 # Quiet, as in the walk; here because it finishes after this step.
-                request.needs_sync = True
-                if (
-                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
-                    or num_tokens >= max_model_len
-                ):
-                    scheduled.append(ScheduledWork(request, 1, seq.num_computed_tokens, False))
-                else:
-                    plan.quiet.append(request)
-                    plan.quiet_contexts.append(seq.num_computed_tokens)
+                add_quiet_decode(request, plan, self.config.max_model_len)
                 budget.num_batched_tokens += 1
                 if chunking:
                     budget.num_curr_seqs += 1
@@ -522,11 +495,9 @@ class V0Scheduler:
             self._remove_running(request)
             self._fail(request, plan, error, now_s)
             return
-        touch_len = request.touch_len
-        if touch_len is not None:
-            # Same rule as `_join_cohort`: the first length that is not quiet.
-            finish_len = min(seq.prompt_len + request.max_tokens - 1, self.config.max_model_len)
-            self._cohort.refile(request, min(touch_len, finish_len))
+        event_len = self._event_len(request)
+        if event_len is not None:
+            self._cohort.refile(request, event_len)
             return
         # The manager wants every call from now on: this decode runs as an outsider's.
         self._cohort.leave(request)

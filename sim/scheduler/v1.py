@@ -25,7 +25,7 @@ from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
-from sim.scheduler.fast_path import apply_quiet_decodes, fast_path_enabled
+from sim.scheduler.fast_path import add_quiet_decode, apply_quiet_decodes, fast_path_enabled
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -116,28 +116,23 @@ class V1Scheduler:
 
     def _join_cohort(self) -> None:
         """After a step: every running decode that has a quiet stretch ahead joins."""
-        if not self._outsiders:
-            return
-        cohort = self._cohort
-        max_model_len = self.config.max_model_len
-        running = RequestState.RUNNING
-        joined = []
-        for request in self._outsiders:
-            touch_len = request.touch_len
-            if touch_len is None or request.state is not running:
-                continue
-            seq = request.seq
-            num_tokens = seq.content.num_tokens
-            if seq.num_computed_tokens != num_tokens - 1 or num_tokens <= seq.prompt_len:
-                continue  # not a one-token decode
-            # The first length at which the walk's quiet test fails or the step finishes it.
-            event_len = min(touch_len, seq.prompt_len + request.max_tokens - 1, max_model_len - 1)
-            if cohort.join(request, event_len):
-                joined.append(request)
-        for request in joined:
-            del self._outsiders[request]
+        if self._outsiders:
+            self._cohort.join_outsiders(self._outsiders, self._event_len)
 
-    # ------------------------------------------------------------------ step
+    def _event_len(self, request: Request) -> int | None:
+        """The first length at which a running one-token decode fails the walk's quiet test or
+        is finished by the step; None: not a decode the fast path may skip."""
+        touch_len = request.touch_len
+        if touch_len is None or request.state is not RequestState.RUNNING:
+            return None
+        seq = request.seq
+        num_tokens = seq.content.num_tokens
+        if seq.num_computed_tokens != num_tokens - 1 or num_tokens <= seq.prompt_len:
+            return None
+        return min(
+            touch_len, seq.prompt_len + request.max_tokens - 1, self.config.max_model_len - 1
+        )
+
     def _clamp(self, num_new: int, budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < num_new:
@@ -170,60 +165,21 @@ class V1Scheduler:
 
     def _schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> int:
         index = 0
-        fast = self._fast_path
-        max_model_len = self.config.max_model_len
-        last_computable = max_model_len - 1
-        works = plan.scheduled
-        quiet, quiet_contexts = plan.quiet, plan.quiet_contexts
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            seq = request.seq
-            computed = seq.num_computed_tokens
-            num_tokens = seq.content.num_tokens
             # Fast path: a one-token decode (all but the newest token computed, outputs exist)
             # that the manager declared quiet would get [] from allocate_slots and change
-            # nothing, so the call is skipped and synced before the next real one. This is the
-            # hot loop of a replay, hence the inlined checks.
-            touch_len = request.touch_len
-            if (
-                fast
-                and touch_len is not None
-                and num_tokens < touch_len
-                and computed == num_tokens - 1
-                and num_tokens > seq.prompt_len
-                and computed < last_computable
-            ):
-                request.needs_sync = True
-                # After this step it has num_tokens + 1 tokens; one that finishes then is freed
-                # in schedule order, so it stays in `scheduled`.
-                if (
-                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
-                    or num_tokens + 1 >= max_model_len
-                ):
-                    works.append(ScheduledWork(request, 1, computed, False))
-                else:
-                    quiet.append(request)
-                    quiet_contexts.append(computed)
+            # nothing, so the call is skipped and synced before the next real one.
+            if self._is_quiet(request):
+                add_quiet_decode(request, plan, self.config.max_model_len - 1)
                 budget -= 1
                 index += 1
                 continue
-            num_new = self._clamp(num_tokens - computed, budget)
-            num_new = min(num_new, last_computable - computed)
-            if num_new <= 0:
-                index += 1
-                continue
-            self._sync(request)
-            can_schedule = self._allocate_running(request, num_new, plan, now_s)
-            if can_schedule is None:
-                continue
-            if not can_schedule:
-                break
-            self._refresh_touch(request)
-            plan.scheduled.append(
-                ScheduledWork(
-                    request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
-                )
-            )
+            num_new = self._schedule_tokens(request, budget, plan, now_s)
+            if num_new is None:
+                continue  # failed: it left `running`
+            if num_new < 0:
+                break  # preempted itself
             budget -= num_new
             index += 1
         return budget
@@ -303,9 +259,7 @@ class V1Scheduler:
                 break
             if request.state is not running:
                 continue  # preempted earlier in this walk
-            seq = request.seq
-            computed = seq.num_computed_tokens
-            num_tokens = seq.content.num_tokens
+            computed = request.seq.num_computed_tokens
             if request.cohort_clock >= 0:
                 # A due member whose decode needs the manager: the walk's real-call branch.
                 self._sync(request)
@@ -315,10 +269,9 @@ class V1Scheduler:
                 if not outcome:
                     break
                 self._refresh_touch(request)
-                touch_len = request.touch_len
-                if touch_len is not None:
-                    finish_len = min(seq.prompt_len + request.max_tokens - 1, max_model_len - 1)
-                    cohort.refile(request, min(touch_len, finish_len))
+                event_len = self._event_len(request)
+                if event_len is not None:
+                    cohort.refile(request, event_len)
                 else:  # every call from now on: this decode runs as an outsider's
                     cohort.leave(request)
                     self._outsiders[request] = None
@@ -326,39 +279,48 @@ class V1Scheduler:
                     budget -= 1
                 continue
             if quiet:
-                request.needs_sync = True
-                if (
-                    num_tokens + 1 - seq.prompt_len >= request.max_tokens
-                    or num_tokens + 1 >= max_model_len
-                ):
-                    plan.scheduled.append(ScheduledWork(request, 1, computed, False))
-                else:
-                    plan.quiet.append(request)
-                    plan.quiet_contexts.append(computed)
+                add_quiet_decode(request, plan, self.config.max_model_len - 1)
                 budget -= 1
                 continue
-            num_new = self._clamp(num_tokens - computed, budget)
-            num_new = min(num_new, last_computable - computed)
-            if num_new <= 0:
-                continue
-            self._sync(request)
-            outcome = self._allocate_running(request, num_new, plan, now_s)
-            if outcome is None:
-                continue
-            if not outcome:
-                break
-            self._refresh_touch(request)
-            plan.scheduled.append(
-                ScheduledWork(
-                    request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
-                )
-            )
+            num_new = self._schedule_tokens(request, budget, plan, now_s)
+            if num_new is None:
+                continue  # failed: it left `running`
+            if num_new < 0:
+                break  # preempted itself
             budget -= num_new
         if not members_counted:
             budget -= len(cohort)
         if len(cohort):
             plan.bulk = cohort.bulk()
         return budget
+
+    def _schedule_tokens(
+        self, request: Request, budget: int, plan: StepPlan, now_s: float
+    ) -> int | None:
+        """The running phase's real-call branch for one request: its new tokens (clamped by
+        the threshold, the budget and `max_model_len - 1`), `allocate_slots` (preempting from
+        the tail until they fit), the work recorded. Returns the tokens scheduled (0: none
+        due), None when the call failed (the request failed and left `running`), or -1 when
+        the request preempted itself (the running phase ends)."""
+        seq = request.seq
+        computed = seq.num_computed_tokens
+        num_new = self._clamp(seq.content.num_tokens - computed, budget)
+        num_new = min(num_new, self.config.max_model_len - 1 - computed)
+        if num_new <= 0:
+            return 0
+        self._sync(request)
+        outcome = self._allocate_running(request, num_new, plan, now_s)
+        if outcome is None:
+            return None
+        if not outcome:
+            return -1
+        self._refresh_touch(request)
+        plan.scheduled.append(
+            ScheduledWork(
+                request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
+            )
+        )
+        return num_new
 
     def _is_quiet(self, request: Request) -> bool:
         """The walk's fast-path test: a one-token decode the manager declared quiet."""
