@@ -159,6 +159,21 @@ class _RefCounting:
             self.num_held_blocks += 1
         block.ref_count = block.ref_count + 1 if increment else 1
 
+    def _released(self, blocks: Iterable[PhysicalBlock]) -> Iterator[PhysicalBlock]:
+        """`_drop` for each block in order, yielding those that became free (the bulk free
+        of a finished table). Raises where `_drop` would, after the earlier ones."""
+        device = self.device
+        for block in blocks:
+            if block.device is not device:
+                self._check_owned(block)  # the usual AssertionError
+            ref_count = block.ref_count
+            if ref_count == 0:
+                raise DoubleFreeError(f"Double free! {block} is already freed.")
+            block.ref_count = ref_count - 1
+            if ref_count == 1:
+                self.num_held_blocks -= 1
+                yield block
+
     def _drop(self, block: PhysicalBlock) -> bool:
         """Decrement; True when the block became free. Raises on a double free."""
         self._check_owned(block)
@@ -234,21 +249,7 @@ class UncachedBlockAllocator(_RefCounting):
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
         """`free(block)` for each block in order (a finished table): same checks, same
         DoubleFreeError at the same block, with every earlier free done."""
-        device = self.device
-        free_blocks = self._free_blocks
-        num_free_before = len(free_blocks)  # what the loop pushes is what it released
-        try:
-            for block in blocks:
-                if block.device is not device:
-                    self._check_owned(block)  # the usual AssertionError
-                ref_count = block.ref_count
-                if ref_count == 0:
-                    raise DoubleFreeError(f"Double free! {block} is already freed.")
-                block.ref_count = ref_count - 1
-                if ref_count == 1:
-                    free_blocks.append(block)
-        finally:
-            self.num_held_blocks -= len(free_blocks) - num_free_before
+        self._free_blocks.extend(self._released(blocks))
 
     @property
     def num_free_blocks(self) -> int:
@@ -329,23 +330,11 @@ class CachedBlockAllocator(_RefCounting):
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
         """`free(block)` for each block in order (a finished table): same checks, same
         DoubleFreeError at the same block, with every earlier free done."""
-        device = self.device
         evictor = self.evictor
-        num_released = 0
-        try:
-            for block in blocks:
-                if block.device is not device:
-                    self._check_owned(block)  # the usual AssertionError
-                ref_count = block.ref_count
-                if ref_count == 0:
-                    raise DoubleFreeError(f"Double free! {block} is already freed.")
-                block.ref_count = ref_count - 1
-                if ref_count == 1:
-                    num_released += 1
-                    evictor.add(block)
-                    del self.hash_to_block[block.block_hash]
-        finally:
-            self.num_held_blocks -= num_released
+        hash_to_block = self.hash_to_block
+        for block in self._released(blocks):
+            evictor.add(block)
+            del hash_to_block[block.block_hash]
 
     def contains_block(self, block_hash: int) -> bool:
         return block_hash in self.hash_to_block or block_hash in self.evictor
