@@ -481,23 +481,32 @@ class V0Scheduler:
     def _touch_member(
         self, request: Request, budget: SchedulingBudget, plan: StepPlan, now_s: float
     ) -> None:
-        """The walk's real-call branch for a due cohort member (a one-token decode)."""
+        """The walk's real-call branch for a due cohort member (a one-token decode).
+
+        `_sync`, `_append_slots` and `_event_len` written out: a replay runs this for every
+        decode that crosses a block boundary (~250 k times for the Azure trace).
+        """
         seq = request.seq
         context = seq.num_computed_tokens
-        self._sync(request)
+        if request.needs_sync:
+            request.needs_sync = False
+            self._sync_decode(seq)
         manager = self.block_manager
-        if not manager.can_append_slots(request.group, self.config.num_lookahead_slots):
+        lookahead = self.config.num_lookahead_slots
+        if not manager.can_append_slots(request.group, lookahead):
             raise AssertionError(f"kvsim: lazy step without room for request {request.request_id}")
         try:
-            self._append_slots(request, plan)
+            cows = manager.append_slots(seq, lookahead)
         except AuditError as error:
             self._cohort.leave(request)
             self._remove_running(request)
             self._fail(request, plan, error, now_s)
             return
-        event_len = self._event_len(request)
-        if event_len is not None:
-            self._cohort.refile(request, event_len)
+        plan.num_blocks_copied += len(cows)
+        touch_len = request.touch_len = self._touch_len_of(seq)
+        if touch_len is not None:  # a running decode: `_event_len`'s rule
+            limit = min(seq.prompt_len + request.max_tokens - 1, self.config.max_model_len)
+            self._cohort.refile(request, touch_len if touch_len < limit else limit)
             return
         # The manager wants every call from now on: this decode runs as an outsider's.
         self._cohort.leave(request)
