@@ -75,11 +75,7 @@ class DecodeCohort:
         request.cohort_event = event
         request.needs_sync = True
         self._members[request] = None
-        bucket = self._events.get(event)
-        if bucket is None:
-            self._events[event] = [request]
-        else:
-            bucket.append(request)
+        self._file(request, event)
         context = num_tokens - 1
         self._context_sum += context
         window = self.window
@@ -137,7 +133,8 @@ class DecodeCohort:
         last_tick_s = self.last_tick_s
         for request in bucket:
             if request.cohort_clock >= 0 and request.cohort_event == clock:
-                # `_rebase`, inlined (every touched decode passes here).
+                # Append its skipped tokens and restart its count from now. Its context, so the
+                # sums and the clock at which it reaches the window, do not change.
                 delta = clock - request.cohort_clock
                 if delta:
                     seq = request.seq
@@ -152,18 +149,6 @@ class DecodeCohort:
                 due.append(request)
         return due
 
-    def _rebase(self, request: Request) -> None:
-        """Append a member's skipped tokens and restart its count from now. Its context, and
-        so the sums and the clock at which it reaches the window, do not change."""
-        delta = self.clock - request.cohort_clock
-        if delta:
-            seq = request.seq
-            seq.content.append_output(-(seq.seq_id + 1), delta)
-            seq.num_computed_tokens += delta
-            request.last_token_s = self.last_tick_s
-            request.cohort_clock = self.clock
-            request.cohort_tokens += delta
-
     def refile(self, request: Request, event_len: int) -> None:
         """File a due member (see `pop_due`) under its next event, during the step that runs
         its decode at its current length N: from the next step on it has N + k tokens at
@@ -172,6 +157,9 @@ class DecodeCohort:
         event = self.clock + max(1, event_len - num_tokens)
         request.cohort_event = event
         request.needs_sync = True
+        self._file(request, event)
+
+    def _file(self, request: Request, event: int) -> None:
         bucket = self._events.get(event)
         if bucket is None:
             self._events[event] = [request]

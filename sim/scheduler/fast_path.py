@@ -18,8 +18,53 @@ walk every request, and for schedulers used without a cohort.
 
 from __future__ import annotations
 
+from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import SchedulerConfig
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+
+
+class FastPathScheduler:
+    """What both schedulers share around the fast path and the decode cohort: the bound
+    manager calls, the sync before a real call and the touch refresh after it, and the
+    cohort's outsider bookkeeping. A scheduler supplies `_event_len` (its quiet rules)."""
+
+    _fast_path: bool
+    _cohort: DecodeCohort | None
+    _outsiders: dict[Request, None]
+
+    def _init_fast_path(self, config: SchedulerConfig, manager) -> None:
+        self._fast_path = fast_path_enabled(config, manager)
+        # The fast-path calls, bound once (they run on every touched decode).
+        self._touch_len_of = manager.decode_touch_len if self._fast_path else None
+        self._sync_decode = manager.sync_decode if self._fast_path else None
+        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
+        self._cohort = None
+        #: With a cohort: the running requests that are not members, in no particular order.
+        self._outsiders = {}
+
+    def materialize(self) -> None:
+        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
+        if self._cohort is not None:
+            for request in self._cohort.release_all():
+                self._outsiders[request] = None
+
+    def _join_cohort(self) -> None:
+        """After a step: every running decode that has a quiet stretch ahead joins."""
+        if self._outsiders:
+            self._cohort.join_outsiders(self._outsiders, self._event_len)
+
+    def _event_len(self, request: Request) -> int | None:
+        raise NotImplementedError
+
+    def _refresh_touch(self, request: Request) -> None:
+        """After a real call: ask the manager when the next decode must call it again."""
+        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
+
+    def _sync(self, request: Request) -> None:
+        """Before a real call: let the manager catch up on the decodes it did not see."""
+        if request.needs_sync:  # only ever set with the fast path on
+            request.needs_sync = False
+            self._sync_decode(request.seq)
 
 
 def fast_path_enabled(config: SchedulerConfig, manager) -> bool:

@@ -29,7 +29,7 @@ from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
-from sim.scheduler.fast_path import add_quiet_decode, apply_quiet_decodes, fast_path_enabled
+from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
@@ -38,7 +38,7 @@ SWAP_SPACE_ERROR = (
 )
 
 
-class V0Scheduler:
+class V0Scheduler(FastPathScheduler):
     """One replica's v0 scheduler over an audited v0 block manager."""
 
     engine = "v0"
@@ -57,17 +57,10 @@ class V0Scheduler:
         #: (request id, its tokens) and free blocks of the last LATER answer (_schedule_prefills).
         self._later_key: tuple[int, int] | None = None
         self._later_free = 0
-        self._fast_path = fast_path_enabled(config, block_manager)
-        # The fast-path calls, bound once (they run on every touched decode).
-        self._touch_len_of = block_manager.decode_touch_len if self._fast_path else None
-        self._sync_decode = block_manager.sync_decode if self._fast_path else None
+        self._init_fast_path(config, block_manager)
         # Bound once: the auditor passes this pure query through `__getattr__`, which would
         # cost a failed lookup on each of the several calls per step.
         self._num_free_gpu_blocks = block_manager.get_num_free_gpu_blocks
-        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
-        self._cohort: DecodeCohort | None = None
-        #: With a cohort: the running requests that are not members, in no particular order.
-        self._outsiders: dict[Request, None] = {}
         self._back_key = 0
         self._front_key = -1
         # The prompt limit of `_get_prompt_limit` (L626-639).
@@ -110,12 +103,6 @@ class V0Scheduler:
         self._renumber_running()
         return True
 
-    def materialize(self) -> None:
-        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
-        if self._cohort is not None:
-            for request in self._cohort.release_all():
-                self._outsiders[request] = None
-
     def _renumber_running(self) -> None:
         for key, request in enumerate(self.running):
             request.order_key = key
@@ -134,11 +121,6 @@ class V0Scheduler:
     def _remove_running(self, request: Request) -> None:
         self.running.remove(request)
         self._outsiders.pop(request, None)
-
-    def _join_cohort(self) -> None:
-        """After a step: every running decode that has a quiet stretch ahead joins."""
-        if self._outsiders:
-            self._cohort.join_outsiders(self._outsiders, self._event_len)
 
     def _event_len(self, request: Request) -> int | None:
         """The first length at which a running decode is not quiet: the manager must see it
@@ -210,16 +192,6 @@ class V0Scheduler:
         cows = self.block_manager.append_slots(request.seq, self.config.num_lookahead_slots)
         plan.num_blocks_copied += len(cows)
         self._refresh_touch(request)
-
-    def _refresh_touch(self, request: Request) -> None:
-        """After a real call: ask the manager when the next decode must call it again."""
-        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
-
-    def _sync(self, request: Request) -> None:
-        """Before a real call: let the manager catch up on the decodes it did not see."""
-        if request.needs_sync:  # only ever set with the fast path on
-            request.needs_sync = False
-            self._sync_decode(request.seq)
 
     # ------------------------------------------------------------------ phases
     def _schedule_prefills(

@@ -25,12 +25,12 @@ from sim.audit import AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
-from sim.scheduler.fast_path import add_quiet_decode, apply_quiet_decodes, fast_path_enabled
+from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 
 
-class V1Scheduler:
+class V1Scheduler(FastPathScheduler):
     """One replica's V1-engine scheduler over an audited `KVCacheManager`."""
 
     engine = "v1"
@@ -47,7 +47,7 @@ class V1Scheduler:
             self.token_budget = max(self.token_budget, config.max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._fast_path = fast_path_enabled(config, kv_cache_manager)
+        self._init_fast_path(config, kv_cache_manager)
         # Prefix-cache hits can only happen with caching on (a manager that does not say is
         # taken to have it). Without them the waiting phase can skip known refusals.
         self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
@@ -56,13 +56,6 @@ class V1Scheduler:
         self._later_key: tuple[int, int, int] | None = None
         self._later_num_new = 0
         self._later_free = 0
-        # The fast-path calls, bound once (they run on every touched decode).
-        self._touch_len_of = kv_cache_manager.decode_touch_len if self._fast_path else None
-        self._sync_decode = kv_cache_manager.sync_decode if self._fast_path else None
-        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
-        self._cohort: DecodeCohort | None = None
-        #: With a cohort: the running requests that are not members.
-        self._outsiders: dict[Request, None] = {}
         self._next_key = 0
 
     # ------------------------------------------------------------------ queues
@@ -103,21 +96,10 @@ class V1Scheduler:
             self._add_outsider(request)
         return True
 
-    def materialize(self) -> None:
-        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
-        if self._cohort is not None:
-            for request in self._cohort.release_all():
-                self._outsiders[request] = None
-
     def _add_outsider(self, request: Request) -> None:
         request.order_key = self._next_key
         self._next_key += 1
         self._outsiders[request] = None
-
-    def _join_cohort(self) -> None:
-        """After a step: every running decode that has a quiet stretch ahead joins."""
-        if self._outsiders:
-            self._cohort.join_outsiders(self._outsiders, self._event_len)
 
     def _event_len(self, request: Request) -> int | None:
         """The first length at which a running one-token decode fails the walk's quiet test or
@@ -361,16 +343,6 @@ class V1Scheduler:
                 return True
             if self._preempt(plan) is request:
                 return False
-
-    def _refresh_touch(self, request: Request) -> None:
-        """After a real call: ask the manager when the next decode must call it again."""
-        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
-
-    def _sync(self, request: Request) -> None:
-        """Before a real call: let the manager catch up on the decodes it did not see."""
-        if request.needs_sync:  # only ever set with the fast path on
-            request.needs_sync = False
-            self._sync_decode(request.seq)
 
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
