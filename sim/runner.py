@@ -15,7 +15,7 @@ from pathlib import Path
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
 from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
 from sim.results import RunResult, build_result
@@ -216,7 +216,7 @@ def _asdict(config: KVCacheConfig) -> dict:
 
 
 def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
-    config = scenario.step_time or StepTimeConfig(roofline={})
+    config = scenario.step_time or StepTimeConfig(measured={})
     if config.calibrated is not None:
         profile = Path(config.calibrated.profile)
         if not profile.is_absolute():
@@ -237,6 +237,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             kv_dtype=None
             if scenario.cache.kv_cache_dtype == "auto"
             else scenario.cache.kv_cache_dtype,
+            engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
         )
     except (ValueError, OSError) as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
