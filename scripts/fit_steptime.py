@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from sim.latency import measured_check as mc
 from sim.latency import measured_fit as mf
@@ -94,11 +95,44 @@ def build(root: Path) -> dict:
     }
 
 
+def write_test_extract(root: Path, out_dir: Path) -> None:
+    """A small extract of held-out rows for tests/test_measured_steptime.py (MIT, see notice).
+
+    steps.csv: whole steps of Meta-Llama-3-70B at TP 2 on the A100 assembled from measured
+    operators (`measured_check.measured_steps`), every 31st held-out one; gemm.csv: every 97th
+    held-out GEMM row of each GPU.
+    """
+    tables = mf.load_tables(root)
+    _, val = mc.split(tables, "rows")
+    _, steps = mc.measured_steps(val, tables, root, "Meta-Llama-3-70B", "a100-80gb-sxm", 2)
+    rows = []
+    for batch, measured_s in steps[::31]:
+        prior, chunk = batch.prefill_chunks[0] if batch.prefill_chunks else (0, 0)
+        contexts = batch.decode_context_tokens
+        rows.append(
+            {
+                "num_decodes": len(contexts),
+                "decode_context": contexts[0] if contexts else 0,
+                "prefill_prior": prior,
+                "prefill_chunk": chunk,
+                "measured_s": round(measured_s, 9),
+            }
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out_dir / "steps.csv", index=False)
+    gemm = val.gemm.sort_values(["gpu", "model", "tp", "op", "tokens"]).iloc[::97]
+    k_n = gemm.flops / (2 * gemm.tokens)
+    gemm = gemm.assign(k_times_n=k_n.round().astype(int))
+    columns = ["gpu", "model", "tp", "op", "tokens", "k_times_n", "bytes", "time_s"]
+    gemm[columns].to_csv(out_dir / "gemm.csv", index=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("vidur_dir", type=Path)
     parser.add_argument("--out", type=Path, default=Path("sim/data/steptime_coefficients.json"))
     parser.add_argument("--export-from-git", type=Path, default=None)
+    parser.add_argument("--test-extract", type=Path, default=None, help="also write test rows")
     args = parser.parse_args(argv)
     if args.export_from_git is not None:
         export_from_git(args.export_from_git, args.vidur_dir)
@@ -109,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     print(f"wrote {args.out}")
+    if args.test_extract is not None:
+        write_test_extract(args.vidur_dir, args.test_extract)
+        print(f"wrote {args.test_extract}")
     return 0
 
 
