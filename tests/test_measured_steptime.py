@@ -199,3 +199,46 @@ def test_prefill_attention_matches_its_term_formula():
     per_layer = terms.prefill_attention_time_s(flops, q_bytes, 989e12, 3350e9, c)
     got = m.breakdown(BatchShape((), ((1300, 700),)))["prefill_attention_s"]
     assert got == pytest.approx(model.num_layers * per_layer)
+
+
+@pytest.mark.parametrize("design, engine", [("v0-v2", "v0"), ("v1-engine", "v1")])
+def test_a_scenario_without_step_time_runs_the_measured_model(design, engine):
+    """The runner's default is `measured`, with the overhead of the scheduler's generation."""
+    from sim.runner import run
+    from sim.scenario import scenario_from_dict
+
+    scenario = scenario_from_dict(
+        {
+            "model": "llama-3.1-8b",
+            "hardware": {"gpu": "h100-sxm"},
+            "cache": {"block_size": 16, "num_gpu_blocks": 64},
+            "scheduler": {"design": design, "max_model_len": 256},
+            "workload": {
+                "kind": "inline",
+                "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 3}],
+            },
+        }
+    )
+    result = run(scenario)
+    assert result.inputs["step_time"] == {"measured": {}}
+    first = result.steps.sort_values("start_s").iloc[0]
+    model = MeasuredStepTime(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), engine=engine)
+    expected = model.predict_s(BatchShape((), ((0, 100),)))
+    assert first["duration_s"] == pytest.approx(expected)
+
+
+def test_worked_examples_in_the_docstrings():
+    """The arithmetic quoted in measured_terms and measured stays true."""
+    c = {
+        "compute_efficiency": 0.75,
+        "memory_efficiency": 0.85,
+        "blend_exponent": 3.0,
+        "launch_floor_s": 6e-6,
+    }
+    flops, nbytes = terms.gemm_flops_bytes(256, 4096, 22016)
+    assert terms.gemm_time_s(flops, nbytes, 312e12, 2039e9, c) == pytest.approx(214.6e-6, rel=1e-3)
+    m = make_step_time(None, "llama-3.1-8b", "h100-sxm")
+    parts = m.breakdown(BatchShape((4096,) * 64, ()))
+    assert sum(parts.values()) == pytest.approx(22.5e-3, rel=0.01)
+    assert parts["decode_attention_s"] == pytest.approx(13.83e-3, rel=0.01)
+    assert parts["gemm_s"] == pytest.approx(5.70e-3, rel=0.01)

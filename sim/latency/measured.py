@@ -26,10 +26,16 @@ the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own da
 all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (expert
 routing was not measured), are flagged `extrapolated` and get the wider band.
 
-Worked example (numbers from the shipped coefficients; run `kvsim step` or `breakdown()` for
-the current ones): Llama-3.1-8B on an H100 SXM, 64 decodes at 4096 context, V1 engine:
-GEMMs ~4.6 ms (weights read at ~the fitted memory efficiency), decode attention ~13 ms
-(34 GB of KV at ~0.77 of 3.35 TB/s plus 32 call floors), lm_head, norms and overheads ~3 ms.
+Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
+Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 22.5 ms:
+
+    gemm_s               5.70 ms  (15 GB of weights at the fitted 0.99 memory efficiency,
+                                   blended with 0.96 TFLOP of compute, + 128 launch floors)
+    decode_attention_s  13.83 ms  (34.4 GB of KV / (0.765 x 3.35 TB/s) = 13.41 ms
+                                   + 32 call floors of 13.4 us)
+    lm_head_s 0.38, non_gemm_s 0.53, launch_s 0.09,
+    engine_overhead_s    1.95 ms  (V1: 0.607 ms + 64 x 0.021 ms)
+The roofline says 17.6 ms for the same step.
 """
 
 from __future__ import annotations

@@ -101,16 +101,20 @@ def split(tables: mf.Tables, name: str) -> tuple[mf.Tables, mf.Tables]:
 
 
 def overhead_keep(name: str, validation: bool):
-    """Batch-size selector of cpu_overheads.csv rows for split `name` (rows: every 5th)."""
+    """Row selector of cpu_overheads.csv for split `name`: every 5th batch size held out, or
+    (split `model`) the Llama-2 rows fitted and the other models validated."""
 
-    def keep(batch: pd.Series) -> np.ndarray:
-        mask = held_out(batch)
+    def keep(raw: pd.DataFrame) -> np.ndarray:
+        if name == "model":
+            mask = ~raw.model_name.str.contains("Llama-2").to_numpy()
+        else:
+            mask = held_out(raw.batch_size)
         return mask if validation else ~mask
 
     return keep
 
 
-def fit_coefficients(tables: mf.Tables, root: str | Path, batch_keep=None) -> dict:
+def fit_coefficients(tables: mf.Tables, root: str | Path, keep=None) -> dict:
     """The coefficient document (without band/validation) from `tables`."""
     gpus = sorted(tables.gemm.gpu.unique())
     attention_gpu = sorted(tables.decode.gpu.unique())[0]
@@ -118,7 +122,7 @@ def fit_coefficients(tables: mf.Tables, root: str | Path, batch_keep=None) -> di
     for gpu in gpus:
         out[gpu] = mf.fit_gpu(tables, gpu, attention_gpu)
         out[gpu]["datasheet"] = _datasheet(gpu)
-    return {"gpus": out, "engine": mf.fit_engine(root, batch_keep)}
+    return {"gpus": out, "engine": mf.fit_engine(root, keep)}
 
 
 # -- per-category errors -----------------------------------------------------------------------
@@ -193,11 +197,11 @@ def _layer_errors(g: pd.DataFrame, e: pd.DataFrame, c: dict, peak: float, bw: fl
     return _rel(sums.pred, sums.time_s)
 
 
-def overhead_errors(root: str | Path, co: dict, batch_keep=None) -> np.ndarray:
-    """v0 engine overhead against the measured phases (rows selected by `batch_keep`)."""
+def overhead_errors(root: str | Path, co: dict, keep=None) -> np.ndarray:
+    """v0 engine overhead against the measured phases (rows selected by `keep`)."""
     raw = pd.read_csv(Path(root) / "data/profiling/a100/cpu_overheads.csv")
-    if batch_keep is not None:
-        raw = raw[batch_keep(raw.batch_size)]
+    if keep is not None:
+        raw = raw[keep(raw)]
     meas = raw[list(mf.OVERHEAD_PHASES)].sum(axis=1) * 1e-3
     return _rel(terms.engine_overhead_s(raw.batch_size, co["engine"]["v0"]), meas)
 

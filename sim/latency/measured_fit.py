@@ -346,7 +346,7 @@ def fit_overhead(rows: pd.DataFrame) -> dict[str, float]:
 V1_PHASES = ("schedule_median", "sampler_e2e_median")
 
 
-def fit_engine(root: str | Path, batch_keep=None) -> dict[str, dict]:
+def fit_engine(root: str | Path, keep=None) -> dict[str, dict]:
     """Per-step CPU overhead by engine generation, plus the launch of one CUDA graph.
 
     v0: all four CPU phases Vidur timed per step (schedule, sampler, prepare inputs, process
@@ -358,8 +358,8 @@ def fit_engine(root: str | Path, batch_keep=None) -> dict[str, dict]:
     model size: one CUDA-graph launch.
     """
     raw = pd.read_csv(Path(root) / "data/profiling/a100/cpu_overheads.csv")
-    if batch_keep is not None:
-        raw = raw[batch_keep(raw.batch_size)]
+    if keep is not None:  # a row selector of cpu_overheads.csv: frame -> bool mask
+        raw = raw[keep(raw)]
     out = {}
     for gen, phases in (("v0", OVERHEAD_PHASES), ("v1", V1_PHASES)):
         rows = pd.DataFrame(dict(batch=raw.batch_size, time_s=raw[list(phases)].sum(axis=1) * 1e-3))
