@@ -242,3 +242,26 @@ def test_worked_examples_in_the_docstrings():
     assert sum(parts.values()) == pytest.approx(22.5e-3, rel=0.01)
     assert parts["decode_attention_s"] == pytest.approx(13.83e-3, rel=0.01)
     assert parts["gemm_s"] == pytest.approx(5.70e-3, rel=0.01)
+
+
+def test_measured_coefficients_path_is_relative_to_the_scenario(tmp_path):
+    """A refit (same layout as the shipped JSON) is picked up from beside the scenario."""
+    import json
+
+    from sim.runner import run
+
+    refit = shipped_coefficients() | {
+        "engine": {
+            g: {"fixed_s": 0.5, "per_seq_s": 0.0, "graph_launch_s": 0.0} for g in ("v0", "v1")
+        }
+    }
+    (tmp_path / "refit.json").write_text(json.dumps(refit))
+    (tmp_path / "s.yaml").write_text(
+        "model: llama-3.1-8b\n"
+        "cache: {block_size: 16, num_gpu_blocks: 64}\n"
+        "scheduler: {design: v1-engine, max_model_len: 256}\n"
+        "workload: {kind: inline, requests: [{arrival_s: 0, prompt_tokens: 10, output_tokens: 2}]}\n"
+        "step_time: {measured: {coefficients: refit.json}}\n"
+    )
+    result = run(tmp_path / "s.yaml")
+    assert (result.steps.duration_s > 0.5).all()
