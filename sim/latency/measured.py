@@ -172,7 +172,7 @@ class MeasuredStepTime:
             scale = gpu.interconnect_GBps / c["datasheet"]["interconnect_GBps"]
             self._ar_c = {
                 "latency_s": fitted[key]["latency_s"],
-                "bus_bandwidth_GBps": fitted[key]["bus_bandwidth_GBps"] * scale,
+                "algbw_GBps": fitted[key]["algbw_GBps"] * scale,
             }
 
     # -- terms that depend only on the token count (cached: a replay repeats them) ------------

@@ -169,7 +169,7 @@ def category_errors(tables: mf.Tables, co: dict, gpu_name: str) -> dict[str, np.
         preds = []
         for tp, part in a.groupby("tp"):
             ac = dict(c["allreduce"][str(int(tp))])
-            ac["bus_bandwidth_GBps"] *= scale
+            ac["algbw_GBps"] *= scale
             preds.append(_rel(terms.allreduce_time_s(part.bytes, ac), part.time_s))
         out["all-reduce"] = np.concatenate(preds)
     return out

@@ -331,7 +331,7 @@ def fit_allreduce(rows: pd.DataFrame) -> dict[str, dict[str, float]]:
         latency, inv_bw = relative_lstsq(x, part.time_s.to_numpy())
         out[str(int(tp))] = {
             "latency_s": round(float(latency), 9),
-            "bus_bandwidth_GBps": round(1.0 / inv_bw, 2),
+            "algbw_GBps": round(1.0 / inv_bw, 2),
         }
     return out
 

@@ -30,7 +30,8 @@ the bandwidth.
 Prefill attention (one call per layer per chunk): a per-call floor, the query/output traffic,
 and the FLOPs of whole 64 x 64 query-key tiles at a fitted fraction of peak.
 
-All-reduce (tensor parallel, two per layer): t = latency + bytes / bus_bandwidth, by TP size.
+All-reduce (tensor parallel, two per layer): t = latency + bytes / algbw, by TP size (algbw:
+message bytes per second, what NCCL's tests call the algorithm bandwidth).
 Engine overhead (CPU, once per step): t = fixed + per_seq * num_seqs, by engine generation.
 """
 
@@ -122,8 +123,8 @@ def prefill_attention_time_s(flops, q_bytes, peak_flops: float, bandwidth_Bps: f
 
 
 def allreduce_time_s(nbytes, c: dict):
-    """One NCCL all-reduce of `nbytes`: latency + bytes / bus bandwidth (fitted per TP size)."""
-    return c["latency_s"] + nbytes / (c["bus_bandwidth_GBps"] * 1e9)
+    """One NCCL all-reduce of `nbytes`: latency + bytes / algbw (fitted per TP size)."""
+    return c["latency_s"] + nbytes / (c["algbw_GBps"] * 1e9)
 
 
 def engine_overhead_s(num_seqs, c: dict):
