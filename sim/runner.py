@@ -15,7 +15,7 @@ from pathlib import Path
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
 from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
 from sim.results import RunResult, build_result
@@ -201,14 +201,20 @@ def self_contained(scenario: Scenario, base_dir: str | Path) -> Scenario:
     if workload.path is not None and not Path(workload.path).is_absolute():
         workload = workload.model_copy(update={"path": str(base_dir / workload.path)})
     step_time = scenario.step_time
-    if step_time is not None and step_time.calibrated is not None:
-        profile = Path(step_time.calibrated.profile)
-        if not profile.is_absolute():
-            calibrated = step_time.calibrated.model_copy(
-                update={"profile": str(base_dir / profile)}
-            )
-            step_time = step_time.model_copy(update={"calibrated": calibrated})
+    if step_time is not None:
+        step_time = _absolute_step_time_paths(step_time, base_dir)
     return scenario.model_copy(update={"workload": workload, "step_time": step_time})
+
+
+def _absolute_step_time_paths(config: StepTimeConfig, base_dir: Path) -> StepTimeConfig:
+    """The calibrated profile / measured coefficients path made absolute from base_dir."""
+    for kind, field in (("calibrated", "profile"), ("measured", "coefficients")):
+        section = getattr(config, kind)
+        path = getattr(section, field, None) if section is not None else None
+        if path is not None and not Path(path).is_absolute():
+            section = section.model_copy(update={field: str(base_dir / path)})
+            config = config.model_copy(update={kind: section})
+    return config
 
 
 def _asdict(config: KVCacheConfig) -> dict:
@@ -216,14 +222,7 @@ def _asdict(config: KVCacheConfig) -> dict:
 
 
 def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
-    config = scenario.step_time or StepTimeConfig(roofline={})
-    if config.calibrated is not None:
-        profile = Path(config.calibrated.profile)
-        if not profile.is_absolute():
-            profile = base_dir / profile
-        config = config.model_copy(
-            update={"calibrated": config.calibrated.model_copy(update={"profile": str(profile)})}
-        )
+    config = _absolute_step_time_paths(scenario.step_time or StepTimeConfig(measured={}), base_dir)
     inputs["step_time"] = config.model_dump(mode="json", exclude_none=True)
     if model is None:
         assert config.linear is not None
@@ -237,6 +236,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             kv_dtype=None
             if scenario.cache.kv_cache_dtype == "auto"
             else scenario.cache.kv_cache_dtype,
+            engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
         )
     except (ValueError, OSError) as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None

@@ -90,14 +90,15 @@ class Scenario(_Closed):
     name: str = "scenario"
     description: str = ""
     seed: int = Field(default=0, ge=0)
-    #: A catalog model name, or a geometry (see `sim.catalog`); needed by roofline and derive.
+    #: A catalog model name, or a geometry (see `sim.catalog`); needed by measured, roofline, derive.
     model: str | dict[str, Any] | None = "llama-3.1-8b"
     hardware: HardwareSection = HardwareSection()
     cache: CacheSection = CacheSection()
     scheduler: SchedulerSection = SchedulerSection()
     engine: EngineSection = EngineSection()
     workload: WorkloadConfig
-    #: None: the roofline default. Else {roofline: {...}}, {calibrated: PROFILE} or {linear: {...}}.
+    #: None: the measured default. Else {measured: {...}}, {roofline: {...}}, {calibrated: PROFILE}
+    #: or {linear: {...}}.
     step_time: StepTimeConfig | None = None
     expect: ExpectSection = ExpectSection()
 

@@ -112,7 +112,7 @@ def test_linear_model_example_and_validation():
 
 
 def test_factory_builds_each_model():
-    assert isinstance(make_step_time(None, "llama-3.1-8b", "h100-sxm"), RooflineStepTime)
+    assert isinstance(make_step_time("roofline", "llama-3.1-8b", "h100-sxm"), RooflineStepTime)
     r = make_step_time({"roofline": {"memory": 0.5}}, LLAMA, "h100-sxm")
     assert r.efficiencies.memory == 0.5
     lin = make_step_time({"linear": {"fixed_s": 0.01}}, LLAMA, "h100-sxm")

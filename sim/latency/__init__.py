@@ -1,16 +1,20 @@
 """Step-time models: how long one engine step takes for a batch composition.
 
-Three models implement `StepTimeModel.predict_s(BatchShape) -> float`:
-roofline (the default, from the catalog's datasheets), calibrated (a JSON profile written by
-`calibrate/`), and linear (user coefficients). `make_step_time` builds one from a scenario's
-`step_time` entry, e.g. `{"roofline": {"memory": 0.8}}`, `{"calibrated": "h200.json"}`,
+Four models implement `StepTimeModel.predict_s(BatchShape) -> float`:
+measured (the default: kernel efficiencies fitted on public A100/H100 measurements, with an
+error band), roofline (fixed fractions of the catalog's datasheets: it explains), calibrated
+(a JSON profile written by `calibrate/`), and linear (user coefficients). `make_step_time`
+builds one from a scenario's `step_time` entry, e.g. `"measured"`, `{"measured": {"engine":
+"v0"}}`, `{"roofline": {"memory": 0.8}}`, `{"calibrated": "h200.json"}`,
 `{"linear": {"fixed_s": 0.005, "per_context_token_s": 4e-8}}`, or `"roofline"`.
 This package never imports torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,6 +22,7 @@ from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
 from sim.latency.linear import LinearStepTime
+from sim.latency.measured import MeasuredStepTime
 from sim.latency.profile import StepTimeProfile, load_profile
 from sim.latency.protocol import StepTimeModel
 from sim.latency.roofline import Efficiencies, RooflineStepTime
@@ -27,6 +32,7 @@ __all__ = [
     "CalibratedStepTime",
     "Efficiencies",
     "LinearStepTime",
+    "MeasuredStepTime",
     "RooflineStepTime",
     "StepTimeConfig",
     "StepTimeModel",
@@ -57,6 +63,17 @@ class RooflineConfig(_Closed):
         return Efficiencies(**self.model_dump())
 
 
+class MeasuredConfig(_Closed):
+    """The measured model; `engine` v0/v1 picks the CPU overhead (None: from the scheduler).
+
+    `coefficients` names a JSON in the layout of `sim/data/steptime_coefficients.json` (e.g. a
+    refit by `scripts/fit_steptime.py`); None uses the shipped fit.
+    """
+
+    engine: Literal["v0", "v1"] | None = None
+    coefficients: str | None = None
+
+
 class CalibratedConfig(_Closed):
     profile: str
     overhead_s: float = Field(default=_DEFAULT.overhead_s, ge=0)
@@ -70,8 +87,9 @@ class LinearConfig(_Closed):
 
 
 class StepTimeConfig(_Closed):
-    """Exactly one of roofline / calibrated / linear."""
+    """Exactly one of measured / roofline / calibrated / linear."""
 
+    measured: MeasuredConfig | None = None
     roofline: RooflineConfig | None = None
     calibrated: CalibratedConfig | None = None
     linear: LinearConfig | None = None
@@ -87,9 +105,10 @@ class StepTimeConfig(_Closed):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StepTimeConfig:
-        chosen = [k for k in ("roofline", "calibrated", "linear") if getattr(self, k) is not None]
+        kinds = ("measured", "roofline", "calibrated", "linear")
+        chosen = [k for k in kinds if getattr(self, k) is not None]
         if len(chosen) != 1:
-            raise ValueError(f"step_time needs exactly one of roofline/calibrated/linear: {chosen}")
+            raise ValueError(f"step_time needs exactly one of {'/'.join(kinds)}: {chosen}")
         return self
 
 
@@ -100,10 +119,15 @@ def make_step_time(
     *,
     tp: int = 1,
     kv_dtype: str | None = None,
+    engine: Literal["v0", "v1"] = "v1",
 ) -> StepTimeModel:
-    """The step-time model a scenario asks for (None means the default roofline)."""
+    """The step-time model a scenario asks for (None means the default, measured).
+
+    `engine` is the generation the scheduler models (v0 or V1); a `measured` config's own
+    `engine` wins over it.
+    """
     if config is None:
-        config = StepTimeConfig(roofline=RooflineConfig())
+        config = StepTimeConfig(measured=MeasuredConfig())
     elif not isinstance(config, StepTimeConfig):
         try:
             config = StepTimeConfig.model_validate(config)
@@ -121,6 +145,18 @@ def make_step_time(
             )
         eff = Efficiencies(overhead_s=config.calibrated.overhead_s)
         return CalibratedStepTime(profile, gpu=gpu, efficiencies=eff)
+    if config.measured is not None:
+        coefficients = None
+        if config.measured.coefficients is not None:
+            coefficients = json.loads(Path(config.measured.coefficients).read_text())
+        return MeasuredStepTime(
+            model,
+            gpu,
+            tp=tp,
+            engine=config.measured.engine or engine,
+            kv_dtype=kv_dtype,
+            coefficients=coefficients,
+        )
     assert config.roofline is not None
     return RooflineStepTime(
         model, gpu, tp=tp, efficiencies=config.roofline.efficiencies(), kv_dtype=kv_dtype

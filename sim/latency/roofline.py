@@ -1,4 +1,4 @@
-"""Roofline step time (the default): each operator group costs max(compute time, memory time).
+"""Roofline step time (it explains; `measured` is the default): max(compute, memory) per group.
 
 Per step, from the batch composition (decode contexts c_i; prefill chunks of p_j tokens after
 c_j cached tokens; T = #decodes + sum p_j tokens; S = #decodes + #chunks sampled tokens), on one

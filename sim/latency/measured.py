@@ -1,0 +1,304 @@
+"""Measured-efficiency step time (the default): each kernel of a step at fitted efficiencies.
+
+The roofline (`sim.latency.roofline`) says what a step would cost at fixed fractions of the
+datasheet; this model says what real kernels cost, with every coefficient fitted on public GPU
+measurements (Vidur's per-operator profiles of A100 and H100, MIT licence; values, provenance
+and validation errors in `sim/data/steptime_coefficients.json`, refit by
+`scripts/fit_steptime.py`). The terms, each a named entry of `breakdown()`, summed per step on
+one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
+
+  gemm_s               per layer: QKV, O, gate+up, down projections on T tokens
+                       (MoE: router + the touched experts), launch floor + smooth
+                       compute/memory blend
+  lm_head_s            the logits GEMM on the sampled tokens (one per decode, one per chunk)
+  non_gemm_s           per layer: 2 RMSNorms, RoPE, SiLU-and-mul, 2 residual adds; per step:
+                       embedding gather and final norm
+  decode_attention_s   per layer: one call for all decodes, floor + per-sequence cost + KV
+                       bytes at a fitted fraction of bandwidth (sliding layers read their window)
+  prefill_attention_s  per layer: one call floor + for each chunk, query traffic and 64x64 tile
+                       FLOPs over (prior + chunk) keys
+  allreduce_s          tp > 1: two per layer of T * hidden * 2 bytes, latency + bytes/bandwidth
+  launch_s             one CUDA-graph launch per step (the per-kernel floors are in the terms)
+  engine_overhead_s    CPU work per step, fixed + per sequence, by engine generation (v0/v1)
+
+A GPU outside the fitted data (A100 80GB SXM, H100 SXM) takes the efficiencies and floors of
+the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own datasheet, the
+all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (expert
+routing was not measured), are flagged `extrapolated` and get the wider band.
+
+Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
+Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 22.5 ms:
+
+    gemm_s               5.70 ms  (15 GB of weights at the fitted 0.99 memory efficiency,
+                                   blended with 0.96 TFLOP of compute, + 128 launch floors)
+    decode_attention_s  13.83 ms  (34.4 GB of KV / (0.765 x 3.35 TB/s) = 13.41 ms
+                                   + 32 call floors of 13.4 us)
+    lm_head_s 0.38, non_gemm_s 0.53, launch_s 0.09,
+    engine_overhead_s    1.95 ms  (V1: 0.607 ms + 64 x 0.021 ms)
+The roofline says 17.6 ms for the same step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from importlib import resources
+from typing import Any
+
+from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
+from sim.latency import measured_terms as terms
+from sim.latency.band import StepTimeBand
+from sim.latency.batch import BatchShape
+
+#: The terms of `breakdown()`, in the order `_terms` returns them.
+TERM_NAMES = (
+    "gemm_s",
+    "lm_head_s",
+    "non_gemm_s",
+    "decode_attention_s",
+    "prefill_attention_s",
+    "allreduce_s",
+    "launch_s",
+    "engine_overhead_s",
+)
+ENGINE_GENERATIONS = ("v0", "v1")
+
+
+@functools.cache
+def shipped_coefficients() -> dict[str, Any]:
+    """The fitted coefficients shipped in `sim/data/steptime_coefficients.json`."""
+    text = resources.files("sim.data").joinpath("steptime_coefficients.json").read_text()
+    return json.loads(text)
+
+
+def nearest_fitted_gpu(gpu: GpuSpec, fitted: dict[str, dict]) -> str:
+    """The fitted GPU closest in log datasheet FLOP/s and bandwidth (itself when fitted).
+
+    Example: an H200 (989 TFLOP/s, 4.8 TB/s) is nearer the H100 SXM (989, 3.35) than the
+    A100 (312, 2.04): distance |ln 4.8/3.35| = 0.36 against |ln 989/312| + |ln 4.8/2.04| = 2.0.
+    """
+    if gpu.name in fitted:
+        return gpu.name
+
+    def distance(name: str) -> float:
+        sheet = fitted[name]["datasheet"]
+        return abs(math.log(gpu.bf16_tflops / sheet["bf16_tflops"])) + abs(
+            math.log(gpu.hbm_bandwidth_GBps / sheet["hbm_bandwidth_GBps"])
+        )
+
+    return min(sorted(fitted), key=distance)
+
+
+class MeasuredStepTime:
+    """Step time of one model on one GPU at a TP size, from fitted kernel efficiencies."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        tp: int = 1,
+        engine: str = "v1",
+        kv_dtype: str | None = None,
+        coefficients: dict[str, Any] | None = None,
+    ) -> None:
+        if tp <= 0:
+            raise ValueError(f"tp must be positive, got {tp}")
+        if engine not in ENGINE_GENERATIONS:
+            raise ValueError(f"engine must be one of {ENGINE_GENERATIONS}, got {engine!r}")
+        co = coefficients or shipped_coefficients()
+        self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
+        self.fitted_gpu = nearest_fitted_gpu(gpu, co["gpus"])
+        self.extrapolated = self.fitted_gpu != gpu.name or model.is_moe
+        c = co["gpus"][self.fitted_gpu]
+        #: None while a fit is being validated (the band comes from that validation)
+        self._band = co.get("band", {}).get(
+            "extrapolated" if self.extrapolated else self.fitted_gpu
+        )
+        self._peak = gpu.peak_flops(model.dtype)
+        self._bw = gpu.bandwidth_Bps
+        self._gemm_c = c["gemm"]
+        self._ew = c["elementwise"]
+        eng = co["engine"][engine]
+        self._overhead_fixed_s = eng["fixed_s"]
+        self._overhead_per_seq_s = eng["per_seq_s"]
+        self._launch_s = eng["graph_launch_s"]
+        self._setup_geometry(model, tp, kv_dtype)
+        self._setup_allreduce(c, gpu, tp)
+        self._setup_attention(c["decode_attention"], c["prefill_attention"])
+        self._body_cache: dict[int, tuple[float, float, float]] = {}
+        self._lm_cache: dict[int, float] = {}
+
+    def _setup_geometry(self, m: ModelSpec, tp: int, kv_dtype: str | None) -> None:
+        h, d = m.hidden_size, m.head_dim
+        self._L = m.num_layers
+        self._hidden = h
+        self._q_heads = max(1, m.num_attention_heads // tp)
+        self._kv_heads = max(1, m.num_kv_heads // tp)
+        inter = m.intermediate_size // tp
+        self._attn_shapes = ((h, (self._q_heads + 2 * self._kv_heads) * d), (self._q_heads * d, h))
+        self._mlp_shapes = ((h, 2 * inter), (inter, h))
+        self._lm_shape = (h, m.vocab_size // tp)
+        self._num_experts, self._experts_per_token = m.num_experts, m.num_experts_per_token
+        args = (h, self._q_heads, self._kv_heads, d, inter)
+        #: bytes per token of each elementwise kind, and calls per layer
+        self._ew_per_layer = (
+            ("norm", 2, terms.elementwise_bytes("norm", 1, *args)),
+            ("rope", 1, terms.elementwise_bytes("rope", 1, *args)),
+            (
+                "activation",
+                m.num_experts_per_token,
+                terms.elementwise_bytes("activation", 1, *args),
+            ),
+            ("residual_add", 2, terms.elementwise_bytes("residual_add", 1, *args)),
+        )
+        self._ew_per_step = (
+            ("embedding", 1, terms.elementwise_bytes("embedding", 1, *args)),
+            ("norm", 1, terms.elementwise_bytes("norm", 1, *args)),
+        )
+        kv_tok = 2 * self._kv_heads * d * dtype_bytes(kv_dtype or m.dtype)
+        self._kv_read_full = float(kv_tok * m.num_full_layers)
+        self._kv_read_slide = float(kv_tok * m.num_sliding_layers)
+        self._window = m.sliding_window
+        self._head_dim = d
+
+    def _setup_allreduce(self, c: dict, gpu: GpuSpec, tp: int) -> None:
+        self._num_allreduce = 2 * self._L if tp > 1 else 0
+        self._ar_c: dict[str, float] | None = None
+        if tp > 1:
+            fitted = c["allreduce"]
+            key = min(sorted(fitted), key=lambda k: (abs(math.log(int(k) / tp)), int(k)))
+            scale = gpu.interconnect_GBps / c["datasheet"]["interconnect_GBps"]
+            self._ar_c = {
+                "latency_s": fitted[key]["latency_s"],
+                "algbw_GBps": fitted[key]["algbw_GBps"] * scale,
+            }
+
+    # -- terms that depend only on the token count (cached: a replay repeats them) ------------
+    def _gemm_s(self, tokens: float, k: int, n: int) -> float:
+        flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
+        return terms.gemm_time_s(flops, nbytes, self._peak, self._bw, self._gemm_c)
+
+    def _body(self, num_tokens: int) -> tuple[float, float, float]:
+        """(GEMM, non-GEMM, all-reduce) seconds of all layers for `num_tokens` tokens."""
+        cached = self._body_cache.get(num_tokens)
+        if cached is not None:
+            return cached
+        t = float(num_tokens)
+        gemm = sum(self._gemm_s(t, k, n) for k, n in self._attn_shapes)
+        if self._num_experts > 1:
+            e, k_per = self._num_experts, self._experts_per_token
+            touched = e * (1.0 - (1.0 - k_per / e) ** t)
+            per_expert = t * k_per / touched
+            gemm += self._gemm_s(t, self._hidden, e)  # router
+            gemm += touched * sum(self._gemm_s(per_expert, k, n) for k, n in self._mlp_shapes)
+        else:
+            gemm += sum(self._gemm_s(t, k, n) for k, n in self._mlp_shapes)
+        ew = self._ew
+        non_gemm = self._L * sum(
+            calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
+            for kind, calls, per_tok in self._ew_per_layer
+        ) + sum(
+            calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
+            for kind, calls, per_tok in self._ew_per_step
+        )
+        allreduce = 0.0
+        if self._ar_c is not None:
+            allreduce = self._num_allreduce * terms.allreduce_time_s(
+                t * self._hidden * terms.BF16_BYTES, self._ar_c
+            )
+        result = (self._L * gemm, non_gemm, allreduce)
+        self._body_cache[num_tokens] = result
+        return result
+
+    def _lm_head(self, num_sampled: int) -> float:
+        cached = self._lm_cache.get(num_sampled)
+        if cached is None:
+            cached = self._gemm_s(float(num_sampled), *self._lm_shape)
+            self._lm_cache[num_sampled] = cached
+        return cached
+
+    # -- attention ----------------------------------------------------------------------------
+    def _setup_attention(self, c_dec: dict, c_pre: dict) -> None:
+        """Fold the attention coefficients into per-step constants (`predict_s` is hot)."""
+        L = self._L
+        self._dec_floor_s = L * c_dec["call_floor_s"]
+        self._dec_per_seq_s = L * c_dec["per_seq_s"]
+        self._dec_s_per_byte = 1.0 / (c_dec["bandwidth_efficiency"] * self._bw)
+        # One prefill chunk, one layer: floor + q_tiles * k_tiles * tile_s + chunk * token_s,
+        # the same as terms.prefill_attention_time_s on terms.prefill_attention_work.
+        flops_per_tile = 4.0 * self._q_heads * self._head_dim * terms.ATTENTION_TILE**2
+        self._pre_tile_s = flops_per_tile / (c_pre["compute_efficiency"] * self._peak)
+        q_bytes_per_token = 2.0 * self._q_heads * self._head_dim * terms.BF16_BYTES
+        self._pre_token_s = q_bytes_per_token / (c_pre["query_bandwidth_efficiency"] * self._bw)
+        self._pre_floor_s = c_pre["call_floor_s"]
+        m = self.model
+        self._pre_groups = tuple(
+            (n, w)
+            for n, w in ((m.num_full_layers, None), (m.num_sliding_layers, self._window))
+            if n
+        )
+
+    def _decode_attention(self, batch: BatchShape, num_dec: int) -> float:
+        kv_bytes = self._kv_read_full * batch.decode_context_sum
+        if self._kv_read_slide:
+            assert self._window is not None
+            kv_bytes += self._kv_read_slide * batch.decode_windowed_context_sum(self._window)
+        return self._dec_floor_s + self._dec_per_seq_s * num_dec + kv_bytes * self._dec_s_per_byte
+
+    def _prefill_attention(self, chunks: tuple[tuple[int, int], ...]) -> float:
+        tile = terms.ATTENTION_TILE
+        tile_s, token_s = self._pre_tile_s, self._pre_token_s
+        total = 0.0
+        for num_layers, window in self._pre_groups:
+            per_layer = self._pre_floor_s
+            for prior, chunk in chunks:
+                keys = (prior if window is None or prior < window else window) + chunk
+                per_layer += (-(-chunk // tile)) * (-(-keys // tile)) * tile_s + chunk * token_s
+            total += num_layers * per_layer
+        return total
+
+    # -- the interface ------------------------------------------------------------------------
+    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+        num_dec = batch.num_decode_seqs
+        chunks = batch.prefill_chunks
+        num_tokens = num_dec + sum(chunk for _, chunk in chunks)
+        if num_tokens == 0:
+            return (0.0,) * 7 + (self._overhead_fixed_s,)
+        gemm, non_gemm, allreduce = self._body(num_tokens)
+        num_seqs = num_dec + len(chunks)
+        return (
+            gemm,
+            self._lm_head(num_seqs),
+            non_gemm,
+            self._decode_attention(batch, num_dec) if num_dec else 0.0,
+            self._prefill_attention(chunks) if chunks else 0.0,
+            allreduce,
+            self._launch_s,
+            self._overhead_fixed_s + self._overhead_per_seq_s * num_seqs,
+        )
+
+    def predict_s(self, batch: BatchShape) -> float:
+        return sum(self._terms(batch))
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per term (`TERM_NAMES`); the values sum to `predict_s(batch)`."""
+        return dict(zip(TERM_NAMES, self._terms(batch), strict=True))
+
+    def band(self) -> StepTimeBand:
+        """Validation band: the fitted GPU's, or the wider cross-GPU one when extrapolated."""
+        source = f"measured fit on {self.fitted_gpu} (sim/data/steptime_coefficients.json)"
+        if self.extrapolated:
+            why = "MoE routing not measured" if self.model.is_moe else "GPU not in the fit"
+            source += f"; extrapolated to {self.gpu.name}: {why}"
+        if self._band is None:
+            return StepTimeBand(1.0, 1.0, self.extrapolated, "coefficients without a band")
+        return StepTimeBand(
+            self._band["low_factor"], self._band["high_factor"], self.extrapolated, source
+        )
+
+    @property
+    def decode_window(self) -> int | None:
+        """The attention window of the sliding-window layers (decode context sums cap at it)."""
+        return self._window

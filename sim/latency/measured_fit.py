@@ -1,0 +1,393 @@
+"""Fit the measured-efficiency step-time model from Vidur's public GPU profiles.
+
+Reads the raw CSVs (a directory laid out like the Vidur repository, `data/profiling/...`; see
+`SOURCES` for the files and commits), turns each row into the quantities the model's terms
+take (`sim.latency.measured_terms`), and fits each term's coefficients by minimising the
+squared *relative* error (a 10 us op and a 10 ms op count alike). Used by
+`scripts/fit_steptime.py` (writes `sim/data/steptime_coefficients.json`) and by
+`benchmarks/steptime_accuracy.py` (held-out splits). Needs numpy and pandas, not scipy.
+
+Vidur's data (github.com/microsoft/vidur, MIT licence) was measured in 2024 with the
+Sarathi-Serve kernels; times are medians in milliseconds, per layer on one TP rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.latency import measured_terms as terms
+
+#: (path in the Vidur repository, commit) of every file the fit reads.
+SOURCES: tuple[tuple[str, str], ...] = (
+    *(
+        (f"data/profiling/compute/{gpu}/meta-llama/{m}/mlp.csv", "7d47513")
+        for gpu, models in (
+            ("a100", ("Llama-2-7b-hf", "Llama-2-70b-hf", "Meta-Llama-3-8B", "Meta-Llama-3-70B")),
+            ("h100", ("Llama-2-7b-hf", "Llama-2-70b-hf")),
+        )
+        for m in models
+    ),
+    ("data/profiling/network/a100_dgx/all_reduce.csv", "7d47513"),
+    ("data/profiling/network/h100_dgx/all_reduce.csv", "7d47513"),
+    ("data/profiling/a100/attention.csv", "e2d00e9"),
+    ("data/profiling/a100/cpu_overheads.csv", "6d98aa8"),
+)
+
+#: Vidur's device names -> kvsim catalog GPUs (Vidur's A100/H100 nodes are 80 GB DGX/SXM parts).
+VIDUR_GPU = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}
+#: Datasheet ceilings used to turn times into efficiencies (kvsim's gpus.yaml figures).
+DATASHEET = {"a100-80gb-sxm": (312e12, 2039e9), "h100-sxm": (989e12, 3350e9)}
+
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+ELEMENTWISE_OPS = {
+    "input_layernorm": "norm",
+    "post_attention_layernorm": "norm",
+    "attn_rope": "rope",
+    "mlp_act": "activation",
+    "add": "residual_add",
+    "emb": "embedding",
+}
+
+
+@dataclass
+class Tables:
+    """The measurements as tidy frames, one row per (configuration, op), times in seconds."""
+
+    gemm: pd.DataFrame  # gpu, model, tp, op, tokens, flops, bytes, time_s
+    elementwise: pd.DataFrame  # gpu, model, tp, op, kind, tokens, bytes, time_s
+    decode: pd.DataFrame  # gpu, batch, context, kv_bytes, time_s
+    prefill: pd.DataFrame  # gpu, chunk, prior, flops, q_bytes, time_s
+    allreduce: pd.DataFrame  # gpu, tp, bytes, time_s
+    overhead: pd.DataFrame  # model, tp, batch, time_s
+    #: Per Vidur model: n_embd, n_head, n_kv_head, n_expanded_embd, vocab_size (from mlp.csv).
+    raw_geometry: dict[str, dict[str, int]]
+
+
+def _geometry(row: pd.Series, tp: int) -> dict[str, int]:
+    hidden, heads = int(row.n_embd), int(row.n_head)
+    head_dim = hidden // heads
+    return {
+        "hidden": hidden,
+        "q_heads": heads // tp,
+        "kv_heads": max(1, int(row.n_kv_head) // tp),
+        "head_dim": head_dim,
+        "inter": int(row.n_expanded_embd) // tp,
+        "gated": bool(row.use_gated_mlp),
+    }
+
+
+def gemm_shapes(g: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(K, N) per rank of the four GEMMs of a Llama layer: QKV, O, gate+up, down."""
+    h, d = g["hidden"], g["head_dim"]
+    return {
+        "attn_pre_proj": (h, (g["q_heads"] + 2 * g["kv_heads"]) * d),
+        "attn_post_proj": (g["q_heads"] * d, h),
+        "mlp_up_proj": (h, (2 if g["gated"] else 1) * g["inter"]),
+        "mlp_down_proj": (g["inter"], h),
+    }
+
+
+_GEOMETRY_COLUMNS = ("n_embd", "n_head", "n_kv_head", "n_expanded_embd", "vocab_size")
+
+
+def _load_mlp(path: Path, gpu: str, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    raw = pd.read_csv(path)
+    gemm_rows, ew_rows = [], []
+    for (tp,), part in raw.groupby(["num_tensor_parallel_workers"]):
+        g = _geometry(part.iloc[0], int(tp))
+        tokens = part.num_tokens.to_numpy(dtype=float)
+        for op, (k, n) in gemm_shapes(g).items():
+            flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
+            time_s = part[f"time_stats.{op}.median"].to_numpy() * 1e-3
+            gemm_rows.append(
+                pd.DataFrame(
+                    dict(gpu=gpu, model=model, tp=int(tp), op=op, tokens=tokens, flops=flops)
+                    | dict(bytes=nbytes, time_s=time_s)
+                )
+            )
+        for op, kind in ELEMENTWISE_OPS.items():
+            args = (g["hidden"], g["q_heads"], g["kv_heads"], g["head_dim"], g["inter"])
+            nbytes = terms.elementwise_bytes(kind, tokens, *args)
+            time_s = part[f"time_stats.{op}.median"].to_numpy() * 1e-3
+            ew_rows.append(
+                pd.DataFrame(
+                    dict(gpu=gpu, model=model, tp=int(tp), op=op, kind=kind, tokens=tokens)
+                    | dict(bytes=nbytes, time_s=time_s)
+                )
+            )
+    return pd.concat(gemm_rows), pd.concat(ew_rows)
+
+
+def _load_attention(path: Path, gpu: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    raw = pd.read_csv(path)
+    first = raw.iloc[0]
+    tp = int(first.num_tensor_parallel_workers)
+    heads, head_dim = int(first.n_q_head) // tp, int(first.n_embd) // int(first.n_q_head)
+    kv_tok = 2 * max(1, int(first.n_kv_head) // tp) * head_dim * terms.BF16_BYTES
+    dec = raw[~raw.is_prefill.astype(bool)]
+    decode = pd.DataFrame(
+        dict(gpu=gpu, batch=dec.batch_size.to_numpy(), context=dec.kv_cache_size.to_numpy())
+        | dict(time_s=dec["time_stats.attn_decode.median"].to_numpy() * 1e-3)
+    )
+    decode["kv_bytes"] = decode.batch * decode.context * float(kv_tok)
+    pre = raw[raw.is_prefill.astype(bool)]
+    chunk, prior = pre.prefill_chunk_size.to_numpy(float), pre.kv_cache_size.to_numpy(float)
+    flops, q_bytes = terms.prefill_attention_work(heads, head_dim, chunk, prior + chunk)
+    prefill = pd.DataFrame(
+        dict(gpu=gpu, chunk=chunk, prior=prior, flops=flops, q_bytes=q_bytes)
+        | dict(time_s=pre["time_stats.attn_prefill.median"].to_numpy() * 1e-3)
+    )
+    return decode, prefill
+
+
+def _load_allreduce(path: Path, gpu: str) -> pd.DataFrame:
+    raw = pd.read_csv(path)
+    # One NVLink/NVSwitch node: the GPUs of the all-reduce are all on one node.
+    raw = raw[(raw["rank"] == 0) & (raw.collective == "all_reduce")]
+    raw = raw[raw.devices_per_node == raw.num_workers]
+    # `size` is bytes (Vidur writes 2 * fp16 elements); keep sizes a step can produce.
+    raw = raw[raw["size"] <= 2**29]
+    return pd.DataFrame(
+        dict(gpu=gpu, tp=raw.num_workers.to_numpy(), bytes=raw["size"].to_numpy(float))
+        | dict(time_s=raw["time_stats.all_reduce.median"].to_numpy() * 1e-3)
+    )
+
+
+#: The v0-era per-step CPU phases in cpu_overheads.csv (Ray's inter-worker time excluded).
+OVERHEAD_PHASES = (
+    "schedule_median",
+    "sampler_e2e_median",
+    "prepare_inputs_e2e_median",
+    "process_model_outputs_median",
+)
+
+
+def _load_overheads(path: Path) -> pd.DataFrame:
+    raw = pd.read_csv(path)
+    return pd.DataFrame(
+        dict(model=raw.model_name, tp=raw.tensor_parallel_degree, batch=raw.batch_size)
+        | dict(time_s=raw[list(OVERHEAD_PHASES)].sum(axis=1) * 1e-3)
+    )
+
+
+def load_tables(root: str | Path) -> Tables:
+    """Every source file under `root` (a Vidur checkout or an export of `SOURCES`)."""
+    root = Path(root)
+    missing = [p for p, _ in SOURCES if not (root / p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{root}: missing {missing[0]} (and {len(missing) - 1} more)")
+    gemm, ew, geometry = [], [], {}
+    for path, _ in SOURCES:
+        parts = Path(path).parts
+        if parts[-1] == "mlp.csv":
+            g, e = _load_mlp(root / path, VIDUR_GPU[parts[3]], parts[-2])
+            gemm.append(g)
+            ew.append(e)
+            first = pd.read_csv(root / path, nrows=1).iloc[0]
+            geometry[parts[-2]] = {k: int(first[k]) for k in _GEOMETRY_COLUMNS}
+    decode, prefill = _load_attention(root / "data/profiling/a100/attention.csv", "a100-80gb-sxm")
+    allreduce = pd.concat(
+        _load_allreduce(root / f"data/profiling/network/{g}_dgx/all_reduce.csv", VIDUR_GPU[g])
+        for g in ("a100", "h100")
+    )
+    overhead = _load_overheads(root / "data/profiling/a100/cpu_overheads.csv")
+    return Tables(
+        pd.concat(gemm, ignore_index=True),
+        pd.concat(ew, ignore_index=True),
+        decode,
+        prefill,
+        allreduce.reset_index(drop=True),
+        overhead,
+        geometry,
+    )
+
+
+# -- fitting ----------------------------------------------------------------------------------
+def relative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative beta minimising sum(((X @ beta) / y - 1)^2): least squares on ratios.
+
+    A negative coefficient (a cost cannot be negative) drops its column and refits.
+    """
+    cols = list(range(features.shape[1]))
+    while True:
+        a = features[:, cols] / y[:, None]
+        beta_sub, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+        if (beta_sub >= 0).all() or len(cols) == 1:
+            beta = np.zeros(features.shape[1])
+            beta[cols] = np.maximum(beta_sub, 0.0)
+            return beta
+        cols.pop(int(np.argmin(beta_sub)))
+
+
+def nelder_mead(fun, x0: np.ndarray, iters: int = 600, step: float = 0.3) -> np.ndarray:
+    """Minimise `fun` from `x0` with the Nelder-Mead simplex (deterministic; no scipy)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [fun(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        f_r = fun(reflected)
+        if f_r < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            f_e = fun(expanded)
+            simplex[-1], values[-1] = (expanded, f_e) if f_e < f_r else (reflected, f_r)
+        elif f_r < values[-2]:
+            simplex[-1], values[-1] = reflected, f_r
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            f_c = fun(contracted)
+            if f_c < values[-1]:
+                simplex[-1], values[-1] = contracted, f_c
+            else:  # shrink towards the best point
+                simplex = [simplex[0] + 0.5 * (s - simplex[0]) for s in simplex]
+                values = [fun(s) for s in simplex]
+    return simplex[int(np.argmin(values))]
+
+
+def _sigmoid(x: float) -> float:
+    return float(1.0 / (1.0 + np.exp(-x)))
+
+
+def _blend_params(x: np.ndarray) -> dict[str, float]:
+    """Unconstrained vector -> efficiencies in (0, 1), exponent >= 1, floor >= 0."""
+    return {
+        "compute_efficiency": _sigmoid(x[0]),
+        "memory_efficiency": _sigmoid(x[1]),
+        "blend_exponent": 1.0 + float(np.exp(x[2])),
+        "floor_s": float(np.exp(x[3])) * 1e-6,
+    }
+
+
+def _fit_blend(flops, nbytes, time_s, peak: float, bw: float) -> dict[str, float]:
+    """Fit floor + (t_c^p + t_m^p)^(1/p) by relative error (log-ratio, robust to outliers)."""
+
+    def loss(x: np.ndarray) -> float:
+        c = _blend_params(x)
+        pred = c["floor_s"] + terms.blend_s(
+            flops / (c["compute_efficiency"] * peak),
+            nbytes / (c["memory_efficiency"] * bw),
+            c["blend_exponent"],
+        )
+        return float(np.mean(np.log(pred / time_s) ** 2))
+
+    x = nelder_mead(loss, np.array([1.0, 1.5, 0.7, 1.5]))
+    x = nelder_mead(loss, x, step=0.1)
+    return {k: round(v, 9) for k, v in _blend_params(x).items()}
+
+
+def fit_gemm(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
+    peak, bw = DATASHEET[gpu]
+    c = _fit_blend(rows.flops.to_numpy(), rows.bytes.to_numpy(), rows.time_s.to_numpy(), peak, bw)
+    c["launch_floor_s"] = c.pop("floor_s")
+    return c
+
+
+def fit_elementwise(rows: pd.DataFrame, gpu: str) -> dict[str, dict[str, float]]:
+    bw = DATASHEET[gpu][1]
+    out = {}
+    for kind, part in rows.groupby("kind"):
+        x = np.column_stack([np.ones(len(part)), part.bytes.to_numpy() / bw])
+        floor, inv_eff = relative_lstsq(x, part.time_s.to_numpy())
+        out[str(kind)] = {
+            "launch_floor_s": round(float(floor), 9),
+            "bandwidth_efficiency": round(1.0 / inv_eff, 4) if inv_eff > 0 else 1.0,
+        }
+    return out
+
+
+def fit_decode(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
+    bw = DATASHEET[gpu][1]
+    x = np.column_stack([np.ones(len(rows)), rows.batch.to_numpy(float), rows.kv_bytes / bw])
+    floor, per_seq, inv_eff = relative_lstsq(x, rows.time_s.to_numpy())
+    return {
+        "call_floor_s": round(float(floor), 9),
+        "per_seq_s": round(float(per_seq), 10),
+        "bandwidth_efficiency": round(1.0 / inv_eff, 4),
+    }
+
+
+def fit_prefill(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
+    peak, bw = DATASHEET[gpu]
+    x = np.column_stack([np.ones(len(rows)), rows.q_bytes / bw, rows.flops / peak])
+    floor, inv_q, inv_c = relative_lstsq(x, rows.time_s.to_numpy())
+    return {
+        "call_floor_s": round(float(floor), 9),
+        "query_bandwidth_efficiency": round(1.0 / inv_q, 4) if inv_q > 0 else 1.0,
+        "compute_efficiency": round(1.0 / inv_c, 4),
+    }
+
+
+def fit_allreduce(rows: pd.DataFrame) -> dict[str, dict[str, float]]:
+    out = {}
+    for tp, part in rows.groupby("tp"):
+        x = np.column_stack([np.ones(len(part)), part.bytes.to_numpy() / 1e9])
+        latency, inv_bw = relative_lstsq(x, part.time_s.to_numpy())
+        out[str(int(tp))] = {
+            "latency_s": round(float(latency), 9),
+            "algbw_GBps": round(1.0 / inv_bw, 2),
+        }
+    return out
+
+
+def fit_overhead(rows: pd.DataFrame) -> dict[str, float]:
+    x = np.column_stack([np.ones(len(rows)), rows.batch.to_numpy(float)])
+    fixed, per_seq = relative_lstsq(x, rows.time_s.to_numpy())
+    return {"fixed_s": round(float(fixed), 9), "per_seq_s": round(float(per_seq), 9)}
+
+
+#: Phases V1 keeps on the step's critical path (assumption, see `fit_engine`).
+V1_PHASES = ("schedule_median", "sampler_e2e_median")
+
+
+def fit_engine(root: str | Path, keep=None) -> dict[str, dict]:
+    """Per-step CPU overhead by engine generation, plus the launch of one CUDA graph.
+
+    v0: all four CPU phases Vidur timed per step (schedule, sampler, prepare inputs, process
+    outputs; an engine of the vLLM 0.2-0.4 era). V1 (ASSUMPTION, not measured here): only
+    schedule + sampler stay on the critical path, because V1 keeps a persistent input batch and
+    moves output processing into a separate process that overlaps the GPU (vLLM V1 alpha
+    announcement, blog.vllm.ai 2025-01-27). `graph_launch_s` is the median CPU time Vidur
+    measured to launch a whole forward pass (`model_execution_launch`), ~0.08 ms whatever the
+    model size: one CUDA-graph launch.
+    """
+    raw = pd.read_csv(Path(root) / "data/profiling/a100/cpu_overheads.csv")
+    if keep is not None:  # a row selector of cpu_overheads.csv: frame -> bool mask
+        raw = raw[keep(raw)]
+    out = {}
+    for gen, phases in (("v0", OVERHEAD_PHASES), ("v1", V1_PHASES)):
+        rows = pd.DataFrame(dict(batch=raw.batch_size, time_s=raw[list(phases)].sum(axis=1) * 1e-3))
+        out[gen] = fit_overhead(rows)
+        out[gen]["graph_launch_s"] = round(
+            float(raw.model_execution_launch_median.median()) * 1e-3, 9
+        )
+        out[gen]["phases"] = list(phases)
+    out["v1"]["assumption"] = (
+        "V1 overhead = v0's schedule + sampler phases only (persistent batch, output "
+        "processing overlapped in a separate process: vLLM V1 alpha blog 2025-01-27); "
+        "not measured on a V1 engine"
+    )
+    return out
+
+
+def fit_gpu(tables: Tables, gpu: str, attention_gpu: str) -> dict[str, dict]:
+    """Every GPU-side term for one GPU (attention from `attention_gpu` when `gpu` has none)."""
+    has_attention = (tables.decode.gpu == gpu).any()
+    att = gpu if has_attention else attention_gpu
+    coeffs = {
+        "gemm": fit_gemm(tables.gemm[tables.gemm.gpu == gpu], gpu),
+        "elementwise": fit_elementwise(tables.elementwise[tables.elementwise.gpu == gpu], gpu),
+        "decode_attention": fit_decode(tables.decode[tables.decode.gpu == att], att),
+        "prefill_attention": fit_prefill(tables.prefill[tables.prefill.gpu == att], att),
+        "allreduce": fit_allreduce(tables.allreduce[tables.allreduce.gpu == gpu]),
+    }
+    if not has_attention:
+        for term in ("decode_attention", "prefill_attention"):
+            coeffs[term]["fitted_on"] = att  # efficiencies carried over; floors as measured
+    return coeffs

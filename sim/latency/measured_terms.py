@@ -1,0 +1,132 @@
+"""The terms of the measured-efficiency step-time model, as small pure formulas.
+
+One module holds each formula so that the fit (`sim.latency.measured_fit`), the model
+(`sim.latency.measured`) and the accuracy benchmark use the same arithmetic. Every term is a
+time in seconds on one tensor-parallel rank; every coefficient is fitted from public GPU
+measurements (see `sim/data/steptime_coefficients.json` for values and provenance).
+
+GEMM (a linear layer of K inputs and N outputs on T tokens):
+
+    flops = 2 * T * K * N
+    bytes = 2 * (K * N + T * K + T * N)          (bf16 weights read, activations in and out)
+    t_c = flops / (compute_efficiency * peak),  t_m = bytes / (memory_efficiency * bandwidth)
+    t = launch_floor + (t_c^p + t_m^p)^(1/p)     (p = blend_exponent)
+
+The p-norm blend tends to max(t_c, t_m) as p grows and to their sum at p = 1, so a fitted p
+says how much real kernels lose near the ridge point, where the hard roofline max is most
+optimistic. Worked example (A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s), Llama-2-7B's MLP
+gate+up projection (K=4096, N=22016) at T=256 tokens, with efficiencies 0.75 / 0.85, p = 3 and
+a 6 us floor: t_c = 46.17 GFLOP / 234 TFLOP/s = 197.3 us; t_m = 193.7 MB / 1,733 GB/s =
+111.8 us; (197.3^3 + 111.8^3)^(1/3) = 208.6 us; + 6 us = 214.6 us (the hard max: 197.3 us).
+
+Elementwise ops (norms, RoPE, activation, residual add, embedding): memory-bound,
+t = launch_floor + bytes / (bandwidth_efficiency * bandwidth).
+
+Decode attention (one call per layer for all decodes of the step):
+t = call_floor + per_seq_s * B + kv_bytes / (bandwidth_efficiency * bandwidth); the per-call
+floor and per-sequence cost are why short contexts and small batches reach a low fraction of
+the bandwidth.
+
+Prefill attention (one call per layer per chunk): a per-call floor, the query/output traffic,
+and the FLOPs of whole 64 x 64 query-key tiles at a fitted fraction of peak.
+
+All-reduce (tensor parallel, two per layer): t = latency + bytes / algbw, by TP size (algbw:
+message bytes per second, what NCCL's tests call the algorithm bandwidth).
+Engine overhead (CPU, once per step): t = fixed + per_seq * num_seqs, by engine generation.
+"""
+
+from __future__ import annotations
+
+BF16_BYTES = 2
+
+
+def gemm_flops_bytes(tokens: float, k: float, n: float) -> tuple[float, float]:
+    """FLOPs and bytes of a [tokens x k] @ [k x n] GEMM in bf16: (2TKN, 2(KN + TK + TN))."""
+    return 2.0 * tokens * k * n, BF16_BYTES * (k * n + tokens * k + tokens * n)
+
+
+def blend_s(t_compute_s, t_memory_s, p: float):
+    """(t_c^p + t_m^p)^(1/p): a smooth max, >= max(t_c, t_m), <= their sum (p >= 1).
+
+    Works on floats and numpy arrays. Example: blend_s(3.0, 4.0, 2.0) = 5.0.
+    """
+    return (t_compute_s**p + t_memory_s**p) ** (1.0 / p)
+
+
+def gemm_time_s(flops, nbytes, peak_flops: float, bandwidth_Bps: float, c: dict):
+    """One GEMM call: launch floor + blend of compute and memory time (see module doc)."""
+    t_c = flops / (c["compute_efficiency"] * peak_flops)
+    t_m = nbytes / (c["memory_efficiency"] * bandwidth_Bps)
+    return c["launch_floor_s"] + blend_s(t_c, t_m, c["blend_exponent"])
+
+
+def elementwise_time_s(nbytes, bandwidth_Bps: float, c: dict):
+    """One memory-bound elementwise call: floor + bytes / (efficiency * bandwidth)."""
+    return c["launch_floor_s"] + nbytes / (c["bandwidth_efficiency"] * bandwidth_Bps)
+
+
+def elementwise_bytes(
+    kind: str, tokens, hidden: int, q_heads: int, kv_heads: int, head_dim: int, inter: int
+):
+    """Bytes an elementwise op moves per call on one rank (bf16 reads + writes).
+
+    norm: read and write T*h; rope: rotate q and k in place, 2*T*(Hq+Hkv)*D; activation
+    (SiLU-and-mul): read 2*T*I, write T*I; residual add: read 2*T*h, write T*h; embedding: a
+    gathered row written per token, 2*T*h.
+    """
+    per_token = {
+        "norm": 2 * hidden,
+        "rope": 2 * (q_heads + kv_heads) * head_dim,
+        "activation": 3 * inter,
+        "residual_add": 3 * hidden,
+        "embedding": 2 * hidden,
+    }[kind]
+    return BF16_BYTES * per_token * tokens
+
+
+def decode_attention_time_s(num_seqs, kv_bytes, bandwidth_Bps: float, c: dict):
+    """One decode-attention call over `num_seqs` sequences reading `kv_bytes` of K and V."""
+    return (
+        c["call_floor_s"]
+        + c["per_seq_s"] * num_seqs
+        + kv_bytes / (c["bandwidth_efficiency"] * bandwidth_Bps)
+    )
+
+
+#: The query x key tile the prefill kernel works in (fitted: 64 beats 128 and 256).
+ATTENTION_TILE = 64
+
+
+def prefill_attention_work(q_heads: int, head_dim: int, chunk, key_len):
+    """(tile FLOPs, query bytes) of one prefill chunk attending to `key_len` keys.
+
+    The measured kernel costs whole 64 x 64 tiles of the full rectangle (queries x keys): a
+    causal count of FLOPs fits the measurements twice as badly, so masked tiles are not free.
+    Query bytes are Q read plus the output written, 2 * Hq * D * 2 bytes per token.
+    Example: 32 heads of 128, chunk 100 after 28 cached tokens (key_len 128): tiles 2 x 2,
+    FLOPs = 4 * 32 * 128 * 128 * 128 = 268 MFLOP; query bytes = 100 * 16,384 = 1.64 MB.
+    """
+    tile = ATTENTION_TILE
+    q_tiles = -(-chunk // tile)
+    k_tiles = -(-key_len // tile)
+    flops = 4.0 * q_heads * head_dim * (q_tiles * tile) * (k_tiles * tile)
+    return flops, 2.0 * q_heads * head_dim * BF16_BYTES * chunk
+
+
+def prefill_attention_time_s(flops, q_bytes, peak_flops: float, bandwidth_Bps: float, c: dict):
+    """One prefill-attention call: per-call floor + query traffic + tile compute."""
+    return (
+        c["call_floor_s"]
+        + q_bytes / (c["query_bandwidth_efficiency"] * bandwidth_Bps)
+        + flops / (c["compute_efficiency"] * peak_flops)
+    )
+
+
+def allreduce_time_s(nbytes, c: dict):
+    """One NCCL all-reduce of `nbytes`: latency + bytes / algbw (fitted per TP size)."""
+    return c["latency_s"] + nbytes / (c["algbw_GBps"] * 1e9)
+
+
+def engine_overhead_s(num_seqs, c: dict):
+    """CPU time per step outside the GPU work: fixed + per sequence in the batch."""
+    return c["fixed_s"] + c["per_seq_s"] * num_seqs
