@@ -23,17 +23,18 @@ reports that pool as `num_blocks // num_groups * block_size` tokens (`kv_cache_u
 the same token capacity as the uniform layout until a request outgrows the window.
 
 Worked example (`derive_num_gpu_blocks(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))`:
-V1 engine, PyTorch sampler, 2048 batched tokens, 256 sequences; tests/test_memory.py checks it):
+v0 engine (kvsim's default design), 2048 batched tokens, 256 sequences; tests/test_memory.py
+checks it):
 
     total        = 79.19 GiB (the H100's driver figure)    = 85,029,615,042 B
     x 0.90                                                 = 76,526,653,537 B
     weights      = 8,030,261,248 params x 2 B              = 16,060,522,496 B
     activation   = max(1.1 x 209,715,200 forward,
-                       9.75 x 131,334,144 sampler logits)  =  1,280,507,904 B
-    non-torch    = 0.13 GiB (V1, TP 1)                     =    139,586,437 B
-    available_kv                                           = 59,046,036,700 B
+                       10.25 x 131,334,144 sampler logits) =  1,346,174,976 B
+    non-torch    = 0.26 GiB (v0, TP 1)                     =    279,172,874 B
+    available_kv                                           = 58,840,783,191 B
     block_bytes  = 2 x 32 x 8 x 128 x 2 B x 16             =      2,097,152 B
-    num_gpu_blocks = floor(59,046,036,700 / 2,097,152)     = 28,155 blocks (450,480 tokens)
+    num_gpu_blocks = floor(58,840,783,191 / 2,097,152)     = 28,057 blocks (448,912 tokens)
 """
 
 from __future__ import annotations
@@ -166,12 +167,13 @@ def derive_num_gpu_blocks(
     non_torch_bytes: int | None = None,
     total_memory_bytes: int | None = None,
     kv_layout: KvLayout = "uniform",
-    engine: VllmEngine | str = VllmEngine.V1,
+    engine: VllmEngine | str = VllmEngine.V0,
     flashinfer_sampler: bool = False,
 ) -> MemoryBudget:
     """num_gpu_blocks as vLLM derives it (see the module docstring for a worked example).
 
-    Every term left as None is estimated (`sim.memory_terms`) and its source recorded.
+    Every term left as None is estimated (`sim.memory_terms`) and its source recorded. The
+    default engine is v0, as kvsim's default design (v0-v2); pass the scenario's.
     `flashinfer_sampler`: the V1 engine sampled with FlashInfer (installed and not disabled);
     the default assumes PyTorch's sort-based sampler, whose larger profile leaves a smaller,
     safer pool.

@@ -36,14 +36,14 @@ def test_worked_example_llama_8b_h100():
     b = derive_num_gpu_blocks(LLAMA, H100)
     assert b.total_memory_bytes == 85_029_615_042
     assert b.weight_bytes == 16_060_522_496
-    assert b.peak_activation_bytes == 1_280_507_904  # 9.75 x 131,334,144 (the sampler wins)
-    assert b.non_torch_bytes == 139_586_437
-    assert b.available_kv_bytes == 59_046_036_700
+    assert b.peak_activation_bytes == 1_346_174_976  # 10.25 x 131,334,144 (the sampler wins)
+    assert b.non_torch_bytes == 279_172_874
+    assert b.available_kv_bytes == 58_840_783_191
     assert b.block_bytes == 2_097_152
-    assert b.num_gpu_blocks == 28_155
+    assert b.num_gpu_blocks == 28_057
     assert b.source is BlockCountSource.DERIVED
     assert b.activation_source is ActivationSource.ESTIMATED
-    assert b.as_dict()["num_kv_tokens"] == 28_155 * 16
+    assert b.as_dict()["num_kv_tokens"] == 28_057 * 16
 
 
 def test_h100_pool_uses_driver_visible_79_19_gib_not_80():
@@ -170,7 +170,9 @@ def test_activation_is_the_larger_of_forward_and_sampler():
             ACTIVATION_FIT.sampler_copies[SamplerPath.V1_PYTORCH] * logits,
         )
     )
-    got = estimate_peak_activation_bytes(LLAMA, max_num_batched_tokens=8192, max_num_seqs=1024)
+    got = estimate_peak_activation_bytes(
+        LLAMA, max_num_batched_tokens=8192, max_num_seqs=1024, sampler=SamplerPath.V1_PYTORCH
+    )
     assert got == expected
 
 
@@ -188,10 +190,9 @@ def test_moe_forward_counts_every_routed_copy():
 
 
 def test_flashinfer_sampler_leaves_a_bigger_pool():
-    pytorch = derive_num_gpu_blocks(LLAMA, H100, max_num_seqs=1024, max_num_batched_tokens=8192)
-    flashinfer = derive_num_gpu_blocks(
-        LLAMA, H100, max_num_seqs=1024, max_num_batched_tokens=8192, flashinfer_sampler=True
-    )
+    setup = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "engine": "v1"}
+    pytorch = derive_num_gpu_blocks(LLAMA, H100, **setup)
+    flashinfer = derive_num_gpu_blocks(LLAMA, H100, **setup, flashinfer_sampler=True)
     assert flashinfer.peak_activation_bytes < pytorch.peak_activation_bytes
     assert flashinfer.num_gpu_blocks > pytorch.num_gpu_blocks
 
@@ -199,8 +200,8 @@ def test_flashinfer_sampler_leaves_a_bigger_pool():
 def test_non_torch_memory_grows_with_tensor_parallelism():
     for engine in VllmEngine:
         assert NON_TORCH_GIB[(engine, True)] >= NON_TORCH_GIB[(engine, False)]
-    tp1 = derive_num_gpu_blocks(get_model("llama-3.1-70b"), H100, tp=2)
-    assert tp1.non_torch_bytes == int(NON_TORCH_GIB[(VllmEngine.V1, True)] * GIB)
+    tp2 = derive_num_gpu_blocks(get_model("llama-3.1-70b"), H100, tp=2, engine="v1")
+    assert tp2.non_torch_bytes == int(NON_TORCH_GIB[(VllmEngine.V1, True)] * GIB)
 
 
 @settings(max_examples=40, deadline=None)

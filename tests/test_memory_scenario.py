@@ -33,7 +33,7 @@ def test_gemma2_hybrid_layout_via_scenario():
     assert inputs["kv_layout"] == "hybrid"
     assert memory["num_kv_groups"] == 2 and memory["num_layers_per_block"] == 21
     expected = derive_num_gpu_blocks(
-        get_model("gemma-2-9b"), get_gpu("h100-sxm"), kv_layout="hybrid",
+        get_model("gemma-2-9b"), get_gpu("h100-sxm"), kv_layout="hybrid", engine="v1",
         max_num_batched_tokens=inputs["max_num_batched_tokens"], max_num_seqs=256,
     )  # fmt: skip
     assert memory["num_gpu_blocks"] == expected.num_gpu_blocks
