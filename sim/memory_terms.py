@@ -11,7 +11,7 @@ What vLLM does (read from the wheels, not copied):
   `total * gpu_memory_utilization - (weights + torch activation peak + non-torch increase)`,
   where `total` is the DRIVER's figure (`torch.cuda.mem_get_info`), the activation peak is
   measured over `profile_run` (`vllm/v1/worker/gpu_model_runner.py:L3325-3400`: one forward
-  pass at `max_num_batched_tokens` tokens, then `_dummy_sampler_run` on
+  pass at `max_num_batched_tokens` tokens, then `_dummy_sampler_run` (L3183) on
   `min(max_num_batched_tokens, max_num_seqs)` rows of full-vocabulary fp32 logits with top-k /
   top-p) and non-torch memory is what NCCL, cuBLAS and the CUDA context add outside PyTorch's
   allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
