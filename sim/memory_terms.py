@@ -25,8 +25,10 @@ Worked example (Llama-3.1-8B on one H100, V1 engine, 8192 batched tokens, 1024 s
     weights    = 8,030,261,248 params x 2 B                        = 14.96 GiB
     forward    = 8192 tok x 2 B x (2x4096 + 3x14336)               =  0.78 GiB
     sampler    = 1024 rows x 128,256 vocab x 4 B                   =  0.49 GiB
-    activation = max(hidden_factor x forward, sampler_copies[v1-pytorch] x sampler)
-    non-torch  = NON_TORCH_GIB[(v1, tp=1)]
+    activation = max(1.1 x 0.78, 9.75 x 0.49)                     =  4.77 GiB
+    non-torch  = NON_TORCH_GIB[(v1, TP 1)]                        =  0.13 GiB
+    (vLLM 0.11 logged 14.99, 4.76 and 0.13 GiB for this launch: llmd-llama31-8b-h100 in
+    sim/data/vllm_startup_logs.yaml)
 """
 
 from __future__ import annotations
