@@ -51,8 +51,12 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    display_name: str
+    display_name: str = ""
     memory_gb: float = Field(gt=0)
+    #: What the driver reports (GiB), which vLLM multiplies by gpu_memory_utilization; None
+    #: where not measured (sim.memory_terms.visible_memory then estimates it and says so).
+    memory_visible_gib: float | None = Field(default=None, gt=0)
+    memory_visible_source: str | None = None
     hbm_bandwidth_GBps: float = Field(gt=0)
     bf16_tflops: float = Field(gt=0)
     fp16_tflops: float = Field(gt=0)
@@ -60,9 +64,17 @@ class GpuSpec(BaseModel):
     interconnect_GBps: float = Field(gt=0)
     source: str
 
+    @model_validator(mode="after")
+    def _check_memory(self) -> GpuSpec:
+        if self.memory_visible_gib is not None and self.memory_visible_gib > self.memory_gb:
+            raise ValueError(
+                f"memory_visible_gib ({self.memory_visible_gib}) exceeds memory_gb ({self.memory_gb})"
+            )
+        return self
+
     @property
     def memory_bytes(self) -> int:
-        """Capacity as memory_gb GiB (DRAM sizes are binary): 80 -> 85,899,345,920."""
+        """Datasheet capacity as memory_gb GiB (DRAM sizes are binary): 80 -> 85,899,345,920."""
         return int(self.memory_gb * 2**30)
 
     @property
@@ -230,7 +242,7 @@ def get_gpu(name: str | GpuSpec | dict[str, Any]) -> GpuSpec:
     if isinstance(name, GpuSpec):
         return name
     if isinstance(name, dict):
-        return GpuSpec(**{"source": "user-defined", **name})
+        return GpuSpec(**{"source": "user-defined", "name": "user-defined", **name})
     gpus = _gpus()
     key = name.lower()
     if key not in gpus:

@@ -17,7 +17,13 @@ from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
 from sim.kv.config import Design, KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
-from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
+from sim.memory import (
+    block_bytes,
+    derive_num_gpu_blocks,
+    given_num_gpu_blocks,
+    is_hybrid_model,
+)
+from sim.memory_terms import VllmEngine
 from sim.results import RunResult, build_result
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.scheduler import SchedulerConfig
@@ -52,9 +58,23 @@ def _model(scenario: Scenario) -> ModelSpec | None:
 def _kv_config(
     scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict
 ) -> KVCacheConfig:
+    """The KV pool: given, or derived by `sim.memory` as the scenario's engine would size it.
+
+    The V1 engine gives a model with both sliding-window and full layers (Gemma-2) the hybrid
+    layout: `num_gpu_blocks` blocks of `group_size` layers, one block per KV group per
+    `block_size` tokens of a request. kvsim's managers keep one block per `block_size` tokens
+    across all layers, so they get `num_gpu_blocks // num_kv_groups` blocks: the token
+    capacity vLLM reports ("GPU KV cache size", 0.11.0 `kv_cache_utils.py:L1080`). Requests
+    longer than the window use fewer sliding-group blocks in vLLM than kvsim counts, so the
+    simulated pool is conservative for them. `inputs["memory"]` keeps vLLM's own block count.
+    Example: Gemma-2-9B, 42 layers -> 2 groups of 21; 20,000 hybrid blocks -> 10,000 here.
+    """
     cache = scenario.cache
     hw = scenario.hardware
     kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    engine = VllmEngine(scenario.scheduler.design.api)
+    hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
+    kv_layout = "hybrid" if hybrid else "uniform"
     if cache.num_gpu_blocks == "derive":
         assert model is not None
         try:
@@ -65,12 +85,15 @@ def _kv_config(
                 block_size=cache.block_size,
                 gpu_memory_utilization=cache.gpu_memory_utilization,
                 kv_dtype=kv_dtype,
+                weight_dtype=scenario.model_dtype,
                 max_num_batched_tokens=token_budget,
                 max_num_seqs=scenario.scheduler.max_num_seqs,
+                kv_layout=kv_layout,
+                engine=engine,
             )
         except ValueError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
-        num_gpu_blocks = budget.num_gpu_blocks
+        num_gpu_blocks = budget.num_gpu_blocks // budget.num_kv_groups
         inputs["memory"] = budget.as_dict()
         inputs["num_gpu_blocks_source"] = "derived"
     else:
@@ -85,6 +108,7 @@ def _kv_config(
                 kv_dtype=kv_dtype,
             )
             inputs["memory"] = budget.as_dict()
+    inputs["kv_layout"] = kv_layout
     if cache.num_cpu_blocks is not None:
         num_cpu_blocks = cache.num_cpu_blocks
     elif model is not None:

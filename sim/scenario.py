@@ -23,8 +23,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
+from sim.catalog import get_gpu
 from sim.kv.config import Design
 from sim.latency import StepTimeConfig
+from sim.memory_terms import weight_format
 from sim.scheduler.config import Policy, PreemptionMode
 from sim.workload.config import WorkloadConfig
 
@@ -76,8 +78,22 @@ class EngineSection(_Closed):
 
 
 class HardwareSection(_Closed):
-    gpu: str = "h100-sxm"
+    #: A catalog name, or a geometry dict for a GPU outside the catalog (the `GpuSpec` fields:
+    #: memory_gb, memory_visible_gib, hbm_bandwidth_GBps, bf16_tflops, fp16_tflops,
+    #: interconnect_GBps, ...), as `model:` accepts a dict.
+    gpu: str | dict[str, Any] = "h100-sxm"
     tensor_parallel_size: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _gpu_geometry(self) -> HardwareSection:
+        if isinstance(self.gpu, dict):
+            try:
+                get_gpu(self.gpu)
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"gpu.{where}: {first['msg']}") from None
+        return self
 
 
 class ExpectSection(_Closed):
@@ -92,6 +108,9 @@ class Scenario(_Closed):
     seed: int = Field(default=0, ge=0)
     #: A catalog model name, or a geometry (see `sim.catalog`); needed by measured, roofline, derive.
     model: str | dict[str, Any] | None = "llama-3.1-8b"
+    #: How the checkpoint stores its weights: auto (the model's dtype), bfloat16, float16, fp8,
+    #: int8, awq-int4, gptq-int4, mxfp4. Changes the weight bytes `num_gpu_blocks: derive` uses.
+    model_dtype: str = "auto"
     hardware: HardwareSection = HardwareSection()
     cache: CacheSection = CacheSection()
     scheduler: SchedulerSection = SchedulerSection()
@@ -104,6 +123,10 @@ class Scenario(_Closed):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
+        try:
+            weight_format(self.model_dtype)
+        except ValueError as error:
+            raise ValueError(f"model_dtype: {error}") from None
         if self.cache.num_gpu_blocks == "derive" and self.model is None:
             raise ValueError("cache.num_gpu_blocks: 'derive' needs a model")
         if self.model is None and (self.step_time is None or self.step_time.linear is None):

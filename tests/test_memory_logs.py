@@ -1,0 +1,127 @@
+"""kvsim's derived KV pool against real vLLM startup logs (sim/data/vllm_startup_logs.yaml).
+
+Tolerance, per log: |predicted - observed pool| <= max(1.0 GiB, 3% of the pool). 3% is the
+scale of the issue's target (median 2%). 1 GiB is how far the terms kvsim estimates move
+between vLLM releases for one model and GPU (non-torch at TP 1: 0.13 GiB in 0.11, 1.79 GiB in a
+0.6.5 build; the sampler's profile with and without FlashInfer: ~3x), while the activations
+the fit half logged are matched within 0.10 GiB. Logs outside it are listed in KNOWN_OUTLIERS
+with the reason; the test fails if one of them comes back inside (so the list cannot rot) or
+a new one falls outside.
+"""
+
+import statistics
+
+import pytest
+
+from sim import memory_validation
+from sim.memory_terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
+from sim.memory_validation import (
+    PROFILED_RELEASE,
+    Split,
+    compare_all,
+    fit_activation,
+    fit_non_torch_gib,
+    load_logs,
+    observed_pool_bytes,
+)
+
+KNOWN_OUTLIERS = {
+    "gateway550-llama2-7b-h100": "LoRA adapters: vLLM logged 2.38 GiB activation, kvsim 0.35",
+    "i21348-qwen3-235b-a22b-fp8-h100-tp4": "LMCache KV connector; four launch fields assumed",
+    "pr10511-llama3-8b-h100-tp2": "0.6.5 development build logged 3.58 GiB non-torch at TP 2",
+    "pr2031-llama2-70b-a100-tp4": "vLLM 0.2.5 at TP 4: 12.8 GiB more than any later profiler",
+    "dl-gpt-oss-120b-a100-80gb-tp4-util08": "MXFP4 experts padded for Marlin (17.22 vs 15.17 GiB)",
+}
+
+#: What benchmarks/memory_accuracy.py prints and the report claims (fractions).
+CLAIMED = {
+    "held_out": {"count": 12, "median": 0.0242, "worst": 0.5031},
+    "fit": {"count": 12, "median": 0.0190, "worst": 0.2526},
+    "held_out_recent": {"count": 10, "median": 0.0175, "worst": 0.1085},
+    "held_out_before": {"median": 0.1775},
+}
+
+ROWS = compare_all()
+
+
+def test_at_least_20_logs_each_with_a_source_split_half_and_half():
+    logs = load_logs()
+    assert len(logs) >= 20
+    assert all(log.source.startswith("https://github.com/") for log in logs)
+    assert len({log.id for log in logs}) == len(logs)
+    splits = [c.split for c in ROWS]
+    assert splits.count(Split.FIT) == splits.count(Split.HELD_OUT)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[c.log.id for c in ROWS])
+def test_each_log_within_tolerance_or_a_known_outlier(row):
+    error_gib = abs(row.after_gib - row.observed_gib)
+    inside = error_gib <= max(1.0, 0.03 * row.observed_gib)
+    if row.log.id in KNOWN_OUTLIERS:
+        assert not inside, f"{row.log.id} is now within tolerance: drop it from KNOWN_OUTLIERS"
+    else:
+        assert inside, f"{row.log.id}: {row.after_gib:.2f} GiB vs {row.observed_gib:.2f} GiB"
+
+
+def _summary(rows, attr="after_error"):
+    errors = [abs(getattr(c, attr)) for c in rows]
+    return len(errors), statistics.median(errors), max(errors)
+
+
+def test_the_benchmark_claims():
+    held = [c for c in ROWS if c.split is Split.HELD_OUT]
+    fit = [c for c in ROWS if c.split is Split.FIT]
+    recent = [c for c in held if c.log.release >= PROFILED_RELEASE]
+    for name, rows in (("held_out", held), ("fit", fit), ("held_out_recent", recent)):
+        count, median, worst = _summary(rows)
+        claim = CLAIMED[name]
+        assert count == claim["count"]
+        assert median == pytest.approx(claim["median"], abs=5e-5)
+        assert worst == pytest.approx(claim["worst"], abs=5e-5)
+    _, before_median, _ = _summary(held, "before_error")
+    assert before_median == pytest.approx(CLAIMED["held_out_before"]["median"], abs=5e-5)
+
+
+def test_shipped_constants_are_what_the_fit_half_gives():
+    non_torch = fit_non_torch_gib()
+    assert non_torch == NON_TORCH_GIB
+    assert fit_activation(non_torch) == ACTIVATION_FIT
+
+
+def test_fit_ignores_the_held_out_half(monkeypatch):
+    """Changing every held-out log's numbers must not move a fitted constant."""
+    logs = load_logs()
+    altered = []
+    for i, log in enumerate(logs):
+        if memory_validation.split_of(i) is Split.HELD_OUT:
+            logged = log.logged.model_copy(
+                update={
+                    "non_torch_gib": 9.0,
+                    "activation_gib": 9.0,
+                    "kv_cache_gib": 1.0,
+                    "kv_cache_tokens": None,
+                    "num_gpu_blocks": None,
+                }  # fmt: skip
+            )
+            log = log.model_copy(update={"logged": logged})
+        altered.append(log)
+    monkeypatch.setattr(memory_validation, "load_logs", lambda: altered)
+    non_torch = fit_non_torch_gib()
+    assert non_torch == NON_TORCH_GIB
+    assert fit_activation(non_torch) == ACTIVATION_FIT
+
+
+def test_observed_pool_prefers_the_token_count_vllm_scheduled_with():
+    """Tokens x bytes per token when logged (the binding number), else the GiB line."""
+    log = next(x for x in load_logs() if x.id == "dl-qwen2-7b-a100-80gb-util025")
+    per_token = 2 * 28 * 4 * 128 * 2  # Qwen2-7B: 28 layers, 4 KV heads, head_dim 128, bf16
+    assert observed_pool_bytes(log) == 93_872 * per_token
+    assert observed_pool_bytes(log) / GIB == pytest.approx(log.logged.kv_cache_gib, abs=0.005)
+
+
+def test_before_used_the_datasheet_and_after_the_driver_figure():
+    row = next(c for c in ROWS if c.log.id == "llmd-llama31-8b-h100")
+    # Same weights (14.96 GiB) both times; the old code had 0.9 x 0.81 GiB more memory and
+    # less activation, so its pool was bigger than vLLM's.
+    assert row.before_gib > row.observed_gib
+    assert abs(row.after_error) < abs(row.before_error)

@@ -1,0 +1,81 @@
+"""The memory model through a scenario: hybrid layout, weight format, a GPU outside the catalog."""
+
+import pytest
+
+from sim.catalog import get_gpu, get_model
+from sim.memory import derive_num_gpu_blocks
+from sim.memory_terms import VllmEngine, weight_bytes
+from sim.runner import resolve
+from sim.scenario import ScenarioError, scenario_from_dict
+
+REQUESTS = [{"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 4}]
+LINEAR = {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}}
+
+
+def _scenario(**overrides) -> dict:
+    data = {
+        "name": "memory",
+        "model": "llama-3.1-8b",
+        "cache": {"num_gpu_blocks": "derive"},
+        "scheduler": {"design": "v1-engine", "max_model_len": 4096},
+        "workload": {"kind": "inline", "requests": REQUESTS},
+        "step_time": LINEAR,
+    }
+    data.update(overrides)
+    return data
+
+
+def test_gemma2_hybrid_layout_via_scenario():
+    """V1 + sliding and full layers: vLLM's hybrid block count, its token capacity to the pool."""
+    scenario = scenario_from_dict(_scenario(model="gemma-2-9b"))
+    inputs = resolve(scenario).inputs
+    memory = inputs["memory"]
+    assert inputs["kv_layout"] == "hybrid"
+    assert memory["num_kv_groups"] == 2 and memory["num_layers_per_block"] == 21
+    expected = derive_num_gpu_blocks(
+        get_model("gemma-2-9b"), get_gpu("h100-sxm"), kv_layout="hybrid", engine="v1",
+        max_num_batched_tokens=inputs["max_num_batched_tokens"], max_num_seqs=256,
+    )  # fmt: skip
+    assert memory["num_gpu_blocks"] == expected.num_gpu_blocks
+    # One all-layer block per 16 tokens for kvsim's manager = vLLM's reported capacity.
+    assert inputs["num_gpu_blocks"] == expected.num_gpu_blocks // 2
+    assert inputs["num_gpu_blocks"] * 16 == memory["num_kv_tokens"]
+
+
+def test_hybrid_layout_only_on_the_v1_engine_and_only_for_mixed_models():
+    v0 = resolve(scenario_from_dict(_scenario(model="gemma-2-9b", scheduler={"design": "v0-v2",
+                                                                            "max_model_len": 4096})))  # fmt: skip
+    assert v0.inputs["kv_layout"] == "uniform" and v0.inputs["memory"]["engine"] == "v0"
+    llama = resolve(scenario_from_dict(_scenario()))
+    assert llama.inputs["kv_layout"] == "uniform"
+    assert llama.inputs["memory"]["engine"] == VllmEngine.V1.value
+
+
+def test_model_dtype_reaches_the_weight_bytes():
+    fp8 = resolve(scenario_from_dict(_scenario(model_dtype="fp8"))).inputs["memory"]
+    bf16 = resolve(scenario_from_dict(_scenario())).inputs["memory"]
+    assert fp8["weight_format"] == "fp8"
+    assert fp8["weight_bytes"] == weight_bytes(get_model("llama-3.1-8b"), "fp8")
+    assert fp8["num_gpu_blocks"] > bf16["num_gpu_blocks"]
+
+
+def test_unknown_model_dtype_is_a_one_line_scenario_error():
+    with pytest.raises(ScenarioError, match="model_dtype: unknown model_dtype 'int3'"):
+        scenario_from_dict(_scenario(model_dtype="int3"), "s.yaml")
+
+
+def test_geometry_dict_gpu_in_a_scenario():
+    card = {"name": "rtx-4090", "memory_gb": 24, "memory_visible_gib": 23.55,
+            "hbm_bandwidth_GBps": 1008, "bf16_tflops": 165, "fp16_tflops": 165,
+            "interconnect_GBps": 64}  # fmt: skip
+    scenario = scenario_from_dict(_scenario(hardware={"gpu": card}))
+    memory = resolve(scenario).inputs["memory"]
+    assert memory["total_memory_bytes"] == int(23.55 * 2**30)
+    assert memory["total_memory_source"] == "measured"
+
+
+def test_bad_gpu_geometry_names_the_field():
+    with pytest.raises(ScenarioError, match=r"s.yaml: hardware: .*gpu.memory_gb"):
+        scenario_from_dict(
+            _scenario(hardware={"gpu": {"name": "x", "hbm_bandwidth_GBps": 1}}), "s.yaml"
+        )
