@@ -24,7 +24,7 @@ def figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, height: float = 3
 
 
 def design_text(design: str | None) -> str:
-    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4, v0 engine (BlockSpaceManagerV2)'."""
+    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2'."""
     try:
         return f"{design} = {Design(design).upstream}"
     except ValueError:
@@ -34,8 +34,8 @@ def design_text(design: str | None) -> str:
 def subject_text(scenarios: Iterable[Any], designs: Iterable[Any]) -> str:
     """One title line: which scenario(s) and design(s), and what vLLM each design models.
 
-    Example: (["azure"], ["v0-v2"]) -> "scenario azure | design v0-v2 = vLLM 0.5.4, v0 engine
-    (BlockSpaceManagerV2)"; several designs are listed with "designs" and "; ".
+    Example: (["azure"], ["v0-v2"]) -> "scenario azure | design v0-v2 = vLLM 0.5.4 v0,
+    BlockSpaceManagerV2"; several designs are listed with "designs" and "; ".
     """
     names = sorted({str(s) for s in scenarios if s is not None and s == s})
     kinds = sorted({str(d) for d in designs if d is not None and d == d})
