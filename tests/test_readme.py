@@ -100,7 +100,7 @@ def _kvsim_lines(block: str) -> list[list[str]]:
 
 def test_readme_bash_kvsim_commands_run(workdir: Path) -> None:
     commands = [c for block in blocks("bash") for c in _kvsim_lines(block)]
-    assert commands == [["run"]]  # the default scenario; the rest are install and test lines
+    assert ["run"] in commands  # the default scenario; the other lines install and test
     for args in commands:
         done = kvsim([*args, "--no-plots"], workdir)
         assert done.returncode == 0, done.stderr[-3000:]
