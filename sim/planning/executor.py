@@ -4,6 +4,10 @@ A point is plain data (the resolved scenario dict and its overrides) and its res
 row of summary metrics, so both executors ship it as-is. A point that raises becomes a row with
 `error` set; the sweep goes on. Rows come back in grid order whatever order they finish in.
 
+Local workers start as `start_method` decides: forked from a single-threaded script on Linux,
+so `sim.sweep` / `sim.capacity` are safe at a script's top level without an
+``if __name__ == "__main__":`` guard; spawned from Jupyter or a multi-threaded process.
+
 Resuming: each finished row is appended to ``points.jsonl`` in the output folder as it arrives;
 a later sweep over the same folder reuses every error-free row whose key (the scenario hash,
 see `sim.planning.grid.scenario_key`) is still in the grid and runs only the rest.
