@@ -97,7 +97,7 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
     table.add_column("value", justify="right")
     states = summary["states"]
     rows = [
-        ("design", inputs.get("design")),
+        ("design", _design_row(inputs.get("design"))),
         ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
         ("sliding window (tokens)", inputs.get("sliding_window")),
         ("requests", summary["num_requests"]),
@@ -126,6 +126,44 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         console.print(
             f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)"
         )
+    for line in next_steps(summary, out_dir):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def _design_row(design: str | None) -> str | None:
+    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2': which vLLM it models."""
+    from sim.kv.config import Design
+
+    try:
+        return f"{design} = {Design(design).upstream}"
+    except ValueError:
+        return design
+
+
+def next_steps(summary: dict, out_dir: Path | None) -> list[str]:
+    """What to run after a run that found violations: shrink one kind, then check it in CI.
+
+    Example (kinds admission_undercount and leaked_blocks, outputs in runs/x)::
+
+        next: shrink it to a minimal reproducer, then keep that as a CI check:
+          kvsim shrink runs/x -o runs/x/minimal.yaml --kind admission_undercount
+          kvsim check runs/x/minimal.yaml
+        (one kind per shrink; the others: leaked_blocks)
+    """
+    kinds = list(summary.get("violation_kinds") or [])
+    if not kinds:
+        return []
+    source = str(out_dir) if out_dir is not None else "SCENARIO.yaml"
+    minimal = str(out_dir / "minimal.yaml") if out_dir is not None else "minimal.yaml"
+    lines = [
+        "[bold]next:[/] shrink it to a minimal reproducer, then keep that as a CI check "
+        "(its expect: lists the kinds it shows; check exits 1 when that changes):",
+        f"  kvsim shrink {escape(source)} -o {escape(minimal)} --kind {kinds[0]}",
+        f"  kvsim check {escape(minimal)}",
+    ]
+    if len(kinds) > 1:
+        lines.append(f"(one kind per shrink; the others: {', '.join(kinds[1:])})")
+    return lines
 
 
 @app.command()

@@ -4,9 +4,16 @@
   violations marked as vertical lines, one style per kind;
 * `queue_lengths(steps)`: waiting / running / swapped requests over time;
 * `latency_cdfs(requests)`: empirical CDFs of TTFT, TPOT and end-to-end latency;
-* `throughput_latency(sweep_table)`: throughput against a latency percentile across a sweep;
-* `capacity_frontier(probes, capacity_table)`: each SLO metric against the offered rate, with
-  the SLO limit and every configuration's capacity.
+* `throughput_latency(sweep_table)`: throughput against a latency percentile across a sweep,
+  one line per combination of the settings a line does not run along;
+* `capacity_frontier(probes, capacity_table)`: each SLO metric against the offered rate, one
+  line per configuration and replicate (trace window or seed), with the SLO limit, every
+  configuration's capacity and its 95 % interval.
+
+Every figure names what it shows in its title line: the scenario, the design and the vLLM
+release that design models (`sim.kv.Design.upstream`). Run plots take it as `subject=`
+(`result.inputs` or a string); sweep and capacity plots read it from the table's `scenario`
+and `design` columns.
 
 Figures are built with `matplotlib.figure.Figure` so that nothing depends on a GUI backend.
 """
@@ -14,20 +21,19 @@ Figures are built with `matplotlib.figure.Figure` so that nothing depends on a G
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
+from sim.plots_planning import capacity_frontier, throughput_latency
+
 _COLORS = {"used": "tab:blue", "free": "tab:green", "cached": "tab:orange"}
 MAX_REPLICA_PANELS = 4
-
-
-def _figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, height: float = 3.2, **kw):
-    fig = Figure(figsize=(width, height * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
-    return fig, axes
 
 
 def _end_s(steps: pd.DataFrame) -> pd.Series:
@@ -35,12 +41,16 @@ def _end_s(steps: pd.DataFrame) -> pd.Series:
 
 
 def kv_timeline(
-    steps: pd.DataFrame, violations: pd.DataFrame | None = None, num_gpu_blocks: int | None = None
+    steps: pd.DataFrame,
+    violations: pd.DataFrame | None = None,
+    num_gpu_blocks: int | None = None,
+    *,
+    subject: str | Mapping[str, Any] | None = None,
 ) -> Figure:
     """KV blocks used / free / cached (evictable) after each step; one panel per replica (<= 4)."""
     replicas = sorted(steps["replica"].unique()) if len(steps) else [0]
     shown = replicas[:MAX_REPLICA_PANELS]
-    fig, axes = _figure(len(shown), sharex=True)
+    fig, axes = figure(len(shown), sharex=True)
     for ax, replica in zip(axes[:, 0], shown, strict=True):
         mine = steps[steps["replica"] == replica]
         t = _end_s(mine)
@@ -70,8 +80,8 @@ def kv_timeline(
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("simulated time (s)")
-    if len(replicas) > len(shown):
-        fig.suptitle(f"first {len(shown)} of {len(replicas)} replicas")
+    note = f"first {len(shown)} of {len(replicas)} replicas" if len(replicas) > len(shown) else ""
+    name_figure(fig, subject_of(subject), note)
     return fig
 
 
@@ -100,9 +110,9 @@ def _mark_violations(ax, violations: pd.DataFrame) -> None:
             )
 
 
-def queue_lengths(steps: pd.DataFrame) -> Figure:
+def queue_lengths(steps: pd.DataFrame, *, subject: str | Mapping[str, Any] | None = None) -> Figure:
     """Waiting / running / swapped requests after each step (summed over replicas)."""
-    fig, axes = _figure()
+    fig, axes = figure()
     ax = axes[0, 0]
     ordered = steps.assign(end_s=_end_s(steps)).sort_values(["end_s", "replica"], kind="stable")
     if ordered["replica"].nunique() > 1:
@@ -134,12 +144,15 @@ def queue_lengths(steps: pd.DataFrame) -> Figure:
     ax.set_ylabel("requests")
     ax.legend(loc="upper right", fontsize="small")
     ax.grid(alpha=0.3)
+    name_figure(fig, subject_of(subject))
     return fig
 
 
-def latency_cdfs(requests: pd.DataFrame) -> Figure:
+def latency_cdfs(
+    requests: pd.DataFrame, *, subject: str | Mapping[str, Any] | None = None
+) -> Figure:
     """Empirical CDFs of TTFT, TPOT and end-to-end latency of the finished requests."""
-    fig, axes = _figure(1, 3, width=12.0, height=3.4)
+    fig, axes = figure(1, 3, width=12.0, height=3.4)
     finished = requests[requests["state"] == "finished"]
     for ax, (column, title) in zip(
         axes[0],
@@ -156,7 +169,7 @@ def latency_cdfs(requests: pd.DataFrame) -> Figure:
             for q, style in ((50, "--"), (99, ":")):
                 p = float(np.percentile(values, q))
                 ax.axvline(
-                    p, color="grey", linestyle=style, linewidth=1, label=f"p{q} = {_seconds(p)}"
+                    p, color="grey", linestyle=style, linewidth=1, label=f"p{q} = {seconds_text(p)}"
                 )
             if values[0] > 0 and values[-1] / values[0] > 100:
                 ax.set_xscale("log")
@@ -168,115 +181,8 @@ def latency_cdfs(requests: pd.DataFrame) -> Figure:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("fraction of requests")
+    name_figure(fig, subject_of(subject))
     return fig
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
-
-
-def _setting_columns(table: pd.DataFrame) -> list[str]:
-    """The sweep's setting columns: between 'key' and the first metric."""
-    columns = list(table.columns)
-    if "key" not in columns or "num_requests" not in columns:
-        return []
-    return columns[columns.index("key") + 1 : columns.index("num_requests")]
-
-
-def throughput_latency(
-    table: pd.DataFrame,
-    latency: str = "ttft_p99_s",
-    throughput: str = "throughput_tok_per_s",
-    group_by: str | None = None,
-) -> Figure:
-    """Throughput against a latency percentile, one line per value of `group_by`.
-
-    Default grouping: every setting but the last (the last, often the rate, runs along a line).
-    """
-    ok = table[table["error"].isna()] if "error" in table else table
-    settings = _setting_columns(table)
-    if group_by is None and len(settings) > 1:
-        group_by = settings[0]
-    fig, axes = _figure(width=7.5, height=4.5)
-    ax = axes[0, 0]
-    groups = ok.groupby(group_by, sort=True) if group_by else [(None, ok)]
-    for value, group in groups:
-        group = group.sort_values(throughput)
-        label = f"{group_by}={value}" if group_by else "sweep points"
-        ax.plot(group[throughput], group[latency], marker="o", label=label)
-    ax.set_title(f"Throughput vs {latency.removesuffix('_s').replace('_', ' ')} across the sweep")
-    ax.set_xlabel(_axis_label(throughput))
-    ax.set_ylabel(_axis_label(latency))
-    if len(ok) and ok[latency].gt(0).all() and ok[latency].max() / ok[latency].min() > 100:
-        ax.set_yscale("log")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def _axis_label(column: str) -> str:
-    units = {"_req_per_s": " (requests/s)", "_tok_per_s": " (tokens/s)", "_s": " (s)"}
-    for suffix, unit in units.items():
-        if column.endswith(suffix):
-            return column.removesuffix(suffix).replace("_", " ") + unit
-    return column.replace("_", " ")
-
-
-def capacity_frontier(probes: pd.DataFrame, table: pd.DataFrame | None = None) -> Figure:
-    """Each SLO metric against the offered rate for every configuration, with SLO and capacity.
-
-    `table` (the capacity table) gives the SLO limits ("slos") and capacities to mark.
-    """
-    limits = _parse_limits(table["slos"].iloc[0]) if table is not None and len(table) else {}
-    metrics = list(limits) or ["ttft_p99"]
-    fig, axes = _figure(1, len(metrics), width=6.0 * len(metrics), height=4.2)
-    good = probes[probes["error"].isna()] if "error" in probes else probes
-    for ax, metric in zip(axes[0], metrics, strict=True):
-        for i, (config, group) in enumerate(good.groupby("config", sort=True)):
-            color = f"C{i}"
-            mean = group.groupby("offered_rate_req_per_s", sort=True)[f"{metric}_s"].mean()
-            ax.plot(mean.index, mean.values, marker="o", color=color, label=config or "scenario")
-            if table is not None:
-                row = table[table["config"] == config]
-                if len(row):
-                    cap = float(row["capacity_rate_req_per_s"].iloc[0])
-                    ax.axvline(
-                        cap,
-                        color=color,
-                        linestyle="--",
-                        linewidth=1,
-                        label=f"capacity {cap:.3g} req/s",
-                    )
-                    low, high = (
-                        float(row["capacity_ci_low"].iloc[0]),
-                        float(row["capacity_ci_high"].iloc[0]),
-                    )
-                    if high > low:
-                        ax.axvspan(low, high, color=color, alpha=0.12)
-        if metric in limits:
-            ax.axhline(
-                limits[metric],
-                color="red",
-                linestyle=":",
-                label=f"SLO {metric} <= {_seconds(limits[metric])}",
-            )
-        ax.set_yscale("log")
-        ax.set_title(f"Capacity frontier: {metric.replace('_', ' ')} vs offered rate")
-        ax.set_xlabel("offered rate per replica (requests/s)")
-        ax.set_ylabel(f"{metric.replace('_', ' ')} (s)")
-        ax.legend(fontsize="small")
-        ax.grid(alpha=0.3, which="both")
-    return fig
-
-
-def _parse_limits(text: str) -> dict[str, float]:
-    """'ttft_p99<=2s, tpot_p99<=0.1s' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
-    limits = {}
-    for part in str(text).split(","):
-        metric, sep, value = part.strip().partition("<=")
-        if sep:
-            limits[metric] = float(value.removesuffix("s"))
-    return limits
 
 
 # ---------------------------------------------------------------------------- saving
@@ -289,10 +195,12 @@ def save_run_plots(result, out_dir: str | Path) -> list[Path]:
     """kv_timeline.png, queues.png and latency_cdf.png of one `RunResult` in `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    blocks = result.inputs.get("num_gpu_blocks") if result.inputs else None
-    paths = [save(kv_timeline(result.steps, result.violations, blocks), out / "kv_timeline.png")]
-    paths.append(save(queue_lengths(result.steps), out / "queues.png"))
-    paths.append(save(latency_cdfs(result.requests), out / "latency_cdf.png"))
+    inputs = result.inputs or {}
+    blocks = inputs.get("num_gpu_blocks")
+    timeline = kv_timeline(result.steps, result.violations, blocks, subject=inputs)
+    paths = [save(timeline, out / "kv_timeline.png")]
+    paths.append(save(queue_lengths(result.steps, subject=inputs), out / "queues.png"))
+    paths.append(save(latency_cdfs(result.requests, subject=inputs), out / "latency_cdf.png"))
     return paths
 
 
@@ -352,10 +260,12 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
 
 __all__ = [
     "capacity_frontier",
+    "design_text",
     "kv_timeline",
     "latency_cdfs",
     "queue_lengths",
     "save_dir_plots",
     "save_run_plots",
+    "subject_text",
     "throughput_latency",
 ]

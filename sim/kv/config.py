@@ -23,6 +23,23 @@ class Design(enum.Enum):
     def api(self) -> str:
         return "v1" if self is Design.V1_ENGINE else "v0"
 
+    @property
+    def upstream(self) -> str:
+        """The vLLM release and engine this design models, for plot titles and reports.
+
+        Example: ``Design("v0-v2").upstream == "vLLM 0.5.4 v0, BlockSpaceManagerV2"``.
+        """
+        return _UPSTREAM[self]
+
+
+#: The one place that says which vLLM each design follows (commits: see the class above).
+_UPSTREAM = {
+    Design.V0_V1: "vLLM 0.5.4 v0, BlockSpaceManagerV1",
+    Design.V0_V2: "vLLM 0.5.4 v0, BlockSpaceManagerV2",
+    Design.V0_FIXED: "kvsim's corrected v0 (no vLLM release)",
+    Design.V1_ENGINE: "vLLM ~0.10 V1 engine @ 4ac7713",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class KVCacheConfig:

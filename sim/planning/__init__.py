@@ -52,7 +52,9 @@ def sweep(
     """Run every point of `grid` (dotted key -> values) and return one summary row per point.
 
     `overrides` apply to every point first. `out_dir`: write sweep.parquet / sweep.csv there
-    and resume from it. `cluster`: a Dask address or Client (default: local processes).
+    and resume from it. `cluster`: a Dask address or Client (default: local processes, which
+    `sim.planning.executor.start_method` starts so that a script needs no `__main__` guard on
+    Linux; `workers=1` runs in this process).
     """
     from sim.overrides import apply_overrides
     from sim.planning.executor import run_points, write_table

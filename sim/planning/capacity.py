@@ -174,7 +174,7 @@ def search_capacity(
                 bad = scale
     status = "ok"
     if good is None:
-        status = f"fails at the minimum scale {min_scale:g}"
+        status = _never_passes(probes, slos, min_scale)
     elif bad is None:
         status = f"passes at the maximum scale {max_scale:g} (capacity is at least this)"
     else:
@@ -201,6 +201,31 @@ def search_capacity(
         "num_probes": len(probes),
         "probes": probes,
     }
+
+
+def _never_passes(probes: list[dict[str, Any]], slos: list[Slo], min_scale: float) -> str:
+    """Why no rate passes: the last (lowest) probe's reason, and whether load is to blame.
+
+    A latency that does not fall as the rate falls is set by the requests themselves (prompts
+    too long to prefill within the SLO, or many requests stamped with the same arrival time,
+    which rate scaling cannot pull apart: the Mooncake traces use 3 s buckets), not by the
+    load, so no replica count meets that SLO. Example: TTFT p99 16.3 s at scale 0.25 and at
+    0.0156, against 2 s -> "... ttft_p99 barely falls with the rate (16.3s at scale 0.25, 16.3s
+    at 0.015625): the requests themselves ... break this SLO at any load".
+    """
+    first, last = probes[0], probes[-1]
+    text = f"fails at the minimum scale {min_scale:g}: {last['reason']}"
+    for slo in slos:
+        high, low = first.get(slo.column), last.get(slo.column)
+        if high is None or low is None or math.isnan(high) or math.isnan(low):
+            continue
+        if low > slo.limit_s and low >= 0.9 * high:
+            return (
+                f"{text}, and {slo.metric} barely falls with the rate ({high:.3g}s at scale "
+                f"{first['rate_scale']:g}, {low:.3g}s at {last['rate_scale']:g}): the requests "
+                "themselves (long prompts, simultaneous arrivals) break this SLO at any load"
+            )
+    return text
 
 
 def confidence_interval(
@@ -267,12 +292,24 @@ def capacity_search(
                 data = resolved_data(base, {**config, **rep}, base_path)
             except ScenarioError as error:
                 raise ScenarioError(f"{_label(config) or 'replicate'} {rep}: {error}") from None
-            labels = {"config": _label(config), "config_index": c, "replicate": r, **config}
+            labels = {
+                "config": _label(config),
+                "config_index": c,
+                "replicate": r,
+                "replicate_label": _label(rep),
+                **config,
+            }
             pairs = [(s.metric, s.limit_s) for s in slo_list]
             tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
     results = map_tasks(
         search_capacity, tasks, workers=workers, cluster=cluster, on_result=on_result
     )
+    if any(math.isinf(res["base_rate_req_per_s"]) for res in results):
+        raise ScenarioError(
+            f"{base.name}: every request arrives at the same instant, so the workload has no "
+            "arrival rate to scale; capacity needs arrivals spread over time (a trace or a "
+            "synthetic arrival process)"
+        )
     probes = pd.DataFrame.from_records([p for res in results for p in res["probes"]])
     rows = []
     for c, config in enumerate(configs):

@@ -16,17 +16,6 @@ _WORKERS = typer.Option(
 )
 
 
-_HEADERS = {
-    "throughput_tok_per_s": "tok/s",
-    "ttft_p99_s": "TTFT p99 (s)",
-    "tpot_p99_s": "TPOT p99 (s)",
-    "e2e_p99_s": "E2E p99 (s)",
-    "num_preemptions": "preempt",
-    "num_violations": "violations",
-    "kv_util_max": "KV used max",
-}
-
-
 def _progress(description: str, total: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -43,14 +32,6 @@ def _progress(description: str, total: int):
     )
     task = progress.add_task(description, total=total, note="")
     return progress, task
-
-
-def _fmt(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def sweep(
@@ -75,12 +56,11 @@ def sweep(
     ] = True,
 ) -> None:
     """Run a grid of scenario variants; one summary row per point (Parquet + CSV)."""
-    from rich.table import Table
-
     from sim.cli import INPUT_ERRORS, console, err_console, fail
     from sim.planning import load_base
     from sim.planning.executor import run_points, write_table
     from sim.planning.grid import build_points, parse_sets
+    from sim.planning.tables import METRIC_HEADERS, legend, results_table, with_ms
 
     try:
         base, base_dir = load_base(scenario)
@@ -116,24 +96,22 @@ def sweep(
 
         save_sweep_plots(table, out_dir)
     settings = list(axes)
-    view = Table(
-        title=f"kvsim sweep: {base.name} ({len(points)} points, {counts['cached']} reused)"
-    )
     columns = [
         *settings,
         "throughput_tok_per_s",
-        "ttft_p99_s",
-        "tpot_p99_s",
-        "e2e_p99_s",
+        "ttft_p99_ms",
+        "tpot_p99_ms",
+        "e2e_p99_ms",
         "num_preemptions",
         "num_violations",
         "kv_util_max",
     ]
-    for column in columns:
-        view.add_column(_HEADERS.get(column, column.rpartition(".")[2]), justify="right")
-    for _, row in table[table["error"].isna()].iterrows():
-        view.add_row(*(_fmt(row[c]) for c in columns))
+    title = f"kvsim sweep: {base.name} ({len(points)} points, {counts['cached']} reused)"
+    shown = with_ms(table[table["error"].isna()], ["ttft_p99_s", "tpot_p99_s", "e2e_p99_s"])
+    view = results_table(title, shown, columns, METRIC_HEADERS)
     console.print(view)
+    if legend(settings):
+        console.print(legend(settings), highlight=False)
     failed = table[table["error"].notna()]
     for _, row in failed.iterrows():
         settings_text = ", ".join(f"{k}={row[k]}" for k in settings)
@@ -185,13 +163,12 @@ def capacity(
     ] = True,
 ) -> None:
     """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
-    from rich.table import Table
-
     from sim.cli import INPUT_ERRORS, console, fail
     from sim.overrides import parse_assignment
     from sim.planning import load_base
     from sim.planning.capacity import as_slos, capacity_search, write_capacity
     from sim.planning.grid import parse_sets
+    from sim.planning.tables import capacity_view
 
     try:
         slos = as_slos(slo)
@@ -229,36 +206,10 @@ def capacity(
         from sim.plots import save_capacity_plots
 
         save_capacity_plots(table, probes, out_dir)
-    view = Table(
-        title=f"kvsim capacity: {base.name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
-    )
-    columns = [
-        "config",
-        "capacity_rate_req_per_s",
-        "capacity_ci_low",
-        "capacity_ci_high",
-        "num_replicates",
-        "status",
-    ]
-    if target_rate is not None:
-        columns[5:5] = ["replicas_needed", "replicas_needed_at_mean"]
-    headers = {
-        "config": "configuration",
-        "capacity_rate_req_per_s": "req/s per replica",
-        "capacity_ci_low": "95% CI low",
-        "capacity_ci_high": "95% CI high",
-        "num_replicates": "runs",
-        "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
-        "replicas_needed_at_mean": "(at mean)",
-    }
-    for column in columns:
-        view.add_column(
-            headers.get(column, column),
-            justify="left" if column in ("config", "status") else "right",
-        )
-    for _, row in table.iterrows():
-        view.add_row(*(_fmt(row[c]) if c != "config" else (row[c] or base.name) for c in columns))
+    view, notes = capacity_view(table, base.name, tolerance, target_rate)
     console.print(view)
+    for note in notes:
+        console.print(note, highlight=False)
     console.print(
         f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
     )

@@ -4,6 +4,10 @@ A point is plain data (the resolved scenario dict and its overrides) and its res
 row of summary metrics, so both executors ship it as-is. A point that raises becomes a row with
 `error` set; the sweep goes on. Rows come back in grid order whatever order they finish in.
 
+Local workers start as `start_method` decides: forked from a single-threaded script on Linux,
+so `sim.sweep` / `sim.capacity` are safe at a script's top level without an
+``if __name__ == "__main__":`` guard; spawned from Jupyter or a multi-threaded process.
+
 Resuming: each finished row is appended to ``points.jsonl`` in the output folder as it arrives;
 a later sweep over the same folder reuses every error-free row whose key (the scenario hash,
 see `sim.planning.grid.scenario_key`) is still in the grid and runs only the rest.
@@ -13,7 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -52,7 +59,8 @@ METRIC_COLUMNS = (
     "fatal_error",
     "stopped_early",
 )
-TAIL_COLUMNS = ("error", "wall_s")
+#: Which scenario and design a row ran (plots name them), then how it went.
+TAIL_COLUMNS = ("scenario", "design", "error", "wall_s")
 CACHE_FILE = "points.jsonl"
 
 
@@ -96,8 +104,11 @@ def run_point(
 
     start = time.perf_counter()
     row: dict[str, Any] = {"point": index, "key": key, **overrides}
+    row["scenario"] = scenario_data.get("name")
+    row["design"] = (scenario_data.get("scheduler") or {}).get("design")
     try:
         scenario = scenario_from_dict(scenario_data, f"sweep point {index}")
+        row["design"] = scenario.scheduler.design.value
         row.update(summary_row(run(scenario, base_dir=".")))
         row["error"] = None
     except Exception as error:  # noqa: BLE001 - a failing point must not sink the sweep
@@ -113,6 +124,28 @@ def run_point(
 
 def default_workers() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def start_method() -> str:
+    """How local worker processes start: "fork" or "spawn" (see `multiprocessing`).
+
+    A "spawn" worker re-imports the caller's main module. From a script that calls `sim.sweep`
+    at its top level without an ``if __name__ == "__main__":`` guard, that re-import runs the
+    script again inside every worker, which then tries to start a pool of its own while it is
+    still bootstrapping, and the pool breaks. A "fork" worker is a copy of the caller and
+    imports nothing, but forking a process that runs other threads (a Dask client, a Jupyter
+    kernel) can deadlock. Hence:
+
+    * a main module with no file (Jupyter, the REPL, ``python -c``): "spawn" (nothing is
+      re-imported, and a notebook kernel runs threads);
+    * a script on Linux with no thread but this one: "fork" (the script is not re-run, so the
+      guard is not needed);
+    * anything else: "spawn" (the script needs the guard, as `multiprocessing` documents).
+    """
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file and sys.platform == "linux" and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
 
 
 def map_tasks(
@@ -147,10 +180,7 @@ def map_tasks(
         for i, args in enumerate(args_list):
             done(i, fn(*args))
         return results
-    import multiprocessing
-
-    # spawn, not fork: forking a process that already runs threads (Dask, Jupyter) can deadlock.
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(start_method())
     with ProcessPoolExecutor(max_workers=min(workers, len(args_list)), mp_context=context) as pool:
         futures = {pool.submit(fn, *args): i for i, args in enumerate(args_list)}
         for future in as_completed(futures):

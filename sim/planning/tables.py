@@ -1,0 +1,143 @@
+"""Terminal tables for `kvsim sweep` and `kvsim capacity` that never cut a column name.
+
+A narrow terminal makes rich shrink columns, and by default it cuts what no longer fits with
+"…" (`rate_…`). Here every header is short and made of words, so it wraps at spaces instead
+("TTFT p99 (s)" over two lines); a swept setting is shown by its last dotted part with spaces
+("rate scale"), and a legend under the table gives each full key; a cell that still does not
+fit folds onto the next line rather than losing digits.
+
+Example: ``--set workload.rate_scale=1,2`` gives the header "rate scale" and the legend line
+"rate scale = workload.rate_scale".
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from rich import box
+from rich.table import Table
+
+#: Short headers of the metric columns (units in parentheses; words wrap).
+METRIC_HEADERS = {
+    "throughput_tok_per_s": "tok/s",
+    "throughput_req_per_s": "req/s",
+    "ttft_p99_ms": "TTFT p99 (ms)",
+    "tpot_p99_ms": "TPOT p99 (ms)",
+    "e2e_p99_ms": "E2E p99 (ms)",
+    "num_preemptions": "pre- empts",
+    "num_violations": "viola- tions",
+    "kv_util_max": "KV used max",
+}
+
+
+def with_ms(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """`x_s` columns also as `x_ms` (shorter numbers in a narrow table: 62.83, not 0.06283)."""
+    return frame.assign(**{c.removesuffix("_s") + "_ms": frame[c] * 1e3 for c in columns})
+
+
+def setting_header(key: str) -> str:
+    """'scheduler.max_num_seqs' -> 'max num seqs' (wraps at spaces; the legend has the key)."""
+    return key.rpartition(".")[2].replace("_", " ")
+
+
+def legend(settings: Sequence[str]) -> str:
+    """One line naming each abbreviated setting: 'rate scale = workload.rate_scale, ...'."""
+    named = [f"{setting_header(k)} = {k}" for k in settings if setting_header(k) != k]
+    return "settings: " + ", ".join(named) if named else ""
+
+
+def fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def results_table(
+    title: str,
+    frame: pd.DataFrame,
+    columns: Sequence[str],
+    headers: dict[str, str],
+    *,
+    left: Sequence[str] = (),
+) -> Table:
+    """A table of `frame[columns]` under `headers` (a column not in it: `setting_header`)."""
+    view = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0)
+    )
+    cells = [[fmt(row[c]) for c in columns] for _, row in frame.iterrows()]
+    for i, column in enumerate(columns):
+        header = headers.get(column, setting_header(column))
+        # As wide as its longest header word and value (up to 24), the header wrapped to that
+        # width at spaces: the table is as narrow as it can be without splitting a word or a
+        # number, so rich never has to cut one; a longer value (a status message) folds.
+        words = [len(word) for word in header.split()]
+        width = min(max(words + [len(row[i]) for row in cells]), 24)
+        view.add_column(
+            textwrap.fill(header, max(width, max(words))),
+            justify="left" if column in left else "right",
+            overflow="fold",
+        )
+    for row in cells:
+        view.add_row(*row)
+    return view
+
+
+def capacity_view(
+    table: pd.DataFrame, name: str, tolerance: float, target_rate: float | None
+) -> tuple[Table, list[str]]:
+    """The `kvsim capacity` table and the lines to print under it (legend, how to read it).
+
+    The interval is one column ("2.85-4.54"): a planner reads the spread next to the mean.
+    """
+    frame = table.assign(
+        config=[short_config(c) or name for c in table["config"]],
+        interval=[
+            f"{fmt(low)}-{fmt(high)}" if high > low else "-"
+            for low, high in zip(table["capacity_ci_low"], table["capacity_ci_high"], strict=True)
+        ],
+    )
+    columns = ["config", "capacity_rate_req_per_s", "interval", "num_replicates"]
+    headers = {
+        "config": "config",
+        "capacity_rate_req_per_s": "req/s per replica (mean)",
+        "interval": "95% interval",
+        "num_replicates": "runs",
+        "replicas_needed": "replicas (worst run)",
+        "replicas_needed_at_mean": "replicas (mean)",
+        "status": "status",
+    }
+    if target_rate is not None:
+        columns += ["replicas_needed", "replicas_needed_at_mean"]
+    columns.append("status")
+    title = f"kvsim capacity: {name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
+    view = results_table(title, frame, columns, headers, left=("config", "status"))
+    keys = sorted({k for c in table["config"] for k in _config_keys(c)})
+    notes = [legend(keys)] if legend(keys) else []
+    if target_rate is not None:
+        notes.append(
+            f"replicas: to serve {fmt(target_rate)} req/s, ceil(target / capacity) with the "
+            "worst run's capacity and with the mean (an even split across replicas)"
+        )
+    if (table["num_replicates"] < 2).any():
+        notes.append(
+            "one run per configuration gives no interval: repeat over --seeds (synthetic "
+            "workloads) or trace windows (sim.capacity(replicates=...)) to see the spread"
+        )
+    return view, notes
+
+
+def _config_keys(config: str | None) -> list[str]:
+    """'hardware.gpu=h100, scheduler.max_num_seqs=128' -> ['hardware.gpu', 'scheduler....']."""
+    return [part.partition("=")[0].strip() for part in (config or "").split(", ") if "=" in part]
+
+
+def short_config(config: str | None) -> str:
+    """'hardware.gpu=h100-sxm' -> 'gpu=h100-sxm' (the legend names the full key)."""
+    parts = [part.split("=", 1) for part in (config or "").split(", ") if "=" in part]
+    return ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in parts)
