@@ -24,12 +24,12 @@ import traceback
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from sim.errors import InputError, one_line
 
@@ -56,10 +56,10 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 class KvsimGroup(TyperGroup):
     """Maps what a command raises to the exit status (see the module docstring)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+        except (typer.Exit, typer.Abort, TyperException):  # typer's own: usage errors exit 2
             raise
         except InputError as error:
             raise fail(str(error)) from None
