@@ -72,6 +72,7 @@ class KvsimGroup(TyperGroup):
                 "[bold red]internal error:[/] this is a bug in kvsim, not in your input; "
                 "please report it with the traceback above",
                 highlight=False,
+                soft_wrap=True,
             )
             raise typer.Exit(EXIT_INTERNAL) from None
 
@@ -246,7 +247,7 @@ def run(
             said = f"nothing was written; {out_dir} is as it was before this run"
         else:  # the new run had already taken its place
             said = f"{out_dir} holds this run, complete"
-        err_console.print(f"interrupted: {said}", highlight=False)
+        err_console.print(f"interrupted: {escape(said)}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except BaseException:
         discard_staging(staging)
