@@ -181,7 +181,12 @@ def run(
         Path | None, typer.Argument(help="Scenario YAML; the built-in default if omitted.")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Output directory (default runs/<name>).")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder (default runs/<name>); a new run replaces an earlier one whole.",
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override KEY=VALUE (repeatable).")

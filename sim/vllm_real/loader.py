@@ -76,7 +76,7 @@ def resolve_root(vllm_root: str | Path | None = None, vllm_version: str | None =
     Raises VllmNotAvailableError saying what to run when nothing is found.
     """
     if vllm_root is None and vllm_version is None:
-        raise ValueError("give a vLLM install folder (vllm_root) or a version (vllm_version)")
+        raise InputError("give a vLLM install folder (vllm_root) or a version (vllm_version)")
     if vllm_root is not None:
         root = Path(vllm_root).expanduser().resolve()
         if not (root / "vllm").is_dir():
