@@ -239,3 +239,25 @@ def test_setup_vllm_has_no_machine_specific_default():
     script = (ROOT / "scripts" / "setup_vllm.sh").read_text()
     assert 'WHEEL_DIR="${VLLM_WHEEL_DIR:-}"' in script
     assert "/work/" not in script
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["capacity", "{s}", "--slo", "ttft_p99=1s", "--seeds", "0,x"], "'x' is not an integer"),
+        (["capacity", "{s}", "--slo", "ttft_p99=1s", "--tolerance", "2"], "--tolerance 2.0"),
+        (["capacity", "{s}", "--slo", "ttft_p99=1s", "--target-rate", "0"], "--target-rate"),
+        (["capacity", "{s}", "--slo", "ttft_p99"], "expected METRIC=DURATION"),
+        (["sweep", "{s}", "--set", "seed=0", "--set", "seed=1"], "given twice"),
+        (["run", "{s}", "--set", "cache"], "expected KEY=VALUE"),
+        (["fuzz", "--budget", "soon"], "--budget 'soon'"),
+        (["verify", "--design", "v9"], "--design 'v9'"),
+        (["plot", "{s}"], "no such directory"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(tmp_path, args, message):
+    scenario = str(tiny(tmp_path))
+    result = runner.invoke(app, [a.format(s=scenario) for a in args])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
