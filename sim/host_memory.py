@@ -7,8 +7,10 @@ estimated first and refused with one line when it exceeds half the memory availa
 other half is for the requests, the records and the result tables).
 
 Bytes per block: the peak Python heap of building a 200,000-block pool (tracemalloc),
-rounded up, largest over prefix caching on/off (command in tests/test_host_memory.py's
-docstring). Example: v0-v2, 400,000,000 GPU + 0 CPU blocks -> 400e6 x 240 B = 96 GB; with
+rounded up, largest over prefix caching on/off and GPU/CPU pools
+(`python benchmarks/block_object_bytes.py`: v0-v1 201, v0-v2 236, v0-fixed 236, v1-engine
+370 B; v0-v1 with prefix caching makes its blocks as they are first used, so its pool grows
+to the same size during a run). Example: v0-v2, 400,000,000 GPU + 0 CPU blocks -> 400e6 x 240 B = 96 GB; with
 22 GB available the limit is 11 GB, so the scenario is refused.
 
 Available memory: the smallest of MemAvailable (/proc/meminfo) and the cgroup limit minus
@@ -18,10 +20,12 @@ fixed 8 GiB is assumed (and the message says so).
 
 from __future__ import annotations
 
+import gc
 import os
+import tracemalloc
 from pathlib import Path
 
-from sim.kv.config import Design
+from sim.kv.config import Design, KVCacheConfig, make_manager
 
 #: Peak bytes of Python heap per block object while a pool is built (see the docstring).
 BYTES_PER_BLOCK = {
@@ -117,4 +121,26 @@ def check_pool_fits(design: Design, num_gpu_blocks: int, num_cpu_blocks: int) ->
     )
 
 
-__all__ = ["BYTES_PER_BLOCK", "available_memory", "check_pool_fits"]
+def peak_bytes_per_block(
+    design: Design, num_blocks: int, prefix_caching: bool, cpu: bool = False
+) -> float:
+    """Peak heap growth of building the pool, divided by its number of blocks."""
+    config = KVCacheConfig(
+        num_gpu_blocks=1 if cpu else num_blocks,
+        num_cpu_blocks=num_blocks if cpu else 0,
+        enable_prefix_caching=prefix_caching,
+    )
+    make_manager(design, KVCacheConfig(num_gpu_blocks=1))  # imports: not the pool's cost
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        manager = make_manager(design, config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del manager
+    return (peak - base) / num_blocks
+
+
+__all__ = ["BYTES_PER_BLOCK", "available_memory", "check_pool_fits", "peak_bytes_per_block"]

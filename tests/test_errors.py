@@ -261,3 +261,15 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, args, message):
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and message in line
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-v2", "v0-fixed", "v1-engine"])
+def test_bytes_per_block_bound_what_a_pool_takes(design):
+    """The refusal is only as good as its estimate: building a pool stays within it."""
+    from sim.host_memory import peak_bytes_per_block
+    from sim.kv.config import Design
+
+    for prefix_caching in (False, True):
+        for cpu in (False, True):
+            measured = peak_bytes_per_block(Design(design), 20_000, prefix_caching, cpu=cpu)
+            assert measured <= sim.host_memory.BYTES_PER_BLOCK[Design(design)]
