@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -56,7 +56,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 class KvsimGroup(TyperGroup):
     """Maps what a command raises to the exit status (see the module docstring)."""
 
-    def invoke(self, ctx: typer.Context):
+    def invoke(self, ctx: Any) -> Any:  # typer's (vendored click) Context
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, TyperException):  # typer's own: usage errors exit 2
