@@ -252,6 +252,7 @@ def test_setup_vllm_has_no_machine_specific_default():
         (["run", "{s}", "--set", "cache"], "expected KEY=VALUE"),
         (["fuzz", "--budget", "soon"], "--budget 'soon'"),
         (["verify", "--design", "v9"], "--design 'v9'"),
+        (["verify", "--vllm-root", "{s}.missing"], "no vllm package under"),
         (["plot", "{s}"], "no such directory"),
     ],
 )
