@@ -17,6 +17,7 @@ from calibrate.grid import Ceilings, build_grid
 from calibrate.sweep import TORCH_DTYPES, run_sweep
 from calibrate.timing import probe_ceilings, run_metadata
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model, gpu_names
+from sim.errors import InputError
 from sim.latency.fit import fit_decode, fit_gemm, fit_prefill
 from sim.latency.profile import PROFILE_KIND, SCHEMA_VERSION, StepTimeProfile, parse_profile
 
@@ -69,11 +70,11 @@ def run_calibration(
     start = time.perf_counter()
     model = get_model(model_name)
     if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
+        raise InputError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+        raise InputError("device 'cuda' requested but torch.cuda.is_available() is False")
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
     meta = run_metadata(device, dtype)
     gpu_spec = get_gpu(gpu) if gpu else (match_gpu(str(meta["device_name"])) if device == "cuda"
                                          else None)  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sim.catalog import ModelSpec, kv_heads_per_rank
+from sim.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ def build_grid(
 ) -> Grid:
     """The largest grid whose estimated time fits `budget_s` (see module docstring)."""
     if budget_s <= 0:
-        raise ValueError(f"budget_s must be positive, got {budget_s}")
+        raise InputError(f"--budget {budget_s}: must be positive (seconds)")
     max_ctx = min(model.max_position_embeddings, max_context_tokens)
     budget_tokens = min(max_num_batched_tokens, max_ctx)
     grid = Grid(

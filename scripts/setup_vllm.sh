@@ -12,14 +12,14 @@
 # import, and without them vLLM falls back to Python and only logs a warning.
 # torch itself is not installed here: the project venv already has it (CPU build).
 #
-# A local wheel is used when one is found in $VLLM_WHEEL_DIR/V/ or $VLLM_WHEEL_DIR/ (default
-# /work/vllm-src/wheels); otherwise pip downloads vllm==V from the package index.
+# A local wheel is used when VLLM_WHEEL_DIR is set and one is found in $VLLM_WHEEL_DIR/V/ or
+# $VLLM_WHEEL_DIR/; otherwise (the default) pip downloads vllm==V from the package index.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3)"
-WHEEL_DIR="${VLLM_WHEEL_DIR:-/work/vllm-src/wheels}"
+WHEEL_DIR="${VLLM_WHEEL_DIR:-}"
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(0.5.4 0.11.0)
 
@@ -38,9 +38,11 @@ DEPS_V1_ENGINE=(
 
 install_one() {
   local version="$1" target="$REPO/.vllm/$1" wheel=""
-  for cand in "$WHEEL_DIR/$version"/vllm-"$version"-*.whl "$WHEEL_DIR"/vllm-"$version"-*.whl; do
-    [ -f "$cand" ] && { wheel="$cand"; break; }
-  done
+  if [ -n "$WHEEL_DIR" ]; then
+    for cand in "$WHEEL_DIR/$version"/vllm-"$version"-*.whl "$WHEEL_DIR"/vllm-"$version"-*.whl; do
+      [ -f "$cand" ] && { wheel="$cand"; break; }
+    done
+  fi
   echo "== vLLM $version -> $target (${wheel:-download vllm==$version})"
   rm -rf "$target"
   "$PY" -m pip install --quiet --no-deps --target "$target" "${wheel:-vllm==$version}"

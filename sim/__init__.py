@@ -26,6 +26,8 @@ _LAZY = {
     "derive_num_gpu_blocks": ("sim.memory", "derive_num_gpu_blocks"),
     "get_model": ("sim.catalog", "get_model"),
     "get_gpu": ("sim.catalog", "get_gpu"),
+    #: The base class of every bad-input error (a scenario, trace, profile, option, path).
+    "InputError": ("sim.errors", "InputError"),
 }
 _LAZY_MODULES = ("plots", "memory", "catalog")
 

@@ -38,7 +38,8 @@ def calibrate(
     ] = None,
 ) -> None:
     """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`."""
-    from sim.cli import INPUT_ERRORS, console, fail
+    from sim.cli import console, fail
+    from sim.outdir import check_output_dir, check_output_file
 
     try:
         import torch
@@ -46,25 +47,26 @@ def calibrate(
         raise fail("kvsim calibrate needs torch: pip install -e '.[calibrate]'") from None
     from calibrate.cli import run_calibration
 
+    check_output_file(out)  # before the timing sweep, which takes minutes
+    if report_dir is not None:
+        check_output_dir(report_dir)
+
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
-    try:
-        profile = run_calibration(
-            model,
-            out,
-            budget,
-            device,
-            dtype,
-            tp=tp,
-            block_size=block_size,
-            gpu=gpu,
-            report_dir=report_dir or out.parent,
-            progress=True,
-        )
-    except INPUT_ERRORS as error:
-        raise fail(str(error).splitlines()[0]) from None
+    profile = run_calibration(
+        model,
+        out,
+        budget,
+        device,
+        dtype,
+        tp=tp,
+        block_size=block_size,
+        gpu=gpu,
+        report_dir=report_dir or out.parent,
+        progress=True,
+    )
     console.print(f"profile for {profile.model.name} on {device} ({dtype}) written to {out}")
     console.print(f"use it with: step_time: {{calibrated: {out}}}")
 

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.errors import InputError
+
 #: Bytes per element of the dtypes the simulator knows.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -229,6 +231,24 @@ def _models() -> dict[str, ModelSpec]:
         raise ValueError(f"sim/data/models.yaml is invalid: {exc}") from exc
 
 
+class CatalogError(InputError):
+    """An unknown catalog name, or a user-defined model / GPU geometry that is invalid."""
+
+
+def _user_defined(cls, fields: dict[str, Any], what: str):
+    try:
+        return cls.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            where, message = "", f"unknown key '{where}' (extra keys are not allowed)"
+        raise CatalogError(
+            f"user-defined {what}: {where + ': ' if where else ''}{message}"
+        ) from None
+
+
 def gpu_names() -> list[str]:
     return sorted(_gpus())
 
@@ -242,11 +262,13 @@ def get_gpu(name: str | GpuSpec | dict[str, Any]) -> GpuSpec:
     if isinstance(name, GpuSpec):
         return name
     if isinstance(name, dict):
-        return GpuSpec(**{"source": "user-defined", "name": "user-defined", **name})
+        return _user_defined(
+            GpuSpec, {"source": "user-defined", "name": "user-defined", **name}, "GPU"
+        )
     gpus = _gpus()
     key = name.lower()
     if key not in gpus:
-        raise ValueError(f"unknown GPU {name!r}; the catalog has {sorted(gpus)}")
+        raise CatalogError(f"unknown GPU {name!r}; the catalog has {sorted(gpus)}")
     return gpus[key]
 
 
@@ -255,9 +277,9 @@ def get_model(name: str | ModelSpec | dict[str, Any]) -> ModelSpec:
     if isinstance(name, ModelSpec):
         return name
     if isinstance(name, dict):
-        return ModelSpec(**name)
+        return _user_defined(ModelSpec, name, "model")
     models = _models()
     key = name.lower()
     if key not in models:
-        raise ValueError(f"unknown model {name!r}; the catalog has {sorted(models)}")
+        raise CatalogError(f"unknown model {name!r}; the catalog has {sorted(models)}")
     return models[key]

@@ -1,7 +1,17 @@
 """The `kvsim` command line (typer). Only this layer prints and writes files.
 
-Every user-facing failure (bad scenario, bad trace, missing file) is one line on stderr and
-exit status 2; a scenario whose expectations fail in `kvsim check` exits 1.
+Exit status, the same for every command:
+
+* 0: done (for `check`: every expectation held; `fuzz`: nothing found);
+* 1: a finding: a `check` expectation failed, `fuzz` found a violation, `shrink` found no
+  such violation, `verify` found a divergence, every `sweep` point failed;
+* 2: bad input: a scenario, `--set`, trace, profile, option value or output path that is
+  wrong; one line on stderr naming the file, line and field (`sim.errors.InputError`);
+* 3: an internal error, i.e. a bug in kvsim: its traceback on stderr;
+* 130: interrupted (Ctrl-C); `kvsim run` says what was (not) written.
+
+All of this is decided in one place, `KvsimGroup.invoke`: commands raise `InputError` for bad
+input and never catch `ValueError` or `Exception` to make it look like input.
 """
 
 from __future__ import annotations
@@ -10,16 +20,62 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
-from sim.scenario import ScenarioError
-from sim.workload.errors import WorkloadError
+from sim.errors import InputError, one_line
+
+EXIT_FINDING = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+#: Errors that are the user's input, reported as one line with exit status 2.
+INPUT_ERRORS = (InputError,)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print `error: MESSAGE` (one line, at most `sim.errors.MAX_ERROR_CHARS`) and exit `code`."""
+    err_console.print(
+        f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True
+    )
+    return typer.Exit(code)
+
+
+class KvsimGroup(TyperGroup):
+    """Maps what a command raises to the exit status (see the module docstring)."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's (vendored click) Context
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TyperException):  # typer's own: usage errors exit 2
+            raise
+        except InputError as error:
+            raise fail(str(error)) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception:  # noqa: BLE001 - anything else is a kvsim bug: show all of it
+            traceback.print_exc(file=sys.stderr)
+            err_console.print(
+                "[bold red]internal error:[/] this is a bug in kvsim, not in your input; "
+                "please report it with the traceback above",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_INTERNAL) from None
+
 
 app = typer.Typer(
     name="kvsim",
@@ -27,22 +83,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=KvsimGroup,
 )
-console = Console(stderr=False)
-err_console = Console(stderr=True)
-
-#: Errors that are the user's input, reported as one line with exit status 2.
-INPUT_ERRORS = (ScenarioError, WorkloadError, FileNotFoundError, ValueError)
 
 
 @app.callback()
 def _root() -> None:
     """kvsim: run scenarios, audit block managers, plan capacity."""
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 class LazyProgress:
@@ -172,7 +219,12 @@ def run(
         Path | None, typer.Argument(help="Scenario YAML; the built-in default if omitted.")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Output directory (default runs/<name>).")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder (default runs/<name>); a new run replaces an earlier one whole.",
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override KEY=VALUE (repeatable).")
@@ -195,23 +247,28 @@ def run(
     ] = None,
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
+    from sim.outdir import commit_staging, discard_staging, start_staging
     from sim.overrides import apply_overrides, parse_assignment
-    from sim.results import summary_json, write_result
+    from sim.results import summary_json, write_tables
     from sim.runner import builtin_scenario_path, self_contained
     from sim.runner import run as run_scenario
     from sim.scenario import load_scenario, scenario_to_yaml
 
     path = scenario or builtin_scenario_path()
     overrides = {}
+    for item in set_ or []:
+        key, values = parse_assignment(item)
+        overrides[key] = values[0] if len(values) == 1 else values
+    if stop:
+        overrides["engine.violation_policy"] = "stop"
+    scenario_obj = load_scenario(path)
+    if overrides:
+        scenario_obj = apply_overrides(scenario_obj, overrides)
+    out_dir = out or Path("runs") / scenario_obj.name
+    # The output folder is checked (and its temporary sibling made) before the simulation, so
+    # a bad -o costs nothing; the run's files appear at out_dir only once all are written.
+    staging = start_staging(out_dir)
     try:
-        for item in set_ or []:
-            key, values = parse_assignment(item)
-            overrides[key] = values[0] if len(values) == 1 else values
-        if stop:
-            overrides["engine.violation_policy"] = "stop"
-        scenario_obj = load_scenario(path)
-        if overrides:
-            scenario_obj = apply_overrides(scenario_obj, overrides)
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
             result = run_scenario(
@@ -219,17 +276,26 @@ def run(
             )
         finally:
             progress.close()
-    except INPUT_ERRORS as error:
-        raise fail(str(error).splitlines()[0]) from None
+        write_tables(result, staging)
+        # The scenario as run (overrides applied, paths absolute): `kvsim shrink OUT_DIR` reads it.
+        (staging / "scenario.yaml").write_text(
+            scenario_to_yaml(self_contained(scenario_obj, path.parent))
+        )
+        if plots:
+            _save_plots(result, staging)
+        commit_staging(staging, out_dir)
+    except KeyboardInterrupt:
+        if staging.exists():
+            discard_staging(staging)
+            said = f"nothing was written; {out_dir} is as it was before this run"
+        else:  # the new run had already taken its place
+            said = f"{out_dir} holds this run, complete"
+        err_console.print(f"interrupted: {escape(said)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BaseException:
+        discard_staging(staging)
+        raise
     name = result.inputs.get("scenario", "scenario")
-    out_dir = out or Path("runs") / name
-    write_result(result, out_dir)
-    # The scenario as run (overrides applied, paths absolute): `kvsim shrink OUT_DIR` reads it.
-    (out_dir / "scenario.yaml").write_text(
-        scenario_to_yaml(self_contained(scenario_obj, path.parent))
-    )
-    if plots:
-        _save_plots(result, out_dir)
     if json_out:
         typer.echo(summary_json(result))
     else:
@@ -304,13 +370,25 @@ def main() -> None:
     _STANDALONE = True
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # between commands' own handling, e.g. while importing
         err_console.print("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
     main()
 
 
-__all__ = ["app", "fail", "json", "main", "print_summary"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FINDING",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "INPUT_ERRORS",
+    "KvsimGroup",
+    "app",
+    "fail",
+    "json",
+    "main",
+    "print_summary",
+]

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, kv_heads_per_rank
+from sim.errors import InputError
 from sim.memory_terms import (
     MemorySource,
     VllmEngine,
@@ -213,7 +214,7 @@ def derive_num_gpu_blocks(
     available = int(total * gpu_memory_utilization) - weights - activation - non_torch
     num_blocks = math.floor(available / one_block) if available > 0 else 0
     if num_blocks <= 0:
-        raise ValueError(
+        raise InputError(
             f"no memory left for KV-cache blocks: {total} B x {gpu_memory_utilization} - weights "
             f"{weights} B - activation {activation} B - non-torch {non_torch} B = "
             f"{available} B < one block of {one_block} B (raise gpu_memory_utilization or tp)"

@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-from sim.scenario import Scenario, ScenarioError, scenario_from_dict
+from sim.scenario import Scenario, ScenarioError, load_yaml, scenario_from_dict
 
 
 def parse_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError:
         return text
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from sim.errors import PathError
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
 from sim.plots_planning import capacity_frontier, throughput_latency
 
@@ -226,7 +227,7 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
 
     d = Path(run_dir)
     if not d.is_dir():
-        raise FileNotFoundError(f"{d}: no such directory")
+        raise PathError(f"{d}: no such directory")
     paths: list[Path] = []
     if (d / "steps.parquet").exists() and (d / "requests.parquet").exists():
         meta = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
@@ -252,9 +253,7 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
             pd.read_parquet(d / "capacity.parquet"), pd.read_parquet(d / "probes.parquet"), d
         )
     if not paths:
-        raise FileNotFoundError(
-            f"{d}: no run (steps.parquet), sweep.parquet or capacity.parquet to plot"
-        )
+        raise PathError(f"{d}: no run (steps.parquet), sweep.parquet or capacity.parquet to plot")
     return paths
 
 

@@ -16,12 +16,9 @@ def register(app: typer.Typer) -> None:
         ],
     ) -> None:
         """Save PNG plots (KV timeline, queues, latency CDFs, sweep or capacity frontier)."""
-        from sim.cli import console, fail
+        from sim.cli import console
         from sim.plots import save_dir_plots
 
-        try:
-            paths = save_dir_plots(run_dir)
-        except (FileNotFoundError, ValueError, KeyError) as error:
-            raise fail(str(error).splitlines()[0]) from None
+        paths = save_dir_plots(run_dir)
         for path in paths:
             console.print(f"wrote {path}", highlight=False)

@@ -212,9 +212,20 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 def write_result(result: RunResult, out_dir: str | Path) -> Path:
-    """Write every table as Parquet and CSV plus summary.json; byte-identical for equal results."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write every table as Parquet and CSV plus summary.json; byte-identical for equal results.
+
+    Atomic (`sim.outdir.staged_folder`): `out_dir` ends up holding the earlier run or this
+    one, whole, never a mix; an interrupted write leaves it as it was.
+    """
+    from sim.outdir import staged_folder
+
+    with staged_folder(Path(out_dir)) as staging:
+        write_tables(result, staging)
+    return Path(out_dir)
+
+
+def write_tables(result: RunResult, out: Path) -> None:
+    """The six tables and summary.json into the existing folder `out` (not atomic)."""
     # Arrow encodes and compresses outside the GIL, so the six files are written by two
     # threads at once (each file by one thread: the bytes do not depend on the schedule).
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -233,4 +244,3 @@ def write_result(result: RunResult, out_dir: str | Path) -> Path:
         for job in jobs:
             job.result()
     (out / "summary.json").write_text(summary_json(result) + "\n", encoding="utf-8")
-    return out

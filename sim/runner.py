@@ -15,6 +15,8 @@ from pathlib import Path
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
+from sim.errors import InputError
+from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
 from sim.memory import (
@@ -51,7 +53,7 @@ def _model(scenario: Scenario) -> ModelSpec | None:
         return None
     try:
         return get_model(scenario.model)
-    except (ValueError, TypeError) as error:
+    except InputError as error:
         raise ScenarioError(f"model: {error}".splitlines()[0]) from None
 
 
@@ -91,7 +93,7 @@ def _kv_config(
                 kv_layout=kv_layout,
                 engine=engine,
             )
-        except ValueError as error:
+        except InputError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
         num_gpu_blocks = budget.num_gpu_blocks // budget.num_kv_groups
         inputs["memory"] = budget.as_dict()
@@ -167,6 +169,9 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     kv = _kv_config(scenario, model, token_budget, inputs)
     kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
+    too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks)
+    if too_big is not None:  # refuse now: building the pool would eat all memory
+        raise ScenarioError(f"cache.num_gpu_blocks: {too_big}")
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})
@@ -262,7 +267,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             else scenario.cache.kv_cache_dtype,
             engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
         )
-    except (ValueError, OSError) as error:
+    except InputError as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
+from sim.errors import InputError
 from sim.kv.config import Design
 from sim.latency import StepTimeConfig
 from sim.memory_terms import weight_format
@@ -31,7 +32,7 @@ from sim.scheduler.config import Policy, PreemptionMode
 from sim.workload.config import WorkloadConfig
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """A scenario that cannot be read or is invalid; the message is one line naming the file."""
 
 
@@ -157,6 +158,41 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
         raise ScenarioError(_format_validation_error(source, error)) from None
 
 
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error, not "last wins".
+
+    Example: ``cache: {num_gpu_blocks: 10, num_gpu_blocks: 20}`` fails with
+    "duplicate key 'num_gpu_blocks' (first on line 1)" at the second key's line. Merge keys
+    (``<<: *defaults``) may still be overridden: that is what they are for.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first_line
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first on line {first_line[key] + 1})",
+                        key_node.start_mark,
+                    )
+                first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load` that refuses duplicate keys (`StrictLoader`)."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; every problem is a one-line `ScenarioError`."""
     path = Path(path)
@@ -165,7 +201,7 @@ def load_scenario(path: str | Path) -> Scenario:
     if path.is_dir():
         raise ScenarioError(f"{path}: is a directory, not a scenario file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

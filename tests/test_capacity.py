@@ -11,8 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 import sim
+from sim.cli import app
+from sim.errors import InputError
 from sim.planning.capacity import (
     Slo,
+    as_slos,
     capacity_search,
     confidence_interval,
     parse_duration_s,
@@ -38,10 +41,22 @@ def dd1_threshold_rate(
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("2s", 2.0), ("100ms", 0.1), ("250us", 250e-6), ("1.5", 1.5)]
+    ("text", "seconds"), [("2s", 2.0), ("100ms", 0.1), ("250us", 250e-6), ("1.5s", 1.5)]
 )
 def test_parse_duration(text, seconds) -> None:
     assert parse_duration_s(text) == pytest.approx(seconds)
+
+
+def test_slo_without_unit_is_refused() -> None:
+    """Regression: `--slo tpot_p99=100` silently meant 100 s; a bare number needs a unit."""
+    with pytest.raises(InputError, match="needs a unit .* 100ms or 100s"):
+        parse_slo("tpot_p99=100")
+    with pytest.raises(InputError, match="no unit"):
+        as_slos({"ttft_p99": 2})
+    assert as_slos({"ttft_p99_s": 2}) == [Slo("ttft_p99", 2.0)]  # the key names the unit
+    result = CliRunner().invoke(app, ["capacity", "x.yaml", "--slo", "tpot_p99=100"])
+    assert result.exit_code == 2 and "needs a unit" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_parse_slo_and_errors() -> None:
@@ -131,8 +146,6 @@ def test_compare_mode_and_seed_spread() -> None:
 
 
 def test_cli_capacity(tmp_path) -> None:
-    from sim.cli import app
-
     (tmp_path / "s.yaml").write_text(json.dumps(dd1_scenario(100)))
     args = [
         "capacity",

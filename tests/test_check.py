@@ -138,9 +138,11 @@ def test_exit_2_on_invalid_scenario(tmp_path, passing, content, message):
     bad.write_text(content)
     result = runner.invoke(app, ["check", str(passing), str(bad)])
     assert result.exit_code == 2
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0] and "bad.yaml" in lines[0]
-    assert "passed" not in result.output  # nothing ran: all scenarios are validated first
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and message in errors[0] and "bad.yaml" in errors[0]
+    assert errors[0].startswith("error: ")
+    # The valid scenario still ran, so the reports are complete.
+    assert "1 passed, 0 failed, 1 bad input (not run)" in result.stdout
 
 
 def test_exit_2_on_missing_path_and_empty_folder(tmp_path):
@@ -161,7 +163,8 @@ def test_exit_2_on_unreadable_trace(tmp_path):
     )
     result = runner.invoke(app, ["check", str(path)])
     assert result.exit_code == 2
-    assert "missing.csv" in result.output and len(result.output.strip().splitlines()) == 1
+    assert "missing.csv" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
 
 
 def test_folder_is_searched_recursively(tmp_path):

@@ -12,7 +12,10 @@ v0-v2 shows {admission_undercount, leaked_blocks}; with `expect: {violations: no
 with "unexpected admission_undercount, leaked_blocks"; with the list above it passes.
 
 Bad input (a missing file, invalid YAML, an unknown key, a trace that cannot be read) is not a
-failed expectation: it raises `ScenarioError`/`WorkloadError`, which the CLI turns into exit 2.
+failed expectation: that file becomes an outcome with `Status.BAD_INPUT` (a JUnit `<error>`,
+one `error:` line on stderr) and the other scenarios still run, so the reports are complete.
+Exit status (`exit_code`): 2 when any input was bad (fix the input first: a finding among the
+rest is still in the reports), else 1 when any expectation failed, else 0.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
+from sim.errors import InputError, one_line
 from sim.results import RunResult
 from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_to_yaml
-from sim.workload.errors import WorkloadError
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -36,6 +39,8 @@ SCENARIO_SUFFIXES = (".yaml", ".yml")
 class Status(enum.Enum):
     PASSED = "passed"
     FAILED = "failed"
+    #: The scenario file (or a file it names) is invalid; nothing of it ran.
+    BAD_INPUT = "bad_input"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,10 @@ class CheckOutcome:
     @property
     def passed(self) -> bool:
         return self.status is Status.PASSED
+
+    @property
+    def bad_input(self) -> bool:
+        return self.status is Status.BAD_INPUT
 
     @property
     def reproduce_command(self) -> str:
@@ -270,7 +279,7 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
     start = time.perf_counter()
     try:
         result = run(scenario, base_dir=path.parent)
-    except (ScenarioError, WorkloadError, OSError):
+    except (InputError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a simulator crash fails this scenario only
         return _crashed(path, scenario, error, time.perf_counter() - start)
@@ -313,16 +322,51 @@ def _crashed(path: Path, scenario: Scenario, error: Exception, duration_s: float
     )
 
 
+def _bad_input(path: Path, error: InputError, scenario: Scenario | None = None) -> CheckOutcome:
+    return CheckOutcome(
+        path=path,
+        name=scenario.name if scenario is not None else path.stem,
+        seed=scenario.seed if scenario is not None else 0,
+        design=scenario.scheduler.design.value if scenario is not None else "-",
+        expected=expected_of(scenario) if scenario is not None else "-",
+        observed_kinds=[],
+        status=Status.BAD_INPUT,
+        reason=f"bad input: {one_line(str(error))}",
+        duration_s=0.0,
+    )
+
+
 def check_paths(
     paths: Iterable[str | Path],
     on_outcome: Callable[[CheckOutcome], None] | None = None,
 ) -> list[CheckOutcome]:
-    """Validate every scenario first (so bad input fails before anything runs), then run each."""
-    files = collect_scenario_paths(paths)
-    scenarios = [(path, load_scenario(path)) for path in files]
-    outcomes = []
-    for path, scenario in scenarios:
-        outcome = check_scenario(path, scenario)
+    """Every scenario's outcome, in path order; a bad file or path is a `BAD_INPUT` outcome.
+
+    Every file is read and validated before any runs, so bad input is reported at once.
+    """
+    outcomes: list[CheckOutcome] = []
+    entries: list[tuple[Path, Scenario | CheckOutcome]] = []
+    for raw in paths:
+        try:
+            files = collect_scenario_paths([raw])
+        except InputError as error:
+            entries.append((Path(raw), _bad_input(Path(raw), error)))
+            continue
+        for path in files:
+            if any(path.resolve() == seen.resolve() for seen, _ in entries):
+                continue
+            try:
+                entries.append((path, load_scenario(path)))
+            except InputError as error:
+                entries.append((path, _bad_input(path, error)))
+    for path, entry in entries:
+        if isinstance(entry, CheckOutcome):
+            outcome = entry
+        else:
+            try:
+                outcome = check_scenario(path, entry)
+            except InputError as error:  # e.g. the trace it names cannot be read
+                outcome = _bad_input(path, error, entry)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
@@ -330,7 +374,9 @@ def check_paths(
 
 
 def exit_code(outcomes: list[CheckOutcome]) -> int:
-    """0 when every expectation holds, 1 otherwise (bad input is 2, raised before this)."""
+    """2 when any input was bad, else 1 when any expectation failed, else 0."""
+    if any(o.bad_input for o in outcomes):
+        return 2
     return 0 if all(o.passed for o in outcomes) else 1
 
 
@@ -338,7 +384,8 @@ def outcomes_json(outcomes: list[CheckOutcome]) -> dict:
     return {
         "num_scenarios": len(outcomes),
         "num_passed": sum(o.passed for o in outcomes),
-        "num_failed": sum(not o.passed for o in outcomes),
+        "num_failed": sum(not o.passed and not o.bad_input for o in outcomes),
+        "num_bad_input": sum(o.bad_input for o in outcomes),
         "exit_code": exit_code(outcomes),
         "scenarios": [o.to_dict() for o in outcomes],
     }

@@ -1,11 +1,15 @@
 """The `kvsim check`, `kvsim fuzz` and `kvsim shrink` commands (registered by `sim.cli`).
 
-Exit status, for CI:
+Exit status, for CI (3 is an internal error for every command, see `sim.cli`):
 
 * check: 0 every expectation holds; 1 a scenario shows an unexpected violation or misses an
-  expected one; 2 bad input (unreadable file, invalid scenario), one line on stderr.
+  expected one; 2 bad input (unreadable file, invalid scenario), one `error:` line on stderr
+  per bad file. A bad file does not stop the others: every scenario that can run runs and the
+  JUnit / JSON reports are written, the bad file as an errored test case; 2 wins over 1.
 * fuzz: 0 nothing found; 1 at least one violation kind (or simulator exception) found; 2 bad input.
 * shrink: 0 written; 1 the input shows no such violation; 2 bad input.
+
+Output paths (`--junit`, `--json`, `--save`, `-o`) are checked before anything runs.
 """
 
 from __future__ import annotations
@@ -47,33 +51,44 @@ def check(
     """Run every scenario and compare its violations with its `expect:` (exit 0 / 1 / 2)."""
     from sim.ci.check import check_paths, exit_code, outcomes_json
     from sim.ci.junit import github_annotations, in_github_actions, junit_xml
+    from sim.outdir import check_output_file
 
     cli = _cli()
-    try:
-        outcomes = check_paths(paths)
-    except cli.INPUT_ERRORS as error:
-        raise cli.fail(str(error).splitlines()[0]) from None
+    for report in (junit, json_path):
+        if report is not None:
+            check_output_file(report)
+    outcomes = check_paths(paths)
     # Expected kinds appear in the failure details below; a passing row shows what it saw.
     table = Table(title="kvsim check", header_style="bold")
     for column in ("result", "scenario", "design", "violations seen", "s"):
         table.add_column(column, justify="right" if column == "s" else "left", overflow="fold")
     for o in outcomes:
         table.add_row(
-            "[green]pass[/]" if o.passed else "[bold red]FAIL[/]",
+            "[green]pass[/]"
+            if o.passed
+            else "[bold red]ERROR[/]"
+            if o.bad_input
+            else "[bold red]FAIL[/]",
             o.path.name,
             o.design,
             ", ".join(o.observed_kinds) or "none",
             f"{o.duration_s:.2f}",
         )
     cli.console.print(table)
-    failed = [o for o in outcomes if not o.passed]
+    failed = [o for o in outcomes if not o.passed and not o.bad_input]
+    bad = [o for o in outcomes if o.bad_input]
     for o in failed:
         cli.console.print(
             f"[bold red]FAIL[/] {escape(o.failure_text())}", highlight=False, soft_wrap=True
         )
+    passed = len(outcomes) - len(failed) - len(bad)
     cli.console.print(
-        f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", highlight=False
+        f"{passed} passed, {len(failed)} failed"
+        + (f", {len(bad)} bad input (not run)" if bad else ""),
+        highlight=False,
     )
+    for o in bad:
+        cli.fail(o.reason.removeprefix("bad input: "))  # one `error:` line each, on stderr
     if in_github_actions():
         for line in github_annotations(outcomes):
             typer.echo(line)
@@ -114,6 +129,7 @@ def fuzz(
     """Run random valid workloads and cache configurations; report each violation kind found."""
     from sim.ci import fuzz as fz
     from sim.kv.config import Design
+    from sim.outdir import check_output_dir, check_output_file
 
     cli = _cli()
     try:
@@ -121,29 +137,30 @@ def fuzz(
     except ValueError:
         choices = ", ".join(d.value for d in Design)
         raise cli.fail(f"--design {design!r}: expected one of {choices}") from None
-    try:
-        budget_s = fz.parse_budget(budget) if budget is not None else None
-        if budget_s is None and max_cases is None:
-            budget_s = fz.DEFAULT_BUDGET_S
-        if case is not None:
-            report = _single_case(fz, design_value, case, allow_swap=not no_swap)
-        else:
-            progress = cli.LazyProgress(f"fuzzing {design_value.value}", delay_s=0.5)
+    if save is not None:
+        check_output_dir(save)
+    if json_path is not None:
+        check_output_file(json_path)
+    budget_s = fz.parse_budget(budget) if budget is not None else None
+    if budget_s is None and max_cases is None:
+        budget_s = fz.DEFAULT_BUDGET_S
+    if case is not None:
+        report = _single_case(fz, design_value, case, allow_swap=not no_swap)
+    else:
+        progress = cli.LazyProgress(f"fuzzing {design_value.value}", delay_s=0.5)
 
-            def on_case(index: int, report) -> None:
-                if max_cases is not None:
-                    progress(index + 1, max_cases)
-                else:
-                    progress(int(min(report.elapsed_s, budget_s)), int(budget_s))
+        def on_case(index: int, report) -> None:
+            if max_cases is not None:
+                progress(index + 1, max_cases)
+            else:
+                progress(int(min(report.elapsed_s, budget_s)), int(budget_s))
 
-            try:
-                report = fz.fuzz(
-                    design_value, seed, budget_s, max_cases, on_case=on_case, allow_swap=not no_swap
-                )
-            finally:
-                progress.close()
-    except cli.INPUT_ERRORS as error:
-        raise cli.fail(str(error).splitlines()[0]) from None
+        try:
+            report = fz.fuzz(
+                design_value, seed, budget_s, max_cases, on_case=on_case, allow_swap=not no_swap
+            )
+        finally:
+            progress.close()
     if save is not None:
         try:
             fz.save_findings(report, save)
@@ -216,8 +233,9 @@ def shrink(
     ] = None,
 ) -> None:
     """Delta-debug a violating scenario down to a minimal inline reproducer of one violation kind."""
-    from sim.ci.shrink import NothingToShrink, ShrinkError, load_input
+    from sim.ci.shrink import NothingToShrink, load_input
     from sim.ci.shrink import shrink as shrink_scenario
+    from sim.outdir import check_output_file
 
     cli = _cli()
     known = [k.value for k in ViolationKind]
@@ -231,13 +249,12 @@ def shrink(
             highlight=False,
         )
 
+    check_output_file(out)
     try:
         scenario, base_dir, label = load_input(source)
         result = shrink_scenario(scenario, base_dir, kind, label, progress=progress)
     except NothingToShrink as error:
-        raise cli.fail(str(error), code=1) from None
-    except (ShrinkError, *cli.INPUT_ERRORS) as error:
-        raise cli.fail(str(error).splitlines()[0]) from None
+        raise cli.fail(str(error), code=cli.EXIT_FINDING) from None
     _write(out, result.to_yaml())
     cli.console.print(
         f"shrunk {label}: {result.kind} kept; {result.start_num_requests} -> "

@@ -33,6 +33,7 @@ import numpy as np
 
 from sim.audit import ViolationKind
 from sim.ci.check import explicit_yaml
+from sim.errors import InputError
 from sim.kv.config import Design
 from sim.scenario import Scenario, ScenarioError, scenario_from_dict
 from sim.workload.errors import WorkloadError
@@ -314,11 +315,11 @@ def fuzz(
     """
     design = Design(design)
     if budget_s is None and max_cases is None:
-        raise ValueError("fuzz needs a time budget or a maximum number of cases")
+        raise InputError("fuzz needs a time budget or a maximum number of cases")
     if max_cases is not None and max_cases < 1:
-        raise ValueError(f"max_cases must be >= 1, got {max_cases}")
+        raise InputError(f"max_cases must be >= 1, got {max_cases}")
     if budget_s is not None and budget_s <= 0:
-        raise ValueError(f"budget must be positive, got {budget_s} s")
+        raise InputError(f"budget must be positive, got {budget_s} s")
     report = FuzzReport(design.value, master_seed, allow_swap=allow_swap)
     start = time.perf_counter()
     index = 0
@@ -404,7 +405,7 @@ def parse_budget(text: str) -> float:
     try:
         value = float(number) * scale
     except ValueError:
-        raise ValueError(f"--budget {text!r}: expected a duration such as 60s, 2m or 90") from None
+        raise InputError(f"--budget {text!r}: expected a duration such as 60s, 2m or 90") from None
     if not value > 0:
-        raise ValueError(f"--budget {text!r}: must be positive")
+        raise InputError(f"--budget {text!r}: must be positive")
     return value

@@ -3,7 +3,8 @@
 JUnit: one `<testsuite name="kvsim check">`, one `<testcase>` per scenario
 (`classname` = "kvsim.<scenario folder>", `name` = scenario name, `file` = its path). A failed
 expectation is a `<failure>` whose `message` is one line and whose text holds the first
-violation of each kind and the command that reproduces it locally. The layout is the
+violation of each kind and the command that reproduces it locally; an invalid scenario file
+(type `BadInput`) or a simulator crash (`SimulatorError`) is an `<error>`. The layout is the
 Jenkins/Surefire one that GitLab, Jenkins, Azure Pipelines and the GitHub test-report actions
 display.
 
@@ -32,7 +33,7 @@ def _classname(outcome: CheckOutcome) -> str:
 
 def junit_xml(outcomes: list[CheckOutcome], suite_name: str = "kvsim check") -> str:
     """The JUnit XML document (a string with an XML declaration) for `outcomes`."""
-    num_errors = sum(o.crashed for o in outcomes)
+    num_errors = sum(o.crashed or o.bad_input for o in outcomes)
     num_failures = sum(not o.passed for o in outcomes) - num_errors
     total_s = sum(o.duration_s for o in outcomes)
     root = ET.Element("testsuites", name=suite_name, tests=str(len(outcomes)))
@@ -54,10 +55,14 @@ def junit_xml(outcomes: list[CheckOutcome], suite_name: str = "kvsim check") -> 
             time=f"{outcome.duration_s:.3f}",
         )
         if not outcome.passed:
-            # JUnit: <failure> is a failed assertion, <error> an unexpected crash.
-            tag, kind = (
-                ("error", "SimulatorError") if outcome.crashed else ("failure", "ExpectationFailed")
-            )
+            # JUnit: <failure> is a failed assertion, <error> a test that could not run as
+            # meant: the simulator crashed, or the scenario (or its trace) is invalid.
+            if outcome.bad_input:
+                tag, kind = "error", "BadInput"
+            elif outcome.crashed:
+                tag, kind = "error", "SimulatorError"
+            else:
+                tag, kind = "failure", "ExpectationFailed"
             failure = ET.SubElement(case, tag, message=outcome.one_line(), type=kind)
             failure.text = outcome.failure_text()
         out = ET.SubElement(case, "system-out")

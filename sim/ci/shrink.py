@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sim.audit import ViolationKind
 from sim.ci.check import explicit_yaml
+from sim.errors import InputError
 from sim.kv.types import Segment
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.workload.config import InlineRequest, WorkloadConfig
@@ -40,7 +41,7 @@ from sim.workload.request import PREFIX_KEY_BASE, UNIQUE_KEY_BASE, RequestSpec
 MAX_ROUNDS = 3
 
 
-class ShrinkError(ValueError):
+class ShrinkError(InputError):
     """Bad input to the shrinker (e.g. a run directory without its scenario); one line."""
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from sim.errors import InputError
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
 from sim.latency.linear import LinearStepTime
@@ -132,14 +133,14 @@ def make_step_time(
         try:
             config = StepTimeConfig.model_validate(config)
         except ValidationError as exc:
-            raise ValueError(f"invalid step_time config: {exc}") from exc
+            raise InputError(f"invalid step_time config: {exc}") from exc
     model, gpu = get_model(model), get_gpu(gpu)
     if config.linear is not None:
         return LinearStepTime(**config.linear.model_dump())
     if config.calibrated is not None:
         profile = load_profile(config.calibrated.profile)
         if profile.model.name != model.name or profile.tp != tp:
-            raise ValueError(
+            raise InputError(
                 f"profile {config.calibrated.profile} is for {profile.model.name} at tp="
                 f"{profile.tp}, the scenario runs {model.name} at tp={tp}"
             )

@@ -22,7 +22,7 @@ from bisect import bisect_right
 
 from sim.catalog import GpuSpec, dtype_bytes
 from sim.latency.batch import BatchShape
-from sim.latency.profile import LAYER_GEMMS, StepTimeProfile
+from sim.latency.profile import LAYER_GEMMS, ProfileError, StepTimeProfile
 from sim.latency.roofline import Efficiencies
 
 
@@ -78,7 +78,7 @@ class CalibratedStepTime:
         xs = [p.params["tokens"] for p in gemms[LAYER_GEMMS[0]].points]
         for name in LAYER_GEMMS[1:]:
             if [p.params["tokens"] for p in gemms[name].points] != xs:
-                raise ValueError(f"profile gemms.{name} was measured at other token counts")
+                raise ProfileError(f"profile gemms.{name} was measured at other token counts")
         layer_sum = [sum(gemms[n].points[i].median_s for n in LAYER_GEMMS) for i in range(len(xs))]
         self._linear = PiecewiseLinear(xs, layer_sum)
         lm = gemms["lm_head"].points

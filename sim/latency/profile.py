@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.catalog import ModelSpec
+from sim.errors import InputError
 
 SCHEMA_VERSION = 1
 PROFILE_KIND = "kvsim.step_time_profile"
@@ -162,18 +163,22 @@ def _format_errors(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+class ProfileError(InputError):
+    """A step-time profile file that cannot be read or is invalid (names the file and field)."""
+
+
 def parse_profile(data: dict[str, Any], *, origin: str = "<dict>") -> StepTimeProfile:
     """Validate a profile held in memory; errors name `origin` and the field."""
     if not isinstance(data, dict):
-        raise ValueError(f"profile {origin}: expected a JSON object, got {type(data).__name__}")
+        raise ProfileError(f"profile {origin}: expected a JSON object, got {type(data).__name__}")
     if data.get("kind") != PROFILE_KIND:
-        raise ValueError(
+        raise ProfileError(
             f"profile {origin}: field 'kind' must be {PROFILE_KIND!r}, got {data.get('kind')!r}"
         )
     try:
         return StepTimeProfile.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"profile {origin}: {_format_errors(exc)}") from exc
+        raise ProfileError(f"profile {origin}: {_format_errors(exc)}") from exc
 
 
 def load_profile(path: str | Path) -> StepTimeProfile:
@@ -182,11 +187,11 @@ def load_profile(path: str | Path) -> StepTimeProfile:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ValueError(f"profile {path}: cannot read ({exc.strerror})") from exc
+        raise ProfileError(f"profile {path}: cannot read ({exc.strerror})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(
+        raise ProfileError(
             f"profile {path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from exc
     return parse_profile(data, origin=str(path))

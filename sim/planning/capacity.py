@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.errors import InputError
 from sim.planning.executor import map_tasks, run_point
 from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
 from sim.scenario import ScenarioError
@@ -76,12 +77,24 @@ class Slo:
         return f"{self.metric}<={self.limit_s:g}s"
 
 
+class SloError(InputError):
+    """A bad `--slo`, seed list, tolerance or target rate (one line, exit 2 at the CLI)."""
+
+
 def parse_duration_s(text: str) -> float:
-    """'2s' -> 2.0, '100ms' -> 0.1, '250us' -> 0.00025, '1.5' -> 1.5 (seconds)."""
+    """'2s' -> 2.0, '100ms' -> 0.1, '250us' -> 0.00025 (seconds); the unit is required.
+
+    A bare number is refused: `tpot_p99=100` could mean 100 ms as easily as 100 s.
+    """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us)?\s*", text)
     if match is None:
-        raise ValueError(f"{text!r}: expected a duration like 2s, 100ms or 250us")
-    return float(match.group(1)) * _UNITS_S[match.group(2) or "s"]
+        raise SloError(f"{text!r}: expected a duration like 2s, 100ms or 250us")
+    if match.group(2) is None:
+        raise SloError(
+            f"{text!r}: a duration needs a unit (s, ms or us), e.g. {match.group(1)}ms "
+            f"or {match.group(1)}s"
+        )
+    return float(match.group(1)) * _UNITS_S[match.group(2)]
 
 
 def parse_slo(text: str) -> Slo:
@@ -89,31 +102,63 @@ def parse_slo(text: str) -> Slo:
     metric, sep, value = text.partition("=")
     metric = metric.strip().removesuffix("_s")
     if not sep:
-        raise ValueError(f"--slo {text!r}: expected METRIC=DURATION, e.g. ttft_p99=2s")
+        raise SloError(f"--slo {text!r}: expected METRIC=DURATION, e.g. ttft_p99=2s")
     if metric not in SLO_METRICS:
-        raise ValueError(
+        raise SloError(
             f"--slo {text!r}: unknown metric '{metric}' (one of {', '.join(SLO_METRICS)})"
         )
-    limit_s = parse_duration_s(value)
+    try:
+        limit_s = parse_duration_s(value)
+    except SloError as error:
+        raise SloError(f"--slo {error}") from None
     if limit_s <= 0:
-        raise ValueError(f"--slo {text!r}: the limit must be positive")
+        raise SloError(f"--slo {text!r}: the limit must be positive")
     return Slo(metric, limit_s)
 
 
 def as_slos(slos: Any) -> list[Slo]:
-    """Slo objects from ['ttft_p99=2s'], {'ttft_p99': '2s'} / {'ttft_p99': 2.0}, or Slo objects."""
+    """Slo objects from ['ttft_p99=2s'], {'ttft_p99': '2s'} / {'ttft_p99_s': 2.0}, or Slo objects.
+
+    A number (no unit) is accepted only under a key that names its unit (`ttft_p99_s`).
+    """
     if isinstance(slos, dict):
-        slos = [
-            f"{k}={v}" if isinstance(v, str) else Slo(k.removesuffix("_s"), float(v))
-            for k, v in slos.items()
-        ]
+        slos = [_slo_item(k, v) for k, v in slos.items()]
     result = [s if isinstance(s, Slo) else parse_slo(s) for s in slos]
     for slo in result:
         if slo.metric not in SLO_METRICS:
-            raise ValueError(f"unknown SLO metric '{slo.metric}' (one of {', '.join(SLO_METRICS)})")
+            raise SloError(f"unknown SLO metric '{slo.metric}' (one of {', '.join(SLO_METRICS)})")
     if not result:
-        raise ValueError("give at least one SLO, e.g. --slo ttft_p99=2s")
+        raise SloError("give at least one SLO, e.g. --slo ttft_p99=2s")
     return result
+
+
+def _slo_item(key: str, value: Any) -> str | Slo:
+    if isinstance(value, str):
+        return f"{key}={value}"
+    if not key.endswith("_s"):
+        raise SloError(
+            f"SLO {key}: {value!r} has no unit; give a string ('{value}ms' or '{value}s') "
+            f"or name the unit in the key ({key}_s)"
+        )
+    return Slo(key.removesuffix("_s"), float(value))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2] (the `--seeds` option)."""
+    seeds = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            seed = int(item)
+        except ValueError:
+            raise SloError(f"--seeds {text!r}: {item.strip()!r} is not an integer") from None
+        if seed < 0:
+            raise SloError(f"--seeds {text!r}: seeds must be >= 0, got {seed}")
+        seeds.append(seed)
+    if not seeds:
+        raise SloError(f"--seeds {text!r}: give at least one seed, e.g. --seeds 0,1,2")
+    return seeds
 
 
 def check_slos(row: dict[str, Any], slos: list[Slo]) -> str | None:
@@ -272,9 +317,9 @@ def capacity_search(
     from sim.planning import load_base
 
     if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance {tolerance}: must be in (0, 1) (relative)")
-    if target_rate is not None and target_rate <= 0:
-        raise ValueError(f"target rate {target_rate}: must be positive")
+        raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
+    if target_rate is not None and not target_rate > 0:
+        raise SloError(f"--target-rate {target_rate}: must be positive")
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
@@ -283,7 +328,7 @@ def capacity_search(
     validate_axes(base, compare)
     reps = replicates if replicates is not None else [{"seed": int(s)} for s in seeds]
     if not reps:
-        raise ValueError("give at least one seed or replicate")
+        raise SloError("give at least one seed or replicate")
     configs = expand_grid(compare)
     tasks = []
     for c, config in enumerate(configs):

@@ -56,19 +56,19 @@ def sweep(
     ] = True,
 ) -> None:
     """Run a grid of scenario variants; one summary row per point (Parquet + CSV)."""
-    from sim.cli import INPUT_ERRORS, console, err_console, fail
+
+    from sim.cli import console, err_console
+    from sim.outdir import check_output_dir
     from sim.planning import load_base
     from sim.planning.executor import run_points, write_table
     from sim.planning.grid import build_points, parse_sets
     from sim.planning.tables import METRIC_HEADERS, legend, results_table, with_ms
 
-    try:
-        base, base_dir = load_base(scenario)
-        axes = parse_sets(set_)
-        points = build_points(base, axes, base_dir)
-    except INPUT_ERRORS as error:
-        raise fail(str(error).splitlines()[0]) from None
+    base, base_dir = load_base(scenario)
+    axes = parse_sets(set_)
+    points = build_points(base, axes, base_dir)
     out_dir = out or Path("sweeps") / base.name
+    check_output_dir(out_dir)  # before any point runs
     progress, task = _progress("sweep", len(points))
     counts = {"failed": 0, "cached": 0}
 
@@ -78,18 +78,15 @@ def sweep(
         note = f"{counts['cached']} cached, {counts['failed']} failed"
         progress.update(task, advance=1, note=note)
 
-    try:
-        with progress:
-            table = run_points(
-                points,
-                out_dir=out_dir,
-                workers=workers,
-                cluster=cluster,
-                resume=not fresh,
-                on_row=on_row,
-            )
-    except (OSError, ValueError, TimeoutError) as error:
-        raise fail(f"sweep: {str(error).splitlines()[0]}") from None
+    with progress:
+        table = run_points(
+            points,
+            out_dir=out_dir,
+            workers=workers,
+            cluster=cluster,
+            resume=not fresh,
+            on_row=on_row,
+        )
     write_table(table, out_dir, "sweep")
     if plots:
         from sim.plots import save_sweep_plots
@@ -163,44 +160,41 @@ def capacity(
     ] = True,
 ) -> None:
     """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
-    from sim.cli import INPUT_ERRORS, console, fail
+
+    from sim.cli import console
+    from sim.outdir import check_output_dir
     from sim.overrides import parse_assignment
     from sim.planning import load_base
-    from sim.planning.capacity import as_slos, capacity_search, write_capacity
+    from sim.planning.capacity import as_slos, capacity_search, parse_seeds, write_capacity
     from sim.planning.grid import parse_sets
     from sim.planning.tables import capacity_view
 
-    try:
-        slos = as_slos(slo)
-        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        axes = parse_sets(compare)
-        overrides = {}
-        for item in set_ or []:
-            key, values = parse_assignment(item)
-            overrides[key] = values[0] if len(values) == 1 else values
-        base, base_dir = load_base(scenario)
-    except INPUT_ERRORS as error:
-        raise fail(str(error).splitlines()[0]) from None
+    slos = as_slos(slo)
+    seed_list = parse_seeds(seeds)
+    axes = parse_sets(compare)
+    overrides = {}
+    for item in set_ or []:
+        key, values = parse_assignment(item)
+        overrides[key] = values[0] if len(values) == 1 else values
+    base, base_dir = load_base(scenario)
+    out_dir = out or Path("capacity") / base.name
+    check_output_dir(out_dir)  # before any probe runs
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
     progress, task = _progress("capacity searches", num_tasks)
-    try:
-        with progress:
-            table, probes = capacity_search(
-                base,
-                slos,
-                target_rate=target_rate,
-                seeds=seed_list,
-                compare=axes,
-                overrides=overrides,
-                tolerance=tolerance,
-                workers=workers,
-                cluster=cluster,
-                base_dir=base_dir,
-                on_result=lambda i, res: progress.update(task, advance=1),
-            )
-    except INPUT_ERRORS as error:
-        raise fail(str(error).splitlines()[0]) from None
-    out_dir = out or Path("capacity") / base.name
+    with progress:
+        table, probes = capacity_search(
+            base,
+            slos,
+            target_rate=target_rate,
+            seeds=seed_list,
+            compare=axes,
+            overrides=overrides,
+            tolerance=tolerance,
+            workers=workers,
+            cluster=cluster,
+            base_dir=base_dir,
+            on_result=lambda i, res: progress.update(task, advance=1),
+        )
     write_capacity(table, probes, out_dir)
     if plots:
         from sim.plots import save_capacity_plots

@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.errors import InputError
 from sim.planning.grid import SweepPoint
 
 #: Summary metrics copied into a sweep row, in column order.
@@ -193,9 +194,12 @@ def _map_dask(fn, args_list, cluster, done) -> None:
         from distributed import Client
         from distributed import as_completed as dask_completed
     except ImportError as error:  # pragma: no cover - dask is an optional extra
-        raise ValueError("--cluster needs dask[distributed] (pip install 'kvsim[dask]')") from error
+        raise InputError("--cluster needs dask[distributed] (pip install 'kvsim[dask]')") from error
     own = isinstance(cluster, str)
-    client = Client(cluster, timeout="20s") if own else cluster
+    try:
+        client = Client(cluster, timeout="20s") if own else cluster
+    except (OSError, TimeoutError) as error:  # an address nothing answers at: the user's input
+        raise InputError(f"--cluster {cluster}: cannot connect ({error})") from None
     try:
         futures = [client.submit(fn, *args, pure=False) for args in args_list]
         index = {future.key: i for i, future in enumerate(futures)}

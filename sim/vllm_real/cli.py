@@ -27,21 +27,17 @@ def verify_command(
     ops_per_workload: int = typer.Option(200, help="operations per workload (configuration)"),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
-    from sim.vllm_real.loader import VllmNotAvailableError
     from sim.vllm_real.lockstep import verify
 
-    try:
-        result = verify(
-            vllm_root,
-            design,
-            num_ops=num_ops,
-            seed=seed,
-            vllm_version=vllm_version,
-            ops_per_workload=ops_per_workload,
-        )
-    except VllmNotAvailableError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    # A missing vLLM install (VllmNotAvailableError) is bad input: `sim.cli` prints it, exit 2.
+    result = verify(
+        vllm_root,
+        design,
+        num_ops=num_ops,
+        seed=seed,
+        vllm_version=vllm_version,
+        ops_per_workload=ops_per_workload,
+    )
     typer.echo(result.summary())
     if not result.identical:
         raise typer.Exit(1)

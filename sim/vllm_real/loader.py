@@ -29,6 +29,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.errors import InputError
+
 #: Where `scripts/setup_vllm.sh` installs, relative to the repository root.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INSTALL_DIR = REPO_ROOT / ".vllm"
@@ -36,8 +38,8 @@ DEFAULT_INSTALL_DIR = REPO_ROOT / ".vllm"
 DEPS_DIRNAME = "_deps"
 
 
-class VllmNotAvailableError(ImportError):
-    """The requested vLLM install is missing or cannot be imported."""
+class VllmNotAvailableError(ImportError, InputError):
+    """The requested vLLM install is missing or cannot be imported (bad input: exit 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ def resolve_root(vllm_root: str | Path | None = None, vllm_version: str | None =
     Raises VllmNotAvailableError saying what to run when nothing is found.
     """
     if vllm_root is None and vllm_version is None:
-        raise ValueError("give a vLLM install folder (vllm_root) or a version (vllm_version)")
+        raise InputError("give a vLLM install folder (vllm_root) or a version (vllm_version)")
     if vllm_root is not None:
         root = Path(vllm_root).expanduser().resolve()
         if not (root / "vllm").is_dir():

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.kv.types import AllocStatus, Segment, Sequence, SequenceGroup, SequenceStatus, TokenContent
 
@@ -532,7 +533,7 @@ def make_real(design: str, config: KVCacheConfig, install):
 
     kind = {"v0-v1": "v1", "v0-v2": "v2"}.get(design)
     if kind is None:
-        raise ValueError(f"design {design!r} has no vLLM counterpart (v0-fixed is kvsim's own fix)")
+        raise InputError(f"design {design!r} has no vLLM counterpart (v0-fixed is kvsim's own fix)")
     return RealV0Manager(config, kind, install=install)
 
 
@@ -564,7 +565,11 @@ def verify(
     """
     from sim.vllm_real.loader import load_vllm
 
-    design = Design(design).value
+    try:
+        design = Design(design).value
+    except ValueError:
+        choices = ", ".join(d.value for d in Design)
+        raise InputError(f"--design {design!r}: expected one of {choices}") from None
     if vllm_root is None and vllm_version is None:
         vllm_version = _DEFAULT_VERSION[design]
     install = load_vllm(vllm_root, vllm_version if vllm_root is None else None)

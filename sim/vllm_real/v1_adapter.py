@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.errors import InputError
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
 from sim.kv.types import Sequence, SequenceStatus
@@ -43,7 +44,7 @@ class RealKVCacheManager:
     ) -> None:
         self.install = install or load_vllm(vllm_root, vllm_version)
         if self.install.version_tuple < (0, 10):
-            raise ValueError(
+            raise InputError(
                 f"the V1-engine adapter needs vLLM >= 0.10, got {self.install.version}"
             )
         import torch

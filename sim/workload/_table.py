@@ -7,6 +7,7 @@ its 1-based file line by a `RowLocator`, so a 20k-row trace still loads in tens 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Sequence
@@ -76,13 +77,27 @@ def check_columns(
 _FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
-def read_csv_strings(path: Path) -> pd.DataFrame:
+#: How much of a CSV's first line is read to check its header before the whole file is parsed.
+_HEADER_PEEK_CHARS = 1 << 16
+
+
+def read_csv_strings(
+    path: Path, required: Sequence[str] = (), optional: Sequence[str] | None = None
+) -> pd.DataFrame:
     """A CSV as string columns, one DataFrame row per file line after the header.
 
     Blank lines are kept as empty rows (so row i is file line i + 2), except trailing ones,
-    which are dropped. CRLF line endings and a missing final newline are fine.
+    which are dropped. CRLF line endings and a missing final newline are fine. With
+    `required` (and `optional`) columns, the header is checked (`check_columns`) from the
+    first line alone before the file is parsed: a 10 MB file without a header fails at once.
     """
     require_file(path)
+    if required:
+        with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
+            first = fh.readline(_HEADER_PEEK_CHARS)
+        if first.strip():  # an empty file gets its own message from the parser below
+            header = next(csv.reader([first]), [])
+            check_columns(path, [h.strip() for h in header], required, optional or ())
     try:
         frame = pd.read_csv(
             path, dtype=str, keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.errors import InputError
 
-class WorkloadError(ValueError):
+
+class WorkloadError(InputError):
     """Bad workload input: a malformed trace, a missing file, an impossible setting.
 
     Example::

@@ -132,7 +132,7 @@ def load_canonical(path: Path, *, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        frame = read_csv_strings(path)
+        frame = read_csv_strings(path, _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
         check_columns(path, list(frame.columns), _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
         loc = RowLocator(str(path))
         columns: dict[str, Any] = {c: frame[c] for c in frame.columns}
@@ -256,8 +256,9 @@ def load_azure(path: Path) -> Workload:
     0.0 and 50.9951690 - 46.6805900 = 4.314579 s.
     """
     path = Path(path)
-    frame = read_csv_strings(path)
-    check_columns(path, list(frame.columns), ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), ())
+    required = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    frame = read_csv_strings(path, required, ())
+    check_columns(path, list(frame.columns), required, ())
     loc = RowLocator(str(path))
     if len(frame) == 0:
         raise WorkloadError(path, "no requests in file")
@@ -307,8 +308,8 @@ _LENGTH_OPTIONAL = ("num_total_tokens", "pd_ratio")
 def load_vidur(path: Path) -> Workload:
     """Vidur / Sarathi-Serve processed trace: ``arrived_at,num_prefill_tokens,num_decode_tokens``."""
     path = Path(path)
-    frame = read_csv_strings(path)
     required = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+    frame = read_csv_strings(path, required, _LENGTH_OPTIONAL)
     check_columns(path, list(frame.columns), required, _LENGTH_OPTIONAL)
     loc = RowLocator(str(path))
     if len(frame) == 0:
@@ -324,10 +325,9 @@ def load_vidur(path: Path) -> Workload:
 def load_lengths(path: Path) -> LengthSamples:
     """Length-distribution CSV (``num_prefill_tokens,num_decode_tokens[,num_total_tokens,pd_ratio]``)."""
     path = Path(path)
-    frame = read_csv_strings(path)
-    check_columns(
-        path, list(frame.columns), ("num_prefill_tokens", "num_decode_tokens"), _LENGTH_OPTIONAL
-    )
+    required = ("num_prefill_tokens", "num_decode_tokens")
+    frame = read_csv_strings(path, required, _LENGTH_OPTIONAL)
+    check_columns(path, list(frame.columns), required, _LENGTH_OPTIONAL)
     loc = RowLocator(str(path))
     if len(frame) == 0:
         raise WorkloadError(path, "no rows in file")

@@ -1,0 +1,169 @@
+"""Output folders: checked before the run, written whole or not at all, never interleaved."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import sim.results
+import sim.runner
+from sim.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app
+from sim.outdir import OutputPathError, commit_staging, staged_folder, start_staging
+from tests.test_errors import tiny
+
+runner = CliRunner()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the output path must be refused before the simulation runs")
+
+
+@pytest.fixture
+def old_run(tmp_path) -> Path:
+    """A complete earlier run at tmp_path/out (one request)."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# ---------------------------------------------------------------- bad output paths
+def existing_file(tmp: Path) -> Path:
+    (tmp / "file").write_text("x")
+    return tmp / "file"
+
+
+def under_a_file(tmp: Path) -> Path:
+    return existing_file(tmp) / "sub"
+
+
+def foreign_folder(tmp: Path) -> Path:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("my own notes")
+    return tmp / "mine"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (existing_file, "exists and is not a folder"),
+        (under_a_file, "is a file, not a folder"),
+        (foreign_folder, "holds no earlier run ('notes.txt', ...)"),
+    ],
+)
+def test_bad_output_folder_is_bad_input_before_the_run(tmp_path, monkeypatch, make, message):
+    out = make(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    monkeypatch.setattr(sim.runner, "run", _must_not_run)
+    result = runner.invoke(app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(out)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {out}: ") and message in line
+    assert all(p.read_bytes() == data for p, data in before.items())  # nothing touched
+
+
+def test_bad_output_folder_for_sweep_and_capacity(tmp_path):
+    (tmp_path / "file").write_text("x")
+    scenario = str(tiny(tmp_path))
+    for args in (
+        ["sweep", scenario, "--set", "seed=0,1", "-o", str(tmp_path / "file")],
+        ["capacity", scenario, "--slo", "ttft_p99=1s", "-o", str(tmp_path / "file")],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert "exists and is not a folder" in result.stderr
+
+
+def test_unwritable_parent_is_bad_input(tmp_path):
+    """Root may write anywhere, so the unwritable place is one no one can create a folder in."""
+    with pytest.raises(OutputPathError, match="cannot"):
+        start_staging(Path("/proc/kvsim-no-such-place/run"))
+
+
+# ---------------------------------------------------------------- whole or nothing
+def test_interrupted_write_leaves_the_old_run_intact(tmp_path, old_run, monkeypatch):
+    """Regression: Ctrl-C while writing left an old summary.json next to new tables."""
+    before = snapshot(old_run)
+    real_write_csv = sim.results._write_csv
+
+    def write_then_interrupt(frame, path):
+        real_write_csv(frame, path)  # a new table is half-way into the temporary folder
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.results, "_write_csv", write_then_interrupt)
+    path = tiny(tmp_path, "bigger", blocks=32)
+    result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(old_run)])
+    assert result.exit_code == EXIT_INTERRUPTED
+    assert f"interrupted: nothing was written; {old_run} is as it was" in result.stderr
+    assert snapshot(old_run) == before
+    assert leftovers(tmp_path) == []
+
+
+def test_interrupted_api_write_result_leaves_no_new_folder(tmp_path, monkeypatch):
+    result = sim.runner.run(tiny(tmp_path))
+
+    def interrupt(frame, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.results, "_write_csv", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sim.results.write_result(result, tmp_path / "new")
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+
+
+def test_second_run_replaces_the_first_whole(tmp_path, old_run):
+    (old_run / "stale.csv").write_text("from an older kvsim")  # e.g. a table no longer written
+    path = tiny(tmp_path, "second", blocks=32)
+    result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(old_run)])
+    assert result.exit_code == 0, result.output
+    assert not (old_run / "stale.csv").exists()
+    assert "second" in (old_run / "scenario.yaml").read_text()
+    assert leftovers(tmp_path) == []  # the replaced folder is removed
+
+
+def test_concurrent_commits_leave_exactly_one_whole_run(tmp_path):
+    """Eight writers into one folder: the result is one writer's files, all of them."""
+    target = tmp_path / "out"
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            with staged_folder(target) as tmp:
+                for name in ("summary.json", "requests.csv", "steps.csv"):
+                    (tmp / name).write_text(f"writer {k}")
+                barrier.wait()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    contents = {p.read_text() for p in target.iterdir()}
+    assert len(contents) == 1 and len(list(target.iterdir())) == 3
+    assert leftovers(tmp_path) == []
+
+
+def test_commit_into_a_missing_target(tmp_path):
+    staging = start_staging(tmp_path / "a" / "b")
+    (staging / "summary.json").write_text("{}")
+    commit_staging(staging, tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b" / "summary.json").read_text() == "{}"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
