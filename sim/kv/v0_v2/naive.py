@@ -307,7 +307,9 @@ def fork_blocks(refcounter, blocks: list[Block]) -> list[Block]:
     prev = None
     for block in blocks:
         assert block.block_id is not None
-        assert refcounter.incr(block.block_id) != 1, "can't fork a freed block"
+        # The increment outside the assert: `python -O` drops asserts, never the fork's count.
+        refcount = refcounter.incr(block.block_id)
+        assert refcount != 1, "can't fork a freed block"
         prev = Block(
             block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
         )
