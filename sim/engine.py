@@ -215,7 +215,9 @@ class Engine:
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler
         env = self.env
-        stop_at_violation = self.config.violation_policy is ViolationPolicy.STOP
+        policy = self.config.violation_policy
+        stop_at_any = policy is ViolationPolicy.STOP_ANY
+        stop_at_raise = policy is ViolationPolicy.STOP
         max_sim_time_s = self.config.max_sim_time_s
         predict_s = self.step_time.predict_s
         empty_streak = 0
@@ -236,9 +238,15 @@ class Engine:
                 self.records.fatal_error = plan.fatal_error
                 self._stop = f"fatal engine error: {plan.fatal_error}"
                 return
-            if stop_at_violation and replica.manager.violations:
+            if stop_at_any and replica.manager.violations:
                 first = replica.manager.violations[0]
                 self._stop = f"stopped at the first violation ({first.kind.value}): {first.message}"
+                return
+            if stop_at_raise and replica.manager.first_raised is not None:
+                first = replica.manager.first_raised
+                self._stop = (
+                    f"stopped where the real engine raises ({first.kind.value}): {first.message}"
+                )
                 return
             if plan.is_empty:
                 if ended or plan.num_preempted:

@@ -75,18 +75,15 @@ def test_4_vs_3_on_v1_engine_makes_b_wait_instead_of_crashing():
     assert requests.loc[0, "queueing_s"] == 0
 
 
-def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyone():
-    scenario = scenario_from_dict(
-        _inline(
-            "v0-v2",
-            [
-                {"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8},
-                {"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 8},
-                {"arrival_s": 5.0, "prompt_tokens": 16, "output_tokens": 8},
-            ],
-            engine={"violation_policy": "stop"},
-        )
-    )
+_THREE = [
+    {"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8},
+    {"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 8},
+    {"arrival_s": 5.0, "prompt_tokens": 16, "output_tokens": 8},
+]
+
+
+def test_stop_any_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyone():
+    scenario = scenario_from_dict(_inline("v0-v2", _THREE, engine={"violation_policy": "stop_any"}))
     result = run(scenario)
     assert result.summary["stopped_early"].startswith(
         "stopped at the first violation (admission_overtake)"
@@ -95,6 +92,65 @@ def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyo
     states = dict(zip(result.requests["request_id"], result.requests["state"], strict=True))
     assert states[2] == "aborted"
     assert "never arrived" in result.requests.set_index("request_id").loc[2, "reason"]
+
+
+def test_stop_policy_ends_the_run_where_the_real_engine_raises():
+    """A's admission_overtake is silent (its allocation fits); B's allocation runs dry, which
+    is where vLLM 0.5.4 raises NoFreeBlocksError (#7470): the run ends there."""
+    scenario = scenario_from_dict(_inline("v0-v2", _THREE, engine={"violation_policy": "stop"}))
+    result = run(scenario)
+    assert result.summary["stopped_early"].startswith(
+        "stopped where the real engine raises (admission_undercount): can_allocate counted 3"
+    )
+    assert list(result.violations["kind"]) == [
+        "admission_overtake",
+        "admission_undercount",
+        "leaked_blocks",
+    ]
+    assert result.violations["recovered_blocks"].tolist() == [0, 0, 0]  # lost, as upstream
+    states = result.requests.set_index("request_id")["state"].to_dict()
+    assert states == {0: "aborted", 1: "failed", 2: "aborted"}
+
+
+def test_stop_at_admission_overtake():
+    """Regression: `--stop` ended the run at any violation, including an admission_overtake
+    whose allocation succeeded and on which the real engine runs on. Now it runs to the end."""
+    alone = [{"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8}]
+    scenario = scenario_from_dict(_inline("v0-v2", alone, engine={"violation_policy": "stop"}))
+    result = run(scenario)
+    assert list(result.violations["kind"]) == ["admission_overtake"]
+    assert result.summary["stopped_early"] is None
+    assert result.requests["state"].tolist() == ["finished"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "stopped"),
+    [
+        ("--stop", "stopped where the real engine raises (admission_undercount)"),
+        ("--stop-at-first-violation", "stopped at the first violation (admission_overtake)"),
+    ],
+)
+def test_cli_stop_flags(flag, stopped, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    cli = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(SCENARIOS / "swa_4_vs_3_v0_v2.yaml"),
+            flag,
+            "--json",
+            "--no-plots",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.output)["summary"]["stopped_early"].startswith(stopped)
 
 
 def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():

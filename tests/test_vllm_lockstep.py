@@ -145,28 +145,151 @@ def test_lockstep_four_vs_three_config(design):
     _lockstep(design, V054, 600, 3, config=KVCacheConfig(10, 16, sliding_window=24))
 
 
-@pytest.mark.parametrize(
-    "overrides", [None, {"workload.first_n": 300}], ids=["4-vs-3", "azure-300"]
-)
-def test_kvsim_run_on_real_v0_v2_matches_the_model(overrides):
-    """`kvsim run --vllm-root`: vLLM 0.5.4's own BlockSpaceManagerV2 under kvsim's scheduler and
-    auditor gives the same violations and the same request and step tables as kvsim's model."""
-    for mark in V054:
+#: (design, scenario or None for the built-in default, overrides, vLLM version, real class)
+_RUNS = {
+    "v0-v2-4-vs-3": ("swa_4_vs_3_v0_v2.yaml", None, "0.5.4", "core.block_manager_v2"),
+    "v0-v2-azure-300": (None, {"workload.first_n": 300}, "0.5.4", "core.block_manager_v2"),
+    "v0-v1-4-vs-3": ("swa_4_vs_3_v0_v1.yaml", None, "0.5.4", "core.block_manager_v1"),
+    "v1-engine-4-vs-3": ("swa_4_vs_3_v1_engine.yaml", None, "0.11.0", "v1.core.kv_cache_manager"),
+}
+_REAL_CLASS = {
+    "core.block_manager_v2": "BlockSpaceManagerV2",
+    "core.block_manager_v1": "BlockSpaceManagerV1",
+    "v1.core.kv_cache_manager": "KVCacheManager",
+}
+
+
+def _run_on_real(monkeypatch, name: str, overrides: dict | None, version: str, module: str):
+    """`sim.run(vllm_root=...)`, counting the calls that reach vLLM's own manager class and
+    failing if kvsim's model of the design is built at all."""
+    from collections import Counter
+
+    from sim.runner import builtin_scenario_path, run
+    from sim.vllm_real.loader import import_vllm, load_vllm
+
+    root = _root(version)
+    install = load_vllm(root)
+    real_cls = getattr(import_vllm(module, install), _REAL_CLASS[module])
+    assert Path(real_cls.__init__.__code__.co_filename).is_relative_to(root / "vllm")
+    calls: Counter[str] = Counter()
+    for method in ("allocate", "allocate_slots", "free"):
+        original = getattr(real_cls, method, None)
+        if original is None:
+            continue
+
+        def counted(self, *args, _method=method, _original=original, **kwargs):
+            calls[_method] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(real_cls, method, counted)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("kvsim's model was built instead of vLLM's manager")
+
+    monkeypatch.setattr("sim.engine.make_manager", no_model)
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
+    real = run(scenario or builtin_scenario_path(), overrides=overrides, vllm_root=root)
+    monkeypatch.undo()
+    return real, calls, root
+
+
+@pytest.mark.parametrize("case", sorted(_RUNS))
+def test_kvsim_run_on_real_manager_matches_the_model(case, monkeypatch):
+    """`kvsim run --vllm-root`: vLLM's own block manager (its class's methods are the ones
+    called; kvsim's model is never built) under kvsim's scheduler and auditor gives the same
+    violations and byte-identical request, step and violation tables as kvsim's model."""
+    name, overrides, version, module = _RUNS[case]
+    for mark in _needs(version):
         if mark.name == "skip":
             pytest.skip(mark.kwargs["reason"])
     import pandas as pd
 
     from sim.runner import builtin_scenario_path, run
 
-    root = Path(__file__).resolve().parents[1]
-    scenario = (
-        root / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
-        if overrides is None
-        else builtin_scenario_path()
-    )
-    model = run(scenario, overrides=overrides)
-    real = run(scenario, overrides=overrides, vllm_root=_root("0.5.4"))
+    real, calls, root = _run_on_real(monkeypatch, name, overrides, version, module)
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
+    model = run(scenario or builtin_scenario_path(), overrides=overrides)
+    assert model.inputs["block_manager"] == {
+        "kind": "model",
+        "vllm_version": None,
+        "vllm_root": None,
+    }
+    assert real.inputs["block_manager"] == {
+        "kind": "real",
+        "vllm_version": version,
+        "vllm_root": str(root),
+    }
+    allocations = calls["allocate"] + calls["allocate_slots"]
+    assert allocations >= (real.requests["state"] != "ignored").sum() > 0
+    assert calls["free"] > 0
     assert list(real.violations["kind"]) == list(model.violations["kind"])
-    assert "admission_undercount" in set(real.violations["kind"]) or overrides is not None
+    if case.startswith("v0-v2-4"):
+        assert "admission_undercount" in set(real.violations["kind"])
     pd.testing.assert_frame_equal(real.requests, model.requests)
     pd.testing.assert_frame_equal(real.steps, model.steps)
+    pd.testing.assert_frame_equal(real.violations, model.violations)
+
+
+@pytest.mark.slow
+def test_kvsim_run_default_scenario_on_real_v0_v2_matches_the_model(monkeypatch):
+    """The README's claim as written: on the default scenario (1,500 Azure requests, ~3 min),
+    `kvsim run --vllm-root .vllm/0.5.4` reports the same violations and byte-identical tables."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    import pandas as pd
+
+    from sim.runner import run
+
+    real, calls, _ = _run_on_real(monkeypatch, None, None, "0.5.4", "core.block_manager_v2")
+    model = run()
+    assert calls["allocate"] > 0
+    assert list(real.violations["kind"]) == list(model.violations["kind"])
+    pd.testing.assert_frame_equal(real.requests, model.requests)
+    pd.testing.assert_frame_equal(real.steps, model.steps)
+    pd.testing.assert_frame_equal(real.violations, model.violations)
+
+
+def test_vllm_root_that_is_not_an_install_is_bad_input(tmp_path):
+    """Regression: `--vllm-root` was ignored, so any path (even a missing one) ran kvsim's model
+    and exited 0. Now a folder without vLLM is bad input: one line, exit status 2."""
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
+    for root in (tmp_path / "missing", tmp_path):
+        with pytest.raises(ScenarioError, match="vllm_root: no vllm package"):
+            run(scenario, vllm_root=root)
+    result = CliRunner().invoke(
+        app,
+        ["run", str(scenario), "--vllm-root", str(tmp_path / "missing"), "-o", str(tmp_path / "o")],
+    )
+    assert result.exit_code == 2
+    assert "no vllm package" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_vllm_root_with_v0_fixed_is_bad_input(tmp_path):
+    """v0-fixed is kvsim's own design: there is no vLLM code to run for it."""
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_fixed.yaml"
+    with pytest.raises(ScenarioError, match="scheduler.design: v0-fixed"):
+        run(scenario, vllm_root=tmp_path)
+
+
+def test_vllm_root_of_a_version_without_the_design_is_bad_input():
+    """The V1-engine manager does not exist in vLLM 0.5.4: bad input, not a traceback."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v1_engine.yaml"
+    with pytest.raises(ScenarioError, match="vllm_root: .*0.10"):
+        run(scenario, vllm_root=_root("0.5.4"))
