@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.overrides import apply_overrides
 from sim.results import write_result
@@ -313,3 +315,77 @@ def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypat
         pd.testing.assert_frame_equal(
             getattr(skipping, name), getattr(asking, name), check_exact=True
         )
+
+
+def _thrashing(design: str, num_gpu_blocks: int, policy: str, chunked: bool, requests) -> dict:
+    """A pool of a few 4-token blocks and prompts up to the whole pool: requests preempt each
+    other (the priority policy also preempts for a better waiting head)."""
+    max_model_len = 4 * (num_gpu_blocks - 1)
+    items = []
+    arrival_ms = 0
+    for gap_ms, frac, output, priority in requests:
+        arrival_ms += gap_ms
+        prompt = max(1, round(frac * (max_model_len - 1)))
+        items.append(
+            {
+                "arrival_s": arrival_ms / 1000,
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+                "priority": priority,
+            }
+        )
+    return _inline(
+        design,
+        items,
+        cache={"block_size": 4, "num_gpu_blocks": num_gpu_blocks, "sliding_window": None},
+        scheduler={
+            "max_model_len": max_model_len,
+            "policy": policy,
+            "enable_chunked_prefill": chunked,
+            "preemption_mode": "recompute",
+        },
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    design=st.sampled_from(["v1-engine", "v0-v2", "v0-v1", "v0-fixed"]),
+    num_gpu_blocks=st.integers(4, 16),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    chunked=st.booleans(),
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 5]),
+            st.floats(0.3, 1.0),
+            st.integers(1, 24),
+            st.integers(0, 3),
+        ),
+        min_size=2,
+        max_size=10,
+    ),
+)
+def test_steps_table_counts_every_preemption(design, num_gpu_blocks, policy, chunked, requests):
+    """Every scheduler call that preempts is in the steps table: its `num_preempted` sums to
+    the requests table's `num_preemptions`, on workloads that thrash."""
+    scenario = _thrashing(design, num_gpu_blocks, policy, chunked, requests)
+    result = run(scenario_from_dict(scenario))
+    steps, table = result.steps, result.requests
+    assert steps["num_preempted"].sum() == table["num_preemptions"].sum()
+    assert result.summary["num_preemptions"] == table["num_preemptions"].sum()
+    quiet = steps[steps["num_tokens"] == 0]
+    assert (quiet["duration_s"] == 0).all()
+
+
+def test_empty_schedule_preemptions_missing_from_steps():
+    """Regression: a `schedule()` that preempted but ran nothing wrote no steps row, so its
+    preemption was in the requests table only. Here (v0, priority policy, 3 usable blocks of
+    4 tokens) request 1 (priority 0) arrives while request 0 (priority 1, 11 tokens) runs:
+    the call that preempts request 0 for it runs nothing; it is now step 1, a row with zero
+    duration and no tokens (found by test_steps_table_counts_every_preemption)."""
+    scenario = _thrashing("v0-v2", 4, "priority", False, [(0, 1.0, 2, 1), (1, 1.0, 1, 0)])
+    result = run(scenario_from_dict(scenario))
+    steps = result.steps
+    assert result.requests["num_preemptions"].tolist() == [1, 0]
+    assert steps["num_preempted"].tolist() == [0, 1, 0, 0]
+    assert steps.loc[1, ["duration_s", "num_tokens", "num_waiting"]].tolist() == [0.0, 0, 2]
+    assert steps.loc[1, "start_s"] == steps.loc[2, "start_s"]
