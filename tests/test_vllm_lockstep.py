@@ -293,3 +293,115 @@ def test_vllm_root_of_a_version_without_the_design_is_bad_input():
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v1_engine.yaml"
     with pytest.raises(ScenarioError, match="vllm_root: .*0.10"):
         run(scenario, vllm_root=_root("0.5.4"))
+
+
+def _raise_in(path: Path, statement: str) -> Exception:
+    """The exception `statement` raises when run as code of file `path`."""
+    try:
+        exec(compile(statement, str(path), "exec"), {})
+    except Exception as exc:  # noqa: BLE001 - returned for inspection
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_translate_error_keeps_vllm_failures_and_lets_adapter_bugs_through(tmp_path):
+    """Only what vLLM's own code raised becomes a kvsim ManagerError (a finding); the same
+    exception raised elsewhere (the adapter: a kvsim bug) is not translated."""
+    from sim.kv.types import (
+        DoubleFreeError,
+        EmptyAppendIndexError,
+        NoFreeBlocksError,
+        NullBlockWriteError,
+    )
+    from sim.vllm_real.errors import RaisedByVllm, translate_error
+
+    root = tmp_path / "vllm"
+    core = root / "core" / "block"
+    cases = [
+        (
+            core / "block_table.py",
+            "def append_token_ids():\n    raise IndexError('list index out of range')\n"
+            "append_token_ids()",
+            EmptyAppendIndexError,
+        ),
+        (core / "block_table.py", "raise IndexError('list index out of range')", RaisedByVllm),
+        (
+            core / "naive_block.py",
+            "raise ValueError('No usable cache memory left')",
+            NoFreeBlocksError,
+        ),
+        (core / "x.py", "raise ValueError('Double free! block 3')", DoubleFreeError),
+        (
+            core / "x.py",
+            "raise ValueError('null block should not be modified')",
+            NullBlockWriteError,
+        ),
+        (
+            root / "v1" / "block_pool.py",
+            "raise ValueError('Cannot get 4 free blocks from the pool')",
+            NoFreeBlocksError,
+        ),
+        (core / "x.py", "raise KeyError(7)", RaisedByVllm),
+    ]
+    for path, statement, expected in cases:
+        mapped = translate_error(_raise_in(path, statement), root)
+        assert type(mapped) is expected, (statement, mapped)
+    assert (
+        translate_error(_raise_in(core / "x.py", "raise KeyError(7)"), root).upstream_type
+        == "KeyError"
+    )
+    outside = tmp_path / "sim" / "vllm_real" / "v0_adapter.py"
+    assert translate_error(_raise_in(outside, "raise KeyError(7)"), root) is None
+    assert translate_error(_raise_in(outside, "raise ValueError('Double free!')"), root) is None
+
+
+def test_real_0_5_4_empty_append_is_the_named_index_error():
+    """vLLM 0.5.4's own IndexError (#7371) arrives as EmptyAppendIndexError, which the model
+    raises on purpose at the same call, and the auditor records it as a manager_error."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.audit import AuditError, ViolationKind, audited
+    from sim.kv.types import EmptyAppendIndexError
+    from sim.vllm_real.v0_adapter import make_real_v0
+
+    mgr = make_real_v0(KVCacheConfig(10, 16), "v2")
+    group = _group(1, 64)
+    mgr.allocate(group)
+    group.seqs[0].status = SequenceStatus.RUNNING
+    group.seqs[0].num_computed_tokens = 32  # a continuing chunk of a block-aligned prompt
+    with pytest.raises(EmptyAppendIndexError) as raised:
+        mgr.append_slots(group.seqs[0])
+    assert type(raised.value.__cause__) is IndexError
+
+    manager = audited(make_real_v0(KVCacheConfig(10, 16), "v2"))
+    group = _group(2, 64)
+    manager.can_allocate(group)
+    manager.allocate(group)
+    group.seqs[0].status = SequenceStatus.RUNNING
+    group.seqs[0].num_computed_tokens = 32
+    with pytest.raises(AuditError):
+        manager.append_slots(group.seqs[0])
+    assert [v.kind for v in manager.violations] == [ViolationKind.MANAGER_ERROR]
+
+
+def test_real_adapter_bug_propagates_and_is_no_violation(monkeypatch):
+    """A KeyError raised by the adapter (kvsim's code), not by vLLM's, is a kvsim bug: it
+    propagates through the auditor instead of becoming a manager_error violation."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.audit import audited
+    from sim.vllm_real.v0_adapter import make_real_v0
+
+    manager = audited(make_real_v0(KVCacheConfig(10, 16), "v2"))
+    group = _group(1, 16)
+    manager.can_allocate(group)
+
+    def broken(group):  # raised in this file, not in vLLM's: the adapter's `_call` sees it
+        raise KeyError("adapter bug")
+
+    monkeypatch.setattr(manager.inner.real, "allocate", broken)
+    with pytest.raises(KeyError, match="adapter bug"):
+        manager.allocate(group)
+    assert manager.violations == []

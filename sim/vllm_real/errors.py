@@ -12,7 +12,8 @@ Mapping (vLLM 0.5.4 / 0.11.0 messages), first match wins:
   N free blocks from the pool" (V1 engine) -> `NoFreeBlocksError`;
 * "Double free! ..." -> `DoubleFreeError`;
 * "null block should not be modified" -> `NullBlockWriteError`;
-* an IndexError in v0-V2's ``block_table.py`` (0.5.4's #7371) -> `EmptyAppendIndexError`;
+* an IndexError out of v0-V2's ``BlockTable.append_token_ids`` (0.5.4's #7371) ->
+  `EmptyAppendIndexError`;
 * anything else vLLM raised -> `RaisedByVllm`, which keeps the original class name.
 
 Example: vLLM 0.5.4's ``ValueError("Double free! ...")`` from ``block_manager_v1.py`` ->
@@ -44,15 +45,15 @@ class RaisedByVllm(ManagerError):
         self.upstream_type = upstream_type
 
 
-def raised_in(exc: BaseException, root: Path) -> Path | None:
-    """The file of the frame that raised `exc` when it lies under `root`, else None."""
+def _frames(exc: BaseException) -> list[tuple[Path, str]]:
+    """(file, function) of each frame `exc` passed through, outermost first."""
+    frames = []
     tb = exc.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((Path(code.co_filename), code.co_name))
         tb = tb.tb_next
-    path = Path(tb.tb_frame.f_code.co_filename)
-    return path if path.is_relative_to(root) else None
+    return frames
 
 
 def translate_error(exc: Exception, root: Path) -> ManagerError | None:
@@ -60,9 +61,9 @@ def translate_error(exc: Exception, root: Path) -> ManagerError | None:
     exception did not come from vLLM's code (the caller re-raises it: a kvsim bug)."""
     if isinstance(exc, ManagerError):
         return exc
-    where = raised_in(exc, root)
-    if where is None:
-        return None
+    frames = _frames(exc)
+    if not frames or not frames[-1][0].is_relative_to(root):
+        return None  # the innermost frame (where it was raised) is not vLLM's code
     text = str(exc)
     if type(exc).__name__ == "NoFreeBlocksError" or text.startswith(_NO_FREE_MESSAGES):
         return NoFreeBlocksError(text or "NoFreeBlocksError()")
@@ -70,6 +71,8 @@ def translate_error(exc: Exception, root: Path) -> ManagerError | None:
         return DoubleFreeError(text)
     if text.startswith("null block should not be modified"):
         return NullBlockWriteError(text)
-    if isinstance(exc, IndexError) and where.name == "block_table.py":
+    if isinstance(exc, IndexError) and any(
+        path.name == "block_table.py" and name == "append_token_ids" for path, name in frames
+    ):
         return EmptyAppendIndexError(text)
     return RaisedByVllm(type(exc).__name__, text)
