@@ -230,7 +230,20 @@ def run(
         list[str] | None, typer.Option("--set", help="Override KEY=VALUE (repeatable).")
     ] = None,
     stop: Annotated[
-        bool, typer.Option("--stop", help="End the run at the first violation, as the real engine.")
+        bool,
+        typer.Option(
+            "--stop",
+            help="End the run where the real engine would raise (an allocation that ran dry, "
+            "a double free, ...); silent violations such as admission_overtake are recorded "
+            "and the run goes on, as in the real engine.",
+        ),
+    ] = False,
+    stop_any: Annotated[
+        bool,
+        typer.Option(
+            "--stop-at-first-violation",
+            help="End the run at the first violation of any kind (overrides --stop).",
+        ),
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the summary as JSON (for machines).")
@@ -259,8 +272,8 @@ def run(
     for item in set_ or []:
         key, values = parse_assignment(item)
         overrides[key] = values[0] if len(values) == 1 else values
-    if stop:
-        overrides["engine.violation_policy"] = "stop"
+    if stop or stop_any:
+        overrides["engine.violation_policy"] = "stop_any" if stop_any else "stop"
     scenario_obj = load_scenario(path)
     if overrides:
         scenario_obj = apply_overrides(scenario_obj, overrides)

@@ -50,6 +50,10 @@ class EngineConfig:
     manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
 
 
+#: One row per scheduler call that ran a batch or changed the queues. A call that ran nothing
+#: but preempted, ignored or failed requests (vLLM's engine step with an empty batch), and the
+#: call in which the run ended (a fatal engine error, a stop policy), are rows with
+#: `duration_s` 0 and no tokens, so `num_preempted` sums to the requests' preemptions.
 STEP_COLUMNS = (
     "replica",
     "step",
@@ -215,7 +219,9 @@ class Engine:
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler
         env = self.env
-        stop_at_violation = self.config.violation_policy is ViolationPolicy.STOP
+        policy = self.config.violation_policy
+        stop_at_any = policy is ViolationPolicy.STOP_ANY
+        stop_at_raise = policy is ViolationPolicy.STOP
         max_sim_time_s = self.config.max_sim_time_s
         predict_s = self.step_time.predict_s
         empty_streak = 0
@@ -232,19 +238,23 @@ class Engine:
             if ended:
                 replica.outstanding -= ended
                 self._on_terminal(ended)
-            if plan.fatal_error is not None:
-                self.records.fatal_error = plan.fatal_error
-                self._stop = f"fatal engine error: {plan.fatal_error}"
-                return
-            if stop_at_violation and replica.manager.violations:
-                first = replica.manager.violations[0]
-                self._stop = f"stopped at the first violation ({first.kind.value}): {first.message}"
+            stop = self._stop_in(replica, plan, stop_at_any, stop_at_raise)
+            if stop is not None:
+                # The engine dies (or the policy ends the run) in this call: its row has no
+                # batch (none ran) but keeps the preemptions made, which the requests count.
+                self._record_step(replica, plan, BatchShape((), ()), env.now, 0.0)
+                replica.num_steps += 1
+                self._stop = stop
                 return
             if plan.is_empty:
                 if ended or plan.num_preempted:
-                    # The queues changed, as after an empty engine step: schedule again at once.
-                    # A design that preempts and readmits forever without running anything
-                    # (a livelock the real engine would share) is cut off.
+                    # The queues changed, as after an empty engine step: the step gets its row
+                    # (zero duration, no tokens) so that its preemptions are in the steps
+                    # table too, and the scheduler runs again at once. A design that preempts
+                    # and readmits forever without running anything (a livelock the real
+                    # engine would share) is cut off.
+                    self._record_step(replica, plan, batch_shape(plan), env.now, 0.0)
+                    replica.num_steps += 1
                     empty_streak += 1
                     if empty_streak <= 2 * scheduler.num_unfinished() + 8:
                         continue
@@ -276,6 +286,21 @@ class Engine:
             replica.num_steps += 1
             if max_sim_time_s is not None and env.now >= max_sim_time_s:
                 self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
+
+    def _stop_in(
+        self, replica: Replica, plan: StepPlan, stop_at_any: bool, stop_at_raise: bool
+    ) -> str | None:
+        """Why the run ends in this scheduler call (a fatal engine error, a stop policy)."""
+        if plan.fatal_error is not None:
+            self.records.fatal_error = plan.fatal_error
+            return f"fatal engine error: {plan.fatal_error}"
+        if stop_at_any and replica.manager.violations:
+            first = replica.manager.violations[0]
+            return f"stopped at the first violation ({first.kind.value}): {first.message}"
+        if stop_at_raise and replica.manager.first_raised is not None:
+            first = replica.manager.first_raised
+            return f"stopped where the real engine raises ({first.kind.value}): {first.message}"
+        return None
 
     def _record_step(
         self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float

@@ -164,6 +164,8 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     )
     token_budget = scheduler_config.token_budget(sched.design.api)
     inputs["design"] = sched.design.value
+    # kvsim's model of the design; `run(vllm_root=...)` replaces it with vLLM's real code.
+    inputs["block_manager"] = {"kind": "model", "vllm_version": None, "vllm_root": None}
     inputs["max_model_len"] = max_model_len
     inputs["max_num_batched_tokens"] = token_budget
     kv = _kv_config(scenario, model, token_budget, inputs)
@@ -296,6 +298,8 @@ def run(
 
         scenario = apply_overrides(scenario, overrides)
     resolved = resolve(scenario, base_dir or ".")
+    if vllm_root is not None:
+        resolved = _with_real_manager(resolved, vllm_root)
     engine = Engine(
         resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress
     )
@@ -304,19 +308,39 @@ def run(
 
 
 def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> ResolvedRun:
+    """`resolved` with vLLM's real block manager from `vllm_root` in place of kvsim's model.
+
+    The install and the design are checked here, by building one real manager, so a bad path,
+    a vLLM without the design's manager (v0 managers live in 0.5.x-0.6.x, the V1-engine one
+    from 0.10) or v0-fixed (kvsim's own design, with no vLLM code) is bad input (ScenarioError).
+    """
     from dataclasses import replace
 
-    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.loader import VllmNotAvailableError, load_vllm
     from sim.vllm_real.lockstep import make_real
 
-    install = load_vllm(vllm_root)
+    design = resolved.engine.design
+    if design is Design.V0_FIXED:
+        raise ScenarioError(
+            "scheduler.design: v0-fixed is kvsim's own design; vLLM has no code for it to run "
+            "(--vllm-root runs v0-v1, v0-v2 or v1-engine)"
+        )
+    try:
+        install = load_vllm(vllm_root)
+        make_real(design.value, resolved.engine.kv, install)
+    except (VllmNotAvailableError, ValueError) as error:
+        raise ScenarioError(f"vllm_root: {error}".splitlines()[0]) from None
 
-    def factory(design, kv_config):
+    def factory(design: Design, kv_config: KVCacheConfig):
         return make_real(design.value, kv_config, install)
 
     inputs = {
         **resolved.inputs,
-        "block_manager": f"vLLM {install.version} real code at {vllm_root}",
+        "block_manager": {
+            "kind": "real",
+            "vllm_version": install.version,
+            "vllm_root": str(install.root),
+        },
     }
     return replace(
         resolved, engine=replace(resolved.engine, manager_factory=factory), inputs=inputs

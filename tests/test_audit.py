@@ -149,3 +149,65 @@ def test_v0_v1_swap_out_of_a_wrapped_ring_is_a_double_free_violation():
         manager.swap_out(group)
     assert manager.violations[-1].kind is ViolationKind.DOUBLE_FREE
     assert "Double free" in manager.violations[-1].message
+
+
+@pytest.mark.parametrize("error", [KeyError(7), AssertionError("kvsim invariant"), IndexError(3)])
+def test_model_bug_is_not_a_manager_error_violation(error, monkeypatch):
+    """Regression: the auditor recorded any KeyError / AssertionError / IndexError out of a
+    model as a `manager_error` violation, so a kvsim bug read as a vLLM finding. Now only a
+    `ManagerError` (a named upstream failure) is recorded; anything else propagates."""
+    from sim.kv.v0_v2 import BlockSpaceManagerV2
+    from sim.kv.v1_engine import KVCacheManager
+
+    def broken(*args, **kwargs):
+        raise error
+
+    v0 = _v0(Design.V0_V2)
+    monkeypatch.setattr(BlockSpaceManagerV2, "allocate", broken)
+    group = _group(1, 16)
+    assert v0.can_allocate(group) is AllocStatus.OK
+    with pytest.raises(type(error)):
+        v0.allocate(group)
+    assert v0.violations == []
+
+    v1 = audited(make_manager(Design.V1_ENGINE, KVCacheConfig(10, BS)), level=AuditLevel.FULL)
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", broken)
+    with pytest.raises(type(error)):
+        v1.allocate_slots(Sequence.new(1, 16), 16)
+    assert v1.violations == []
+
+
+def test_model_bug_propagates_out_of_a_run(monkeypatch):
+    """At the run level too: a model's KeyError ends `sim.run` with the KeyError (an internal
+    error with its traceback), not with a violation in the tables."""
+    from pathlib import Path
+
+    from sim.kv.v0_v2 import BlockSpaceManagerV2
+    from sim.runner import run
+
+    def broken(*args, **kwargs):
+        raise KeyError("kvsim bug")
+
+    monkeypatch.setattr(BlockSpaceManagerV2, "append_slots", broken)
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
+    with pytest.raises(KeyError, match="kvsim bug"):
+        run(scenario)
+
+
+def test_release_054_empty_append_index_error_is_a_manager_error_violation():
+    """vLLM 0.5.4's IndexError (#7371), which the model raises on purpose as the named
+    `EmptyAppendIndexError`, is a violation (the real engine raises there)."""
+    from sim.kv.types import EmptyAppendIndexError, ManagerError
+
+    config = KVCacheConfig(10, BS, vllm_pin="0.5.4")
+    manager = audited(make_manager(Design.V0_V2, config), level=AuditLevel.FULL)
+    group = _group(1, 64)
+    _admit(manager, group)
+    group.seqs[0].num_computed_tokens = 32  # a continuing chunk of a block-aligned prompt
+    with pytest.raises(AuditError):
+        manager.append_slots(group.seqs[0])
+    assert [v.kind for v in manager.violations] == [ViolationKind.MANAGER_ERROR]
+    assert "EmptyAppendIndexError" in manager.violations[0].message
+    assert issubclass(EmptyAppendIndexError, IndexError) and issubclass(
+        EmptyAppendIndexError, ManagerError
+    )

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.overrides import apply_overrides
 from sim.results import write_result
@@ -75,18 +77,15 @@ def test_4_vs_3_on_v1_engine_makes_b_wait_instead_of_crashing():
     assert requests.loc[0, "queueing_s"] == 0
 
 
-def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyone():
-    scenario = scenario_from_dict(
-        _inline(
-            "v0-v2",
-            [
-                {"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8},
-                {"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 8},
-                {"arrival_s": 5.0, "prompt_tokens": 16, "output_tokens": 8},
-            ],
-            engine={"violation_policy": "stop"},
-        )
-    )
+_THREE = [
+    {"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8},
+    {"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 8},
+    {"arrival_s": 5.0, "prompt_tokens": 16, "output_tokens": 8},
+]
+
+
+def test_stop_any_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyone():
+    scenario = scenario_from_dict(_inline("v0-v2", _THREE, engine={"violation_policy": "stop_any"}))
     result = run(scenario)
     assert result.summary["stopped_early"].startswith(
         "stopped at the first violation (admission_overtake)"
@@ -95,6 +94,65 @@ def test_stop_policy_ends_the_run_at_the_first_violation_and_accounts_for_everyo
     states = dict(zip(result.requests["request_id"], result.requests["state"], strict=True))
     assert states[2] == "aborted"
     assert "never arrived" in result.requests.set_index("request_id").loc[2, "reason"]
+
+
+def test_stop_policy_ends_the_run_where_the_real_engine_raises():
+    """A's admission_overtake is silent (its allocation fits); B's allocation runs dry, which
+    is where vLLM 0.5.4 raises NoFreeBlocksError (#7470): the run ends there."""
+    scenario = scenario_from_dict(_inline("v0-v2", _THREE, engine={"violation_policy": "stop"}))
+    result = run(scenario)
+    assert result.summary["stopped_early"].startswith(
+        "stopped where the real engine raises (admission_undercount): can_allocate counted 3"
+    )
+    assert list(result.violations["kind"]) == [
+        "admission_overtake",
+        "admission_undercount",
+        "leaked_blocks",
+    ]
+    assert result.violations["recovered_blocks"].tolist() == [0, 0, 0]  # lost, as upstream
+    states = result.requests.set_index("request_id")["state"].to_dict()
+    assert states == {0: "aborted", 1: "failed", 2: "aborted"}
+
+
+def test_stop_at_admission_overtake():
+    """Regression: `--stop` ended the run at any violation, including an admission_overtake
+    whose allocation succeeded and on which the real engine runs on. Now it runs to the end."""
+    alone = [{"arrival_s": 0.0, "prompt_tokens": 112, "output_tokens": 8}]
+    scenario = scenario_from_dict(_inline("v0-v2", alone, engine={"violation_policy": "stop"}))
+    result = run(scenario)
+    assert list(result.violations["kind"]) == ["admission_overtake"]
+    assert result.summary["stopped_early"] is None
+    assert result.requests["state"].tolist() == ["finished"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "stopped"),
+    [
+        ("--stop", "stopped where the real engine raises (admission_undercount)"),
+        ("--stop-at-first-violation", "stopped at the first violation (admission_overtake)"),
+    ],
+)
+def test_cli_stop_flags(flag, stopped, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    cli = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(SCENARIOS / "swa_4_vs_3_v0_v2.yaml"),
+            flag,
+            "--json",
+            "--no-plots",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.output)["summary"]["stopped_early"].startswith(stopped)
 
 
 def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
@@ -257,3 +315,77 @@ def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypat
         pd.testing.assert_frame_equal(
             getattr(skipping, name), getattr(asking, name), check_exact=True
         )
+
+
+def _thrashing(design: str, num_gpu_blocks: int, policy: str, chunked: bool, requests) -> dict:
+    """A pool of a few 4-token blocks and prompts up to the whole pool: requests preempt each
+    other (the priority policy also preempts for a better waiting head)."""
+    max_model_len = 4 * (num_gpu_blocks - 1)
+    items = []
+    arrival_ms = 0
+    for gap_ms, frac, output, priority in requests:
+        arrival_ms += gap_ms
+        prompt = max(1, round(frac * (max_model_len - 1)))
+        items.append(
+            {
+                "arrival_s": arrival_ms / 1000,
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+                "priority": priority,
+            }
+        )
+    return _inline(
+        design,
+        items,
+        cache={"block_size": 4, "num_gpu_blocks": num_gpu_blocks, "sliding_window": None},
+        scheduler={
+            "max_model_len": max_model_len,
+            "policy": policy,
+            "enable_chunked_prefill": chunked,
+            "preemption_mode": "recompute",
+        },
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    design=st.sampled_from(["v1-engine", "v0-v2", "v0-v1", "v0-fixed"]),
+    num_gpu_blocks=st.integers(4, 16),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    chunked=st.booleans(),
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 5]),
+            st.floats(0.3, 1.0),
+            st.integers(1, 24),
+            st.integers(0, 3),
+        ),
+        min_size=2,
+        max_size=10,
+    ),
+)
+def test_steps_table_counts_every_preemption(design, num_gpu_blocks, policy, chunked, requests):
+    """Every scheduler call that preempts is in the steps table: its `num_preempted` sums to
+    the requests table's `num_preemptions`, on workloads that thrash."""
+    scenario = _thrashing(design, num_gpu_blocks, policy, chunked, requests)
+    result = run(scenario_from_dict(scenario))
+    steps, table = result.steps, result.requests
+    assert steps["num_preempted"].sum() == table["num_preemptions"].sum()
+    assert result.summary["num_preemptions"] == table["num_preemptions"].sum()
+    quiet = steps[steps["num_tokens"] == 0]
+    assert (quiet["duration_s"] == 0).all()
+
+
+def test_empty_schedule_preemptions_missing_from_steps():
+    """Regression: a `schedule()` that preempted but ran nothing wrote no steps row, so its
+    preemption was in the requests table only. Here (v0, priority policy, 3 usable blocks of
+    4 tokens) request 1 (priority 0) arrives while request 0 (priority 1, 11 tokens) runs:
+    the call that preempts request 0 for it runs nothing; it is now step 1, a row with zero
+    duration and no tokens (found by test_steps_table_counts_every_preemption)."""
+    scenario = _thrashing("v0-v2", 4, "priority", False, [(0, 1.0, 2, 1), (1, 1.0, 1, 0)])
+    result = run(scenario_from_dict(scenario))
+    steps = result.steps
+    assert result.requests["num_preemptions"].tolist() == [1, 0]
+    assert steps["num_preempted"].tolist() == [0, 1, 0, 0]
+    assert steps.loc[1, ["duration_s", "num_tokens", "num_waiting"]].tolist() == [0.0, 0, 2]
+    assert steps.loc[1, "start_s"] == steps.loc[2, "start_s"]

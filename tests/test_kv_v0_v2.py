@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -362,3 +367,34 @@ def test_multi_block_append_recomputes_num_tokens_total_from_prev():
     m.allocate(c)
     assert m.get_block_table(c.seqs[0]) == [2]  # all at t=1.0: the 3-token prefix goes first
     assert m.get_num_free_gpu_blocks() == 2
+
+
+_FORK_SCRIPT = """
+import sys
+from sim.kv.config import KVCacheConfig
+from sim.kv.v0_v2 import BlockSpaceManagerV2
+from tests.kv_v0_helpers import admit, group
+
+for caching in (False, True):
+    m = BlockSpaceManagerV2(KVCacheConfig(10, 16, enable_prefix_caching=caching))
+    parent = admit(m, group(1, 40)).seqs[0]  # 3 blocks
+    m.fork(parent, parent.fork(2))
+    print(sys.flags.optimize, caching, sorted(m.block_refcounts().values()))
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["-O"]], ids=["asserts-on", "python-O"])
+def test_fork_refcount_increment_survives_python_O(flags):
+    """Regression: the fork's refcount increment sat inside an `assert`, so under `python -O`
+    a fork shared blocks without counting the child (refcount 1 instead of 2)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, *flags, "-c", _FORK_SCRIPT],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    optimize = 1 if flags else 0
+    assert out[:2] == [f"{optimize} False [2, 2, 2]", f"{optimize} True [2, 2, 2]"]

@@ -145,28 +145,263 @@ def test_lockstep_four_vs_three_config(design):
     _lockstep(design, V054, 600, 3, config=KVCacheConfig(10, 16, sliding_window=24))
 
 
-@pytest.mark.parametrize(
-    "overrides", [None, {"workload.first_n": 300}], ids=["4-vs-3", "azure-300"]
-)
-def test_kvsim_run_on_real_v0_v2_matches_the_model(overrides):
-    """`kvsim run --vllm-root`: vLLM 0.5.4's own BlockSpaceManagerV2 under kvsim's scheduler and
-    auditor gives the same violations and the same request and step tables as kvsim's model."""
-    for mark in V054:
+#: (design, scenario or None for the built-in default, overrides, vLLM version, real class)
+_RUNS = {
+    "v0-v2-4-vs-3": ("swa_4_vs_3_v0_v2.yaml", None, "0.5.4", "core.block_manager_v2"),
+    "v0-v2-azure-300": (None, {"workload.first_n": 300}, "0.5.4", "core.block_manager_v2"),
+    "v0-v1-4-vs-3": ("swa_4_vs_3_v0_v1.yaml", None, "0.5.4", "core.block_manager_v1"),
+    "v1-engine-4-vs-3": ("swa_4_vs_3_v1_engine.yaml", None, "0.11.0", "v1.core.kv_cache_manager"),
+}
+_REAL_CLASS = {
+    "core.block_manager_v2": "BlockSpaceManagerV2",
+    "core.block_manager_v1": "BlockSpaceManagerV1",
+    "v1.core.kv_cache_manager": "KVCacheManager",
+}
+
+
+def _run_on_real(monkeypatch, name: str, overrides: dict | None, version: str, module: str):
+    """`sim.run(vllm_root=...)`, counting the calls that reach vLLM's own manager class and
+    failing if kvsim's model of the design is built at all."""
+    from collections import Counter
+
+    from sim.runner import builtin_scenario_path, run
+    from sim.vllm_real.loader import import_vllm, load_vllm
+
+    root = _root(version)
+    install = load_vllm(root)
+    real_cls = getattr(import_vllm(module, install), _REAL_CLASS[module])
+    assert Path(real_cls.__init__.__code__.co_filename).is_relative_to(root / "vllm")
+    calls: Counter[str] = Counter()
+    for method in ("allocate", "allocate_slots", "free"):
+        original = getattr(real_cls, method, None)
+        if original is None:
+            continue
+
+        def counted(self, *args, _method=method, _original=original, **kwargs):
+            calls[_method] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(real_cls, method, counted)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("kvsim's model was built instead of vLLM's manager")
+
+    monkeypatch.setattr("sim.engine.make_manager", no_model)
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
+    real = run(scenario or builtin_scenario_path(), overrides=overrides, vllm_root=root)
+    monkeypatch.undo()
+    return real, calls, root
+
+
+@pytest.mark.parametrize("case", sorted(_RUNS))
+def test_kvsim_run_on_real_manager_matches_the_model(case, monkeypatch):
+    """`kvsim run --vllm-root`: vLLM's own block manager (its class's methods are the ones
+    called; kvsim's model is never built) under kvsim's scheduler and auditor gives the same
+    violations and byte-identical request, step and violation tables as kvsim's model."""
+    name, overrides, version, module = _RUNS[case]
+    for mark in _needs(version):
         if mark.name == "skip":
             pytest.skip(mark.kwargs["reason"])
     import pandas as pd
 
     from sim.runner import builtin_scenario_path, run
 
-    root = Path(__file__).resolve().parents[1]
-    scenario = (
-        root / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
-        if overrides is None
-        else builtin_scenario_path()
-    )
-    model = run(scenario, overrides=overrides)
-    real = run(scenario, overrides=overrides, vllm_root=_root("0.5.4"))
+    real, calls, root = _run_on_real(monkeypatch, name, overrides, version, module)
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
+    model = run(scenario or builtin_scenario_path(), overrides=overrides)
+    assert model.inputs["block_manager"] == {
+        "kind": "model",
+        "vllm_version": None,
+        "vllm_root": None,
+    }
+    assert real.inputs["block_manager"] == {
+        "kind": "real",
+        "vllm_version": version,
+        "vllm_root": str(root),
+    }
+    allocations = calls["allocate"] + calls["allocate_slots"]
+    assert allocations >= (real.requests["state"] != "ignored").sum() > 0
+    assert calls["free"] > 0
     assert list(real.violations["kind"]) == list(model.violations["kind"])
-    assert "admission_undercount" in set(real.violations["kind"]) or overrides is not None
+    if case.startswith("v0-v2-4"):
+        assert "admission_undercount" in set(real.violations["kind"])
     pd.testing.assert_frame_equal(real.requests, model.requests)
     pd.testing.assert_frame_equal(real.steps, model.steps)
+    pd.testing.assert_frame_equal(real.violations, model.violations)
+
+
+@pytest.mark.slow
+def test_kvsim_run_default_scenario_on_real_v0_v2_matches_the_model(monkeypatch):
+    """The README's claim as written: on the default scenario (1,500 Azure requests, ~3 min),
+    `kvsim run --vllm-root .vllm/0.5.4` reports the same violations and byte-identical tables."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    import pandas as pd
+
+    from sim.runner import run
+
+    real, calls, _ = _run_on_real(monkeypatch, None, None, "0.5.4", "core.block_manager_v2")
+    model = run()
+    assert calls["allocate"] > 0
+    assert list(real.violations["kind"]) == list(model.violations["kind"])
+    pd.testing.assert_frame_equal(real.requests, model.requests)
+    pd.testing.assert_frame_equal(real.steps, model.steps)
+    pd.testing.assert_frame_equal(real.violations, model.violations)
+
+
+def test_vllm_root_that_is_not_an_install_is_bad_input(tmp_path):
+    """Regression: `--vllm-root` was ignored, so any path (even a missing one) ran kvsim's model
+    and exited 0. Now a folder without vLLM is bad input: one line, exit status 2."""
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
+    for root in (tmp_path / "missing", tmp_path):
+        with pytest.raises(ScenarioError, match="vllm_root: no vllm package"):
+            run(scenario, vllm_root=root)
+    result = CliRunner().invoke(
+        app,
+        ["run", str(scenario), "--vllm-root", str(tmp_path / "missing"), "-o", str(tmp_path / "o")],
+    )
+    assert result.exit_code == 2
+    assert "no vllm package" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_vllm_root_with_v0_fixed_is_bad_input(tmp_path):
+    """v0-fixed is kvsim's own design: there is no vLLM code to run for it."""
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_fixed.yaml"
+    with pytest.raises(ScenarioError, match="scheduler.design: v0-fixed"):
+        run(scenario, vllm_root=tmp_path)
+
+
+def test_vllm_root_of_a_version_without_the_design_is_bad_input():
+    """The V1-engine manager does not exist in vLLM 0.5.4: bad input, not a traceback."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.runner import run
+    from sim.scenario import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v1_engine.yaml"
+    with pytest.raises(ScenarioError, match="vllm_root: .*0.10"):
+        run(scenario, vllm_root=_root("0.5.4"))
+
+
+def _raise_in(path: Path, statement: str) -> Exception:
+    """The exception `statement` raises when run as code of file `path`."""
+    try:
+        exec(compile(statement, str(path), "exec"), {})
+    except Exception as exc:  # noqa: BLE001 - returned for inspection
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_translate_error_keeps_vllm_failures_and_lets_adapter_bugs_through(tmp_path):
+    """Only what vLLM's own code raised becomes a kvsim ManagerError (a finding); the same
+    exception raised elsewhere (the adapter: a kvsim bug) is not translated."""
+    from sim.kv.types import (
+        DoubleFreeError,
+        EmptyAppendIndexError,
+        NoFreeBlocksError,
+        NullBlockWriteError,
+    )
+    from sim.vllm_real.errors import RaisedByVllm, translate_error
+
+    root = tmp_path / "vllm"
+    core = root / "core" / "block"
+    cases = [
+        (
+            core / "block_table.py",
+            "def append_token_ids():\n    raise IndexError('list index out of range')\n"
+            "append_token_ids()",
+            EmptyAppendIndexError,
+        ),
+        (core / "block_table.py", "raise IndexError('list index out of range')", RaisedByVllm),
+        (
+            core / "naive_block.py",
+            "raise ValueError('No usable cache memory left')",
+            NoFreeBlocksError,
+        ),
+        (core / "x.py", "raise ValueError('Double free! block 3')", DoubleFreeError),
+        (
+            core / "x.py",
+            "raise ValueError('null block should not be modified')",
+            NullBlockWriteError,
+        ),
+        (
+            root / "v1" / "block_pool.py",
+            "raise ValueError('Cannot get 4 free blocks from the pool')",
+            NoFreeBlocksError,
+        ),
+        (core / "x.py", "raise KeyError(7)", RaisedByVllm),
+    ]
+    for path, statement, expected in cases:
+        mapped = translate_error(_raise_in(path, statement), root)
+        assert type(mapped) is expected, (statement, mapped)
+    assert (
+        translate_error(_raise_in(core / "x.py", "raise KeyError(7)"), root).upstream_type
+        == "KeyError"
+    )
+    outside = tmp_path / "sim" / "vllm_real" / "v0_adapter.py"
+    assert translate_error(_raise_in(outside, "raise KeyError(7)"), root) is None
+    assert translate_error(_raise_in(outside, "raise ValueError('Double free!')"), root) is None
+
+
+def test_real_0_5_4_empty_append_is_the_named_index_error():
+    """vLLM 0.5.4's own IndexError (#7371) arrives as EmptyAppendIndexError, which the model
+    raises on purpose at the same call, and the auditor records it as a manager_error."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.audit import AuditError, ViolationKind, audited
+    from sim.kv.types import EmptyAppendIndexError
+    from sim.vllm_real.v0_adapter import make_real_v0
+
+    mgr = make_real_v0(KVCacheConfig(10, 16), "v2")
+    group = _group(1, 64)
+    mgr.allocate(group)
+    group.seqs[0].status = SequenceStatus.RUNNING
+    group.seqs[0].num_computed_tokens = 32  # a continuing chunk of a block-aligned prompt
+    with pytest.raises(EmptyAppendIndexError) as raised:
+        mgr.append_slots(group.seqs[0])
+    assert type(raised.value.__cause__) is IndexError
+
+    manager = audited(make_real_v0(KVCacheConfig(10, 16), "v2"))
+    group = _group(2, 64)
+    manager.can_allocate(group)
+    manager.allocate(group)
+    group.seqs[0].status = SequenceStatus.RUNNING
+    group.seqs[0].num_computed_tokens = 32
+    with pytest.raises(AuditError):
+        manager.append_slots(group.seqs[0])
+    assert [v.kind for v in manager.violations] == [ViolationKind.MANAGER_ERROR]
+
+
+def test_real_adapter_bug_propagates_and_is_no_violation(monkeypatch):
+    """A KeyError raised by the adapter (kvsim's code), not by vLLM's, is a kvsim bug: it
+    propagates through the auditor instead of becoming a manager_error violation."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.audit import audited
+    from sim.vllm_real.v0_adapter import make_real_v0
+
+    manager = audited(make_real_v0(KVCacheConfig(10, 16), "v2"))
+    group = _group(1, 16)
+    manager.can_allocate(group)
+
+    def broken(group):  # raised in this file, not in vLLM's: the adapter's `_call` sees it
+        raise KeyError("adapter bug")
+
+    monkeypatch.setattr(manager.inner.real, "allocate", broken)
+    with pytest.raises(KeyError, match="adapter bug"):
+        manager.allocate(group)
+    assert manager.violations == []

@@ -9,13 +9,16 @@ from sim.audit.violations import AuditError, Violation, ViolationKind, Violation
 from sim.kv.protocol import PoolIntrospection
 from sim.kv.types import (
     DoubleFreeError,
+    ManagerError,
     Sequence,
 )
 
-#: Errors a manager raises on its own (vLLM's included: "null block should not be modified",
-#: "Double free", an IndexError of the 0.5.4 block table, a RecursionError in a V2 fork). The
-#: auditor records them as violations instead of letting them crash the simulator.
-_MANAGER_ERRORS = (ValueError, AssertionError, KeyError, IndexError, RuntimeError)
+#: The failures of vLLM's own code ("null block should not be modified", "Double free", the
+#: 0.5.4 block table's IndexError, a RecursionError in a real V2 fork, ...): a model raises them
+#: on purpose as named `ManagerError`s, the real-vLLM adapters translate vLLM's. The auditor
+#: records these as violations; any other exception (a KeyError or an assert in kvsim's own
+#: model, say) is a kvsim bug and propagates, so it never reads as a vLLM finding.
+_MANAGER_ERRORS = (ManagerError,)
 
 
 class AuditLevel(enum.Enum):
@@ -39,6 +42,8 @@ class AuditorBase:
         self.policy = policy
         self.level = level
         self.violations: list[Violation] = []
+        #: The first violation whose call raised to the caller (where the real engine raises).
+        self.first_raised: Violation | None = None
         self.num_calls = 0
         self._clock = clock or (lambda: (None, None))
         #: seq_id -> request_id for every sequence holding blocks (for the full level).
@@ -54,6 +59,9 @@ class AuditorBase:
         return violation
 
     def _fail(self, violation: Violation) -> AuditError:
+        """The error for a call that failed: the real engine raises at this call."""
+        if self.first_raised is None:
+            self.first_raised = violation
         return AuditError(violation)
 
     def _free(self) -> int:

@@ -30,7 +30,8 @@ class ViolationKind(enum.Enum):
     APPEND_UNDERCOUNT = "append_undercount"
     #: A swap admission (`can_swap_in/out`) said yes, then the swap ran dry or took more.
     SWAP_UNDERCOUNT = "swap_undercount"
-    #: The manager raised an error of its own (e.g. "null block should not be modified").
+    #: The manager raised a failure of vLLM's code (a `sim.kv.types.ManagerError`, e.g. "null
+    #: block should not be modified"), or ran dry on a call no admission query had promised.
     MANAGER_ERROR = "manager_error"
 
 
@@ -72,8 +73,14 @@ class ViolationPolicy(enum.Enum):
     """What happens after a violation.
 
     ``record``: keep it, roll back what the failed call took (and say so), carry on.
-    ``stop``: raise at the first violation, as the real engine would crash.
+    ``stop``: end the run where the real engine would raise: at the first violation whose
+    manager call failed (an allocation that ran dry, a double free, a `ManagerError`). A
+    silent one (an `admission_overtake` whose allocation succeeded, a watermark breach) is
+    recorded and the run goes on, as the real engine does.
+    ``stop_any``: end the run at the first violation of any kind.
+    Both stop policies leave the blocks a failed call leaked lost, as the real code does.
     """
 
     RECORD = "record"
     STOP = "stop"
+    STOP_ANY = "stop_any"

@@ -76,8 +76,27 @@ class SequenceStatus(enum.Enum):
 _FINISHED_STATUSES = frozenset(s for s in SequenceStatus if s.name.startswith("FINISHED"))
 
 
-class NoFreeBlocksError(ValueError):
+class ManagerError(Exception):
+    """A failure vLLM's block-manager code raises at this point, so the real engine would too.
+
+    A model raises a subclass on purpose where it models such a failure (each subclass names
+    the upstream one); the real-vLLM adapters (`sim.vllm_real`) translate vLLM's own exception
+    into one. The auditor records these, and only these, as violations: any other exception
+    out of a model is a kvsim bug and propagates as an internal error.
+    """
+
+
+class NoFreeBlocksError(ValueError, ManagerError):
     """Raised by a v0 allocator whose free list ran dry (vLLM's `NoFreeBlocksError`)."""
+
+
+class NullBlockWriteError(ValueError, ManagerError):
+    """A write to v0-V2's null block (vLLM's ValueError "null block should not be modified")."""
+
+
+class EmptyAppendIndexError(IndexError, ManagerError):
+    """vLLM 0.5.4's v0-V2 block table indexes past a full table on an empty append (the
+    IndexError of #7371, fixed by #7380): the last chunk of a block-aligned chunked prefill."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +315,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class DoubleFreeError(ValueError):
+class DoubleFreeError(ValueError, ManagerError):
     """Freeing a block whose refcount is already 0 (vLLM v0 "Double free! ...")."""
 
 

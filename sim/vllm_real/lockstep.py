@@ -29,7 +29,15 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
-from sim.kv.types import AllocStatus, Segment, Sequence, SequenceGroup, SequenceStatus, TokenContent
+from sim.kv.types import (
+    AllocStatus,
+    ManagerError,
+    Segment,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+    TokenContent,
+)
 
 #: Prompt keys 0..NUM_SHARED_KEYS-1 are shared prefixes; unique tails use keys above UNIQUE_BASE.
 NUM_SHARED_KEYS = 4
@@ -97,10 +105,11 @@ class _Diverged(Exception):
 
 
 def _outcome(fn: Callable[[], object]) -> tuple[str, object]:
-    """("ok", value) or ("raise", exception class name)."""
+    """("ok", value) or ("raise", exception class name; vLLM's own for a `RaisedByVllm`)."""
     try:
         return "ok", fn()
     except (
+        ManagerError,
         ValueError,
         AssertionError,
         IndexError,
@@ -108,7 +117,7 @@ def _outcome(fn: Callable[[], object]) -> tuple[str, object]:
         NotImplementedError,
         RecursionError,
     ) as exc:
-        return "raise", type(exc).__name__
+        return "raise", getattr(exc, "upstream_type", type(exc).__name__)
 
 
 # ---------------------------------------------------------------------------- configurations

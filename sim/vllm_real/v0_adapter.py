@@ -11,9 +11,10 @@ How kvsim objects map to vLLM's (`vllm/sequence.py @fc93e56`):
   before every call (kvsim's scheduler owns them, as vLLM's does);
 * each call that takes a `SequenceGroup` builds a fresh real `SequenceGroup` over those real
   sequences (it holds no block state, so rebuilding is exact and cheap);
-* vLLM's exceptions become kvsim's: an empty free list (V2 ``NoFreeBlocksError``, V1
-  "Out of memory!", evictor "No usable cache memory left") -> `NoFreeBlocksError`;
-  "Double free!" -> `DoubleFreeError`; any other `ValueError` passes through unchanged.
+* what vLLM's code raises becomes a kvsim `ManagerError` (`sim.vllm_real.errors`): an empty
+  free list (V2 ``NoFreeBlocksError``, V1 "Out of memory!", evictor "No usable cache memory
+  left") -> `NoFreeBlocksError`, "Double free!" -> `DoubleFreeError`, and so on; an exception
+  raised by this adapter itself propagates unchanged (a kvsim bug, not a finding).
 
 Worked example (the issue #7470 "4 vs 3" case, bs=16, W=24, G=10)::
 
@@ -31,25 +32,12 @@ from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
 from sim.kv.types import (
     AllocStatus,
-    DoubleFreeError,
-    NoFreeBlocksError,
     Sequence,
     SequenceGroup,
     SequenceStatus,
 )
+from sim.vllm_real.errors import translate_error
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
-
-#: vLLM messages (0.5.4) that mean "the free list ran dry".
-_NO_FREE_MESSAGES = ("Out of memory", "No usable cache memory left")
-
-
-def translate_error(exc: ValueError) -> ValueError:
-    """The kvsim exception for a vLLM v0 `ValueError` (the same object when there is none)."""
-    if type(exc).__name__ == "NoFreeBlocksError" or str(exc).startswith(_NO_FREE_MESSAGES):
-        return NoFreeBlocksError(str(exc) or "NoFreeBlocksError()")
-    if str(exc).startswith("Double free"):
-        return DoubleFreeError(str(exc))
-    return exc
 
 
 def _deterministic_block_sets(install: VllmInstall) -> None:
@@ -103,6 +91,10 @@ class RealV0Manager:
         )
         self.block_size = config.block_size
         self.watermark_blocks = self.real.watermark_blocks
+        # The window in blocks as the real manager computed it (the auditor names it in its
+        # messages): V1's `block_sliding_window`, V2's `max_block_sliding_window` (M).
+        self.block_sliding_window = getattr(self.real, "block_sliding_window", None)
+        self.max_block_sliding_window = getattr(self.real, "max_block_sliding_window", None)
         self.num_total_gpu_blocks = config.num_gpu_blocks
         self.num_total_cpu_blocks = config.num_cpu_blocks
         self._real_seqs: dict[int, object] = {}
@@ -141,9 +133,9 @@ class RealV0Manager:
     def _call(self, fn, *args):
         try:
             return fn(*args)
-        except ValueError as exc:
-            mapped = translate_error(exc)
-            if mapped is exc:
+        except Exception as exc:
+            mapped = translate_error(exc, self.install.root / "vllm")
+            if mapped is None or mapped is exc:
                 raise
             raise mapped from exc
 

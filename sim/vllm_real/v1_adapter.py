@@ -25,6 +25,7 @@ from sim.errors import InputError
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
 from sim.kv.types import Sequence, SequenceStatus
+from sim.vllm_real.errors import translate_error
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 
 #: Used when the config has no max_model_len (the real manager needs an int).
@@ -120,7 +121,8 @@ class RealKVCacheManager:
         if new_computed_block_ids:
             pool = self.real.block_pool.blocks
             hits = self._kv_blocks_cls(([pool[i] for i in new_computed_block_ids],))
-        out = self.real.allocate_slots(
+        out = self._call(
+            self.real.allocate_slots,
             self._request(request),
             num_new_tokens,
             num_new_computed_tokens=num_new_computed_tokens,
@@ -130,7 +132,17 @@ class RealKVCacheManager:
         return None if out is None else [b.block_id for b in out.blocks[0]]
 
     def free(self, request: Sequence) -> None:
-        self.real.free(self._request(request))
+        self._call(self.real.free, self._request(request))
+
+    def _call(self, fn, *args, **kwargs):
+        """`fn(...)`, with what vLLM's code raised as kvsim's `ManagerError` (`errors`)."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            mapped = translate_error(exc, self.install.root / "vllm")
+            if mapped is None or mapped is exc:
+                raise
+            raise mapped from exc
 
     def forget(self, request: Sequence) -> None:
         """Drop our real Request for a finished sequence (vLLM drops it from its request map)."""

@@ -15,7 +15,7 @@ Worked example (bs=16, W=64 so M = 64//16 + 2 = 6, 200-token prompt):
 
 from __future__ import annotations
 
-from sim.kv.types import NoFreeBlocksError, TokenContent, cdiv
+from sim.kv.types import EmptyAppendIndexError, NoFreeBlocksError, TokenContent, cdiv
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator
 from sim.kv.v0_v2.naive import Block
 
@@ -204,12 +204,15 @@ class BlockTable:
         remaining = num_new_tokens
         while True:
             if idx >= len(blocks):
-                if num == 0 and not self.empty_append_raises:
+                message = f"block index {idx} out of range for a {len(blocks)}-block table"
+                if num != 0:
+                    raise IndexError(message)  # tokens past the table: a kvsim bug
+                if not self.empty_append_raises:
                     break  # the pinned commit 00c3d68 has #7380: nothing to write
                 # The 0.5.4 release indexes blocks[first_idx] even for an empty append, so a
                 # full table (num_full_slots % bs == 0, no lookahead) raises here
                 # (block_table.py:L150-154 @0.5.4; vLLM #7371, fixed by #7380 on 2024-08-09).
-                raise IndexError(f"block index {idx} out of range for a {len(blocks)}-block table")
+                raise EmptyAppendIndexError(message)
             block = blocks[idx]
             key = None
             if caching and block.num_tokens + num == bs:

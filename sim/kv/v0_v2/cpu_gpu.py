@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 
+from sim.kv.types import NullBlockWriteError
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
 from sim.kv.v0_v2.prefix_caching import PrefixCachingBlockAllocator
 
@@ -71,7 +72,7 @@ class CpuGpuBlockAllocator:
 
     def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
         if block.is_null:
-            raise ValueError("null block should not be modified")
+            raise NullBlockWriteError("null block should not be modified")
         block_id = block.block_id
         assert block_id is not None
         alloc = self.gpu if block_id < self.num_gpu_blocks else self.cpu

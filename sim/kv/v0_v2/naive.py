@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.kv.types import DoubleFreeError, NoFreeBlocksError, cdiv
+from sim.kv.types import DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
 
 
 @dataclass(slots=True, eq=False)
@@ -125,7 +125,7 @@ class NaiveBlockAllocator:
         if block.is_null:
             # vLLM's NullBlock refuses `block_id = None` only *after* the id went back to
             # the free list (naive_block.py:L137-145, cpu_gpu_block_allocator.py:L359-361).
-            raise ValueError("null block should not be modified")
+            raise NullBlockWriteError("null block should not be modified")
         block.block_id = None
 
     # -- blocks ------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class NaiveBlockAllocator:
         Even an empty append runs the CoW check (naive_block.py:L384-396).
         """
         if block.is_null:
-            raise ValueError("null block should not be modified")
+            raise NullBlockWriteError("null block should not be modified")
         assert block.num_tokens + num_tokens <= self.block_size, "block overflow"
         block.num_tokens += num_tokens
         block.num_tokens_total += num_tokens
@@ -307,7 +307,9 @@ def fork_blocks(refcounter, blocks: list[Block]) -> list[Block]:
     prev = None
     for block in blocks:
         assert block.block_id is not None
-        assert refcounter.incr(block.block_id) != 1, "can't fork a freed block"
+        # The increment outside the assert: `python -O` drops asserts, never the fork's count.
+        refcount = refcounter.incr(block.block_id)
+        assert refcount != 1, "can't fork a freed block"
         prev = Block(
             block.block_id, prev, block.num_tokens, block.content_hash, block.num_tokens_total
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from os.path import commonprefix
 
-from sim.kv.types import NONE_HASH, NoFreeBlocksError, cdiv, chain_hash
+from sim.kv.types import NONE_HASH, NoFreeBlocksError, NullBlockWriteError, cdiv, chain_hash
 from sim.kv.v0_v2.evictor import LRUEvictor
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator, fork_blocks
 
@@ -179,7 +179,7 @@ class PrefixCachingBlockAllocator:
     ) -> None:
         """Write tokens (CoW if shared); a block that fills up is promoted (L721-746)."""
         if block.is_null:
-            raise ValueError("null block should not be modified")
+            raise NullBlockWriteError("null block should not be modified")
         assert block.content_hash is None, "appending to an immutable block"
         if num_tokens == 0:
             return
