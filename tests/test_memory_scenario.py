@@ -75,7 +75,7 @@ def test_geometry_dict_gpu_in_a_scenario():
 
 
 def test_bad_gpu_geometry_names_the_field():
-    with pytest.raises(ScenarioError, match=r"s.yaml: hardware: .*gpu.memory_gb"):
+    with pytest.raises(ScenarioError, match=r"s.yaml: hardware: .*GPU: memory_gb: Field required"):
         scenario_from_dict(
             _scenario(hardware={"gpu": {"name": "x", "hbm_bandwidth_GBps": 1}}), "s.yaml"
         )
