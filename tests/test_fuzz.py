@@ -62,12 +62,12 @@ def test_sim_time_limit_example():
     assert sim_time_limit_s(requests) == pytest.approx(3 * 30 * 0.0052 + 1.0)
 
 
-def test_finds_the_v0_v2_sliding_window_undercount_fast():
+def test_finds_the_v0_v2_sliding_window_undercount_within_25_cases():
     report = fuzz("v0-v2", master_seed=0, budget_s=None, max_cases=25)
     assert "admission_undercount" in report.kinds
     finding = report.findings["admission_undercount"]
-    # Found within the first cases, far inside the default 60 s budget.
-    assert finding.case_index < 25 and finding.found_after_s < 5.0
+    # Found within the first cases (counted, not timed: benchmarks/ci_speed.py times it).
+    assert finding.case_index < 25
     assert "can_allocate counted" in finding.message
     assert finding.case_seed == case_seed(0, finding.case_index)
     assert finding.scenario.cache.sliding_window is not None
@@ -125,7 +125,8 @@ def test_saved_findings_reproduce_and_pass_check(tmp_path):
 def test_budget_stops_the_run():
     report = fuzz("v1-engine", master_seed=0, budget_s=0.2)
     assert report.num_cases >= 1 and report.stopped_by == "budget of 0.2 s"
-    assert report.elapsed_s < 5
+    # It stopped because of the clock, not because it ran out of cases (it has none).
+    assert report.elapsed_s >= 0.2
 
 
 @pytest.mark.parametrize(
