@@ -201,7 +201,7 @@ def _block_geometry(
     return {
         "block_size": block_size,
         "block_bytes": one_block,
-        "num_layers_per_block": num_layers_per_block(model, kv_layout),
+        "num_layers_per_block": num_layers_per_block(model, kv_layout),  # type: ignore[arg-type]  # checked there
         "num_kv_heads_per_rank": kv_heads_per_rank(model.num_kv_heads, tp),
         "head_dim": model.head_dim,
         "kv_dtype": kv_dtype,

@@ -216,7 +216,7 @@ def _asdict(config: KVCacheConfig) -> dict:
 
 
 def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
-    config = scenario.step_time or StepTimeConfig(roofline={})
+    config = scenario.step_time or StepTimeConfig(roofline={})  # type: ignore[arg-type]  # pydantic validates the dict
     if config.calibrated is not None:
         profile = Path(config.calibrated.profile)
         if not profile.is_absolute():

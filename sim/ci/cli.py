@@ -136,7 +136,7 @@ def fuzz(
                 if max_cases is not None:
                     progress(index + 1, max_cases)
                 else:
-                    progress(int(min(report.elapsed_s, budget_s)), int(budget_s))
+                    progress(int(min(report.elapsed_s, budget_s)), int(budget_s))  # type: ignore[arg-type]  # a budget is set
 
             try:
                 report = fz.fuzz(
