@@ -100,8 +100,8 @@ class LazyProgress:
         self.enabled = enabled and sys.stderr.isatty()
         self.delay_s = delay_s
         self.start = time.perf_counter()
-        self._progress = None
-        self._task = None
+        self._progress: Any = None  # a rich Progress, made on first need
+        self._task: Any = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:

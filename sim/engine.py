@@ -19,6 +19,7 @@ import enum
 import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
@@ -99,11 +100,13 @@ class Replica:
     ) -> None:
         self.index = index
         factory = config.manager_factory or make_manager
-        manager = factory(config.design, config.kv)
-        kwargs = dict(policy=config.violation_policy, level=config.audit_level, clock=clock)
+        manager: Any = factory(config.design, config.kv)
+        kwargs: dict[str, Any] = dict(
+            policy=config.violation_policy, level=config.audit_level, clock=clock
+        )
         if config.design.api == "v1":
-            self.manager = AuditedV1Manager(manager, **kwargs)
-            self.scheduler = V1Scheduler(config.scheduler, self.manager)
+            self.manager: AuditedV0Manager | AuditedV1Manager = AuditedV1Manager(manager, **kwargs)
+            self.scheduler: V0Scheduler | V1Scheduler = V1Scheduler(config.scheduler, self.manager)
         else:
             self.manager = AuditedV0Manager(manager, **kwargs)
             self.scheduler = V0Scheduler(config.scheduler, self.manager)
@@ -329,7 +332,7 @@ class Engine:
                 plan.num_preempted,
                 len(scheduler.waiting),
                 len(scheduler.running),
-                len(scheduler.swapped) if scheduler.engine == "v0" else 0,
+                len(scheduler.swapped) if scheduler.engine == "v0" else 0,  # type: ignore[union-attr]
                 stats.num_free,
                 stats.num_total - stats.num_free,
                 stats.num_evictable,

@@ -149,7 +149,7 @@ def observed_pool_bytes(log: StartupLog) -> int:
     terms = (lg.total_gpu_memory_gib, lg.weights_gib, lg.non_torch_gib, lg.activation_gib)
     if any(t is None for t in terms):
         raise ValueError(f"{log.id}: logged has no pool size and not all three terms")
-    total, weights, non_torch, activation = terms
+    total, weights, non_torch, activation = (float(t) for t in terms if t is not None)
     return int((total * log.gpu_memory_utilization - weights - non_torch - activation) * GIB)
 
 
@@ -298,7 +298,7 @@ def fit_activation(non_torch_gib: dict[tuple[VllmEngine, bool], float]) -> Activ
             rows.append((log.sampler_path, forward, logits, None, log.logged.activation_gib * GIB))
             continue
         total, _ = visible_memory(log.gpu_spec)
-        base = int(total * log.gpu_memory_utilization) - weight_bytes(
+        base: float = int(total * log.gpu_memory_utilization) - weight_bytes(
             model, log.model_dtype, log.tp
         )
         base -= non_torch_gib[(log.engine_kind, log.tp > 1)] * GIB

@@ -20,6 +20,7 @@ from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
 from sim.memory import (
+    KvLayout,
     block_bytes,
     derive_num_gpu_blocks,
     given_num_gpu_blocks,
@@ -76,7 +77,7 @@ def _kv_config(
     kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     engine = VllmEngine(scenario.scheduler.design.api)
     hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
-    kv_layout = "hybrid" if hybrid else "uniform"
+    kv_layout: KvLayout = "hybrid" if hybrid else "uniform"
     if cache.num_gpu_blocks == "derive":
         assert model is not None
         try:
@@ -253,7 +254,9 @@ def _asdict(config: KVCacheConfig) -> dict:
 
 
 def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
-    config = _absolute_step_time_paths(scenario.step_time or StepTimeConfig(measured={}), base_dir)
+    config = _absolute_step_time_paths(
+        scenario.step_time or StepTimeConfig.model_validate({"measured": {}}), base_dir
+    )
     inputs["step_time"] = config.model_dump(mode="json", exclude_none=True)
     if model is None:
         assert config.linear is not None

@@ -7,6 +7,10 @@ decode step; B skips the steps its own `decode_touch_len` declared quiet and cal
 `allocate_slots` returns [] and changes nothing). After every real call on B, and at the
 end, A and B must agree on pools, refcounts, tables, caches, evictors and the per-sequence
 bookkeeping of the sequence just called.
+
+The cases: fixed grids (`V0_CASES`, `V1_CASES`: prefix caching, sliding windows, swap and
+fork), the same drawn by hypothesis (shrinkable), and v0 decodes that reserve lookahead
+slots. Whole replays with the shortcuts on and off: tests/test_decode_cohort.py.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.audit.auditor import AuditedV0Manager, AuditedV1Manager
 from sim.kv.config import KVCacheConfig, make_manager
@@ -186,8 +192,16 @@ def _same_outcome(pair: Pair, method: str, *args):
 
 
 def run_v0(
-    design: str, config: KVCacheConfig, seed: int, num_ops: int, allow_swap: bool, allow_fork: bool
+    design: str,
+    config: KVCacheConfig,
+    seed: int,
+    num_ops: int,
+    allow_swap: bool,
+    allow_fork: bool,
+    allow_lookahead: bool = False,
 ) -> Pair:
+    """`allow_lookahead`: some decodes reserve 1 or 3 lookahead slots (speculative decoding);
+    after one, the manager must never declare that sequence's decodes quiet again."""
     rng = random.Random(seed)
     pair = Pair(design, config)
     a, b = pair.a, pair.b
@@ -222,7 +236,31 @@ def run_v0(
         seq.num_computed_tokens = seq.num_tokens
         seq.append_tokens(1)
 
+    def decode_with_lookahead(seq: Sequence, num_lookahead: int) -> None:
+        """A decode that reserves lookahead slots: always a real call, on A and B alike."""
+        group = groups[seq.seq_id]
+        pair.num_decodes += 1
+        pair.sync(seq)
+        ok = a.can_append_slots(group, num_lookahead)
+        assert b.can_append_slots(group, num_lookahead) == ok
+        if not ok:
+            preempt(rng.choice(running))
+            return
+        outcome = _same_outcome(pair, "append_slots", seq, num_lookahead)
+        if isinstance(outcome, Exception):
+            a.recover_leaked_blocks()
+            b.recover_leaked_blocks()
+            drop(seq)
+            return
+        pair.refresh(seq)
+        assert pair.touch_len[seq.seq_id] is None  # lookahead used: never quiet again
+        pair.check(live(), seq.seq_id)
+        advance(seq)
+
     def decode(seq: Sequence, after_swap_in: bool = False) -> None:
+        if allow_lookahead and not after_swap_in and rng.random() < 0.2:
+            decode_with_lookahead(seq, rng.choice([1, 3]))
+            return
         group = groups[seq.seq_id]
         quiet = pair.is_quiet(seq)
         pair.num_decodes += 1
@@ -320,7 +358,9 @@ def run_v0(
             running.append(child)
             for seq in (parent, child):
                 pair.refresh(seq)
-                assert pair.touch_len[seq.seq_id] == seq.num_tokens
+                touch_len = pair.touch_len[seq.seq_id]
+                # After lookahead slots a sequence is never quiet again (None).
+                assert touch_len == seq.num_tokens or (allow_lookahead and touch_len is None)
             pair.check(live(), child.seq_id)
         elif op < 0.24 and swapped:
             seq = swapped[0]
@@ -502,6 +542,78 @@ def test_v1_engine_skipping_quiet_decodes_is_exact(block_size, window, caching):
         num_quiet += pair.num_quiet
         num_refused += pair.num_refused
     assert num_quiet > 0 and num_refused > 0
+
+
+# ----------------------------------------------------------------------------- hypothesis
+
+
+@st.composite
+def v0_configs(draw) -> tuple[str, KVCacheConfig, bool, bool]:
+    """A v0 design and cache the way `V0_CASES` combines them, drawn (so shrinkable), plus
+    whether swap/fork and lookahead slots are allowed (v0-v1 refuses lookahead, as vLLM's
+    BlockSpaceManagerV1 does; v0 refuses a sliding window with prefix caching)."""
+    design = draw(st.sampled_from(["v0-v1", "v0-v2", "v0-fixed"]))
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    window = draw(st.one_of(st.none(), st.integers(1, 64)))
+    caching = window is None and draw(st.booleans())
+    swap = (window is None or design == "v0-fixed") and draw(st.booleans())
+    lookahead = design != "v0-v1" and draw(st.booleans())
+    num_gpu_blocks = draw(st.integers(4, 40))
+    config = KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        num_cpu_blocks=num_gpu_blocks,
+        sliding_window=window,
+        enable_prefix_caching=caching,
+        watermark=0.0,
+    )
+    return design, config, swap, lookahead
+
+
+@settings(max_examples=50, deadline=None)
+@given(case=v0_configs(), seed=st.integers(0, 2**16), num_ops=st.integers(1, 400))
+def test_v0_skipping_quiet_decodes_is_exact_on_drawn_configs(case, seed, num_ops):
+    design, config, swap, lookahead = case
+    run_v0(design, config, seed, num_ops, allow_swap=swap, allow_fork=swap,
+           allow_lookahead=lookahead)  # fmt: skip
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    window=st.one_of(st.none(), st.integers(1, 64)),
+    caching=st.booleans(),
+    num_gpu_blocks=st.integers(4, 40),
+    seed=st.integers(0, 2**16),
+    num_ops=st.integers(1, 400),
+)
+def test_v1_engine_skipping_quiet_decodes_is_exact_on_drawn_configs(
+    block_size, window, caching, num_gpu_blocks, seed, num_ops
+):
+    config = KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        sliding_window=window,
+        enable_prefix_caching=caching,
+    )
+    run_v1(config, seed, num_ops)
+
+
+@pytest.mark.parametrize(("design", "block_size", "window"), [
+    ("v0-v2", 4, None), ("v0-v2", 16, 24), ("v0-fixed", 4, None), ("v0-fixed", 16, 24)
+])  # fmt: skip
+def test_v0_lookahead_slots_end_the_quiet_stretch(design, block_size, window):
+    """With lookahead decodes mixed in, A and B still agree, and the mix did happen."""
+    num_quiet = 0
+    swap = window is None or design == "v0-fixed"  # v0-V2 forks after a drop are undefined
+    for seed in range(5):
+        config = KVCacheConfig(
+            num_gpu_blocks=40, block_size=block_size, num_cpu_blocks=40, sliding_window=window
+        )
+        pair = run_v0(design, config, seed, 1000, allow_swap=swap, allow_fork=swap,
+                      allow_lookahead=True)  # fmt: skip
+        num_quiet += pair.num_quiet
+    assert num_quiet > 0
 
 
 # ----------------------------------------------------------------------------- quiet fraction

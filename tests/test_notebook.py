@@ -1,8 +1,11 @@
-"""notebooks/capacity_planning.ipynb executes cleanly (nbclient), within two minutes."""
+"""notebooks/capacity_planning.ipynb executes cleanly (nbclient).
+
+The per-cell timeout only stops a hung kernel; how long it takes is measured by
+benchmarks/ci_speed.py, not asserted here.
+"""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,6 @@ def test_capacity_planning_notebook_runs() -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    start = time.perf_counter()
     client = nbclient.NotebookClient(
         notebook,
         timeout=120,
@@ -22,7 +24,6 @@ def test_capacity_planning_notebook_runs() -> None:
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     )
     client.execute()
-    assert time.perf_counter() - start < 120
     errors = [
         o
         for c in notebook.cells

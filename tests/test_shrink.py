@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from sim.scenario import load_scenario, scenario_from_dict
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL_AZURE = ROOT / "scenarios" / "mistral_azure_conv_swa.yaml"
 runner = CliRunner()
+#: The noisy case shrinks in 70 simulator runs today; twice that means the shrinker regressed.
+NOISY_SHRINK_MAX_RUNS = 140
 
 
 def noisy_4_vs_3() -> dict:
@@ -95,9 +96,9 @@ def test_minimize_int():
 def test_shrinks_the_noisy_4_vs_3_case_to_a_1_minimal_reproducer(tmp_path):
     source = write_yaml(tmp_path / "noisy.yaml", noisy_4_vs_3())
     assert "admission_undercount" in run(source).violation_kinds
-    start = time.perf_counter()
     result = shrink(load_scenario(source), tmp_path, "admission_undercount", str(source))
-    assert time.perf_counter() - start < 20
+    # The effort, counted in simulator runs (not seconds; benchmarks/ci_speed.py times it).
+    assert result.num_runs < NOISY_SHRINK_MAX_RUNS, result.num_runs
     assert result.start_num_requests == 16
     assert result.final_num_requests <= 3
     assert result.final_num_gpu_blocks <= 11

@@ -2,10 +2,12 @@
 
 Skipped, with the reason shown, when `.vllm/0.5.4` / `.vllm/0.11.0` (or $KVSIM_VLLM_ROOT_0_5_4 /
 $KVSIM_VLLM_ROOT_0_11_0) are absent. Run: `bash scripts/setup_vllm.sh && pytest -m vllm`.
+With KVSIM_REQUIRE_VLLM=1 (CI, `.ci/run`) a missing install fails the run instead.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,9 @@ from sim.kv.types import AllocStatus, NoFreeBlocksError, Sequence, SequenceGroup
 
 warnings.filterwarnings("ignore", module="requests")
 
+#: Every test here belongs to the lockstep tier (`pytest -m vllm` selects them).
+pytestmark = pytest.mark.vllm
+
 
 def _root(version: str):
     from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
@@ -23,6 +28,11 @@ def _root(version: str):
     try:
         return resolve_root(vllm_version=version)
     except VllmNotAvailableError as exc:
+        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
+            # CI: a lockstep tier that silently skips would let CI pass without it.
+            raise RuntimeError(
+                f"KVSIM_REQUIRE_VLLM=1 but vLLM {version} is not set up: {exc}"
+            ) from exc
         return pytest.mark.skip(reason=f"vLLM {version} not set up: {exc}")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +56,9 @@ def test_bundled_traces_are_byte_identical_upstream():
     assert not AZURE_CONV.read_bytes().endswith(b"\n")  # no final newline kept
 
 
-def test_azure_conv_loads_fast_with_7_digit_fractions():
-    start = time.perf_counter()
+def test_azure_conv_loads_with_7_digit_fractions():
+    # How fast it loads is measured by benchmarks/ci_speed.py, not asserted here.
     w = load_azure(AZURE_CONV)
-    elapsed_s = time.perf_counter() - start
-    assert elapsed_s < 1.0
     assert len(w) == 19_366
     first, second, last = w[0], w[1], w[-1]
     assert (first.arrival_s, first.prompt_tokens, first.output_tokens) == (0.0, 374, 44)

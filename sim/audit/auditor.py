@@ -25,6 +25,8 @@ Worked example (the 4-vs-3 case, v0 BlockSpaceManagerV2, bs=16, W=24 so M=3, G=1
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.audit.base import AuditLevel, AuditorBase
 from sim.audit.v0 import AuditedV0Manager
 from sim.audit.v1 import AuditedV1Manager
@@ -32,7 +34,7 @@ from sim.audit.v1 import AuditedV1Manager
 __all__ = ["AuditLevel", "AuditedV0Manager", "AuditedV1Manager", "AuditorBase", "audited"]
 
 
-def audited(manager, **kwargs) -> AuditedV0Manager | AuditedV1Manager:
+def audited(manager: Any, **kwargs: Any) -> AuditedV0Manager | AuditedV1Manager:
     """Wrap `manager` in the auditor for its API."""
     if hasattr(manager, "allocate_slots"):
         return AuditedV1Manager(manager, **kwargs)

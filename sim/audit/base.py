@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any, cast
 
 from sim.audit.violations import AuditError, Violation, ViolationKind, ViolationPolicy
-from sim.kv.protocol import PoolIntrospection
+from sim.kv.protocol import DecodeFastPath, PoolIntrospection, PoolStats
 from sim.kv.types import (
     DoubleFreeError,
     ManagerError,
@@ -38,7 +39,7 @@ class AuditorBase:
     ) -> None:
         self.inner = inner
         # Bound once: read after every call (None for a stand-in without it, as in tests).
-        self._pool_stats = getattr(inner, "pool_stats", None)
+        self._pool_stats: Callable[[], PoolStats] = getattr(inner, "pool_stats", None)  # type: ignore[assignment]
         self.policy = policy
         self.level = level
         self.violations: list[Violation] = []
@@ -51,7 +52,7 @@ class AuditorBase:
 
     # ------------------------------------------------------------------ recording
     def _record(
-        self, kind: ViolationKind, call: str, request_id: int | None, message: str, **counts
+        self, kind: ViolationKind, call: str, request_id: int | None, message: str, **counts: Any
     ) -> Violation:
         time_s, step = self._clock()
         violation = Violation(kind, call, request_id, message, time_s=time_s, step=step, **counts)
@@ -163,13 +164,13 @@ class AuditorBase:
     # `getattr(audited, "sync_decode", None)` is then None.
     @property
     def decode_touch_len(self) -> Callable[[Sequence], int | None]:
-        return self.inner.decode_touch_len
+        return cast(DecodeFastPath, self.inner).decode_touch_len
 
     @property
     def sync_decode(self) -> Callable[[Sequence], None]:
-        return self.inner.sync_decode
+        return cast(DecodeFastPath, self.inner).sync_decode
 
     # ------------------------------------------------------------------ delegation
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         # Read-only introspection (pool_stats, block_size, seq_block_ids, ...) passes through.
         return getattr(self.inner, name)

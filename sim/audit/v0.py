@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
 from sim.audit.violations import Violation, ViolationKind, ViolationPolicy
+from sim.kv.protocol import V0BlockManager
 from sim.kv.types import (
     AllocStatus,
     NoFreeBlocksError,
@@ -16,15 +20,17 @@ from sim.kv.types import (
 class AuditedV0Manager(AuditorBase):
     """Audits a v0 `BlockSpaceManager` (`can_allocate` / `allocate` / `append_slots` / swap)."""
 
+    inner: V0BlockManager
+
     def _free(self) -> int:
         return self.inner.get_num_free_gpu_blocks()
 
-    def __init__(self, inner, **kwargs) -> None:
+    def __init__(self, inner: V0BlockManager, **kwargs: Any) -> None:
         super().__init__(inner, **kwargs)
         # `_free`, bound once to the manager's own count (read two or three times per call).
         count = getattr(inner, "get_num_free_gpu_blocks", None)
         if count is not None:
-            self._free = count
+            self._free = count  # type: ignore[method-assign]
         #: request_id -> (status, counted blocks, free blocks) of the last `can_allocate`.
         self._admitted: dict[int, tuple[AllocStatus, int, int]] = {}
         self._swap_in_ok: set[int] = set()
@@ -40,7 +46,9 @@ class AuditedV0Manager(AuditorBase):
         return status
 
     def _needed_blocks(self, seq_group: SequenceGroup) -> int:
-        needed = getattr(self.inner, "allocation_blocks", None)
+        needed: Callable[[SequenceGroup], int] | None = getattr(
+            self.inner, "allocation_blocks", None
+        )
         if needed is not None:
             return needed(seq_group)
         seq = seq_group.get_seqs()[0]
@@ -237,7 +245,7 @@ class AuditedV0Manager(AuditorBase):
     ) -> list[tuple[int, int]]:
         rid = seq_group.request_id
         try:
-            mapping = getattr(self.inner, call)(seq_group)
+            mapping: list[tuple[int, int]] = getattr(self.inner, call)(seq_group)
         except NoFreeBlocksError:
             kind = ViolationKind.SWAP_UNDERCOUNT if rid in promised else ViolationKind.MANAGER_ERROR
             violation = self._record(

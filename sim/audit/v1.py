@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
 from sim.audit.violations import ViolationKind
+from sim.kv.protocol import V1KVCacheManager
 from sim.kv.types import (
     NoFreeBlocksError,
     Sequence,
@@ -12,6 +13,8 @@ from sim.kv.types import (
 
 class AuditedV1Manager(AuditorBase):
     """Audits a V1-engine `KVCacheManager` (`allocate_slots` counts and allocates at once)."""
+
+    inner: V1KVCacheManager
 
     def _free(self) -> int:
         return self.inner.num_free_blocks

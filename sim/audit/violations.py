@@ -50,7 +50,7 @@ class Violation:
     step: int | None = None
     recovered_blocks: int = 0
 
-    def to_row(self) -> dict:
+    def to_row(self) -> dict[str, object]:
         row = asdict(self)
         row["kind"] = self.kind.value
         return row

@@ -6,7 +6,9 @@ Exit status, for CI (3 is an internal error for every command, see `sim.cli`):
   expected one; 2 bad input (unreadable file, invalid scenario), one `error:` line on stderr
   per bad file. A bad file does not stop the others: every scenario that can run runs and the
   JUnit / JSON reports are written, the bad file as an errored test case; 2 wins over 1.
-* fuzz: 0 nothing found; 1 at least one violation kind (or simulator exception) found; 2 bad input.
+* fuzz: 0 nothing found; 1 at least one violation kind found; 2 bad input; 3 kvsim itself is
+  wrong (not a vLLM finding): an exception escaped the simulator (traceback on stderr), or a
+  case's tables changed with the decode fast path and cohort off (`sim.ci.selfcheck`).
 * shrink: 0 written; 1 the input shows no such violation; 2 bad input.
 
 Output paths (`--junit`, `--json`, `--save`, `-o`) are checked before anything runs.
@@ -145,7 +147,7 @@ def fuzz(
     if budget_s is None and max_cases is None:
         budget_s = fz.DEFAULT_BUDGET_S
     if case is not None:
-        report = _single_case(fz, design_value, case, allow_swap=not no_swap)
+        report = fz.fuzz_one_case(design_value, case, allow_swap=not no_swap)
     else:
         progress = cli.LazyProgress(f"fuzzing {design_value.value}", delay_s=0.5)
 
@@ -153,7 +155,7 @@ def fuzz(
             if max_cases is not None:
                 progress(index + 1, max_cases)
             else:
-                progress(int(min(report.elapsed_s, budget_s)), int(budget_s))
+                progress(int(min(report.elapsed_s, budget_s)), int(budget_s))  # type: ignore[arg-type]  # a budget is set
 
         try:
             report = fz.fuzz(
@@ -169,33 +171,44 @@ def fuzz(
     _print_fuzz(cli, report)
     if json_path is not None:
         _write(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
+    if report.kvsim_is_wrong:
+        _print_kvsim_is_wrong(cli, report)
+        raise typer.Exit(3)
     raise typer.Exit(1 if report.findings else 0)
 
 
-def _single_case(fz, design, case_seed: int, allow_swap: bool):
-    import time
-
-    report = fz.FuzzReport(design.value, master_seed=-1, allow_swap=allow_swap)
-    start = time.perf_counter()
-    scenario = fz.generate_case(design, case_seed, allow_swap)
-    result = fz.run_case(scenario)
-    report.num_cases = 1
-    report.num_violating_cases = int(bool(result.kinds))
-    report.num_fatal_errors = int(result.fatal_error is not None)
-    for kind, message, time_s in result.kinds:
-        report.findings[kind] = fz.Finding(
-            kind, 0, case_seed, message, time_s, scenario, result.kind_names
+def _print_kvsim_is_wrong(cli, report) -> None:
+    """An internal error or inconsistency: on stderr, never mixed up with the findings."""
+    no_swap = "" if report.allow_swap else " --no-swap"
+    replay = f"kvsim fuzz --design {report.design}{no_swap} --case-seed"
+    error, inconsistency = report.internal_error, report.inconsistency
+    if error is not None:
+        cli.err_console.print(error.traceback, highlight=False, markup=False, soft_wrap=True)
+        cli.err_console.print(
+            f"[bold red]kvsim internal error[/] (a bug in kvsim, not a vLLM finding) in case "
+            f"{error.case_index} (case seed {error.case_seed}): {escape(error.error)}\n"
+            f"  reproduce: {replay} {error.case_seed}",
+            highlight=False,
+            soft_wrap=True,
         )
-    report.elapsed_s = time.perf_counter() - start
-    report.stopped_by = f"case seed {case_seed}"
-    return report
+    if inconsistency is not None:
+        cli.err_console.print(
+            f"[bold red]kvsim internal inconsistency[/] (a bug in kvsim, not a vLLM finding): "
+            f"{report.num_inconsistent_cases} case(s) changed with the decode fast path and "
+            f"cohort off; first: case {inconsistency.case_index} (case seed "
+            f"{inconsistency.case_seed}), {escape(inconsistency.difference)}\n"
+            f"  reproduce: {replay} {inconsistency.case_seed}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _print_fuzz(cli, report) -> None:
     summary = (
         f"kvsim fuzz {report.design}: {report.num_cases} cases in {report.elapsed_s:.1f} s "
         f"(stopped by {report.stopped_by}); {report.num_violating_cases} cases with violations, "
-        f"{report.num_time_limited} livelocked (time cap), {report.num_fatal_errors} fatal engine errors"
+        f"{report.num_time_limited} livelocked (time cap), {report.num_fatal_errors} fatal engine errors; "
+        f"{report.num_cross_checked} cross-checked with the decode shortcuts off"
     )
     cli.console.print(summary, highlight=False)
     if report.num_invalid_cases:

@@ -1,25 +1,17 @@
 """`kvsim fuzz`: random but valid workloads and cache configurations, looking for violations.
 
-Every case is a complete scenario drawn from one integer, its case seed; the case seeds come
-from the master seed (`case_seed(master, i)`), so a fuzz run is a deterministic sequence of
-cases and only the number of cases a time budget reaches depends on the machine. With
-`max_cases` instead of a budget the whole run is deterministic.
-
-What a case varies (all small, so a case runs in milliseconds with the full audit):
-
-* cache: block size (2..16 tokens), pool (6..48 blocks), CPU blocks, watermark, sliding window
-  (none, or 1..6 blocks' worth of tokens), prefix caching;
-* scheduler: chunked prefill and its token budget, max_num_seqs, max_model_len, preemption
-  mode (v0: auto / recompute / swap), FCFS or priority;
-* workload: 2..24 inline requests, bursty or spread arrivals, prompts up to a little over
-  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes.
-
-Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
-prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
-V1 engine only recomputes.
+Every case is a complete scenario drawn from one integer, its case seed
+(`sim.ci.fuzz_cases`); the case seeds come from the master seed, so a fuzz run is a
+deterministic sequence of cases and only the number of cases a time budget reaches depends on
+the machine. With `max_cases` instead of a budget the whole run is deterministic.
 
 Example: `fuzz("v0-v2", master_seed=0, max_cases=50)` reports `admission_undercount` (the
 sliding-window undercount of vLLM #7470) with the seed of the first case that showed it.
+
+What is wrong with kvsim itself is never a finding (`sim.ci.selfcheck`): an exception that
+escapes the simulator stops the run as an internal error (traceback, case seed), and one case
+in `CROSS_CHECK_EVERY` also runs with the decode fast path and cohort off, any difference in
+its tables being an internal inconsistency.
 """
 
 from __future__ import annotations
@@ -29,168 +21,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from sim.audit import ViolationKind
 from sim.ci.check import explicit_yaml
+
+# The case generator, re-exported: `sim.ci.fuzz` is where callers look for all of it.
+from sim.ci.fuzz_cases import FUZZ_STEP_TIME as FUZZ_STEP_TIME
+from sim.ci.fuzz_cases import case_seed, generate_case
+from sim.ci.fuzz_cases import sim_time_limit_s as sim_time_limit_s
+from sim.ci.selfcheck import (
+    Inconsistency,
+    InternalError,
+    first_difference,
+    is_cross_checked,
+    tables_of,
+    without_shortcuts,
+)
 from sim.errors import InputError
 from sim.kv.config import Design
-from sim.scenario import Scenario, ScenarioError, scenario_from_dict
+from sim.scenario import Scenario, ScenarioError
 from sim.workload.errors import WorkloadError
 
-#: Simple step costs: enough to order events, cheap to compute.
-FUZZ_STEP_TIME = {
-    "linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}
-}
 DEFAULT_BUDGET_S = 60.0
-
-
-def case_seed(master_seed: int, index: int) -> int:
-    """The seed of case `index` of a fuzz run (a uint32, independent of every other case).
-
-    >>> case_seed(0, 0) == case_seed(0, 0) and case_seed(0, 0) != case_seed(0, 1)
-    True
-    """
-    sequence = np.random.SeedSequence(entropy=master_seed, spawn_key=(index,))
-    return int(sequence.generate_state(1, dtype=np.uint32)[0])
-
-
-def _int(rng: np.random.Generator, low: int, high: int) -> int:
-    """Uniform integer in [low, high] (both ends included)."""
-    return int(rng.integers(low, high + 1))
-
-
-def _cache_and_scheduler(
-    rng: np.random.Generator, design: Design, allow_swap: bool = True
-) -> tuple[dict, dict]:
-    block_size = int(rng.choice([2, 4, 8, 16]))
-    num_gpu_blocks = _int(rng, 6, 48)
-    sliding_window = _int(rng, 1, 6 * block_size) if rng.random() < 0.6 else None
-    is_v0 = design.api == "v0"
-    # vLLM 0.5.4 rejects a sliding window together with prefix caching or chunked prefill.
-    prefix_caching = bool(rng.random() < 0.4) and not (is_v0 and sliding_window is not None)
-    chunked = bool(rng.random() < 0.4) and not (is_v0 and sliding_window is not None)
-    if is_v0:
-        preemption_mode = str(rng.choice(["auto", "recompute", "swap"]))
-    else:
-        preemption_mode = "recompute"  # the V1 engine has no swapping
-    num_cpu_blocks = _int(rng, 0, 2 * num_gpu_blocks)
-    if preemption_mode == "recompute":
-        num_cpu_blocks = 0
-    if not allow_swap:
-        # Drawn above all the same, so a case seed stands for the same case otherwise.
-        preemption_mode, num_cpu_blocks = "recompute", 0
-    watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
-    # vLLM refuses to start unless one max-length request fits the pool (v0: G blocks; V1
-    # engine: G - 1, block 0 being the null block, and one more with a sliding window); see
-    # `sim.runner._check_cache_fits`.
-    usable_blocks = num_gpu_blocks if is_v0 else num_gpu_blocks - 2
-    max_model_len = _int(rng, 2 * block_size, usable_blocks * block_size)
-    max_num_seqs = _int(rng, 1, 8)
-    cache = {
-        "block_size": block_size,
-        "num_gpu_blocks": num_gpu_blocks,
-        "num_cpu_blocks": num_cpu_blocks,
-        "sliding_window": sliding_window,
-        "enable_prefix_caching": prefix_caching,
-        "watermark": watermark,
-    }
-    scheduler = {
-        "design": design.value,
-        "max_model_len": max_model_len,
-        "max_num_seqs": max_num_seqs,
-        "enable_chunked_prefill": chunked,
-        "policy": "priority" if rng.random() < 0.2 else "fcfs",
-        "preemption_mode": preemption_mode,
-    }
-    if chunked and rng.random() < 0.7:
-        # A small token budget makes prompts arrive in several chunks (vLLM: >= max_num_seqs).
-        low = max(max_num_seqs, block_size)
-        scheduler["max_num_batched_tokens"] = _int(rng, low, max(low, max_model_len))
-    if not is_v0 and rng.random() < 0.3:
-        scheduler["long_prefill_token_threshold"] = _int(rng, 1, max_model_len)
-    return cache, scheduler
-
-
-def _requests(rng: np.random.Generator, cache: dict, scheduler: dict) -> list[dict]:
-    block_size = cache["block_size"]
-    max_model_len = scheduler["max_model_len"]
-    num_requests = _int(rng, 2, 24)
-    mean_gap_s = float(rng.choice([0.0, 0.002, 0.01, 0.05]))
-    num_prefixes = _int(rng, 1, 3)
-    prefix_tokens = [_int(rng, 1, max(1, max_model_len // 2)) for _ in range(num_prefixes)]
-    share_prob = 0.6 if cache["enable_prefix_caching"] else 0.2
-    requests = []
-    arrival_s = 0.0
-    for _ in range(num_requests):
-        if mean_gap_s > 0:
-            arrival_s += float(rng.exponential(mean_gap_s))
-        # Mostly within max_model_len; a few beyond it exercise the "ignored" path.
-        prompt = _int(rng, 1, max_model_len + block_size if rng.random() < 0.1 else max_model_len)
-        request = {
-            "arrival_s": round(arrival_s, 6),
-            "prompt_tokens": prompt,
-            "output_tokens": _int(rng, 1, 3 * block_size),
-        }
-        if scheduler["policy"] == "priority":
-            request["priority"] = _int(rng, 0, 3)
-        if rng.random() < share_prob:
-            k = _int(rng, 0, num_prefixes - 1)
-            request["prefix_id"] = k
-            request["prefix_tokens"] = min(prompt, prefix_tokens[k])
-        requests.append(request)
-    return requests
-
-
-def sim_time_limit_s(requests: list[dict]) -> float:
-    """A simulated-time cap: 3x the time to serve the requests one by one, plus the arrivals.
-
-    A pool too small for one sequence's next block makes v0 preempt and recompute it forever,
-    as vLLM does; the cap ends such a livelock (the run reports `stopped_early`, which is not
-    a violation). Serving one request alone takes at most one step per prompt token (the
-    smallest chunk) plus one per output token, each of at most fixed + per-token cost.
-    Example: 2 requests of 10 prompt + 5 output tokens arriving at 0 s ->
-    3 * 30 steps * 0.0052 s + 0 + 1 = 1.468 s.
-    """
-    linear = FUZZ_STEP_TIME["linear"]
-    step_s = linear["fixed_s"] + linear["per_prefill_token_s"] + linear["per_decode_seq_s"]
-    num_steps = sum(r["prompt_tokens"] + r["output_tokens"] for r in requests)
-    last_arrival_s = max(r["arrival_s"] for r in requests)
-    return round(3 * num_steps * step_s + last_arrival_s + 1.0, 6)
-
-
-def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
-    """The valid scenario that case seed `seed` stands for on `design` (a pure function).
-
-    `allow_swap=False` turns swap preemption off (recompute only, no CPU blocks) and changes
-    nothing else of the case.
-    """
-    design = Design(design)
-    rng = np.random.default_rng(seed)
-    cache, scheduler = _cache_and_scheduler(rng, design, allow_swap)
-    requests = _requests(rng, cache, scheduler)
-    data = {
-        "name": f"fuzz-{design.value}-{seed}",
-        "description": f"kvsim fuzz case seed {seed} on {design.value}",
-        "seed": seed,
-        "model": None,
-        "cache": cache,
-        "scheduler": scheduler,
-        "engine": {
-            "audit_level": "full",
-            "violation_policy": "record",
-            "max_sim_time_s": sim_time_limit_s(requests),
-        },
-        "workload": {"kind": "inline", "requests": requests},
-        "step_time": FUZZ_STEP_TIME,
-        "expect": {"violations": "none"},
-    }
-    return scenario_from_dict(data, f"fuzz case {seed}")
 
 
 @dataclass(slots=True)
 class Finding:
-    """The first case that showed one violation kind (or an engine exception)."""
+    """The first case that showed one violation kind."""
 
     kind: str
     case_index: int
@@ -229,10 +85,22 @@ class FuzzReport:
     num_invalid_cases: int = 0
     first_invalid: str | None = None
     saved: dict[str, Path] = field(default_factory=dict)
+    #: Cases also run with the decode fast path and cohort off (`sim.ci.selfcheck`).
+    num_cross_checked: int = 0
+    #: The first case whose tables changed with the shortcuts off, and how many did.
+    inconsistency: Inconsistency | None = None
+    num_inconsistent_cases: int = 0
+    #: An exception that escaped the simulator (a kvsim bug); the run stops there.
+    internal_error: InternalError | None = None
 
     @property
     def kinds(self) -> list[str]:
         return sorted(self.findings)
+
+    @property
+    def kvsim_is_wrong(self) -> bool:
+        """An internal error or inconsistency: a bug in kvsim, not a finding about vLLM."""
+        return self.internal_error is not None or self.inconsistency is not None
 
     def to_dict(self) -> dict:
         return {
@@ -247,6 +115,10 @@ class FuzzReport:
             "num_time_limited": self.num_time_limited,
             "num_invalid_cases": self.num_invalid_cases,
             "first_invalid": self.first_invalid,
+            "num_cross_checked": self.num_cross_checked,
+            "num_inconsistent_cases": self.num_inconsistent_cases,
+            "inconsistency": self.inconsistency.to_dict() if self.inconsistency else None,
+            "internal_error": self.internal_error.to_dict() if self.internal_error else None,
             "findings": [
                 {
                     "kind": f.kind,
@@ -274,31 +146,80 @@ class CaseResult:
     kinds: list[tuple[str, str, float | None]]
     fatal_error: str | None = None
     stopped_early: str | None = None
+    #: With a cross-check: None when the shortcuts changed nothing, else the first difference.
+    difference: str | None = None
 
     @property
     def kind_names(self) -> list[str]:
         return [kind for kind, _, _ in self.kinds]
 
 
-def run_case(scenario: Scenario) -> CaseResult:
-    """Run one case. An exception escaping the simulator is a finding, `exception:<Type>`."""
+def run_case(scenario: Scenario, cross_check: bool = False) -> CaseResult:
+    """Run one case (and with `cross_check`, again with the fast path and cohort off).
+
+    An exception propagates: a modelled failure of the real code never escapes a run (the
+    auditor records it and the engine stops with a `fatal_error`), so one that does is a bug
+    in kvsim, which the caller reports as an internal error, not as a finding.
+    """
     from sim.runner import run
 
-    try:
-        result = run(scenario)
-    except (ScenarioError, WorkloadError):
-        raise
-    except Exception as error:  # noqa: BLE001 - a crash of the simulator is what we look for
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        kind = f"exception:{type(error).__name__}"
-        return CaseResult([(kind, f"{type(error).__name__}: {first_line}", None)])
+    result = run(scenario)
+    difference = None
+    if cross_check:
+        slow = run(without_shortcuts(scenario))
+        difference = first_difference(tables_of(result), tables_of(slow))
     frame = result.violations
     kinds = []
     for kind in sorted(set(frame["kind"])) if len(frame) else []:
         row = frame[frame["kind"] == kind].iloc[0]
         time_s = row["time_s"]
         kinds.append((kind, str(row["message"]), None if time_s != time_s else float(time_s)))
-    return CaseResult(kinds, result.summary.get("fatal_error"), result.summary.get("stopped_early"))
+    return CaseResult(
+        kinds, result.summary.get("fatal_error"), result.summary.get("stopped_early"), difference
+    )
+
+
+def record_case(
+    report: FuzzReport,
+    index: int,
+    seed: int,
+    scenario: Scenario,
+    started_s: float,
+    cross_check: bool | None = None,
+) -> None:
+    """Run case `index` (seed `seed`) and add what it showed to `report`.
+
+    `cross_check=None` cross-checks the cases `is_cross_checked(seed)` picks.
+    """
+    if cross_check is None:
+        cross_check = is_cross_checked(seed)
+    report.num_cases += 1
+    try:
+        case = run_case(scenario, cross_check)
+    except (ScenarioError, WorkloadError) as error:
+        report.num_invalid_cases += 1
+        report.first_invalid = report.first_invalid or f"case seed {seed}: {error}"
+        return
+    except Exception as error:  # noqa: BLE001 - any escape is a kvsim bug: reported as such
+        report.internal_error = InternalError.from_exception(index, seed, error)
+        return
+    report.num_cross_checked += cross_check
+    if case.difference is not None:
+        report.num_inconsistent_cases += 1
+        if report.inconsistency is None:
+            report.inconsistency = Inconsistency(index, seed, case.difference)
+    report.num_fatal_errors += case.fatal_error is not None
+    report.num_time_limited += bool(case.stopped_early) and case.fatal_error is None
+    report.num_violating_cases += bool(case.kinds)
+    observed = case.kind_names
+    for kind, message, time_s in case.kinds:
+        if kind in report.findings:
+            report.findings[kind].count += 1
+        else:
+            found_after_s = time.perf_counter() - started_s
+            report.findings[kind] = Finding(
+                kind, index, seed, message, time_s, scenario, observed, 1, found_after_s
+            )
 
 
 def fuzz(
@@ -311,7 +232,8 @@ def fuzz(
 ) -> FuzzReport:
     """Run cases `case_seed(master_seed, 0), (…, 1), …` until the budget or the case count ends.
 
-    At least one case always runs. Returns the first finding of every distinct kind.
+    At least one case always runs. Returns the first finding of every distinct kind. An
+    internal error (`sim.ci.selfcheck`) stops the run at its case.
     """
     design = Design(design)
     if budget_s is None and max_cases is None:
@@ -325,30 +247,14 @@ def fuzz(
     index = 0
     while True:
         seed = case_seed(master_seed, index)
-        scenario = generate_case(design, seed, allow_swap)
-        try:
-            case = run_case(scenario)
-        except (ScenarioError, WorkloadError) as error:
-            report.num_invalid_cases += 1
-            report.first_invalid = report.first_invalid or f"case seed {seed}: {error}"
-            case = CaseResult([])
-        report.num_cases += 1
-        report.num_fatal_errors += case.fatal_error is not None
-        report.num_time_limited += bool(case.stopped_early) and case.fatal_error is None
-        report.num_violating_cases += bool(case.kinds)
-        observed = case.kind_names
-        for kind, message, time_s in case.kinds:
-            if kind in report.findings:
-                report.findings[kind].count += 1
-            else:
-                found_after_s = time.perf_counter() - start
-                report.findings[kind] = Finding(
-                    kind, index, seed, message, time_s, scenario, observed, 1, found_after_s
-                )
+        record_case(report, index, seed, generate_case(design, seed, allow_swap), start)
         if on_case is not None:
             on_case(index, report)
         index += 1
         report.elapsed_s = time.perf_counter() - start
+        if report.internal_error is not None:
+            report.stopped_by = f"an internal error in case {index - 1}"
+            break
         if max_cases is not None and index >= max_cases:
             report.stopped_by = f"{max_cases} cases"
             break
@@ -358,9 +264,20 @@ def fuzz(
     return report
 
 
+def fuzz_one_case(design: str | Design, seed: int, allow_swap: bool = True) -> FuzzReport:
+    """Replay one case seed (`kvsim fuzz --case-seed`), always cross-checked."""
+    design = Design(design)
+    report = FuzzReport(design.value, master_seed=-1, allow_swap=allow_swap)
+    start = time.perf_counter()
+    record_case(report, 0, seed, generate_case(design, seed, allow_swap), start, cross_check=True)
+    report.elapsed_s = time.perf_counter() - start
+    report.stopped_by = f"case seed {seed}"
+    return report
+
+
 def finding_yaml(finding: Finding, design: str) -> str:
     """A self-contained scenario for a finding, expecting exactly the kinds its case showed."""
-    kinds = [k for k in finding.observed_kinds if not k.startswith("exception:")]
+    kinds = list(finding.observed_kinds)
     scenario = finding.scenario.model_copy(
         update={
             "name": f"fuzz-{design}-{finding.kind.replace(':', '-')}-{finding.case_seed}",

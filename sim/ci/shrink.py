@@ -329,7 +329,7 @@ class Shrinker:
                 best = minimize_int(
                     current,
                     lowest,
-                    lambda v, i=i, name=name: self.holds(self._with(i, **{name: v})),
+                    lambda v, i=i, name=name: self.holds(self._with(i, **{name: v})),  # type: ignore[misc]
                 )
                 self.requests = self._with(i, **{name: best})
 
@@ -422,7 +422,7 @@ def shrink(
         if first is None:
             kind = next(iter(kinds))
         else:
-            kind = str(first.violations.sort_values("time_s", kind="stable").iloc[0]["kind"])
+            kind = str(first.violations.sort_values("time_s", kind="stable").iloc[0]["kind"])  # type: ignore[attr-defined]
         oracle.kind = kind
     elif kind not in kinds:
         shown = ", ".join(sorted(kinds))

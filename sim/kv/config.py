@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from sim.kv.protocol import V0BlockManager, V1KVCacheManager
 
 
 class Design(enum.Enum):
@@ -87,9 +90,11 @@ _DESIGN_CLASSES = {
 }
 
 
-def make_manager(design: Design | str, config: KVCacheConfig):
+def make_manager(design: Design | str, config: KVCacheConfig) -> V0BlockManager | V1KVCacheManager:
     """Build the model of `design` over `config`."""
     design = Design(design)
     module_name, class_name = _DESIGN_CLASSES[design]
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls: Callable[[KVCacheConfig], V0BlockManager | V1KVCacheManager] = getattr(
+        importlib.import_module(module_name), class_name
+    )
     return cls(config)

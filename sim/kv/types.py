@@ -22,10 +22,12 @@ from __future__ import annotations
 import bisect
 import enum
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import Any, NewType
 
 BlockId = NewType("BlockId", int)
 BlockHash = NewType("BlockHash", int)
+#: The content key of a token span: ((stream key, from, to), ...) per overlapped segment.
+ContentKey = tuple[tuple[int, int, int], ...]
 
 #: Seed of every hash chain; an int so hashes never depend on PYTHONHASHSEED.
 NONE_HASH = BlockHash(0x5EED_C0DE)
@@ -41,7 +43,7 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def chain_hash(parent: int, content: tuple) -> BlockHash:
+def chain_hash(parent: int, content: ContentKey) -> BlockHash:
     """Hash of a full block given its parent's hash and its content key.
 
     Built on ``hash()`` of a tuple of ints, which CPython computes without the string-hash
@@ -179,12 +181,12 @@ class TokenContent:
             remaining -= take
         return out
 
-    def span_key(self, start: int, end: int) -> tuple:
+    def span_key(self, start: int, end: int) -> ContentKey:
         """Content key of tokens [start, end): ((key, from, to), ...) per overlapped segment."""
         self._fold()
         if not 0 <= start <= end <= self.num_tokens:
             raise IndexError(f"span [{start}, {end}) outside 0..{self.num_tokens}")
-        parts = []
+        parts: list[tuple[int, int, int]] = []
         i = bisect.bisect_right(self._starts, start) - 1
         pos = start
         while pos < end:
@@ -196,7 +198,7 @@ class TokenContent:
             i += 1
         return tuple(parts)
 
-    def block_key(self, block_index: int, block_size: int) -> tuple:
+    def block_key(self, block_index: int, block_size: int) -> ContentKey:
         """Content key of full logical block `block_index` (must be full)."""
         start = block_index * block_size
         return self.span_key(start, start + block_size)
@@ -319,7 +321,7 @@ class DoubleFreeError(ValueError, ManagerError):
     """Freeing a block whose refcount is already 0 (vLLM v0 "Double free! ...")."""
 
 
-def num_leading_nulls(blocks: list) -> int:
+def num_leading_nulls(blocks: list[Any]) -> int:
     """How many entries at the front of a block table are null blocks (`.is_null`).
 
     Tables whose null entries form a prefix (the sliding-window drop and skip nulls indices

@@ -76,7 +76,7 @@ def swap_cost(allocator: DeviceAllocator, blocks: list[Block]) -> int:
             if content_hash in claimed_hashes:
                 continue
             claimed_hashes.add(content_hash)
-            cached_id = allocator.cached_block_id(content_hash)
+            cached_id = allocator.cached_block_id(content_hash)  # type: ignore[union-attr]  # hashes: caching
             if cached_id is not None and allocator.refcounter.get(cached_id) > 0:
                 continue
         num_taken += 1
@@ -135,7 +135,7 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
         # The null block stays on the GPU and stays shared; only real blocks move.
         return [b for b in table.blocks if not b.is_null]
 
-    def _blocks_for_swap(self, seq_group, status) -> list[Block]:
+    def _blocks_for_swap(self, seq_group: SequenceGroup, status: SequenceStatus) -> list[Block]:
         return [b for b in super()._blocks_for_swap(seq_group, status) if not b.is_null]
 
     # -- swap admission: count what swap (and the append after swap-in) takes -----------
@@ -199,7 +199,7 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
     # is returned; after it (5 blocks) the answer is 81 (index 1 is dropped). `sync_decode`
     # then writes the skipped tokens (e.g. slots 65 -> 79 before a call at 80).
 
-    def max_seq_footprint(self, seq) -> int | None:
+    def max_seq_footprint(self, seq: Sequence) -> int | None:
         window = self.max_block_sliding_window
         if window is None:
             return None

@@ -213,7 +213,7 @@ class BlockSpaceManagerV1:
             # first w) at once; the ring entries repeat them, and their `set_ref` calls find
             # every own block at `ref_count` already, so they change nothing.
             num_own = num_blocks if w is None else min(num_blocks, w)
-            own = self.gpu_allocator.allocate_n(num_own, ref_count)
+            own = self.gpu_allocator.allocate_n(num_own, ref_count)  # type: ignore[union-attr]  # uncached
             if len(own) < num_own:
                 taken.extend((block, ref_count) for block in own)
                 raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)

@@ -312,7 +312,7 @@ class CachedBlockAllocator(_RefCounting):
             self.hash_to_block[block_hash] = block
             self._take(block)
             return block
-        block = self.hash_to_block.get(block_hash)
+        block = self.hash_to_block.get(block_hash)  # type: ignore[assignment]  # None: below
         if block is None:
             block = self._new_or_evicted_block(block_hash, num_hashed_tokens)
             self.hash_to_block[block_hash] = block

@@ -130,7 +130,7 @@ class CalibratedStepTime:
             if self._num_full:
                 total += self._num_full * self._decode_s(num_dec, batch.decode_context_sum)
             if self._num_slide:
-                ctx_win = batch.decode_windowed_context_sum(window)
+                ctx_win = batch.decode_windowed_context_sum(window)  # type: ignore[arg-type]  # sliding layers: a window
                 total += self._num_slide * self._decode_s(num_dec, ctx_win)
         total += self._num_full * per_layer_full
         total += self._num_slide * (per_layer_full - pre_full + pre_win)

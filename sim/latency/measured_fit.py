@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -360,7 +361,7 @@ def fit_engine(root: str | Path, keep=None) -> dict[str, dict]:
     raw = pd.read_csv(Path(root) / "data/profiling/a100/cpu_overheads.csv")
     if keep is not None:  # a row selector of cpu_overheads.csv: frame -> bool mask
         raw = raw[keep(raw)]
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for gen, phases in (("v0", OVERHEAD_PHASES), ("v1", V1_PHASES)):
         rows = pd.DataFrame(dict(batch=raw.batch_size, time_s=raw[list(phases)].sum(axis=1) * 1e-3))
         out[gen] = fit_overhead(rows)
@@ -380,7 +381,7 @@ def fit_gpu(tables: Tables, gpu: str, attention_gpu: str) -> dict[str, dict]:
     """Every GPU-side term for one GPU (attention from `attention_gpu` when `gpu` has none)."""
     has_attention = (tables.decode.gpu == gpu).any()
     att = gpu if has_attention else attention_gpu
-    coeffs = {
+    coeffs: dict[str, dict[str, Any]] = {
         "gemm": fit_gemm(tables.gemm[tables.gemm.gpu == gpu], gpu),
         "elementwise": fit_elementwise(tables.elementwise[tables.elementwise.gpu == gpu], gpu),
         "decode_attention": fit_decode(tables.decode[tables.decode.gpu == att], att),

@@ -142,7 +142,7 @@ class StepTimeProfile(_Closed):
         for name, op in self.gemms.items():
             _expect_features(f"gemms.{name}", op, GEMM_FEATURES)
             tokens = [p.params.get("tokens") for p in op.points]
-            if any(t is None for t in tokens) or sorted(set(tokens)) != tokens:
+            if any(t is None for t in tokens) or sorted(set(tokens)) != tokens:  # type: ignore[type-var]
                 raise ValueError(f"gemms.{name}.points must have strictly increasing 'tokens'")
         return self
 

@@ -114,7 +114,7 @@ def run_point(
         row["error"] = None
     except Exception as error:  # noqa: BLE001 - a failing point must not sink the sweep
         row.update({name: None for name in METRIC_COLUMNS})
-        last = traceback.extract_tb(error.__traceback__)[-1:] or [None]
+        last = traceback.extract_tb(error.__traceback__)[-1:] or [None]  # type: ignore[list-item]
         where = f" ({Path(last[0].filename).name}:{last[0].lineno})" if last[0] else ""
         row["error"] = (
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}{where}"

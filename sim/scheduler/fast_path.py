@@ -18,6 +18,7 @@ walk every request, and for schedulers used without a cohort.
 
 from __future__ import annotations
 
+from sim.audit.base import AuditorBase
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import SchedulerConfig
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
@@ -32,7 +33,7 @@ class FastPathScheduler:
     _cohort: DecodeCohort | None
     _outsiders: dict[Request, None]
 
-    def _init_fast_path(self, config: SchedulerConfig, manager) -> None:
+    def _init_fast_path(self, config: SchedulerConfig, manager: AuditorBase) -> None:
         self._fast_path = fast_path_enabled(config, manager)
         # The fast-path calls, bound once (they run on every touched decode).
         self._touch_len_of = manager.decode_touch_len if self._fast_path else None
@@ -67,7 +68,7 @@ class FastPathScheduler:
             self._sync_decode(request.seq)
 
 
-def fast_path_enabled(config: SchedulerConfig, manager) -> bool:
+def fast_path_enabled(config: SchedulerConfig, manager: object) -> bool:
     """On when asked for, for plain single-token decodes, and when the manager supports it."""
     return (
         config.decode_fast_path
@@ -95,7 +96,7 @@ def add_quiet_decode(request: Request, plan: StepPlan, finish_len: int) -> None:
         plan.quiet_contexts.append(seq.num_computed_tokens)
 
 
-def sync(manager, request: Request) -> None:
+def sync(manager: AuditorBase, request: Request) -> None:
     """Before a real call: let the manager catch up on the decode steps that were skipped."""
     if request.needs_sync:
         request.needs_sync = False

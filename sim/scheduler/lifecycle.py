@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 from sim.audit import AuditError
+from sim.audit.base import AuditorBase
 from sim.scheduler.fast_path import sync
 from sim.scheduler.request import Request, RequestState, StepPlan
 
@@ -26,7 +27,9 @@ def finish(request: Request, reason: str, now_s: float) -> None:
     request.finish(RequestState.FINISHED, reason, now_s)
 
 
-def fail(manager, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
+def fail(
+    manager: AuditorBase, request: Request, plan: StepPlan, error: AuditError, now_s: float
+) -> None:
     """Fail a request whose manager call raised (the auditor recorded why) and release what it
     still holds; the table may never have been created, so a failing free is ignored."""
     request.finish(RequestState.FAILED, error.violation.message, now_s)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 
-from sim.audit import AuditError
+from sim.audit import AuditedV0Manager, AuditError
 from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.cohort import DecodeCohort
@@ -46,7 +47,7 @@ class V0Scheduler(FastPathScheduler):
     #: turn it off to show that the skip changes no result.
     skip_repeated_later = True
 
-    def __init__(self, config: SchedulerConfig, block_manager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: AuditedV0Manager) -> None:
         self.config = config
         self.block_manager = block_manager
         self.token_budget = config.token_budget("v0")
@@ -110,7 +111,7 @@ class V0Scheduler(FastPathScheduler):
         self._front_key = -1
         self._outsiders = dict.fromkeys(self.running)
 
-    def _append_running(self, requests: list[Request]) -> None:
+    def _append_running(self, requests: Sequence[Request]) -> None:
         self.running.extend(requests)
         if self._cohort is not None:
             for request in requests:
@@ -581,7 +582,7 @@ class V0Scheduler(FastPathScheduler):
 
     def _walk_running(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
-    ) -> tuple[list[Request], list[Request], list[Request], list[Request] | None]:
+    ) -> tuple[Sequence[Request], Sequence[Request], Sequence[Request], Sequence[Request] | None]:
         """The running phase, lazily when a cohort allows it. Returns (kept, preempted,
         swapped out, kept prefills of a lazy walk or None after a full walk)."""
         if self._cohort is not None:
@@ -602,7 +603,7 @@ class V0Scheduler(FastPathScheduler):
         if not prefills and self.config.policy is Policy.PRIORITY:
             self._schedule_priority_preemption(budget, plan, now_s)
         kept, preempted, swapped_out, swapped_in = _NONE, _NONE, _NONE, _NONE
-        kept_prefill: list[Request] | None = _NONE  # empty: `running` was not walked
+        kept_prefill: Sequence[Request] | None = _NONE  # empty: `running` was not walked
         if not prefills:
             kept, preempted, swapped_out, kept_prefill = self._walk_running(
                 budget, plan, now_s, chunking=False
@@ -623,7 +624,13 @@ class V0Scheduler(FastPathScheduler):
         self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
     def _requeue(
-        self, prefills, kept, preempted, swapped_out, swapped_in, kept_prefill=None
+        self,
+        prefills: Sequence[Request],
+        kept: Sequence[Request],
+        preempted: Sequence[Request],
+        swapped_out: Sequence[Request],
+        swapped_in: Sequence[Request],
+        kept_prefill: Sequence[Request] | None = None,
     ) -> None:
         """Put the step's requests back in the queues.
 
@@ -700,7 +707,7 @@ class V0Scheduler(FastPathScheduler):
 
 
 #: No requests: an immutable empty sequence shared by every step (read, never appended to).
-_NONE: tuple = ()
+_NONE: Sequence[Request] = ()
 
 
 def _order_key(request: Request) -> int:

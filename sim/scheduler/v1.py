@@ -20,8 +20,9 @@ is queued, which kvsim reports as ignored at arrival.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
-from sim.audit import AuditError
+from sim.audit import AuditedV1Manager, AuditError
 from sim.kv.types import SequenceStatus
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
@@ -38,7 +39,7 @@ class V1Scheduler(FastPathScheduler):
     #: turn it off to show that the skip changes no result.
     skip_repeated_later = True
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: AuditedV1Manager) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.token_budget = config.token_budget("v1")
@@ -52,7 +53,7 @@ class V1Scheduler(FastPathScheduler):
         # taken to have it). Without them the waiting phase can skip known refusals.
         self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
         if not self._prefix_hits_possible:
-            self._num_free_blocks = lambda: kv_cache_manager.num_free_blocks
+            self._num_free_blocks: Callable[[], int] = lambda: kv_cache_manager.num_free_blocks
         self._later_key: tuple[int, int, int] | None = None
         self._later_num_new = 0
         self._later_free = 0

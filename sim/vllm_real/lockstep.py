@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
@@ -96,7 +97,7 @@ class VerifyResult:
             )
             + f" ({self.num_workloads} workloads, {self.num_crashes} crashes seen on both sides; {counts})"
         )
-        return head if self.identical else head + "\n" + self.divergence.describe()
+        return head if self.identical else head + "\n" + self.divergence.describe()  # type: ignore[union-attr]
 
 
 class _Diverged(Exception):
@@ -171,7 +172,7 @@ class _Pair:
         self.op_index = 0
         self.result: VerifyResult | None = None
         #: The real side's outcome of the last `call` (ids may differ when not compared).
-        self.last_real: tuple[str, object] = ("ok", None)
+        self.last_real: tuple[str, Any] = ("ok", None)
         self.skip_swa_fork = False
 
     def free_counts(self, mgr) -> tuple[int, int]:
@@ -195,7 +196,7 @@ class _Pair:
             )
         )
 
-    def call(self, op: str, rid: int | None, fn: Callable[[object], object], ids: bool = True):
+    def call(self, op: str, rid: int | None, fn: Callable[..., Any], ids: bool = True) -> Any:
         """Apply `fn` to both managers, compare outcome and free counts; return the outcome."""
         self.op_index += 1
         self.history.append(op)

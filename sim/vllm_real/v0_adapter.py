@@ -27,6 +27,7 @@ Worked example (the issue #7470 "4 vs 3" case, bs=16, W=24, G=10)::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
@@ -97,7 +98,7 @@ class RealV0Manager:
         self.max_block_sliding_window = getattr(self.real, "max_block_sliding_window", None)
         self.num_total_gpu_blocks = config.num_gpu_blocks
         self.num_total_cpu_blocks = config.num_cpu_blocks
-        self._real_seqs: dict[int, object] = {}
+        self._real_seqs: dict[int, Any] = {}
         # V1's uncached allocator creates every block up front; keep them to see leaked ones.
         self._v1_gpu_blocks = (
             list(self.real.gpu_allocator.free_blocks)

@@ -20,6 +20,7 @@ Worked example (spec vector 6, bs=16, 11 blocks, no caching)::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sim.errors import InputError
 from sim.kv.config import KVCacheConfig
@@ -81,7 +82,7 @@ class RealKVCacheManager:
             # vLLM's engine does this once at startup; the seed is process-wide.
             self._kcu.init_none_hash(hash_fn)
         self._hasher = self._kcu.get_request_block_hasher(config.block_size, hash_fn)
-        self._requests: dict[int, object] = {}
+        self._requests: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ kvsim -> vLLM objects
     def _request(self, seq: Sequence):

@@ -64,7 +64,7 @@ def _inline(spec: WorkloadConfig) -> Workload:
                 column="arrival_s",
                 unit="item",
             )
-        prefix = ()
+        prefix: tuple[Segment, ...] = ()
         if item.prefix_id is not None and item.prefix_tokens > 0:
             prefix = (Segment(PREFIX_KEY_BASE + item.prefix_id, item.prefix_tokens),)
         requests.append(

@@ -84,8 +84,8 @@ def _output_column(values: Any, name: str, loc: RowLocator) -> np.ndarray:
 
 def _row_of(exc: WorkloadError, loc: RowLocator) -> int:
     if loc.line_numbers is not None:
-        return int(np.searchsorted(loc.line_numbers, exc.line))
-    return int(exc.line) - loc.first_line
+        return int(np.searchsorted(loc.line_numbers, exc.line))  # type: ignore[arg-type]  # a row error has a line
+    return int(exc.line) - loc.first_line  # type: ignore[arg-type]
 
 
 def _arrivals(values: Any, name: str, loc: RowLocator, divisor: float = 1.0) -> np.ndarray:

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.dataset}: no such file", file=sys.stderr)
         return 2
     try:
-        from transformers import AutoTokenizer  # optional: only this tool needs it
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]  # optional: only this tool needs it
     except ImportError:
         print("this tool needs `pip install transformers`", file=sys.stderr)
         return 2

@@ -61,13 +61,13 @@ def sample_lengths(
         values = rng.integers(dist.min_tokens, dist.max_tokens, size=num, endpoint=True)
     elif dist.kind == "lognormal":
         # mean m, cv c of the lognormal: sigma^2 = ln(1 + c^2), mu = ln(m) - sigma^2 / 2.
-        sigma2 = np.log1p(dist.cv**2)
-        mu = np.log(dist.mean) - sigma2 / 2
+        sigma2 = np.log1p(dist.cv**2)  # type: ignore[operator]  # validated: lognormal has cv, mean
+        mu = np.log(dist.mean) - sigma2 / 2  # type: ignore[arg-type]
         raw = rng.lognormal(mu, np.sqrt(sigma2), num)
         values = np.rint(np.minimum(raw, float(hi))).astype(np.int64)
     elif dist.kind == "zipf":
-        ranks = np.arange(1, dist.max_tokens - dist.min_tokens + 2, dtype=np.float64)
-        weights = ranks**-dist.exponent
+        ranks = np.arange(1, dist.max_tokens - dist.min_tokens + 2, dtype=np.float64)  # type: ignore[operator]  # validated
+        weights = ranks**-dist.exponent  # type: ignore[operator]
         values = (
             dist.min_tokens
             - 1

@@ -15,7 +15,7 @@ Worked example (bs=16, W=64 so M = 64//16 + 2 = 6, 200-token prompt):
 
 from __future__ import annotations
 
-from sim.kv.types import EmptyAppendIndexError, NoFreeBlocksError, TokenContent, cdiv
+from sim.kv.types import ContentKey, EmptyAppendIndexError, NoFreeBlocksError, TokenContent, cdiv
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator
 from sim.kv.v0_v2.naive import Block
 
@@ -70,7 +70,7 @@ class BlockTable:
     # -- allocation ----------------------------------------------------------------------
     def _content_keys(
         self, content: TokenContent, start_block: int, end_block: int
-    ) -> list[tuple | None]:
+    ) -> list[ContentKey | None]:
         if not self._uses_content_keys:
             return [None] * (end_block - start_block)
         return [content.block_key(i, self.block_size) for i in range(start_block, end_block)]
@@ -161,7 +161,7 @@ class BlockTable:
             # last block and write the token into it (the naive `append_tokens`). The new block
             # is unshared (refcount 1), so no copy on write, unless the pool was corrupt.
             gpu = self._gpu
-            free_ids = gpu._free_block_ids
+            free_ids = gpu._free_block_ids  # type: ignore[union-attr]  # no caching: naive
             if not free_ids:
                 raise NoFreeBlocksError()
             block_id = free_ids.popleft()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from sim.kv.types import NullBlockWriteError
+from sim.kv.types import ContentKey, NullBlockWriteError
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
 from sim.kv.v0_v2.prefix_caching import PrefixCachingBlockAllocator
 
@@ -65,12 +65,12 @@ class CpuGpuBlockAllocator:
         return alloc.allocate_mutable_block(prev)
 
     def allocate_immutable_blocks(
-        self, prev: Block | None, keys: list, device: Device = Device.GPU
+        self, prev: Block | None, keys: list[ContentKey | None], device: Device = Device.GPU
     ) -> list[Block]:
         alloc = self.gpu if device is Device.GPU else self.cpu
         return alloc.allocate_immutable_blocks(prev, keys)
 
-    def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
+    def append_tokens(self, block: Block, num_tokens: int, key: ContentKey | None) -> None:
         if block.is_null:
             raise NullBlockWriteError("null block should not be modified")
         block_id = block.block_id

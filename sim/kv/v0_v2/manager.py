@@ -68,7 +68,7 @@ class BlockSpaceManagerV2:
             # The auditor asks twice per call and the scheduler several times per step:
             # answer with the allocator's own count, no frame of ours (the method below
             # documents it; a subclass that overrides it keeps its override).
-            self.get_num_free_gpu_blocks = self._count_free_gpu
+            self.get_num_free_gpu_blocks = self._count_free_gpu  # type: ignore[method-assign]
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
         self._last_access_tracker = LastAccessBlocksTracker(self.block_allocator)

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.kv.types import DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
+from sim.kv.types import ContentKey, DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
 
 
 @dataclass(slots=True, eq=False)
@@ -134,14 +134,14 @@ class NaiveBlockAllocator:
         return Block(self.allocate_block_id(), prev, num_tokens_total=total)
 
     def allocate_immutable_block(
-        self, prev: Block | None, key: tuple | None, content_hash: int | None = None
+        self, prev: Block | None, key: ContentKey | None, content_hash: int | None = None
     ) -> Block:
         block = self.allocate_mutable_block(prev)
         self.append_tokens(block, self.block_size, key)
         return block
 
     def allocate_immutable_blocks(
-        self, prev: Block | None, keys: list[tuple | None]
+        self, prev: Block | None, keys: list[ContentKey | None]
     ) -> list[Block]:
         """Pop every id first, then build the blocks (naive_block.py:L85-106 @00c3d68).
 
@@ -166,7 +166,7 @@ class NaiveBlockAllocator:
             append(prev)
         return blocks
 
-    def append_tokens(self, block: Block, num_tokens: int, key: tuple | None) -> None:
+    def append_tokens(self, block: Block, num_tokens: int, key: ContentKey | None) -> None:
         """Write `num_tokens` into `block`, copying it first if it is shared.
 
         Even an empty append runs the CoW check (naive_block.py:L384-396).
@@ -300,7 +300,7 @@ class NaiveBlockAllocator:
         return []
 
 
-def fork_blocks(refcounter, blocks: list[Block]) -> list[Block]:
+def fork_blocks(refcounter: RefCounter, blocks: list[Block]) -> list[Block]:
     """A chain of new block objects sharing every id of `blocks`, each id's refcount +1
     (both allocators' `fork`, naive_block.py / prefix_caching_block.py @00c3d68)."""
     forked: list[Block] = []

@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from os.path import commonprefix
 
-from sim.kv.types import NONE_HASH, NoFreeBlocksError, NullBlockWriteError, cdiv, chain_hash
+from sim.kv.types import (
+    NONE_HASH,
+    ContentKey,
+    NoFreeBlocksError,
+    NullBlockWriteError,
+    cdiv,
+    chain_hash,
+)
 from sim.kv.v0_v2.evictor import LRUEvictor
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator, fork_blocks
 
@@ -132,7 +139,7 @@ class PrefixCachingBlockAllocator:
         return len(blocks)
 
     # -- blocks --------------------------------------------------------------------------
-    def _hash_of(self, prev: Block | None, key: tuple) -> int | None:
+    def _hash_of(self, prev: Block | None, key: ContentKey) -> int | None:
         if prev is None:
             return chain_hash(NONE_HASH, key)
         if prev.content_hash is None:
@@ -144,7 +151,7 @@ class PrefixCachingBlockAllocator:
         return Block(self._allocate_block_id(), prev, num_tokens_total=total)
 
     def allocate_immutable_block(
-        self, prev: Block | None, key: tuple | None, content_hash: int | None = None
+        self, prev: Block | None, key: ContentKey | None, content_hash: int | None = None
     ) -> Block:
         """Reuse the cached id of this content, else allocate and promote (L132-166)."""
         if content_hash is None:
@@ -162,7 +169,7 @@ class PrefixCachingBlockAllocator:
         return block
 
     def allocate_immutable_blocks(
-        self, prev: Block | None, keys: list[tuple | None]
+        self, prev: Block | None, keys: list[ContentKey | None]
     ) -> list[Block]:
         blocks: list[Block] = []
         try:
@@ -175,7 +182,7 @@ class PrefixCachingBlockAllocator:
         return blocks
 
     def append_tokens(
-        self, block: Block, num_tokens: int, key: tuple | None, content_hash: int | None = None
+        self, block: Block, num_tokens: int, key: ContentKey | None, content_hash: int | None = None
     ) -> None:
         """Write tokens (CoW if shared); a block that fills up is promoted (L721-746)."""
         if block.is_null:
