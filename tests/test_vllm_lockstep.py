@@ -260,38 +260,6 @@ def test_kvsim_run_default_scenario_on_real_v0_v2_matches_the_model(monkeypatch)
     pd.testing.assert_frame_equal(real.violations, model.violations)
 
 
-def test_vllm_root_that_is_not_an_install_is_bad_input(tmp_path):
-    """Regression: `--vllm-root` was ignored, so any path (even a missing one) ran kvsim's model
-    and exited 0. Now a folder without vLLM is bad input: one line, exit status 2."""
-    from typer.testing import CliRunner
-
-    from sim.cli import app
-    from sim.runner import run
-    from sim.scenario import ScenarioError
-
-    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
-    for root in (tmp_path / "missing", tmp_path):
-        with pytest.raises(ScenarioError, match="vllm_root: no vllm package"):
-            run(scenario, vllm_root=root)
-    result = CliRunner().invoke(
-        app,
-        ["run", str(scenario), "--vllm-root", str(tmp_path / "missing"), "-o", str(tmp_path / "o")],
-    )
-    assert result.exit_code == 2
-    assert "no vllm package" in result.output and len(result.output.strip().splitlines()) == 1
-    assert not (tmp_path / "o").exists()
-
-
-def test_vllm_root_with_v0_fixed_is_bad_input(tmp_path):
-    """v0-fixed is kvsim's own design: there is no vLLM code to run for it."""
-    from sim.runner import run
-    from sim.scenario import ScenarioError
-
-    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_fixed.yaml"
-    with pytest.raises(ScenarioError, match="scheduler.design: v0-fixed"):
-        run(scenario, vllm_root=tmp_path)
-
-
 def test_vllm_root_of_a_version_without_the_design_is_bad_input():
     """The V1-engine manager does not exist in vLLM 0.5.4: bad input, not a traceback."""
     for mark in V054:
