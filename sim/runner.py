@@ -15,7 +15,8 @@ from pathlib import Path
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.v1_engine.releases import resolve_release
 from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
 from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
 from sim.results import RunResult, build_result
@@ -142,6 +143,10 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     inputs["max_num_batched_tokens"] = token_budget
     kv = _kv_config(scenario, model, token_budget, inputs)
     kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
+    if sched.design is Design.V1_ENGINE:  # unpinned scenarios get the latest release
+        release = resolve_release(sched.vllm_version, default_latest=True)
+        kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": release.value})
+        inputs["vllm_version"] = release.value
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:

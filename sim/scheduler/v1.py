@@ -28,6 +28,7 @@ from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
+from sim.scheduler.v1_release import policies_for
 
 
 class V1Scheduler(FastPathScheduler):
@@ -45,6 +46,8 @@ class V1Scheduler(FastPathScheduler):
         if not config.enable_chunked_prefill:
             # vLLM V1 without chunked prefill sets max_num_batched_tokens = max_model_len.
             self.token_budget = max(self.token_budget, config.max_model_len)
+        #: The pinned release's waiting-side rules (`sim.scheduler.v1_release`).
+        self.release_policies = policies_for(kv_cache_manager, self.token_budget)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._init_fast_path(config, kv_cache_manager)
@@ -367,6 +370,8 @@ class V1Scheduler(FastPathScheduler):
             if 0 < threshold < num_new:
                 num_new = threshold
             if not self.config.enable_chunked_prefill and num_new > budget:
+                if not self.release_policies.oversized_prompt.skips_to_next:
+                    break
                 skipped.append(self.waiting.popleft())
                 continue
             num_new = min(num_new, budget)
@@ -387,9 +392,14 @@ class V1Scheduler(FastPathScheduler):
             ):
                 break
             try:
-                blocks = self.kv_cache_manager.allocate_slots(
-                    seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
-                )
+                if self.release_policies.admission.admits(
+                    self.kv_cache_manager, seq, hit_block_ids if num_new_hit else []
+                ):
+                    blocks = self.kv_cache_manager.allocate_slots(
+                        seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
+                    )
+                else:
+                    blocks = None  # 0.33.0's full-sequence gate: refused like allocate_slots
             except AuditError as error:
                 self.waiting.popleft()
                 self._fail(request, plan, error, now_s)

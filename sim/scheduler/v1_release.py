@@ -1,0 +1,96 @@
+"""The V1 scheduler's release-dependent rules for WAITING requests, one small class each.
+
+`V1Scheduler` asks `policies_for(manager, token_budget)` once; the manager says which vLLM
+release it is pinned to (`KVCacheManager.vllm_release`; a manager that does not say, such as
+the real-vLLM adapter, is taken as 4ac7713).
+
+* Admission gate (may a waiting request be admitted at all, before its first chunk is
+  allocated?):
+  - `FirstChunkGate` (4ac7713 `sched/scheduler.py:L331-507`, 0.11.0 `L335-523`): always;
+    `allocate_slots` for the first chunk is the only check.
+  - `FullSequenceGate` (0.33.0 `sched/scheduler.py:L1435-1452`, `kv_cache_manager.py:L531-547`,
+    default `scheduler_reserve_full_isl=True`): only if the blocks for the whole current
+    sequence fit in the free pool (`sim.kv.v1_engine.admission`). Refused = `allocate_slots`
+    None: the waiting loop stops (head-of-line), nothing is preempted.
+* Prompt larger than the token budget without chunked prefill:
+  - `SkipOversized` (4ac7713 `L420-424`, 0.11.0 `L431-435`): set it aside and try the next
+    waiting request;
+  - `StopAtOversized` (0.33.0 `L1337-1344`): stop scheduling waiting requests this step.
+
+Example (bs=16, 10 free blocks, chunked prefill with a 64-token budget, a 200-token prompt at
+the head): 4ac7713 admits it with 4 blocks for its first chunk; 0.33.0 refuses it (13 > 10)
+and it waits until 13 blocks are free.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from sim.kv.types import Sequence
+from sim.kv.v1_engine.releases import BASELINE, VllmRelease
+
+
+class AdmissionGate(abc.ABC):
+    """Decides whether a waiting request may be admitted before its first allocation."""
+
+    @abc.abstractmethod
+    def admits(self, manager, seq: Sequence, hit_block_ids: list[int]) -> bool:
+        """True when the request may go on to `allocate_slots`."""
+
+
+class FirstChunkGate(AdmissionGate):
+    """4ac7713 / 0.11.0: no gate beyond the first chunk's own allocation."""
+
+    def admits(self, manager, seq: Sequence, hit_block_ids: list[int]) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class FullSequenceGate(AdmissionGate):
+    """0.33.0: the whole current sequence (SWA-capped) must fit in the free pool."""
+
+    #: Tokens scheduled but not yet settled: one batch in kvsim's synchronous engine.
+    max_in_flight_tokens: int
+
+    def admits(self, manager, seq: Sequence, hit_block_ids: list[int]) -> bool:
+        needed = manager.num_blocks_to_admit(seq, hit_block_ids, self.max_in_flight_tokens)
+        return needed <= manager.num_free_blocks
+
+
+class OversizedPromptRule(abc.ABC):
+    """Without chunked prefill: what a waiting request larger than the budget does."""
+
+    #: True: set it aside and try the next request; False: stop the waiting loop.
+    skips_to_next: bool
+
+
+class SkipOversized(OversizedPromptRule):
+    """4ac7713 / 0.11.0: skip it (it goes back to the head afterwards), try the next."""
+
+    skips_to_next = True
+
+
+class StopAtOversized(OversizedPromptRule):
+    """0.33.0: stop admitting for this step (strict FCFS)."""
+
+    skips_to_next = False
+
+
+@dataclass(frozen=True, slots=True)
+class V1ReleasePolicies:
+    """The release-dependent rules of one scheduler."""
+
+    release: VllmRelease
+    admission: AdmissionGate
+    oversized_prompt: OversizedPromptRule
+
+
+def policies_for(manager, token_budget: int) -> V1ReleasePolicies:
+    """The rules of the release `manager` is pinned to (4ac7713 when it does not say)."""
+    release = getattr(manager, "vllm_release", None)
+    if not isinstance(release, VllmRelease):
+        release = BASELINE
+    if release.has_full_sequence_gate:
+        return V1ReleasePolicies(release, FullSequenceGate(token_budget), StopAtOversized())
+    return V1ReleasePolicies(release, FirstChunkGate(), SkipOversized())
