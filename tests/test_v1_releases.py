@@ -10,6 +10,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.audit import AuditLevel, audited
 from sim.kv import Design, KVCacheConfig, make_manager
@@ -105,6 +107,44 @@ def test_free_order_with_caching_keeps_a_prefix_hit_on_0_33(pin):
         assert free_ids(m) == [5, 6, 3, 2, 1, 4]
         assert m.allocate_slots(e, 40) == [5, 6, 3]  # evicts A's h2 only
         assert m.get_computed_blocks(c) == ([1, 2], 32)
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 5), st.integers(1, 70)),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS, window=st.sampled_from([None, 20, 40]))
+def test_free_order_changes_ids_not_counts(ops, window):
+    """Without prefix caching the 0.33.0 free order changes which ids are handed out, never
+    whether a call succeeds or how many blocks are free (the order is a permutation)."""
+    old, new = make(12, "4ac7713", sliding_window=window), make(12, "0.33.0", sliding_window=window)
+    seqs = {}
+    for op, slot, num_tokens in ops:
+        if op == "free":
+            seq = seqs.pop(slot, None)
+            if seq is not None:
+                old.free(seq)
+                new.free(seq)
+            continue
+        seq = seqs.get(slot)
+        if seq is None:  # a new prompt of num_tokens
+            seq = seqs[slot] = seq_of(slot, slot, num_tokens)
+        else:  # a running one: what it had is computed, num_tokens more arrive
+            seq.num_computed_tokens = seq.num_tokens
+            seq.append_tokens(num_tokens)
+        got_old = old.allocate_slots(seq, num_tokens)
+        got_new = new.allocate_slots(seq, num_tokens)
+        assert (got_old is None) == (got_new is None)
+        if got_old is not None:
+            assert len(got_old) == len(got_new)
+        else:  # refused: preempt it (recompute), as the scheduler would
+            old.free(seqs.pop(slot))
+            new.free(seq)
+        assert old.num_free_blocks == new.num_free_blocks
+        assert old.num_seq_blocks(slot) == new.num_seq_blocks(slot)
 
 
 # ------------------------------------------------------------------- full-sequence count
