@@ -21,7 +21,7 @@ from sim.kv.v1_engine.free_queue import FreeBlockQueue
 from sim.kv.v1_engine.releases import LATEST, VllmRelease, resolve_release
 from sim.runner import resolve, run
 from sim.scenario import ScenarioError, load_scenario, scenario_from_dict
-from sim.scheduler import Request, SchedulerConfig, V1Scheduler
+from sim.scheduler import Policy, Request, SchedulerConfig, V1Scheduler
 from sim.scheduler.v1_release import FirstChunkGate, FullSequenceGate
 
 BS = 16
@@ -218,6 +218,71 @@ def test_prompt_over_the_budget_without_chunking_skips_or_stops(pin):
     else:  # 0.33.0 stops at 1
         assert scheduled == [0]
         assert [r.request_id for r in scheduler.waiting] == [1, 2]
+
+
+def _priority(num_gpu_blocks: int, pin: str) -> V1Scheduler:
+    return _v1(
+        num_gpu_blocks,
+        pin,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+        policy=Policy.PRIORITY,
+    )
+
+
+def _prio_request(request_id, prompt_tokens, priority, arrival_s=0.0):
+    content = TokenContent.unique(1000 + request_id, prompt_tokens)
+    return Request.new(request_id, arrival_s, content, 40, priority)
+
+
+def _ids(plan) -> list[tuple[int, int]]:
+    return sorted((w.request.request_id, w.num_tokens) for w in plan.all_scheduled())
+
+
+@pytest.mark.parametrize("pin", ALL)
+def test_priority_victim_scheduled_earlier_in_the_step(pin):
+    """3 usable blocks. b (priority 5) then a (priority 0) each hold 1 prompt block; b's first
+    decode took a 2nd block, so a's first decode finds none free. b, scheduled first in this
+    step, is the victim: 4ac7713/0.11.0 keep its token scheduled (and advance it), 0.33.0
+    un-schedules it and refunds the token."""
+    scheduler = _priority(4, pin)
+    scheduler.add_request(_prio_request(1, 16, 5))
+    scheduler.update(scheduler.schedule(0.0), 0.01)
+    scheduler.add_request(_prio_request(0, 16, 0, 0.01))
+    scheduler.update(scheduler.schedule(0.02), 0.03)
+    plan = scheduler.schedule(0.04)
+    assert plan.num_preempted == 1
+    assert [r.request_id for r in scheduler.waiting] == [1]
+    victim = scheduler.waiting[0]
+    if pin in OLD:
+        assert _ids(plan) == [(0, 1), (1, 1)]
+        assert victim.seq.num_computed_tokens == 1  # advanced after being reset to 0
+    else:
+        assert _ids(plan) == [(0, 1)]
+        assert victim.seq.num_computed_tokens == 0
+
+
+@pytest.mark.parametrize("pin", ALL)
+def test_priority_self_preemption_ends_the_loop_or_moves_on(pin):
+    """4 usable blocks. v (priority 9, 32-token prompt) holds 3 blocks after its first decode,
+    u (priority 0, 1 token) holds 1. 16 decodes later both cross a block boundary in the same
+    step; v, first in `running` and the worst, preempts itself. 4ac7713/0.11.0 end the running
+    loop there (u waits a step); 0.33.0 goes on and schedules u with v's freed blocks."""
+    scheduler = _priority(5, pin)
+    scheduler.add_request(_prio_request(1, 32, 9))
+    scheduler.update(scheduler.schedule(0.0), 0.01)
+    scheduler.add_request(_prio_request(2, 1, 0, 0.01))
+    now_s = 0.02
+    for _ in range(16):
+        plan = scheduler.schedule(now_s)
+        assert plan.num_preempted == 0
+        scheduler.update(plan, now_s + 0.005)
+        now_s += 0.01
+    plan = scheduler.schedule(now_s)
+    assert plan.num_preempted == 1
+    assert [r.request_id for r in scheduler.waiting] == [1]
+    assert [(r.request_id, r.seq.num_tokens) for r in scheduler.running] == [(2, 17)]
+    assert _ids(plan) == ([] if pin in OLD else [(2, 1)])
 
 
 # ------------------------------------------------------------------------- scenarios

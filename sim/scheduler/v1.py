@@ -13,6 +13,9 @@ There are no prefill/decode phases: each request has `num_computed_tokens` and i
 3. Every scheduled request's `num_computed_tokens` advances at schedule time
    (`_update_after_schedule`); a token is sampled only once all its tokens are computed.
 
+Where later releases decide differently (the admission gate, a prompt over the budget without
+chunked prefill, a PRIORITY victim), the rule is the pinned release's (`v1_release.py`).
+
 There is no NEVER path: vLLM's frontend rejects a prompt longer than `max_model_len` before it
 is queued, which kvsim reports as ignored at arrival.
 """
@@ -56,6 +59,10 @@ class V1Scheduler(FastPathScheduler):
         self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
         if not self._prefix_hits_possible:
             self._num_free_blocks = lambda: kv_cache_manager.num_free_blocks
+        # PRIORITY preemptions during one `_schedule_tokens` call: the running-loop indices
+        # of the victims and the tokens refunded to the budget (0.33.0's rule).
+        self._victim_indices: list[int] = []
+        self._refunded_tokens = 0
         self._later_key: tuple[int, int, int] | None = None
         self._later_num_new = 0
         self._later_free = 0
@@ -127,7 +134,10 @@ class V1Scheduler(FastPathScheduler):
     def _preempt(self, plan: StepPlan) -> Request:
         if self.config.policy is Policy.PRIORITY:
             victim = max(self.running, key=priority_key)
-            self.running.remove(victim)
+            victim_index = self.running.index(victim)
+            del self.running[victim_index]
+            self._victim_indices.append(victim_index)
+            self._refunded_tokens += self.release_policies.priority_victim.unschedule(plan, victim)
         else:
             victim = self.running.pop()
         if self._cohort is not None:
@@ -161,13 +171,29 @@ class V1Scheduler(FastPathScheduler):
                 index += 1
                 continue
             num_new = self._schedule_tokens(request, budget, plan, now_s)
+            if self._victim_indices:  # PRIORITY victims left `running` (see `_preempt`)
+                index, budget = self._after_priority_preemption(index, budget)
             if num_new is None:
                 continue  # failed: it left `running`
-            if num_new < 0:
-                break  # preempted itself
+            if num_new < 0:  # preempted itself
+                if self.config.policy is Policy.FCFS or (
+                    self.release_policies.priority_victim.self_preemption_ends_loop
+                ):
+                    break
+                continue  # 0.33.0: the next request now sits at `index`
             budget -= num_new
             index += 1
         return budget
+
+    def _after_priority_preemption(self, index: int, budget: int) -> tuple[int, int]:
+        """The running loop's index and budget after PRIORITY victims left `running`."""
+        rule = self.release_policies.priority_victim
+        for victim_index in self._victim_indices:
+            index = rule.index_after_removal(index, victim_index)
+        self._victim_indices.clear()
+        budget += self._refunded_tokens
+        self._refunded_tokens = 0
+        return index, budget
 
     def _schedule_running_lazy(self, plan: StepPlan, budget: int, now_s: float) -> int | None:
         """`_schedule_running` with a cohort: visit only the outsiders and the members whose

@@ -12,6 +12,16 @@ the real-vLLM adapter, is taken as 4ac7713).
     default `scheduler_reserve_full_isl=True`): only if the blocks for the whole current
     sequence fit in the free pool (`sim.kv.v1_engine.admission`). Refused = `allocate_slots`
     None: the waiting loop stops (head-of-line), nothing is preempted.
+* PRIORITY preemption in the running loop (the victim is the worst (priority, arrival)):
+  - `KeepScheduledVictim` (4ac7713 `sched/scheduler.py:L254-275`; 0.11.0 `L261-291`, which
+    drops the victim from its output list but keeps its tokens counted): a victim scheduled
+    earlier in this step keeps its tokens and spent budget; the loop index is not corrected;
+    a request that preempts itself ends the running loop.
+  - `RefundScheduledVictim` (0.33.0 `sched/scheduler.py:L930-990`): such a victim is
+    un-scheduled and its tokens go back to the budget; the loop index follows a victim
+    removed before it; a request that preempts itself lets the loop go on to the next.
+  FCFS preempts the last running request, never one scheduled earlier in the step, on every
+  release.
 * Prompt larger than the token budget without chunked prefill:
   - `SkipOversized` (4ac7713 `L420-424`, 0.11.0 `L431-435`): set it aside and try the next
     waiting request;
@@ -29,6 +39,7 @@ from dataclasses import dataclass
 
 from sim.kv.types import Sequence
 from sim.kv.v1_engine.releases import BASELINE, VllmRelease
+from sim.scheduler.request import Request, StepPlan
 
 
 class AdmissionGate(abc.ABC):
@@ -77,6 +88,58 @@ class StopAtOversized(OversizedPromptRule):
     skips_to_next = False
 
 
+class PriorityVictimRule(abc.ABC):
+    """PRIORITY policy: what preempting a running request does to the step being built."""
+
+    #: A request that preempted itself ends the running loop (else the loop goes on).
+    self_preemption_ends_loop: bool
+
+    @abc.abstractmethod
+    def unschedule(self, plan: StepPlan, victim: Request) -> int:
+        """Take the victim's work of this step out of `plan`; the tokens refunded."""
+
+    @abc.abstractmethod
+    def index_after_removal(self, index: int, victim_index: int) -> int:
+        """The running loop's index once `running[victim_index]` was removed."""
+
+
+class KeepScheduledVictim(PriorityVictimRule):
+    """4ac7713 / 0.11.0: nothing is refunded and the index stays (a request may be skipped)."""
+
+    self_preemption_ends_loop = True
+
+    def unschedule(self, plan: StepPlan, victim: Request) -> int:
+        return 0
+
+    def index_after_removal(self, index: int, victim_index: int) -> int:
+        return index
+
+
+class RefundScheduledVictim(PriorityVictimRule):
+    """0.33.0: the victim's scheduled tokens return to the budget; the index follows.
+
+    Example: running [a, b, c], a and b scheduled (10 and 1 tokens), c's chunk does not fit
+    and a is the worst: a is freed, its 10 tokens refunded, and c (now at index 1) retries.
+    """
+
+    self_preemption_ends_loop = False
+
+    def unschedule(self, plan: StepPlan, victim: Request) -> int:
+        for position, work in enumerate(plan.scheduled):
+            if work.request is victim:
+                del plan.scheduled[position]
+                return work.num_tokens
+        for position, request in enumerate(plan.quiet):
+            if request is victim:  # a fast-path decode: one token
+                del plan.quiet[position]
+                del plan.quiet_contexts[position]
+                return 1
+        return 0
+
+    def index_after_removal(self, index: int, victim_index: int) -> int:
+        return index - 1 if victim_index < index else index
+
+
 @dataclass(frozen=True, slots=True)
 class V1ReleasePolicies:
     """The release-dependent rules of one scheduler."""
@@ -84,6 +147,7 @@ class V1ReleasePolicies:
     release: VllmRelease
     admission: AdmissionGate
     oversized_prompt: OversizedPromptRule
+    priority_victim: PriorityVictimRule
 
 
 def policies_for(manager, token_budget: int) -> V1ReleasePolicies:
@@ -91,6 +155,8 @@ def policies_for(manager, token_budget: int) -> V1ReleasePolicies:
     release = getattr(manager, "vllm_release", None)
     if not isinstance(release, VllmRelease):
         release = BASELINE
-    if release.has_full_sequence_gate:
-        return V1ReleasePolicies(release, FullSequenceGate(token_budget), StopAtOversized())
-    return V1ReleasePolicies(release, FirstChunkGate(), SkipOversized())
+    if release is VllmRelease.V0_33_0:
+        return V1ReleasePolicies(
+            release, FullSequenceGate(token_budget), StopAtOversized(), RefundScheduledVictim()
+        )
+    return V1ReleasePolicies(release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim())

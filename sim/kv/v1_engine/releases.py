@@ -10,6 +10,7 @@ behaviour          4ac7713 and 0.11.0             0.33.0 (latest on the package 
 free-block reuse   `AppendInFreeOrder`            `UncachedFirst` (`free_order.py`)
 admission gate     `FirstChunkGate`               `FullSequenceGate` (`sim/scheduler/v1_release`)
 prompt > budget    `SkipOversized`                `StopAtOversized` (no chunked prefill)
+priority victim    `KeepScheduledVictim`          `RefundScheduledVictim`
 =================  ============================  ============================================
 
 0.11.0 makes the same block and scheduling decisions as 4ac7713 for everything kvsim models
