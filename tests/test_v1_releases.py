@@ -362,6 +362,19 @@ def test_bundled_v1_scenarios_document_4ac7713(name):
     assert load_scenario(ROOT / "scenarios" / name).scheduler.vllm_version == "4ac7713"
 
 
+@pytest.mark.parametrize("pin", OLD)  # unpinned fuzz cases run 0.33.0 (tests/test_fuzz.py)
+def test_fuzz_cases_are_quiet_on_the_older_pins(pin):
+    """`kvsim fuzz`'s random V1 cases (policies, windows, caching, chunking; full audit) on a
+    pinned older release: no violation, no crash, no stall."""
+    from sim.ci.fuzz import case_seed, generate_case, run_case
+
+    for index in range(80):
+        scenario = generate_case("v1-engine", case_seed(0, index))
+        scheduler = scenario.scheduler.model_copy(update={"vllm_version": pin})
+        case = run_case(scenario.model_copy(update={"scheduler": scheduler}))
+        assert case.kinds == [] and case.fatal_error is None, (index, case)
+
+
 # ----------------------------------------------------------------- real vLLM 0.11.0
 def _real_0_11_0():
     from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
