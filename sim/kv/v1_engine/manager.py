@@ -204,27 +204,22 @@ class KVCacheManager:
     def num_blocks_to_admit(
         self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
     ) -> int:
-        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`).
-
-        A pure query: the scheduler's `FullSequenceGate` compares it with the free blocks
-        before `allocate_slots`. Example (bs=16, no hits): a 200-token prompt needs 13.
-        """
+        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`);
+        a pure query. Example (bs=16, no hits): a 200-token prompt needs 13."""
         num_tokens = request.num_tokens
         if self.max_model_len is not None:
             num_tokens = min(num_tokens, self.max_model_len)
         hits = [self.block_pool.blocks[i] for i in new_computed_block_ids]
-        cap = admission_cap_blocks(
-            self.sliding_window, self.block_size, max_in_flight_tokens, self.max_model_len
-        )
-        num_computed = request.num_computed_tokens + len(hits) * self.block_size
         return num_blocks_to_admit(
             self.single_type_manager,
             request.seq_id,
             num_tokens,
             hits,
-            num_computed,
+            request.num_computed_tokens + len(hits) * self.block_size,
             self.sliding_window,
-            cap,
+            admission_cap_blocks(
+                self.sliding_window, self.block_size, max_in_flight_tokens, self.max_model_len
+            ),
         )
 
     def _resolve_hits(
