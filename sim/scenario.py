@@ -68,6 +68,17 @@ class SchedulerSection(_Closed):
     decode_fast_path: bool = True
     #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
     decode_cohort: bool = True
+    #: The V1-engine version to model (`sim.kv.v1_engine.releases`): "4ac7713", "0.11.0" or
+    #: "0.33.0". Unset: the latest release (0.33.0). Only for design v1-engine.
+    vllm_version: Literal["4ac7713", "0.11.0", "0.33.0"] | None = None
+
+    @model_validator(mode="after")
+    def _version_needs_v1(self) -> SchedulerSection:
+        if self.vllm_version is not None and self.design is not Design.V1_ENGINE:
+            raise ValueError(
+                f"vllm_version: pins the v1-engine design only, not {self.design.value}"
+            )
+        return self
 
 
 class EngineSection(_Closed):

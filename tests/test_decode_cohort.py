@@ -117,6 +117,10 @@ CASES = [
     ("v0-fixed", {"engine.num_replicas": 2, "engine.router": "least_outstanding"}),
     ("v1-engine", {"scheduler.enable_chunked_prefill": True}),
     ("v1-engine", {"scheduler.enable_chunked_prefill": False, "scheduler.max_model_len": 8192}),
+    # Unpinned v1-engine cases run the latest release; these keep the older pins covered and
+    # 0.33.0's priority rule (the cohort is off under PRIORITY: walk and slow path compared).
+    ("v1-engine", {"scheduler.enable_chunked_prefill": True, "scheduler.vllm_version": "4ac7713"}),
+    ("v1-engine", {"scheduler.enable_chunked_prefill": True, "scheduler.policy": "priority"}),
 ]
 
 

@@ -262,7 +262,11 @@ def test_same_scenario_and_seed_give_byte_identical_outputs(tmp_path):
         ("v0-v1", {}),
         ("v0-v2", {}),
         ("v0-fixed", {"scheduler.preemption_mode": "swap"}),
-        ("v1-engine", {"scheduler.enable_chunked_prefill": True}),
+        ("v1-engine", {"scheduler.enable_chunked_prefill": True}),  # unpinned: the latest
+        (
+            "v1-engine",
+            {"scheduler.enable_chunked_prefill": True, "scheduler.vllm_version": "4ac7713"},
+        ),
     ],
 )
 def test_decode_fast_path_changes_no_result(design, extra):
@@ -293,6 +297,10 @@ def test_decode_fast_path_changes_no_result(design, extra):
         (
             "v1-engine",
             {"scheduler.enable_chunked_prefill": False, "scheduler.max_model_len": 8192},
+        ),
+        (
+            "v1-engine",
+            {"scheduler.enable_chunked_prefill": True, "scheduler.vllm_version": "4ac7713"},
         ),
     ],
 )

@@ -19,7 +19,8 @@ class Design(enum.Enum):
     V0_V2 = "v0-v2"
     #: v0 V2 with a sliding-window block table that admits what it allocates (kvsim's fix).
     V0_FIXED = "v0-fixed"
-    #: V1-engine KVCacheManager, vLLM ~0.10 @ 4ac7713.
+    #: V1-engine KVCacheManager, vLLM ~0.10 @ 4ac7713, or a later release by `vllm_pin`
+    #: ("0.11.0", "0.33.0"; see `sim.kv.v1_engine.releases`).
     V1_ENGINE = "v1-engine"
 
     @property
@@ -61,7 +62,8 @@ class KVCacheConfig:
     max_model_len: int | None = None
     #: The upstream release a design follows where releases differ from its pinned commit
     #: (None: the pinned commit). "0.5.4" selects the vLLM 0.5.4 wheel's v0-V2 block table,
-    #: which predates #7380 (see `sim.kv.v0_v2.block_table`).
+    #: which predates #7380 (see `sim.kv.v0_v2.block_table`). For v1-engine: "4ac7713",
+    #: "0.11.0" or "0.33.0" (`sim.kv.v1_engine.releases`; None is 4ac7713).
     vllm_pin: str | None = None
 
     def __post_init__(self) -> None:

@@ -13,6 +13,9 @@ There are no prefill/decode phases: each request has `num_computed_tokens` and i
 3. Every scheduled request's `num_computed_tokens` advances at schedule time
    (`_update_after_schedule`); a token is sampled only once all its tokens are computed.
 
+Where later releases decide differently (the admission gate, a prompt over the budget without
+chunked prefill, a PRIORITY victim), the rule is the pinned release's (`v1_release.py`).
+
 There is no NEVER path: vLLM's frontend rejects a prompt longer than `max_model_len` before it
 is queued, which kvsim reports as ignored at arrival.
 """
@@ -29,6 +32,7 @@ from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
+from sim.scheduler.v1_release import policies_for
 
 
 class V1Scheduler(FastPathScheduler):
@@ -46,6 +50,8 @@ class V1Scheduler(FastPathScheduler):
         if not config.enable_chunked_prefill:
             # vLLM V1 without chunked prefill sets max_num_batched_tokens = max_model_len.
             self.token_budget = max(self.token_budget, config.max_model_len)
+        #: The pinned release's waiting-side rules (`sim.scheduler.v1_release`).
+        self.release_policies = policies_for(kv_cache_manager, self.token_budget)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._init_fast_path(config, kv_cache_manager)
@@ -54,6 +60,10 @@ class V1Scheduler(FastPathScheduler):
         self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
         if not self._prefix_hits_possible:
             self._num_free_blocks: Callable[[], int] = lambda: kv_cache_manager.num_free_blocks
+        # PRIORITY preemptions during one `_schedule_tokens` call: the running-loop indices
+        # of the victims and the tokens refunded to the budget (0.33.0's rule).
+        self._victim_indices: list[int] = []
+        self._refunded_tokens = 0
         self._later_key: tuple[int, int, int] | None = None
         self._later_num_new = 0
         self._later_free = 0
@@ -125,7 +135,10 @@ class V1Scheduler(FastPathScheduler):
     def _preempt(self, plan: StepPlan) -> Request:
         if self.config.policy is Policy.PRIORITY:
             victim = max(self.running, key=priority_key)
-            self.running.remove(victim)
+            victim_index = self.running.index(victim)
+            del self.running[victim_index]
+            self._victim_indices.append(victim_index)
+            self._refunded_tokens += self.release_policies.priority_victim.unschedule(plan, victim)
         else:
             victim = self.running.pop()
         if self._cohort is not None:
@@ -159,13 +172,29 @@ class V1Scheduler(FastPathScheduler):
                 index += 1
                 continue
             num_new = self._schedule_tokens(request, budget, plan, now_s)
+            if self._victim_indices:  # PRIORITY victims left `running` (see `_preempt`)
+                index, budget = self._after_priority_preemption(index, budget)
             if num_new is None:
                 continue  # failed: it left `running`
-            if num_new < 0:
-                break  # preempted itself
+            if num_new < 0:  # preempted itself
+                if self.config.policy is Policy.FCFS or (
+                    self.release_policies.priority_victim.self_preemption_ends_loop
+                ):
+                    break
+                continue  # 0.33.0: the next request now sits at `index`
             budget -= num_new
             index += 1
         return budget
+
+    def _after_priority_preemption(self, index: int, budget: int) -> tuple[int, int]:
+        """The running loop's index and budget after PRIORITY victims left `running`."""
+        rule = self.release_policies.priority_victim
+        for victim_index in self._victim_indices:
+            index = rule.index_after_removal(index, victim_index)
+        self._victim_indices.clear()
+        budget += self._refunded_tokens
+        self._refunded_tokens = 0
+        return index, budget
 
     def _schedule_running_lazy(self, plan: StepPlan, budget: int, now_s: float) -> int | None:
         """`_schedule_running` with a cohort: visit only the outsiders and the members whose
@@ -368,6 +397,8 @@ class V1Scheduler(FastPathScheduler):
             if 0 < threshold < num_new:
                 num_new = threshold
             if not self.config.enable_chunked_prefill and num_new > budget:
+                if not self.release_policies.oversized_prompt.skips_to_next:
+                    break
                 skipped.append(self.waiting.popleft())
                 continue
             num_new = min(num_new, budget)
@@ -388,9 +419,14 @@ class V1Scheduler(FastPathScheduler):
             ):
                 break
             try:
-                blocks = self.kv_cache_manager.allocate_slots(
-                    seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
-                )
+                if self.release_policies.admission.admits(
+                    self.kv_cache_manager, seq, hit_block_ids if num_new_hit else []
+                ):
+                    blocks = self.kv_cache_manager.allocate_slots(
+                        seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
+                    )
+                else:
+                    blocks = None  # 0.33.0's full-sequence gate: refused like allocate_slots
             except AuditError as error:
                 self.waiting.popleft()
                 self._fail(request, plan, error, now_s)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.kv.types import BlockHash
+from sim.kv.v1_engine.free_order import AppendInFreeOrder, FreeOrder
 from sim.kv.v1_engine.free_queue import FreeBlockQueue
 
 NULL_BLOCK_ID = 0
@@ -49,13 +50,17 @@ class KVCacheBlock:
 class BlockPool:
     """Blocks 0..num_gpu_blocks-1, the free queue, and the prefix-cache index."""
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self, num_gpu_blocks: int, enable_caching: bool, free_order: FreeOrder | None = None
+    ) -> None:
         if num_gpu_blocks < 1:
             raise ValueError(
                 f"num_gpu_blocks must be >= 1 (block 0 is the null block), got {num_gpu_blocks}"
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
+        #: Where freed blocks re-enter the queue: the release's rule (`free_order.py`).
+        self.free_order = free_order if free_order is not None else AppendInFreeOrder()
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_gpu_blocks)]
         self.free_block_queue = FreeBlockQueue(range(num_gpu_blocks))
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
@@ -145,16 +150,17 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference on each block; those reaching 0 join the tail in this order.
+        """Drop one reference on each block; those reaching 0 re-enter the free queue.
 
-        The first block given is evicted first, which is why a request frees its table in
-        reverse: its tail block (longest hash chain, least likely to be shared) goes first.
+        Where they go is the release's `FreeOrder`; at 4ac7713 all join the tail in this
+        order. The first block given is evicted first, which is why a request frees its table
+        in reverse: its tail block (longest hash chain, least likely to be shared) goes first.
         A double free raises with the blocks before it decremented (and counted) but none
         of them queued, as it always has.
         """
         # The hot loop of a request's end (every block of its table): counts are kept in
         # locals and applied once, the queue is appended to once.
-        released: list[int] = []
+        released: list[KVCacheBlock] = []
         num_newly_evictable = 0
         for block in ordered_blocks:
             if block.is_null:
@@ -167,13 +173,13 @@ class BlockPool:
             ref_cnt -= 1
             block.ref_cnt = ref_cnt
             if ref_cnt == 0:
-                released.append(block.block_id)
+                released.append(block)
                 if block.block_hash is not None:
                     num_newly_evictable += 1
         if released:
             self.num_held_blocks -= len(released)
             self.num_evictable_blocks += num_newly_evictable
-            self.free_block_queue.append_n(released)
+            self.free_order.requeue(self.free_block_queue, released, self.enable_caching)
 
     def cache_full_blocks(
         self,

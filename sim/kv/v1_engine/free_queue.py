@@ -60,6 +60,18 @@ class FreeBlockQueue(OrderedDict[int, None]):
             assert block_id not in self, f"block {block_id} appended to the free queue twice"
             self[block_id] = None
 
+    def prepend_n(self, block_ids: list[int]) -> None:
+        """Put blocks at the head, in the given order (first given = popped first).
+
+        Models `FreeKVCacheBlockQueue.prepend_n` (`kv_cache_utils.py:L438-457 @0.33.0`), used
+        from 0.33.0 on for freed blocks without a cached hash. Example: queue [3, 4],
+        ``prepend_n([2, 1])`` -> [2, 1, 3, 4].
+        """
+        for block_id in reversed(block_ids):
+            assert block_id not in self, f"block {block_id} prepended to the free queue twice"
+            self[block_id] = None
+            self.move_to_end(block_id, last=False)
+
     def ids(self) -> list[int]:
         """All free ids, head first (O(n); for tests and audits)."""
         return list(self)

@@ -1,5 +1,9 @@
 """The V1 engine's `KVCacheManager`: prefix-cache lookup, per-step slot allocation, free.
 
+Pinned per release by `config.vllm_pin` (`releases.py`): the free order of the block pool
+(`free_order.py`) and the full-sequence admission count (`admission.py`) differ by release;
+the rest follows 4ac7713, which 0.11.0 and 0.33.0 match for one KV group (docs/vllm-v1-changes.md).
+
 Models `KVCacheManager` (`vllm/v1/core/kv_cache_manager.py:L67-410 @4ac7713`) together with the
 unitary and no-prefix-cache coordinators (`kv_cache_coordinator.py:L14-236 @4ac7713`), for one
 KV group: full attention, or all layers sliding-window when `config.sliding_window` is set
@@ -33,7 +37,10 @@ from __future__ import annotations
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash, num_leading_nulls
+from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.free_order import free_order_for
+from sim.kv.v1_engine.releases import resolve_release
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
     SingleTypeManager,
@@ -54,7 +61,11 @@ class KVCacheManager:
         self.enable_caching = config.enable_prefix_caching
         self.max_model_len = config.max_model_len
         self.sliding_window = config.sliding_window
-        self.block_pool = BlockPool(config.num_gpu_blocks, self.enable_caching)
+        #: The pinned release (`releases.py`); None in the config is 4ac7713.
+        self.vllm_release = resolve_release(config.vllm_pin)
+        self.block_pool = BlockPool(
+            config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
+        )
         self.single_type_manager: SingleTypeManager
         if config.sliding_window is None:
             self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
@@ -189,6 +200,27 @@ class KVCacheManager:
             block_hashes = self._block_hashes(request, num_tokens_to_cache // block_size)
             manager.cache_blocks(request_id, block_hashes, num_tokens_to_cache)
         return new_block_ids
+
+    def num_blocks_to_admit(
+        self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
+    ) -> int:
+        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`);
+        a pure query. Example (bs=16, no hits): a 200-token prompt needs 13."""
+        num_tokens = request.num_tokens
+        if self.max_model_len is not None:
+            num_tokens = min(num_tokens, self.max_model_len)
+        hits = [self.block_pool.blocks[i] for i in new_computed_block_ids]
+        return num_blocks_to_admit(
+            self.single_type_manager,
+            request.seq_id,
+            num_tokens,
+            hits,
+            request.num_computed_tokens + len(hits) * self.block_size,
+            self.sliding_window,
+            admission_cap_blocks(
+                self.sliding_window, self.block_size, max_in_flight_tokens, self.max_model_len
+            ),
+        )
 
     def _resolve_hits(
         self, block_ids: list[int], num_new_computed_tokens: int

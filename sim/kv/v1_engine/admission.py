@@ -1,0 +1,79 @@
+"""The full-sequence admission count of vLLM 0.33.0 (`full_sequence_must_fit`).
+
+From 0.33.0 the scheduler admits a WAITING request only if the blocks for its *whole* current
+sequence fit in the free pool, before it allocates the first chunk
+(`scheduler_reserve_full_isl=True` by default, `config/scheduler.py:L190-194 @0.33.0`; the call
+`sched/scheduler.py:L1435-1452 @0.33.0`; the check `kv_cache_manager.py:L531-547 @0.33.0`).
+At 4ac7713 and 0.11.0 only the blocks of the first chunk are checked, so a long prompt can be
+admitted on its first chunk and preempt others (or itself) chunk after chunk.
+
+The count is `get_num_blocks_to_allocate` (`single_type_kv_cache_manager.py:L176-262 @0.33.0`)
+for ``T = min(num_tokens, max_model_len)`` tokens with the admission cap applied:
+
+* required blocks ``R = cdiv(T, bs)``; a sliding window of W tokens caps it at
+  ``cdiv(min(W - 1 + max_in_flight_tokens, max_model_len), bs) + 1``
+  (`SlidingWindowSpec.max_admission_blocks_per_request`, `kv_cache_interface.py:L918-944`),
+  where kvsim's synchronous engine has ``max_in_flight_tokens = max_num_batched_tokens``
+  (`config/vllm.py:L588-609`; async scheduling would double it);
+* a request already holding a table needs ``max(R - len(table), 0)``;
+* a new one with H hit blocks (C hit tokens) needs
+  ``max(R - max(S, H), 0) + #{evictable hits past the first S}``, where
+  ``S = floor(max(0, C - W + 1) / bs)`` blocks fall before the window (0 for full attention).
+
+Worked example (bs=16, full attention, no hits, 10 free blocks): a 200-token prompt needs
+``cdiv(200, 16) = 13 > 10`` and is refused, although its first 64-token chunk (4 blocks)
+would fit. With W=32 and a 64-token budget the cap is ``cdiv(31 + 64, 16) + 1 = 7``, so the
+same prompt needs 7 blocks and is admitted.
+"""
+
+from __future__ import annotations
+
+from sim.kv.types import cdiv
+from sim.kv.v1_engine.block_pool import KVCacheBlock
+from sim.kv.v1_engine.single_type import SingleTypeManager
+
+
+def admission_cap_blocks(
+    sliding_window: int | None,
+    block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int | None,
+) -> int | None:
+    """The per-request admission cap in blocks; None for full attention (no cap)."""
+    if sliding_window is None:
+        return None
+    num_tokens = sliding_window - 1 + max_in_flight_tokens
+    if max_model_len is not None:
+        num_tokens = min(num_tokens, max_model_len)
+    return cdiv(num_tokens, block_size) + 1
+
+
+def num_blocks_to_admit(
+    manager: SingleTypeManager,
+    request_id: int,
+    num_tokens: int,
+    hits: list[KVCacheBlock],
+    num_computed_tokens: int,
+    sliding_window: int | None,
+    cap_blocks: int | None,
+) -> int:
+    """Blocks the free pool must hold to admit the request's whole sequence (see module doc).
+
+    `num_tokens` is already clamped to max_model_len; `num_computed_tokens` counts the tokens
+    computed before this step plus the prefix hits.
+    """
+    block_size = manager.block_size
+    num_required = cdiv(num_tokens, block_size)
+    if cap_blocks is not None and cap_blocks < num_required:
+        num_required = cap_blocks
+    table = manager.req_to_blocks.get(request_id, ())
+    if request_id in manager.num_cached_block:
+        return max(num_required - len(table), 0)
+    num_skipped_tokens = 0
+    if sliding_window is not None:
+        num_skipped_tokens = max(0, num_computed_tokens - sliding_window + 1)
+    num_skipped_blocks = num_skipped_tokens // block_size
+    num_new = max(num_required - max(num_skipped_blocks, len(hits) + len(table)), 0)
+    first_kept_hit = max(0, num_skipped_blocks - len(table))
+    num_evictable = sum(1 for b in hits[first_kept_hit:] if b.ref_cnt == 0 and not b.is_null)
+    return num_new + num_evictable
