@@ -144,7 +144,9 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
     table.add_column("value", justify="right")
     states = summary["states"]
     rows = [
-        ("design", _design_row(inputs.get("design"))),
+        ("design", _design_row(inputs.get("design"), inputs.get("vllm_version"))),
+        ("block manager", _manager_row(inputs.get("block_manager"))),
+        ("step time", _step_time_row(inputs.get("step_time"), summary.get("step_time_band"))),
         ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
         ("sliding window (tokens)", inputs.get("sliding_window")),
         ("requests", summary["num_requests"]),
@@ -177,14 +179,37 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def _design_row(design: str | None) -> str | None:
+def _design_row(design: str | None, vllm_version: str | None = None) -> str | None:
     """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2': which vLLM it models."""
     from sim.kv.config import Design
 
     try:
-        return f"{design} = {Design(design).upstream}"
+        return f"{design} = {Design(design).upstream_at(vllm_version)}"
     except ValueError:
         return design
+
+
+def _manager_row(manager: dict | None) -> str:
+    """Which block manager ran: kvsim's model, or vLLM's real code (`--vllm-root`)."""
+    if not manager or manager.get("kind") != "real":
+        return "kvsim's model"
+    return f"vLLM {manager.get('vllm_version')} real code ({manager.get('vllm_root')})"
+
+
+def _step_time_row(step_time: dict | None, band: dict | None) -> str:
+    """'measured, x0.92-x1.06 of it' : the step-time model and how sure it is.
+
+    Example: ({"measured": {}}, {"low_factor": 0.924, "high_factor": 1.057, ...}) ->
+    "measured (real steps x0.924-x1.057 of it)"; an unvalidated band says so.
+    """
+    name = next(iter(step_time), "?") if step_time else "?"
+    if not band:
+        return name
+    low, high = band.get("low_factor"), band.get("high_factor")
+    if low == high == 1.0:
+        return f"{name} (no validated error band)"
+    extrapolated = ", extrapolated" if band.get("extrapolated") else ""
+    return f"{name} (real steps x{low:g}-x{high:g} of it{extrapolated})"
 
 
 def next_steps(summary: dict, out_dir: Path | None) -> list[str]:

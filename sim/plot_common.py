@@ -23,10 +23,10 @@ def figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, height: float = 3
     return fig, axes
 
 
-def design_text(design: str | None) -> str:
-    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2'."""
+def design_text(design: str | None, vllm_version: str | None = None) -> str:
+    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2'; the V1 pin when given."""
     try:
-        return f"{design} = {Design(design).upstream}"
+        return f"{design} = {Design(design).upstream_at(vllm_version)}"
     except ValueError:
         return str(design)
 
@@ -55,7 +55,11 @@ def subject_of(subject: str | Mapping[str, Any] | None) -> str:
         return ""
     if isinstance(subject, str):
         return subject
-    return subject_text([subject.get("scenario")], [subject.get("design")])
+    text = subject_text([subject.get("scenario")], [subject.get("design")])
+    design, version = subject.get("design"), subject.get("vllm_version")
+    if version is not None and design is not None:  # name the pinned release, not the family
+        text = text.replace(design_text(design), design_text(design, version))
+    return text
 
 
 def table_subject(table: pd.DataFrame) -> str:

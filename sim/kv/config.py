@@ -35,13 +35,25 @@ class Design(enum.Enum):
         """
         return _UPSTREAM[self]
 
+    def upstream_at(self, vllm_version: str | None) -> str:
+        """`upstream`, naming the pinned release where the design has several.
+
+        Example: ``Design("v1-engine").upstream_at("0.33.0") == "vLLM 0.33.0 V1 engine"``;
+        a v0 design ignores the version (it models 0.5.4 only).
+        """
+        if self is not Design.V1_ENGINE or vllm_version is None:
+            return self.upstream
+        if vllm_version == "4ac7713":
+            return "vLLM ~0.10 V1 engine @ 4ac7713"
+        return f"vLLM {vllm_version} V1 engine"
+
 
 #: The one place that says which vLLM each design follows (commits: see the class above).
 _UPSTREAM = {
     Design.V0_V1: "vLLM 0.5.4 v0, BlockSpaceManagerV1",
     Design.V0_V2: "vLLM 0.5.4 v0, BlockSpaceManagerV2",
     Design.V0_FIXED: "kvsim's corrected v0 (no vLLM release)",
-    Design.V1_ENGINE: "vLLM ~0.10 V1 engine @ 4ac7713",
+    Design.V1_ENGINE: "vLLM V1 engine (4ac7713, 0.11.0 or 0.33.0 by scheduler.vllm_version)",
 }
 
 
