@@ -58,6 +58,18 @@ _UPSTREAM = {
 
 
 @dataclass(frozen=True, slots=True)
+class KVCacheGroupSpec:
+    """One KV-cache group of the V1 engine's hybrid allocator: full attention (no window) or
+    sliding-window attention of `sliding_window` tokens; its layers share one block table."""
+
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+
+
+@dataclass(frozen=True, slots=True)
 class KVCacheConfig:
     """What a block manager is built from.
 
@@ -77,6 +89,10 @@ class KVCacheConfig:
     #: which predates #7380 (see `sim.kv.v0_v2.block_table`). For v1-engine: "4ac7713",
     #: "0.11.0" or "0.33.0" (`sim.kv.v1_engine.releases`; None is 4ac7713).
     vllm_pin: str | None = None
+    #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full and
+    #: sliding-window layers; `sim.kv.v1_engine.hybrid_layout`). Empty: one group, sliding
+    #: when `sliding_window` is set. `num_gpu_blocks` is then the shared pool of all groups.
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -100,12 +116,13 @@ _DESIGN_CLASSES = {
     Design.V0_V1: ("sim.kv.v0_v1", "BlockSpaceManagerV1"),
     Design.V0_V2: ("sim.kv.v0_v2", "BlockSpaceManagerV2"),
     Design.V0_FIXED: ("sim.kv.v0_fixed", "CorrectedBlockSpaceManager"),
-    Design.V1_ENGINE: ("sim.kv.v1_engine", "KVCacheManager"),
+    Design.V1_ENGINE: ("sim.kv.v1_engine", "make_kv_cache_manager"),
 }
 
 
 def make_manager(design: Design | str, config: KVCacheConfig) -> V0BlockManager | V1KVCacheManager:
-    """Build the model of `design` over `config`."""
+    """Build the model of `design` over `config` (for the V1 engine, the hybrid manager when
+    the config has several KV-cache groups)."""
     design = Design(design)
     module_name, class_name = _DESIGN_CLASSES[design]
     cls: Callable[[KVCacheConfig], V0BlockManager | V1KVCacheManager] = getattr(

@@ -1,6 +1,27 @@
 """Model of vLLM's V1-engine KV cache (`vllm/v1/core/*` @ 4ac7713, about v0.10.0), with the
-behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `releases`)."""
+behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `releases`), and
+the hybrid allocator for models with full and sliding-window layers (`hybrid_manager`)."""
 
+from dataclasses import replace
+
+from sim.kv.config import KVCacheConfig
+from sim.kv.v1_engine.hybrid_manager import HybridKVCacheManager
 from sim.kv.v1_engine.manager import KVCacheManager
 
-__all__ = ["KVCacheManager"]
+
+def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager | HybridKVCacheManager:
+    """The one-group manager, or the hybrid one when the config has several KV-cache groups
+    (as vLLM picks the unitary or the hybrid coordinator, `kv_cache_coordinator.py:L390-440
+    @0.11.0`). One explicit group is the one-group manager with that group's window."""
+    groups = config.kv_cache_groups
+    if len(groups) > 1:
+        return HybridKVCacheManager(config)
+    if groups:
+        window = groups[0].sliding_window
+        if config.sliding_window not in (None, window):
+            raise ValueError("sliding_window disagrees with the one KV-cache group's window")
+        config = replace(config, sliding_window=window, kv_cache_groups=())
+    return KVCacheManager(config)
+
+
+__all__ = ["HybridKVCacheManager", "KVCacheManager", "make_kv_cache_manager"]

@@ -7,7 +7,7 @@ the rest follows 4ac7713, which 0.11.0 and 0.33.0 match for one KV group (docs/v
 Models `KVCacheManager` (`vllm/v1/core/kv_cache_manager.py:L67-410 @4ac7713`) together with the
 unitary and no-prefix-cache coordinators (`kv_cache_coordinator.py:L14-236 @4ac7713`), for one
 KV group: full attention, or all layers sliding-window when `config.sliding_window` is set
-(spec §6.2-6.4). The hybrid coordinator (one full group plus SWA groups) is not modelled.
+(spec §6.2-6.4). Several groups (a hybrid model): `hybrid_manager.HybridKVCacheManager`.
 
 There is no admission query. `allocate_slots` counts the blocks a step needs and takes them
 with the same arithmetic, and returns None (changing nothing but the sliding-window frees of
@@ -54,6 +54,8 @@ class KVCacheManager:
     def __init__(self, config: KVCacheConfig) -> None:
         if config.max_model_len is not None and config.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {config.max_model_len}")
+        if config.kv_cache_groups:
+            raise ValueError("KV-cache groups given: build with make_kv_cache_manager")
         self.config = config
         self.block_size = config.block_size
         #: The V1 engine has no watermark (spec §6.1).
@@ -67,7 +69,7 @@ class KVCacheManager:
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
         )
         self.single_type_manager: SingleTypeManager
-        if config.sliding_window is None:
+        if self.sliding_window is None:
             self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
         else:
             self.single_type_manager = SlidingWindowManager(

@@ -1,0 +1,89 @@
+"""The V1 engine's hybrid memory layout: which layers form which KV-cache group, and the pool.
+
+Follows vLLM 0.11.0 `vllm/v1/core/kv_cache_utils.py`:
+
+* layers are grouped by KV-cache spec, in order of first appearance (`L957-962`);
+* `group_size` is the smallest layer count among the specs (the "1" of an n:1 pattern), and
+  each spec's layers are split into ``cdiv(n, group_size)`` groups, group i taking
+  ``layers[i::num_groups]``, the last one padded (`L964-1001`);
+* every group draws from one block pool; ``group_size`` memory pools each hold one layer of
+  every group, so one block spans ``group_size`` layers and
+  ``num_blocks = available // page_size // group_size`` (`L1040-1064`, `get_num_blocks`
+  `L813-827`);
+* vLLM logs the pool as ``num_blocks // num_groups * block_size`` tokens (`L1078-1080`).
+
+kvsim has one block size and one page size for all layers, which is what 0.11.0 requires
+of a hybrid model without page-size unification (`L894-956`: uniform page size).
+
+Worked example (Gemma-2-9B: 42 layers, even layers sliding with W=4096, odd layers full):
+specs in order of appearance are sliding (layer 0) then full (layer 1), 21 layers each, so
+``group_size = 21`` and there are 2 groups: group 0 = sliding layers 0, 2, ..., 40 and
+group 1 = full layers 1, 3, ..., 41. With 20,000 blocks vLLM reports
+``20,000 // 2 * 16 = 160,000`` tokens. Gemma-3-style 5:1 over 12 layers (layers 5 and 11
+full): ``group_size = 2``, 5 sliding groups then 1 full group, 6 in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.kv.config import KVCacheGroupSpec
+from sim.kv.types import cdiv
+
+
+@dataclass(frozen=True, slots=True)
+class HybridLayout:
+    """The groups of a model's layers (group ids are tuple indices)."""
+
+    groups: tuple[KVCacheGroupSpec, ...]
+    #: Layer indices of each group (the last group of a spec may hold fewer: padding).
+    group_layers: tuple[tuple[int, ...], ...]
+    #: Layers per group; one block spans this many layers.
+    group_size: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def num_padding_layers(self) -> int:
+        """Padding slots: memory vLLM reserves for layers that do not exist."""
+        return sum(self.group_size - len(layers) for layers in self.group_layers)
+
+    def num_blocks(self, available_bytes: int, page_bytes_per_layer: int) -> int:
+        """``available // page // group_size`` (`get_num_blocks`, `kv_cache_utils.py:L813-827`)."""
+        return int(available_bytes // page_bytes_per_layer // self.group_size)
+
+    def reported_tokens(self, num_blocks: int, block_size: int) -> int:
+        """What vLLM logs as "GPU KV cache size": ``num_blocks // num_groups * block_size``."""
+        return num_blocks // self.num_groups * block_size
+
+
+def hybrid_layout(layer_windows: Sequence[int | None]) -> HybridLayout:
+    """Group layers given each layer's sliding window (None: full attention).
+
+    Example: ``hybrid_layout([4096, None] * 21)`` -> 2 groups (sliding, full) of 21 layers.
+    """
+    if not layer_windows:
+        raise ValueError("a model needs at least one attention layer")
+    by_spec: dict[int | None, list[int]] = {}
+    for index, window in enumerate(layer_windows):
+        by_spec.setdefault(window, []).append(index)
+    group_size = min(len(layers) for layers in by_spec.values())
+    groups: list[KVCacheGroupSpec] = []
+    group_layers: list[tuple[int, ...]] = []
+    for window, layers in by_spec.items():
+        num_groups = cdiv(len(layers), group_size)
+        for i in range(num_groups):
+            groups.append(KVCacheGroupSpec(sliding_window=window))
+            group_layers.append(tuple(layers[i::num_groups]))
+    return HybridLayout(tuple(groups), tuple(group_layers), group_size)
+
+
+def alternating_layer_windows(num_layers: int, sliding_window: int) -> list[int | None]:
+    """Gemma-2's pattern: even layers sliding, odd layers full (HF `is_sliding`).
+
+    Example: ``alternating_layer_windows(4, 8)`` -> ``[8, None, 8, None]``.
+    """
+    return [sliding_window if index % 2 == 0 else None for index in range(num_layers)]
