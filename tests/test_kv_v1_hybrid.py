@@ -107,9 +107,11 @@ def test_worked_example_exact_block_ids_per_group():
     b = seq_of(2, (2, 8))
     assert m.allocate_slots(b, 8) is None  # 2 + 2 > 3, and nothing changed
     assert free_ids(m) == [7, 8, 1] and m.group_block_ids(2) == ([], [])
+    # Group 0 held 2 then 3 - 1 = 2 blocks; group 1 held 2 then 3.
+    assert m.group_peak_held_blocks() == [2, 3]
     m.free(a)
     assert free_ids(m) == [7, 8, 1, 5, 2, 6, 4, 3]
-    assert m.group_num_held_blocks() == [0, 0]
+    assert m.group_num_held_blocks() == [0, 0] and m.group_peak_held_blocks() == [2, 3]
 
 
 def test_hybrid_prefix_hit_pads_the_sliding_group_with_nulls():
@@ -174,6 +176,13 @@ def _check_invariants(m: HybridKVCacheManager) -> None:
             for block_id in ids:
                 assert group_of.setdefault(block_id, group_id) == group_id, "block in two groups"
                 holders[block_id] = holders.get(block_id, 0) + 1
+    assert m.group_num_held_blocks() == m.coordinator.num_held_blocks
+    assert all(
+        peak >= held
+        for peak, held in zip(
+            m.coordinator.peak_held_blocks, m.coordinator.num_held_blocks, strict=True
+        )
+    )
     refcounts = m.block_refcounts()
     assert {b: r for b, r in refcounts.items() if b != 0} == holders
     if not m.enable_caching:

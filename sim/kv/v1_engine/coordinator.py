@@ -72,6 +72,11 @@ class HybridCoordinator:
             else SlidingWindowManager(block_pool, block_size, group.sliding_window)
             for group in groups
         )
+        #: Per group: distinct blocks its live tables hold now, and the most ever. A block
+        #: belongs to one group while held and groups change the pool one at a time, so the
+        #: pool's held-count change during a group's operation is that group's change.
+        self.num_held_blocks = [0] * len(groups)
+        self.peak_held_blocks = [0] * len(groups)
         self.full_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is None]
         self.other_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is not None]
         windows = {groups[i].sliding_window for i in self.other_group_ids}
@@ -153,10 +158,18 @@ class HybridCoordinator:
         return tuple(per_group), num_hit_blocks * self.block_size
 
     # ------------------------------------------------------------------ per-group steps
+    def _count(self, group_id: int, num_held_before: int) -> None:
+        held = self.num_held_blocks[group_id] + self.block_pool.num_held_blocks - num_held_before
+        self.num_held_blocks[group_id] = held
+        if held > self.peak_held_blocks[group_id]:
+            self.peak_held_blocks[group_id] = held
+
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        for manager in self.managers:
+        for group_id, manager in enumerate(self.managers):
             if isinstance(manager, SlidingWindowManager):
+                before = self.block_pool.num_held_blocks
                 manager.remove_skipped_blocks(request_id, num_computed_tokens)
+                self._count(group_id, before)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
@@ -167,17 +180,22 @@ class HybridCoordinator:
         )
 
     def touch(self, hits: GroupBlocks) -> None:
-        for group_hits in hits:
+        for group_id, group_hits in enumerate(hits):
+            before = self.block_pool.num_held_blocks
             self.block_pool.touch(group_hits)
+            self._count(group_id, before)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
         for manager, group_hits in zip(self.managers, hits, strict=True):
             manager.save_new_computed_blocks(request_id, group_hits)
 
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
-        return tuple(
-            manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers
-        )
+        new_blocks = []
+        for group_id, manager in enumerate(self.managers):
+            before = self.block_pool.num_held_blocks
+            new_blocks.append(manager.allocate_new_blocks(request_id, num_tokens))
+            self._count(group_id, before)
+        return tuple(new_blocks)
 
     def cache_blocks(self, request_id: int, hashes: list[list[BlockHash]], num_tokens: int) -> None:
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
@@ -185,8 +203,10 @@ class HybridCoordinator:
 
     def free(self, request_id: int) -> None:
         """Each group frees its table, tail first, in group-id order (`L127-135`)."""
-        for manager in self.managers:
+        for group_id, manager in enumerate(self.managers):
+            before = self.block_pool.num_held_blocks
             manager.free(request_id)
+            self._count(group_id, before)
 
     def get_blocks(self, request_id: int) -> GroupBlocks:
         return tuple(manager.req_to_blocks.get(request_id) or [] for manager in self.managers)

@@ -233,6 +233,11 @@ class HybridKVCacheManager:
             counts.append(len(held))
         return counts
 
+    def group_peak_held_blocks(self) -> list[int]:
+        """The most blocks each group's tables ever held at once (the summary's per-group
+        block counts)."""
+        return list(self.coordinator.peak_held_blocks)
+
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         """Bound on `num_seq_blocks`: ``cdiv(T, bs)`` per full group plus, per sliding group,
         ``cdiv(T, bs) - floor(max(0, C - W + 1) / bs)`` (see `KVCacheManager.max_seq_footprint`).
