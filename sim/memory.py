@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, kv_heads_per_rank
 from sim.errors import InputError
+from sim.kv.v1_engine.hybrid_layout import HybridLayout, alternating_layer_windows, hybrid_layout
 from sim.memory_terms import (
     MemorySource,
     VllmEngine,
@@ -131,6 +132,17 @@ def num_kv_groups(model: ModelSpec, kv_layout: KvLayout) -> int:
     if kv_layout == "uniform":
         return 1
     return sum(-(-n // size) for n in (model.num_full_layers, model.num_sliding_layers) if n > 0)
+
+
+def hybrid_layout_of(model: ModelSpec) -> HybridLayout:
+    """The V1 engine's KV-cache groups for a hybrid model (`sim.kv.v1_engine.hybrid_layout`).
+
+    Example: Gemma-2-9B -> group 0 = 21 sliding layers (W=4096), group 1 = 21 full layers;
+    its `group_size` and group count equal `num_layers_per_block` / `num_kv_groups` "hybrid".
+    """
+    if not is_hybrid_model(model) or model.sliding_window is None:
+        raise ValueError(f"{model.layer_pattern!r} layers are not a hybrid model")
+    return hybrid_layout(alternating_layer_windows(model.num_layers, model.sliding_window))
 
 
 def is_hybrid_model(model: ModelSpec) -> bool:

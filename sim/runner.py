@@ -25,6 +25,7 @@ from sim.memory import (
     block_bytes,
     derive_num_gpu_blocks,
     given_num_gpu_blocks,
+    hybrid_layout_of,
     is_hybrid_model,
 )
 from sim.memory_terms import VllmEngine
@@ -65,13 +66,13 @@ def _kv_config(
     """The KV pool: given, or derived by `sim.memory` as the scenario's engine would size it.
 
     The V1 engine gives a model with both sliding-window and full layers (Gemma-2) the hybrid
-    layout: `num_gpu_blocks` blocks of `group_size` layers, one block per KV group per
-    `block_size` tokens of a request. kvsim's managers keep one block per `block_size` tokens
-    across all layers, so they get `num_gpu_blocks // num_kv_groups` blocks: the token
-    capacity vLLM reports ("GPU KV cache size", 0.11.0 `kv_cache_utils.py:L1080`). Requests
-    longer than the window use fewer sliding-group blocks in vLLM than kvsim counts, so the
-    simulated pool is conservative for them. `inputs["memory"]` keeps vLLM's own block count.
-    Example: Gemma-2-9B, 42 layers -> 2 groups of 21; 20,000 hybrid blocks -> 10,000 here.
+    layout: `num_gpu_blocks` blocks of `group_size` layers, shared by the KV-cache groups, each
+    request holding one table per group (`sim.kv.v1_engine.hybrid_manager`). The manager gets
+    vLLM's own block count and the groups (`inputs["kv_cache_groups"]`). Example: Gemma-2-9B,
+    42 layers -> 2 groups of 21 layers; 20,000 blocks, which vLLM reports as
+    20,000 // 2 * 16 = 160,000 tokens. A scenario that sets `cache.sliding_window` itself
+    overrides the model's layers: one group, and `num_gpu_blocks // num_kv_groups` blocks (the
+    token capacity vLLM reports) for a derived pool.
     """
     cache = scenario.cache
     hw = scenario.hardware
@@ -79,6 +80,8 @@ def _kv_config(
     engine = VllmEngine(scenario.scheduler.design.api)
     hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
     kv_layout: KvLayout = "hybrid" if hybrid else "uniform"
+    # The hybrid allocator's groups, unless the scenario overrides the model's windows.
+    layout = hybrid_layout_of(model) if hybrid and cache.sliding_window == "model" else None
     if cache.num_gpu_blocks == "derive":
         assert model is not None
         try:
@@ -97,7 +100,9 @@ def _kv_config(
             )
         except InputError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
-        num_gpu_blocks = budget.num_gpu_blocks // budget.num_kv_groups
+        num_gpu_blocks = budget.num_gpu_blocks
+        if layout is None:
+            num_gpu_blocks //= budget.num_kv_groups
         inputs["memory"] = budget.as_dict()
         inputs["num_gpu_blocks_source"] = "derived"
     else:
@@ -110,6 +115,7 @@ def _kv_config(
                 tp=hw.tensor_parallel_size,
                 block_size=cache.block_size,
                 kv_dtype=kv_dtype,
+                kv_layout=kv_layout if layout is not None else "uniform",
             )
             inputs["memory"] = budget.as_dict()
     inputs["kv_layout"] = kv_layout
@@ -135,7 +141,19 @@ def _kv_config(
         enable_prefix_caching=cache.enable_prefix_caching,
         watermark=cache.watermark,
         max_model_len=None,
+        kv_cache_groups=layout.groups if layout is not None else (),
     )
+    if layout is not None:
+        inputs["kv_cache_groups"] = [
+            {
+                "group_id": group_id,
+                "sliding_window": group.sliding_window,
+                "num_layers": len(layers),
+            }
+            for group_id, (group, layers) in enumerate(
+                zip(layout.groups, layout.group_layers, strict=True)
+            )
+        ]
     inputs["num_gpu_blocks"] = num_gpu_blocks
     inputs["num_cpu_blocks"] = num_cpu_blocks
     inputs["sliding_window"] = window
@@ -208,7 +226,8 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
     V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
     request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
-    cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks.
+    cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks; a hybrid model
+    needs the sum over its KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
     """
     bs, num_blocks = kv.block_size, kv.num_gpu_blocks
@@ -219,11 +238,14 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
                 f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
             )
         return
-    window = kv.sliding_window
-    if window is None:
-        needed = -(-max_model_len // bs)
-    else:
-        needed = -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
+    windows = [g.sliding_window for g in kv.kv_cache_groups] or [kv.sliding_window]
+    # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
+    needed = 0
+    for window in windows:
+        if window is None:
+            needed += -(-max_model_len // bs)
+        else:
+            needed += -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
     if needed > num_blocks - 1:
         raise ScenarioError(
             f"scheduler.max_model_len: one {max_model_len}-token request needs {needed} blocks but "
@@ -312,7 +334,22 @@ def run(
         resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress
     )
     records = engine.run()
-    return build_result(records, resolved.inputs)
+    return build_result(records, _with_group_peaks(resolved.inputs, engine))
+
+
+def _with_group_peaks(inputs: dict, engine: Engine) -> dict:
+    """`inputs` with each KV-cache group's peak held blocks (the most over replicas)."""
+    groups = inputs.get("kv_cache_groups")
+    if not groups:
+        return inputs
+    peaks = [0] * len(groups)
+    for replica in engine.replicas:
+        read = getattr(replica.manager.inner, "group_peak_held_blocks", None)
+        if read is None:  # vLLM's real manager (--vllm-root) does not count
+            return inputs
+        peaks = [max(a, b) for a, b in zip(peaks, read(), strict=True)]
+    groups = [{**group, "peak_blocks": peak} for group, peak in zip(groups, peaks, strict=True)]
+    return {**inputs, "kv_cache_groups": groups}
 
 
 def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> ResolvedRun:

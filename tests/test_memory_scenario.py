@@ -5,7 +5,7 @@ import pytest
 from sim.catalog import get_gpu, get_model
 from sim.memory import derive_num_gpu_blocks
 from sim.memory_terms import VllmEngine, weight_bytes
-from sim.runner import resolve
+from sim.runner import resolve, run
 from sim.scenario import ScenarioError, scenario_from_dict
 
 REQUESTS = [{"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 4}]
@@ -26,7 +26,8 @@ def _scenario(**overrides) -> dict:
 
 
 def test_gemma2_hybrid_layout_via_scenario():
-    """V1 + sliding and full layers: vLLM's hybrid block count, its token capacity to the pool."""
+    """V1 + sliding and full layers: vLLM's hybrid block count goes to the hybrid manager,
+    whose two KV-cache groups (sliding, then full) share it."""
     scenario = scenario_from_dict(_scenario(model="gemma-2-9b"))
     inputs = resolve(scenario).inputs
     memory = inputs["memory"]
@@ -37,9 +38,51 @@ def test_gemma2_hybrid_layout_via_scenario():
         max_num_batched_tokens=inputs["max_num_batched_tokens"], max_num_seqs=256,
     )  # fmt: skip
     assert memory["num_gpu_blocks"] == expected.num_gpu_blocks
-    # One all-layer block per 16 tokens for kvsim's manager = vLLM's reported capacity.
-    assert inputs["num_gpu_blocks"] == expected.num_gpu_blocks // 2
-    assert inputs["num_gpu_blocks"] * 16 == memory["num_kv_tokens"]
+    assert inputs["num_gpu_blocks"] == expected.num_gpu_blocks  # the shared pool, not halved
+    assert inputs["num_gpu_blocks"] // 2 * 16 == memory["num_kv_tokens"]  # what vLLM logs
+    assert inputs["kv_cache_groups"] == [
+        {"group_id": 0, "sliding_window": 4096, "num_layers": 21},
+        {"group_id": 1, "sliding_window": None, "num_layers": 21},
+    ]
+    kv = resolve(scenario).engine.kv
+    assert [g.sliding_window for g in kv.kv_cache_groups] == [4096, None]
+    assert kv.num_gpu_blocks == expected.num_gpu_blocks and kv.sliding_window is None
+
+
+def test_gemma2_with_an_explicit_window_keeps_one_group_of_the_reported_capacity():
+    """`cache.sliding_window` set by the scenario overrides the model's layers: one group,
+    and a derived pool of vLLM's reported token capacity (blocks // groups)."""
+    cache = {"num_gpu_blocks": "derive", "sliding_window": None}
+    inputs = resolve(scenario_from_dict(_scenario(model="gemma-2-9b", cache=cache))).inputs
+    assert "kv_cache_groups" not in inputs
+    assert inputs["num_gpu_blocks"] == inputs["memory"]["num_gpu_blocks"] // 2
+
+
+def test_gemma2_hybrid_run_records_peak_blocks_per_group():
+    """A request longer than the window: the sliding group frees what left it, so it peaks
+    lower than the full group. bs=16, W=4096, a 6000-token prompt in 2048-token chunks, 4
+    output tokens: chunks at C = 0, 2048, 4096 grow both tables to 128, 256, 375 blocks (at
+    C = 4096 the first useful block is (4096 - 4095) // 16 = 0: nothing leaves the window).
+    The first decode (C = 6000) frees blocks 0..118 ((6000 - 4095) // 16 = 119) of the sliding
+    group before either table grows to 376; the last decode needs cdiv(6003, 16) = 376.
+    So the sliding group peaks at 375, the full group at 376.
+    """
+    requests = [{"arrival_s": 0.0, "prompt_tokens": 6000, "output_tokens": 4}]
+    scenario = _scenario(
+        model="gemma-2-9b",
+        scheduler={
+            "design": "v1-engine",
+            "max_model_len": 8192,
+            "max_num_batched_tokens": 2048,
+            "vllm_version": "0.11.0",
+        },
+        workload={"kind": "inline", "requests": requests},
+    )
+    result = run(scenario_from_dict(scenario))
+    assert result.inputs["max_num_batched_tokens"] == 2048
+    peaks = [g["peak_blocks"] for g in result.inputs["kv_cache_groups"]]
+    assert peaks == [375, 376]
+    assert result.summary["num_violations"] == 0
 
 
 def test_hybrid_layout_only_on_the_v1_engine_and_only_for_mixed_models():
