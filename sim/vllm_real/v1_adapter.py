@@ -8,7 +8,9 @@ each call the request's `num_computed_tokens` is copied from ours: kvsim's sched
 
 The manager is built over one KV-cache group: `FullAttentionSpec`, or `SlidingWindowSpec` when
 `config.sliding_window` is set (an all-SWA model such as Mistral-7B-v0.1), with 1 head of size 1
-(page size does not matter to the manager).
+(page size does not matter to the manager); or over `config.kv_cache_groups` (a hybrid model,
+one layer per group), where block ids cross the API flat, group 0's first, as kvsim's
+`HybridKVCacheManager` passes them.
 
 Worked example (spec vector 6, bs=16, 11 blocks, no caching)::
 
@@ -60,16 +62,23 @@ class RealKVCacheManager:
         self.config = config
         self.block_size = config.block_size
         self.watermark_blocks = 0
-        if config.sliding_window is None:
-            spec = iface.FullAttentionSpec(config.block_size, 1, 1, torch.float16)
-        else:
-            spec = iface.SlidingWindowSpec(
-                config.block_size, 1, 1, torch.float16, sliding_window=config.sliding_window
+
+        def spec_for(window: int | None):
+            if window is None:
+                return iface.FullAttentionSpec(config.block_size, 1, 1, torch.float16)
+            return iface.SlidingWindowSpec(
+                config.block_size, 1, 1, torch.float16, sliding_window=window
             )
+
+        windows = [g.sliding_window for g in config.kv_cache_groups] or [config.sliding_window]
+        self.num_groups = len(windows)
         kv_config = iface.KVCacheConfig(
             num_blocks=config.num_gpu_blocks,
             kv_cache_tensors=[],
-            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
+            kv_cache_groups=[
+                iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(window))
+                for i, window in enumerate(windows)
+            ],
         )
         self.real = mgr_mod.KVCacheManager(
             kv_config,
@@ -108,7 +117,7 @@ class RealKVCacheManager:
     # ------------------------------------------------------------------ V1KVCacheManager API
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
         blocks, num_tokens = self.real.get_computed_blocks(self._request(request))
-        return [b.block_id for b in blocks.blocks[0]], num_tokens
+        return [b.block_id for group in blocks.blocks for b in group], num_tokens
 
     def allocate_slots(
         self,
@@ -121,7 +130,13 @@ class RealKVCacheManager:
         hits = None
         if new_computed_block_ids:
             pool = self.real.block_pool.blocks
-            hits = self._kv_blocks_cls(([pool[i] for i in new_computed_block_ids],))
+            share = len(new_computed_block_ids) // self.num_groups  # equal per group, in order
+            hits = self._kv_blocks_cls(
+                tuple(
+                    [pool[i] for i in new_computed_block_ids[g * share : (g + 1) * share]]
+                    for g in range(self.num_groups)
+                )
+            )
         out = self._call(
             self.real.allocate_slots,
             self._request(request),
@@ -130,7 +145,7 @@ class RealKVCacheManager:
             new_computed_blocks=hits,
             num_lookahead_tokens=num_lookahead_tokens,
         )
-        return None if out is None else [b.block_id for b in out.blocks[0]]
+        return None if out is None else [b.block_id for group in out.blocks for b in group]
 
     def free(self, request: Sequence) -> None:
         self._call(self.real.free, self._request(request))
@@ -173,9 +188,14 @@ class RealKVCacheManager:
         held = len(self.block_refcounts()) + 1
         return PoolStats(self.config.num_gpu_blocks, free, held, evictable)
 
+    def group_block_ids(self, seq_id: int) -> tuple[list[int], ...]:
+        return tuple(
+            [b.block_id for b in manager.req_to_blocks.get(str(seq_id), [])]
+            for manager in self.real.coordinator.single_type_managers
+        )
+
     def seq_block_ids(self, seq_id: int) -> list[int]:
-        manager = self.real.coordinator.single_type_managers[0]
-        return [b.block_id for b in manager.req_to_blocks.get(str(seq_id), [])]
+        return [block_id for table in self.group_block_ids(seq_id) for block_id in table]
 
     def num_seq_blocks(self, seq_id: int) -> int:
         return len({b for b in self.seq_block_ids(seq_id) if b != 0})

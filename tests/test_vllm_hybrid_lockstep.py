@@ -1,0 +1,51 @@
+"""Lockstep tier: kvsim's hybrid KV-cache manager against vLLM 0.11.0's real
+`HybridKVCacheCoordinator` / `KVCacheCoordinatorNoPrefixCache` over several KV-cache groups.
+
+Random V1 workloads (`sim.vllm_real.lockstep.verify` with a fixed hybrid config): every
+`get_computed_blocks` and `allocate_slots` answer, block id for block id (flat, group 0
+first), every free count and every running request's tables must be identical.
+Skipped when `.vllm/0.11.0` is absent (`bash scripts/setup_vllm.sh && pytest -m vllm`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
+from tests.test_vllm_lockstep import V011
+
+pytestmark = pytest.mark.vllm
+
+SLIDING, FULL = KVCacheGroupSpec(8), KVCacheGroupSpec(None)
+
+CONFIGS = {
+    # Gemma-2's order: the sliding group first.
+    "sliding-full-no-caching": (4, 16, (SLIDING, FULL), False),
+    "sliding-full-caching": (4, 16, (SLIDING, FULL), True),
+    # Full group first, a window that is not a multiple of the block size.
+    "full-sliding-caching": (4, 24, (FULL, KVCacheGroupSpec(13)), True),
+    # Gemma-3-like: two sliding groups then one full group (joint lookups over two groups).
+    "two-sliding-one-full": (4, 30, (KVCacheGroupSpec(13), KVCacheGroupSpec(13), FULL), True),
+    "bs16-window40": (16, 20, (KVCacheGroupSpec(40), FULL), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hybrid_manager_lockstep_against_real_0_11_0(name, seed):
+    for mark in V011:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.vllm_real.lockstep import verify
+
+    block_size, num_gpu_blocks, groups, caching = CONFIGS[name]
+    config = KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        enable_prefix_caching=caching,
+        kv_cache_groups=groups,
+        vllm_pin="0.11.0",
+    )
+    result = verify(None, "v1-engine", num_ops=2000, seed=seed, config=config)
+    assert result.identical, result.summary()
+    assert result.op_counts.get("get_computed_blocks", 0) > 100
