@@ -260,3 +260,23 @@ def test_property_random_hybrid_schedules(ops, num_gpu_blocks, groups, caching):
         m.free(seq)
     _check_invariants(m)
     assert m.num_free_blocks == num_gpu_blocks - 1
+
+
+# ------------------------------------------------------------------------------ audit
+def test_full_audit_accounts_for_blocks_across_groups():
+    from sim.audit import AuditLevel
+    from sim.audit.v1 import AuditedV1Manager
+    from sim.audit.violations import ViolationKind
+
+    m = make(9, (KVCacheGroupSpec(4), KVCacheGroupSpec(None)))
+    audited = AuditedV1Manager(m, level=AuditLevel.FULL)
+    a = seq_of(1, (1, 8))
+    audited.allocate_slots(a, 8)
+    assert audited.violations == []
+    # A bug that drops a block from group 1's table without freeing it: the pool still holds
+    # 4 blocks (+ null) but the groups' tables hold 2 + 1.
+    m.coordinator.managers[1].req_to_blocks[1].pop()
+    audited.get_computed_blocks(a)
+    kinds = [v.kind for v in audited.violations]
+    assert kinds == [ViolationKind.LEAKED_BLOCKS]
+    assert "2 + 1 = 3" in audited.violations[0].message

@@ -1,4 +1,11 @@
-"""The auditor of the V1-engine API: `allocate_slots` counts and allocates in one call."""
+"""The auditor of the V1-engine API: `allocate_slots` counts and allocates in one call.
+
+With several KV-cache groups (`HybridKVCacheManager`), the full level also checks that the
+pool's held blocks are exactly the blocks in the groups' tables: a held block that no group
+holds is leaked, and the groups cannot hold more than the pool has taken out. With the
+conservation check (free + held == pool, the cached free blocks counted free) this accounts
+for every block across the groups.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,34 @@ class AuditedV1Manager(AuditorBase):
 
     def _free(self) -> int:
         return self.inner.num_free_blocks
+
+    def _after_call(self, call: str, request_id: int | None) -> None:
+        super()._after_call(call, request_id)
+        if self.level is AuditLevel.FULL:
+            self._check_groups(call, request_id)
+
+    def _check_groups(self, call: str, request_id: int | None) -> None:
+        """Held blocks (less the null block) == the sum over groups of their tables' blocks.
+
+        Example: groups holding 2 and 3 distinct blocks and a pool that reports 6 held (the
+        null block included) pass; a pool reporting 7 held has leaked one block.
+        """
+        group_counts = getattr(self.inner, "group_num_held_blocks", None)
+        if group_counts is None:  # one group: the refcount walk covers it
+            return
+        counts = group_counts()
+        num_held = self.inner.pool_stats().num_held - 1
+        if sum(counts) == num_held:
+            return
+        kind = ViolationKind.LEAKED_BLOCKS if sum(counts) < num_held else ViolationKind.CONSERVATION
+        self._record(
+            kind,
+            call,
+            request_id,
+            f"{call}: the pool holds {num_held} blocks but the KV-cache groups' tables hold "
+            f"{' + '.join(map(str, counts))} = {sum(counts)}",
+            free_blocks=self._free(),
+        )
 
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
         result = self.inner.get_computed_blocks(request)
