@@ -262,6 +262,14 @@ def test_property_random_hybrid_schedules(ops, num_gpu_blocks, groups, caching):
     assert m.num_free_blocks == num_gpu_blocks - 1
 
 
+def test_full_sequence_admission_count_sums_the_groups():
+    """0.33.0's gate over two groups (bs=4, W=8, no hits, 8 tokens in flight): a 40-token
+    prompt needs cdiv(40, 4) = 10 full-group blocks, and the sliding group is capped at
+    cdiv(min(8 - 1 + 8, 40), 4) + 1 = 5: 15 in all."""
+    m = make(32, vllm_pin="0.33.0")
+    assert m.num_blocks_to_admit(seq_of(1, (1, 40)), [], 8) == 15
+
+
 # ------------------------------------------------------------------------------ audit
 def test_full_audit_accounts_for_blocks_across_groups():
     from sim.audit import AuditLevel

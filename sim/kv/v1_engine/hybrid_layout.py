@@ -13,7 +13,10 @@ Follows vLLM 0.11.0 `vllm/v1/core/kv_cache_utils.py`:
 * vLLM logs the pool as ``num_blocks // num_groups * block_size`` tokens (`L1078-1080`).
 
 kvsim has one block size and one page size for all layers, which is what 0.11.0 requires
-of a hybrid model without page-size unification (`L894-956`: uniform page size).
+of a hybrid model without page-size unification (`L894-956`: uniform page size). 0.33.0 takes
+the largest layer count as `group_size` when it is under 1.5x the smallest
+(`kv_cache_planning.py:L521-532 @0.33.0`); not modelled (equal counts, as in every catalog
+model, give the same layout).
 
 Worked example (Gemma-2-9B: 42 layers, even layers sliding with W=4096, odd layers full):
 specs in order of appearance are sliding (layer 0) then full (layer 1), 21 layers each, so
