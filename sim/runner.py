@@ -81,7 +81,9 @@ def _kv_config(
     hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
     kv_layout: KvLayout = "hybrid" if hybrid else "uniform"
     # The hybrid allocator's groups, unless the scenario overrides the model's windows.
-    layout = hybrid_layout_of(model) if hybrid and cache.sliding_window == "model" else None
+    layout = None
+    if model is not None and hybrid and cache.sliding_window == "model":
+        layout = hybrid_layout_of(model)
     if cache.num_gpu_blocks == "derive":
         assert model is not None
         try:

@@ -86,7 +86,9 @@ class HybridCoordinator:
                 "the hybrid coordinator supports full attention plus exactly one sliding "
                 f"window; got windows {[g.sliding_window for g in groups]}"
             )
-        (self.other_window,) = windows
+        (other_window,) = windows
+        assert other_window is not None  # the other groups are the sliding ones
+        self.other_window: int = other_window
         if max(self.full_group_ids) < min(self.other_group_ids):
             self.full_attn_first = True
         elif max(self.other_group_ids) < min(self.full_group_ids):

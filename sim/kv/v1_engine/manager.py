@@ -69,7 +69,7 @@ class KVCacheManager:
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
         )
         self.single_type_manager: SingleTypeManager
-        if self.sliding_window is None:
+        if config.sliding_window is None:
             self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
         else:
             self.single_type_manager = SlidingWindowManager(
