@@ -138,6 +138,20 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
+    """One row per hybrid KV-cache group: "sliding 4096, 21 layers, peak 375 blocks"."""
+    rows = []
+    for group in groups or []:
+        window = group["sliding_window"]
+        kind = "full" if window is None else f"sliding {window}"
+        peak = group.get("peak_blocks")
+        text = f"{kind}, {group['num_layers']} layers"
+        if peak is not None:
+            text += f", peak {peak} blocks"
+        rows.append((f"  KV group {group['group_id']}", text))
+    return rows
+
+
 def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) -> None:
     table = Table(title=f"kvsim run: {name}", show_header=True, header_style="bold")
     table.add_column("metric")
@@ -149,6 +163,7 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         ("step time", _step_time_row(inputs.get("step_time"), summary.get("step_time_band"))),
         ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
         ("sliding window (tokens)", inputs.get("sliding_window")),
+        *_kv_group_rows(inputs.get("kv_cache_groups")),
         ("requests", summary["num_requests"]),
         ("  finished / ignored", f"{states['finished']} / {states['ignored']}"),
         ("  failed / aborted", f"{states['failed']} / {states['aborted']}"),

@@ -122,3 +122,28 @@ def test_bad_gpu_geometry_names_the_field():
         scenario_from_dict(
             _scenario(hardware={"gpu": {"name": "x", "hbm_bandwidth_GBps": 1}}), "s.yaml"
         )
+
+
+def test_kvsim_run_prints_one_row_per_kv_group(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    scenario = _scenario(
+        model="gemma-2-9b",
+        scheduler={"design": "v1-engine", "max_model_len": 8192, "vllm_version": "0.11.0"},
+    )
+    path = tmp_path / "gemma.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    result = CliRunner().invoke(
+        app,
+        ["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    # One 64-token prompt + 4 outputs needs cdiv(67, 16) = 5 blocks in each group.
+    assert (
+        "KV group 0" in result.output and "sliding 4096, 21 layers, peak 5 blocks" in result.output
+    )
+    assert "full, 21 layers, peak 5 blocks" in result.output
