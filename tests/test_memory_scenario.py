@@ -147,3 +147,28 @@ def test_kvsim_run_prints_one_row_per_kv_group(tmp_path):
         "KV group 0" in result.output and "sliding 4096, 21 layers, peak 5 blocks" in result.output
     )
     assert "full, 21 layers, peak 5 blocks" in result.output
+
+
+def test_given_blocks_for_a_hybrid_model_are_the_shared_pool():
+    """`num_gpu_blocks` given = vLLM's `num_gpu_blocks_override`: the raw pool of 21-layer
+    blocks that both groups share (recorded with the hybrid block geometry)."""
+    cache = {"num_gpu_blocks": 1000}
+    inputs = resolve(scenario_from_dict(_scenario(model="gemma-2-9b", cache=cache))).inputs
+    assert inputs["num_gpu_blocks"] == 1000 and len(inputs["kv_cache_groups"]) == 2
+    assert inputs["memory"]["num_layers_per_block"] == 21
+    assert inputs["memory"]["num_kv_tokens"] == 1000 // 2 * 16
+
+
+def test_hybrid_manager_has_no_decode_fast_path():
+    """Every decode calls the hybrid manager: the scheduler's fast path stays off."""
+    from sim.audit.v1 import AuditedV1Manager
+    from sim.kv.config import KVCacheConfig, KVCacheGroupSpec, make_manager
+    from sim.scheduler import SchedulerConfig
+    from sim.scheduler.fast_path import fast_path_enabled
+
+    groups = (KVCacheGroupSpec(8), KVCacheGroupSpec(None))
+    hybrid = make_manager("v1-engine", KVCacheConfig(num_gpu_blocks=9, kv_cache_groups=groups))
+    one = make_manager("v1-engine", KVCacheConfig(num_gpu_blocks=9, sliding_window=8))
+    config = SchedulerConfig(max_model_len=64, decode_fast_path=True)
+    assert not fast_path_enabled(config, AuditedV1Manager(hybrid))
+    assert fast_path_enabled(config, AuditedV1Manager(one))
