@@ -9,6 +9,8 @@ Skipped when `.vllm/0.11.0` is absent (`bash scripts/setup_vllm.sh && pytest -m 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
@@ -49,3 +51,33 @@ def test_hybrid_manager_lockstep_against_real_0_11_0(name, seed):
     result = verify(None, "v1-engine", num_ops=2000, seed=seed, config=config)
     assert result.identical, result.summary()
     assert result.op_counts.get("get_computed_blocks", 0) > 100
+
+
+def test_kvsim_verify_hybrid_10000_operations():
+    """`kvsim verify --design v1-engine --hybrid`: random hybrid configs (1-3 sliding groups
+    and a full group, either order, caching or not), >= 10,000 operations, >= 50 workloads."""
+    for mark in V011:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    result = CliRunner().invoke(
+        app, ["verify", "--design", "v1-engine", "--hybrid", "--num-ops", "10000", "--seed", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    found = re.search(r"identical over (\d+) operations \((\d+) workloads", result.output)
+    assert found, result.output
+    assert int(found[1]) >= 10_000 and int(found[2]) >= 50
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-v2"])
+def test_verify_hybrid_on_a_v0_design_is_bad_input(design):
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    result = CliRunner().invoke(app, ["verify", "--design", design, "--hybrid", "--num-ops", "1"])
+    assert result.exit_code == 2
+    assert "--hybrid: KV-cache groups exist only in the V1 engine" in result.output

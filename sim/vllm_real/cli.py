@@ -25,6 +25,9 @@ def verify_command(
     num_ops: int = typer.Option(10_000, help="operations to compare"),
     seed: int = typer.Option(0, help="seed of the random workloads"),
     ops_per_workload: int = typer.Option(200, help="operations per workload (configuration)"),
+    hybrid: bool = typer.Option(
+        False, help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups)"
+    ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
     from sim.vllm_real.lockstep import verify
@@ -37,6 +40,7 @@ def verify_command(
         seed=seed,
         vllm_version=vllm_version,
         ops_per_workload=ops_per_workload,
+        hybrid=hybrid,
     )
     typer.echo(result.summary())
     if not result.identical:

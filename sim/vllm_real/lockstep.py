@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv.config import Design, KVCacheConfig, KVCacheGroupSpec, make_manager
 from sim.kv.types import (
     AllocStatus,
     ManagerError,
@@ -146,6 +146,23 @@ def random_config(rng: random.Random, design: str) -> KVCacheConfig:
         max_model_len=max_model_len,
         # The real v0 code installed is the 0.5.4 wheel: compare with its release behaviour.
         vllm_pin="0.5.4" if design != "v1-engine" else None,
+    )
+
+
+def random_hybrid_config(rng: random.Random) -> KVCacheConfig:
+    """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
+    window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching."""
+    block_size = rng.choice([1, 2, 4, 8, 16, 16])
+    window = rng.randint(1, 6 * block_size)
+    sliding = [KVCacheGroupSpec(window)] * rng.randint(1, 3)
+    full = [KVCacheGroupSpec(None)]
+    groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
+    return KVCacheConfig(
+        num_gpu_blocks=rng.randint(4, 64),
+        block_size=block_size,
+        enable_prefix_caching=rng.random() < 0.6,
+        max_model_len=rng.choice([None, None, rng.randint(8, 20 * block_size)]),
+        kv_cache_groups=groups,
     )
 
 
@@ -558,6 +575,7 @@ def verify(
     compare_ids: bool | None = None,
     config: KVCacheConfig | None = None,
     fork_after_window_drop: bool = False,
+    hybrid: bool = False,
 ) -> VerifyResult:
     """Replay seeded random workloads through kvsim's `design` model and the real vLLM code.
 
@@ -572,6 +590,9 @@ def verify(
     decoded: in real V2 that walks a `prev_block` chain through recycled block objects and
     either succeeds or recurses forever (RecursionError) depending on history; kvsim's model
     raises ValueError there by design (spec section 10).
+
+    `hybrid=True` (v1-engine only) draws configs with several KV-cache groups
+    (`random_hybrid_config`) instead.
     """
     from sim.vllm_real.loader import load_vllm
 
@@ -580,6 +601,8 @@ def verify(
     except ValueError:
         choices = ", ".join(d.value for d in Design)
         raise InputError(f"--design {design!r}: expected one of {choices}") from None
+    if hybrid and design != "v1-engine":
+        raise InputError("--hybrid: KV-cache groups exist only in the V1 engine (v1-engine)")
     if vllm_root is None and vllm_version is None:
         vllm_version = _DEFAULT_VERSION[design]
     install = load_vllm(vllm_root, vllm_version if vllm_root is None else None)
@@ -594,7 +617,7 @@ def verify(
     next_id = [1]
     v1 = design == "v1-engine"
     while result.num_ops < num_ops:
-        cfg = config or random_config(rng, design)
+        cfg = config or (random_hybrid_config(rng) if hybrid else random_config(rng, design))
         pair = _Pair(
             make_manager(design, cfg), make_real(design, cfg, install), cfg, compare_ids, v1
         )
