@@ -81,3 +81,49 @@ def test_verify_hybrid_on_a_v0_design_is_bad_input(design):
     result = CliRunner().invoke(app, ["verify", "--design", design, "--hybrid", "--num-ops", "1"])
     assert result.exit_code == 2
     assert "--hybrid: KV-cache groups exist only in the V1 engine" in result.output
+
+
+def test_real_hybrid_coordinator_under_kvsims_scheduler_gives_identical_tables():
+    """`kvsim run --vllm-root .vllm/0.11.0` on a Gemma-2 scenario: vLLM's real hybrid
+    coordinator under kvsim's scheduler gives the same request and step tables as kvsim's
+    model. A 1,000-block pool, prompts past the 4,096-token window (the sliding group frees
+    blocks) and a shared prefix (hits in both groups), so requests are preempted."""
+    for mark in V011:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.runner import run
+    from sim.scenario import scenario_from_dict
+    from sim.vllm_real.loader import resolve_root
+
+    requests = [
+        {
+            "arrival_s": 0.01 * i,
+            "prompt_tokens": 1500 + 900 * (i % 6),
+            "output_tokens": 300,
+            "prefix_id": 7,
+            "prefix_tokens": 1024,
+        }
+        for i in range(16)
+    ]
+    scenario = scenario_from_dict(
+        {
+            "name": "gemma2-real-vs-model",
+            "model": "gemma-2-9b",
+            "cache": {"num_gpu_blocks": 1000, "enable_prefix_caching": True},
+            "scheduler": {
+                "design": "v1-engine",
+                "vllm_version": "0.11.0",
+                "max_model_len": 8192,
+                "max_num_batched_tokens": 2048,
+            },
+            "workload": {"kind": "inline", "requests": requests},
+            "step_time": {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001}},
+        }
+    )
+    model = run(scenario)
+    real = run(scenario, vllm_root=resolve_root(vllm_version="0.11.0"))
+    assert real.inputs["block_manager"]["kind"] == "real"
+    assert model.summary["num_preemptions"] > 0
+    assert model.requests["num_prefix_hit_tokens"].sum() > 0
+    assert model.requests.equals(real.requests)
+    assert model.steps.equals(real.steps)
