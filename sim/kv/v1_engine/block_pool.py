@@ -12,7 +12,8 @@ Models `BlockPool` (`vllm/v1/core/block_pool.py @4ac7713`, spec §6.1):
   appends blocks that reach refcount 0 to the tail in the order given (`L281-296`).
 * `cached_block_hash_to_block[hash] -> {block_id: block}` allows duplicates: two blocks with the
   same content both stay cached and a lookup returns the first inserted (`L51-61, L71-92`).
-  Upstream keys by (hash, group id); kvsim models one KV group, so the hash alone is the key.
+  Upstream keys by (hash, group id); kvsim keys group 0 by the hash alone and other groups of
+  a hybrid model by `coordinator.group_block_hash`.
 
 Worked example (5 blocks, caching on)::
 
