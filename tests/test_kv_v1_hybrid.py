@@ -288,3 +288,51 @@ def test_full_audit_accounts_for_blocks_across_groups():
     kinds = [v.kind for v in audited.violations]
     assert kinds == [ViolationKind.LEAKED_BLOCKS]
     assert "2 + 1 = 3" in audited.violations[0].message
+
+
+# ------------------------------------------------------------------- decode fast path
+def test_decode_touch_len_worked_example():
+    """`HybridKVCacheManager.decode_touch_len`'s docstring: 12 (block 0 leaves the window)."""
+    m = make(20)
+    seq = seq_of(1, (1, 10))
+    assert m.allocate_slots(seq, 10) is not None
+    assert m.decode_touch_len(seq) == 12
+
+
+def _structural_hybrid(m: HybridKVCacheManager, seq_ids) -> tuple:
+    pool = m.block_pool
+    return (
+        m.pool_stats(),
+        m.block_refcounts(),
+        pool.free_block_queue.ids(),
+        [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
+        {h: list(ids) for h, ids in pool.cached_block_hash_to_block.items()},
+        {s: m.group_block_ids(s) for s in seq_ids},
+        [dict(manager.num_cached_block) for manager in m.coordinator.managers],
+        {s: [list(h) for h in hashes] for s, hashes in m.req_to_block_hashes.items()},
+        list(m.coordinator.num_held_blocks),
+        list(m.coordinator.peak_held_blocks),
+    )
+
+
+@pytest.mark.parametrize("groups", GROUP_SETS)
+@pytest.mark.parametrize("caching", [False, True])
+def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, groups, caching):
+    """tests/test_decode_fast_path.py's A/B replay (A called on every decode, B skipping the
+    decodes its `decode_touch_len` declares quiet) over hybrid managers: identical pools,
+    caches, per-group tables and counters, and every skipped decode was quiet on A."""
+    from tests import test_decode_fast_path as fast_path
+
+    monkeypatch.setitem(fast_path.STRUCTURAL, "v1-engine", _structural_hybrid)
+    num_quiet = num_refused = 0
+    for seed in range(4):
+        config = KVCacheConfig(
+            num_gpu_blocks=40,
+            block_size=BS,
+            enable_prefix_caching=caching,
+            kv_cache_groups=groups,
+        )
+        pair = fast_path.run_v1(config, seed, num_ops=800)
+        num_quiet += pair.num_quiet
+        num_refused += pair.num_refused
+    assert num_quiet > 0 and num_refused > 0

@@ -159,8 +159,10 @@ def test_given_blocks_for_a_hybrid_model_are_the_shared_pool():
     assert inputs["memory"]["num_kv_tokens"] == 1000 // 2 * 16
 
 
-def test_hybrid_manager_has_no_decode_fast_path():
-    """Every decode calls the hybrid manager: the scheduler's fast path stays off."""
+def test_hybrid_scenario_is_identical_with_the_decode_shortcuts_off():
+    """The hybrid manager's decode fast path (and the decode cohort on top of it) skip only
+    quiet decodes: a Gemma-2 run with prompts past the window, prefix hits and preemptions
+    gives the same tables with both shortcuts on and off."""
     from sim.audit.v1 import AuditedV1Manager
     from sim.kv.config import KVCacheConfig, KVCacheGroupSpec, make_manager
     from sim.scheduler import SchedulerConfig
@@ -168,7 +170,37 @@ def test_hybrid_manager_has_no_decode_fast_path():
 
     groups = (KVCacheGroupSpec(8), KVCacheGroupSpec(None))
     hybrid = make_manager("v1-engine", KVCacheConfig(num_gpu_blocks=9, kv_cache_groups=groups))
-    one = make_manager("v1-engine", KVCacheConfig(num_gpu_blocks=9, sliding_window=8))
     config = SchedulerConfig(max_model_len=64, decode_fast_path=True)
-    assert not fast_path_enabled(config, AuditedV1Manager(hybrid))
-    assert fast_path_enabled(config, AuditedV1Manager(one))
+    assert fast_path_enabled(config, AuditedV1Manager(hybrid))
+
+    requests = [
+        {
+            "arrival_s": 0.01 * i,
+            "prompt_tokens": 1500 + 900 * (i % 6),
+            "output_tokens": 300,
+            "prefix_id": 7,
+            "prefix_tokens": 1024,
+        }
+        for i in range(16)
+    ]
+
+    def run_with(shortcuts: bool):
+        scenario = _scenario(
+            model="gemma-2-9b",
+            cache={"num_gpu_blocks": 1000, "enable_prefix_caching": True},
+            scheduler={
+                "design": "v1-engine",
+                "vllm_version": "0.11.0",
+                "max_model_len": 8192,
+                "max_num_batched_tokens": 2048,
+                "decode_fast_path": shortcuts,
+                "decode_cohort": shortcuts,
+            },
+            workload={"kind": "inline", "requests": requests},
+        )
+        return run(scenario_from_dict(scenario))
+
+    fast, slow = run_with(True), run_with(False)
+    assert fast.summary["num_preemptions"] > 0
+    assert fast.requests.equals(slow.requests) and fast.steps.equals(slow.steps)
+    assert fast.inputs["kv_cache_groups"] == slow.inputs["kv_cache_groups"]

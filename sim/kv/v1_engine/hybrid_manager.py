@@ -10,8 +10,10 @@ Flat block ids at the API: `get_computed_blocks`, `get_block_ids` and the ids
 `allocate_slots` returns list group 0's blocks, then group 1's, and so on. A prefix hit has
 the same number H of blocks in every group, so its flat list has ``num_groups * H`` ids.
 
-No decode fast path (`DecodeFastPath` is not implemented): the scheduler calls the manager on
-every decode, which is exact by construction.
+Decode fast path (`DecodeFastPath`): a one-token decode changes nothing until the first
+touch point of any group: a new block (every group's table has the same length), a block
+filling up with caching on, or, per sliding group, a block leaving its window. `sync_decode`
+replays the per-request counters of the skipped steps, as the one-group manager does.
 
 Worked example (bs=4, 9 blocks, group 0 sliding W=4, group 1 full, no caching)::
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.protocol import PoolStats
-from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash, num_leading_nulls
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
 from sim.kv.v1_engine.coordinator import GroupBlocks, HybridCoordinator, group_block_hash
@@ -201,6 +203,52 @@ class HybridKVCacheManager:
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
+
+    # --------------------------------------------------------------- decode fast path
+    def decode_touch_len(self, request: Sequence) -> int | None:
+        """The first decode length at which `allocate_slots(request, 1)` may change anything
+        (see `KVCacheManager.decode_touch_len`), the smallest over the groups.
+
+        Example (bs=4, W=8 sliding + full, no caching): after a call at 10 tokens (tables of
+        3 blocks, none null yet) the candidates are 3 * 4 + 1 = 13 (a new block) and
+        (0 + 1) * 4 + 8 = 12 (block 0 leaves the window): 12.
+        """
+        request_id = request.seq_id
+        tables = self.coordinator.get_blocks(request_id)
+        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
+        first = self.coordinator.managers[0]
+        if not tables[0] or max_need_tokens is None or request_id not in first.num_cached_block:
+            return None
+        num_tokens = request.content.num_tokens
+        if max_need_tokens > num_tokens:
+            return None  # lookahead slots: not a plain decode
+        bs = self.block_size
+        touch_len = min(len(table) for table in tables) * bs + 1
+        if self.enable_caching:
+            num_cached = min(m.num_cached_block[request_id] for m in self.coordinator.managers)
+            hashes = self.req_to_block_hashes.get(request_id)
+            if hashes is None or len(hashes[0]) < num_cached or num_cached * bs > num_tokens:
+                return num_tokens
+            touch_len = min(touch_len, (num_cached + 1) * bs)
+        for group, table in zip(self.config.kv_cache_groups, tables, strict=True):
+            if group.sliding_window is not None:
+                window_touch_len = (num_leading_nulls(table) + 1) * bs + group.sliding_window
+                touch_len = min(touch_len, window_touch_len)
+        return max(touch_len, num_tokens)
+
+    def sync_decode(self, request: Sequence) -> None:
+        """Replay the per-request counters of skipped quiet decodes (as
+        `KVCacheManager.sync_decode`): the last skipped step ran at ``C - 1``."""
+        request_id = request.seq_id
+        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
+        num_computed_tokens = request.num_computed_tokens
+        if max_need_tokens is None or num_computed_tokens <= max_need_tokens:
+            return
+        need_tokens = num_computed_tokens
+        if self.max_model_len is not None:
+            need_tokens = min(need_tokens, self.max_model_len)
+        self._req_to_max_need_tokens[request_id] = max(max_need_tokens, need_tokens)
+        self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
 
     # ------------------------------------------------------------------ introspection
     def group_block_ids(self, request_id: int) -> tuple[list[int], ...]:
