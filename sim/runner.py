@@ -16,7 +16,7 @@ from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.engine import Engine, EngineConfig, Router
 from sim.kv.config import KVCacheConfig
-from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
+from sim.latency import LinearStepTime, StepTimeConfig, band_of, make_step_time, scaled
 from sim.memory import block_bytes, derive_num_gpu_blocks, given_num_gpu_blocks
 from sim.results import RunResult, build_result
 from sim.scenario import Scenario, ScenarioError, load_scenario
@@ -249,10 +249,13 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     overrides: dict | None = None,
     vllm_root: str | Path | None = None,
+    step_time_factor: float = 1.0,
 ) -> RunResult:
     """Run a scenario (an object, a path, or None for the built-in default) and return its tables.
 
     `overrides` are dotted keys applied before validation, e.g. {"cache.num_gpu_blocks": 4096}.
+    `step_time_factor` multiplies every step time (capacity runs it at the ends of the model's
+    band, `summary["step_time_band"]`); it is recorded in `inputs` when it is not 1.
     `vllm_root` runs vLLM's REAL block manager (an install made by scripts/setup_vllm.sh)
     under the same scheduler and auditor instead of kvsim's model of it.
     """
@@ -267,11 +270,15 @@ def run(
 
         scenario = apply_overrides(scenario, overrides)
     resolved = resolve(scenario, base_dir or ".")
-    engine = Engine(
-        resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress
-    )
+    if vllm_root is not None:
+        resolved = _with_real_manager(resolved, vllm_root)
+    inputs = resolved.inputs
+    if step_time_factor != 1.0:
+        inputs = {**inputs, "step_time_factor": step_time_factor}
+    step_time = scaled(resolved.step_time, step_time_factor)
+    engine = Engine(resolved.engine, resolved.workload.requests, step_time, progress=progress)
     records = engine.run()
-    return build_result(records, resolved.inputs)
+    return build_result(records, inputs, step_time_band=band_of(resolved.step_time).as_dict())
 
 
 def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> ResolvedRun:

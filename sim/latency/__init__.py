@@ -15,12 +15,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from sim.latency.band import UNKNOWN_BAND, StepTimeBand, band_of
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
 from sim.latency.linear import LinearStepTime
 from sim.latency.profile import StepTimeProfile, load_profile
 from sim.latency.protocol import StepTimeModel
 from sim.latency.roofline import Efficiencies, RooflineStepTime
+from sim.latency.scaled import ScaledStepTime, scaled
 
 __all__ = [
     "BatchShape",
@@ -28,11 +30,16 @@ __all__ = [
     "Efficiencies",
     "LinearStepTime",
     "RooflineStepTime",
+    "ScaledStepTime",
+    "StepTimeBand",
     "StepTimeConfig",
     "StepTimeModel",
     "StepTimeProfile",
+    "UNKNOWN_BAND",
+    "band_of",
     "load_profile",
     "make_step_time",
+    "scaled",
 ]
 
 
