@@ -231,6 +231,8 @@ def capacity_frontier(probes: pd.DataFrame, table: pd.DataFrame | None = None) -
     metrics = list(limits) or ["ttft_p99"]
     fig, axes = _figure(1, len(metrics), width=6.0 * len(metrics), height=4.2)
     good = probes[probes["error"].isna()] if "error" in probes else probes
+    if "step_time_factor" in good:  # the curves at the central step time; the band as lines
+        good = good[good["step_time_factor"] == 1.0]
     for ax, metric in zip(axes[0], metrics, strict=True):
         for i, (config, group) in enumerate(good.groupby("config", sort=True)):
             color = f"C{i}"
@@ -253,6 +255,17 @@ def capacity_frontier(probes: pd.DataFrame, table: pd.DataFrame | None = None) -
                     )
                     if high > low:
                         ax.axvspan(low, high, color=color, alpha=0.12)
+                    for end in ("slow", "fast"):
+                        value = row.get(f"capacity_{end}_step_req_per_s")
+                        value = float(value.iloc[0]) if value is not None else float("nan")
+                        if value == value and value != cap:  # not NaN, not the centre
+                            ax.axvline(
+                                value,
+                                color=color,
+                                linestyle=":",
+                                linewidth=1,
+                                label=f"at {end} step {value:.3g} req/s",
+                            )
         if metric in limits:
             ax.axhline(
                 limits[metric],

@@ -242,6 +242,11 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
 
 
+def step_time_model(scenario: Scenario, base_dir: str | Path = "."):
+    """The scenario's step-time model alone (no workload, no KV pool): e.g. for its band."""
+    return _step_time(scenario, _model(scenario), Path(base_dir), {})
+
+
 def run(
     scenario: Scenario | str | Path | None = None,
     *,

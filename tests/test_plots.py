@@ -88,3 +88,18 @@ def test_plot_command_on_a_run_dir(tmp_path, violating_run) -> None:
     assert (tmp_path / "run" / "kv_timeline.png").exists()
     missing = CliRunner().invoke(app, ["plot", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "no such directory" in missing.output
+
+
+def test_capacity_frontier_marks_the_step_time_band() -> None:
+    from sim.latency.band import StepTimeBand
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test")
+    cap, probes = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], tolerance=0.1, workers=1, band=band
+    )
+    frontier = plots.capacity_frontier(probes, cap)
+    texts = [t.get_text() for t in frontier.axes[0].get_legend().get_texts()]
+    assert any(t.startswith("at slow step") for t in texts)
+    assert any(t.startswith("at fast step") for t in texts)
+    # One curve: the probes at the band's ends are not drawn as configurations of their own.
+    assert len(frontier.axes[0].get_lines()) == 1 + 1 + 2 + 1  # curve, capacity, band, SLO

@@ -183,8 +183,25 @@ def capacity(
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Save the capacity-frontier PNG.")
     ] = True,
+    band_ends: Annotated[
+        bool,
+        typer.Option(
+            "--band/--no-band",
+            help="Also search at the step-time band's fast and slow ends (up to 3x the runs).",
+        ),
+    ] = True,
+    step_time_band: Annotated[
+        str | None,
+        typer.Option(
+            "--step-time-band",
+            help="LOW,HIGH step-time factors to use instead of the model's band, e.g. 0.9,1.3.",
+        ),
+    ] = None,
 ) -> None:
-    """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
+    """Highest request rate one replica sustains within the SLOs (bisection on the rate).
+
+    Reported at the central step time with the seed interval, and at the fast and slow ends of
+    the step-time model's error band (`--no-band` skips those)."""
     from rich.table import Table
 
     from sim.cli import INPUT_ERRORS, console, fail
@@ -202,6 +219,7 @@ def capacity(
             key, values = parse_assignment(item)
             overrides[key] = values[0] if len(values) == 1 else values
         base, base_dir = load_base(scenario)
+        band = _parse_band(step_time_band)
     except INPUT_ERRORS as error:
         raise fail(str(error).splitlines()[0]) from None
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
@@ -220,6 +238,9 @@ def capacity(
                 cluster=cluster,
                 base_dir=base_dir,
                 on_result=lambda i, res: progress.update(task, advance=1),
+                on_total=lambda n: progress.update(task, total=n),
+                band=band,
+                band_ends=band_ends,
             )
     except INPUT_ERRORS as error:
         raise fail(str(error).splitlines()[0]) from None
@@ -237,19 +258,26 @@ def capacity(
         "capacity_rate_req_per_s",
         "capacity_ci_low",
         "capacity_ci_high",
+        "capacity_slow_step_req_per_s",
+        "capacity_fast_step_req_per_s",
         "num_replicates",
         "status",
     ]
     if target_rate is not None:
-        columns[5:5] = ["replicas_needed", "replicas_needed_at_mean"]
+        columns[7:7] = ["replicas_needed", "replicas_needed_at_mean", "replicas_needed_slow_step"]
+    if not band_ends:
+        columns = [c for c in columns if "_step" not in c]
     headers = {
         "config": "configuration",
         "capacity_rate_req_per_s": "req/s per replica",
         "capacity_ci_low": "95% CI low",
         "capacity_ci_high": "95% CI high",
+        "capacity_slow_step_req_per_s": "at slow step",
+        "capacity_fast_step_req_per_s": "at fast step",
         "num_replicates": "runs",
         "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
         "replicas_needed_at_mean": "(at mean)",
+        "replicas_needed_slow_step": "(worst run, slow step)",
     }
     for column in columns:
         view.add_column(
@@ -259,9 +287,34 @@ def capacity(
     for _, row in table.iterrows():
         view.add_row(*(_fmt(row[c]) if c != "config" else (row[c] or base.name) for c in columns))
     console.print(view)
+    for _, row in table.drop_duplicates("step_time_band_source").iterrows():
+        console.print(
+            f"step-time band x{row['step_time_low_factor']:g} (fast) to "
+            f"x{row['step_time_high_factor']:g} (slow)"
+            f"{', extrapolated' if row['step_time_band_extrapolated'] else ''}: "
+            f"{row['step_time_band_source']}"
+        )
     console.print(
         f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
     )
+
+
+def _parse_band(text: str | None):
+    """'0.9,1.3' -> StepTimeBand(0.9, 1.3, ...); None -> None (the model's own band)."""
+    from sim.latency.band import StepTimeBand
+    from sim.scenario import ScenarioError
+
+    if text is None:
+        return None
+    low, sep, high = text.partition(",")
+    try:
+        return StepTimeBand(
+            float(low), float(high), extrapolated=False, source=f"--step-time-band {text}"
+        )
+    except ValueError:
+        raise ScenarioError(
+            f"--step-time-band {text!r}: expected LOW,HIGH factors with 0 < LOW <= 1 <= HIGH"
+        ) from None
 
 
 def register(app: typer.Typer) -> None:
