@@ -37,8 +37,14 @@ def calibrate(
         Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
     ] = None,
 ) -> None:
-    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`."""
+    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`.
+
+    `--budget` is honoured: timing stops at the deadline (started here, before torch loads)
+    and the fits use the cases measured so far."""
+    from calibrate.budget import Deadline
     from sim.cli import INPUT_ERRORS, console, fail
+
+    deadline = Deadline(budget)
 
     try:
         import torch
@@ -50,6 +56,14 @@ def calibrate(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
+    if device == "cpu":
+        from calibrate.cli import CPU_NOTE
+
+        console.print(f"[yellow]note:[/] {CPU_NOTE}", highlight=False, soft_wrap=True)
+    console.print(
+        f"calibrating {model} on {device} ({dtype}) within about {budget:g} s plus the fit",
+        highlight=False,
+    )
     try:
         profile = run_calibration(
             model,
@@ -62,10 +76,17 @@ def calibrate(
             gpu=gpu,
             report_dir=report_dir or out.parent,
             progress=True,
+            deadline=deadline,
         )
     except INPUT_ERRORS as error:
         raise fail(str(error).splitlines()[0]) from None
-    console.print(f"profile for {profile.model.name} on {device} ({dtype}) written to {out}")
+    console.print(
+        f"profile for {profile.model.name} on {device} ({dtype}) written to {out} "
+        f"in {profile.metadata.wall_s:g} s",
+        highlight=False,
+    )
+    for note in profile.grid.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     console.print(f"use it with: step_time: {{calibrated: {out}}}")
 
 
