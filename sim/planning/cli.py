@@ -258,22 +258,30 @@ def capacity(
         "capacity_rate_req_per_s",
         "capacity_ci_low",
         "capacity_ci_high",
-        "capacity_slow_step_req_per_s",
-        "capacity_fast_step_req_per_s",
+        "step_time_band",
         "num_replicates",
         "status",
     ]
     if target_rate is not None:
-        columns[7:7] = ["replicas_needed", "replicas_needed_at_mean", "replicas_needed_slow_step"]
+        columns[6:6] = ["replicas_needed", "replicas_needed_at_mean", "replicas_needed_slow_step"]
     if not band_ends:
-        columns = [c for c in columns if "_step" not in c]
+        columns = [c for c in columns if "step" not in c]
+    view_table = table.assign(
+        step_time_band=[
+            f"{_fmt(slow)} - {_fmt(fast)}"
+            for slow, fast in zip(
+                table["capacity_slow_step_req_per_s"],
+                table["capacity_fast_step_req_per_s"],
+                strict=True,
+            )
+        ]
+    )
     headers = {
         "config": "configuration",
         "capacity_rate_req_per_s": "req/s per replica",
         "capacity_ci_low": "95% CI low",
         "capacity_ci_high": "95% CI high",
-        "capacity_slow_step_req_per_s": "at slow step",
-        "capacity_fast_step_req_per_s": "at fast step",
+        "step_time_band": "at slow - fast step time",
         "num_replicates": "runs",
         "replicas_needed": f"replicas for {_fmt(target_rate)} req/s (worst run)",
         "replicas_needed_at_mean": "(at mean)",
@@ -284,7 +292,7 @@ def capacity(
             headers.get(column, column),
             justify="left" if column in ("config", "status") else "right",
         )
-    for _, row in table.iterrows():
+    for _, row in view_table.iterrows():
         view.add_row(*(_fmt(row[c]) if c != "config" else (row[c] or base.name) for c in columns))
     console.print(view)
     for _, row in table.drop_duplicates("step_time_band_source").iterrows():
