@@ -244,3 +244,22 @@ def test_cli_capacity_reports_the_band(tmp_path) -> None:
     for bad in ("1.2,1.5", "0.8", "x,y"):
         out = CliRunner().invoke(app, [*common, "--step-time-band", bad])
         assert out.exit_code == 2 and "--step-time-band" in out.output, out.output
+
+
+def test_band_columns_worked_example() -> None:
+    """The sim.planning.band docstring: slow-end replicates [100, 110, 120] req/s."""
+    from sim.planning.band import band_columns, band_factors
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="example")
+    results = [
+        {"config_index": 0, "step_time_factor": f, "capacity_rate_req_per_s": c}
+        for f, caps in ((1.5, (100, 110, 120)), (0.8, (150, 150, 150)), (1.0, (1, 2, 3)))
+        for c in caps
+    ]
+    columns = band_columns(results, 0, band, searched=True)
+    assert columns["capacity_slow_step_req_per_s"] == 110
+    assert columns["capacity_slow_step_ci_low"] == pytest.approx(85.16, abs=0.01)
+    assert columns["capacity_slow_step_min"] == 100
+    assert columns["capacity_fast_step_ci_high"] == 150
+    assert band_factors(band) == [0.8, 1.0, 1.5]
+    assert band_factors(StepTimeBand(1.0, 1.0, extrapolated=True, source="none")) == [1.0]

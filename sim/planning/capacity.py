@@ -44,6 +44,7 @@ from typing import Any
 import pandas as pd
 
 from sim.latency.band import StepTimeBand
+from sim.planning.band import band_columns, band_factors, model_band
 from sim.planning.executor import map_tasks, run_point
 from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
 from sim.scenario import ScenarioError
@@ -295,8 +296,8 @@ def capacity_search(
                 raise ScenarioError(f"{_label(config) or 'replicate'} {rep}: {error}") from None
             labels = {"config": _label(config), "config_index": c, "replicate": r, **config}
             config_tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
-        bands.append(band or _model_band(config_tasks[0][0], _label(config)))
-        for factor in _band_factors(bands[-1]) if band_ends else (1.0,):
+        bands.append(band or model_band(config_tasks[0][0], _label(config)))
+        for factor in band_factors(bands[-1]) if band_ends else (1.0,):
             tasks += [(*task, factor) for task in config_tasks]
     if on_total is not None:
         on_total(len(tasks))
@@ -323,7 +324,7 @@ def capacity_search(
             num_probes=sum(r["num_probes"] for r in mine),
             status="; ".join(sorted({r["status"] for r in mine})),
         )
-        row.update(_band_columns(results, c, bands[c], band_ends))
+        row.update(band_columns(results, c, bands[c], band_ends))
         if target_rate is not None:
             row["target_rate_req_per_s"] = target_rate
             row["replicas_needed"] = _replicas(target_rate, min(capacities))
@@ -334,55 +335,6 @@ def capacity_search(
             )
         rows.append(row)
     return pd.DataFrame.from_records(rows), probes
-
-
-def _model_band(scenario_data: dict[str, Any], label: str) -> StepTimeBand:
-    """The band of the step-time model a configuration runs."""
-    from sim.latency.band import band_of
-    from sim.runner import step_time_model
-    from sim.scenario import scenario_from_dict
-
-    scenario = scenario_from_dict(scenario_data, label or "capacity scenario")
-    return band_of(step_time_model(scenario))
-
-
-def _band_factors(band: StepTimeBand) -> list[float]:
-    """The step-time factors to search, each once: central 1.0 and the band's two ends."""
-    return sorted({band.low_factor, 1.0, band.high_factor})
-
-
-def _band_columns(
-    results: list[dict[str, Any]], config_index: int, band: StepTimeBand, searched: bool
-) -> dict[str, Any]:
-    """The band and the capacity at its fast (low factor) and slow (high factor) step times.
-
-    `capacity_fast_step_ci_high` and `capacity_slow_step_ci_low` bound both uncertainties at
-    once: the seed interval at the band's ends.
-    """
-    columns: dict[str, Any] = {
-        "step_time_low_factor": band.low_factor,
-        "step_time_high_factor": band.high_factor,
-        "step_time_band_extrapolated": band.extrapolated,
-        "step_time_band_source": band.source,
-    }
-    for end, factor, ci_side in (("fast", band.low_factor, 2), ("slow", band.high_factor, 1)):
-        capacities = [
-            r["capacity_rate_req_per_s"]
-            for r in results
-            if r["config_index"] == config_index and r["step_time_factor"] == factor
-        ]
-        if not searched or not capacities:
-            columns.update(
-                {f"capacity_{end}_step_{k}": math.nan for k in ("req_per_s", "ci", "min")}
-            )
-            continue
-        interval = confidence_interval(capacities)
-        columns[f"capacity_{end}_step_req_per_s"] = interval[0]
-        columns[f"capacity_{end}_step_ci"] = max(interval[ci_side], 0.0)
-        columns[f"capacity_{end}_step_min"] = min(capacities)
-    columns["capacity_fast_step_ci_high"] = columns.pop("capacity_fast_step_ci")
-    columns["capacity_slow_step_ci_low"] = columns.pop("capacity_slow_step_ci")
-    return columns
 
 
 def _replicas(target: float, per_replica: float) -> float:
