@@ -7,6 +7,8 @@
 * `throughput_latency(sweep_table)`: throughput against a latency percentile across a sweep;
 * `capacity_frontier(probes, capacity_table)`: each SLO metric against the offered rate, with
   the SLO limit and every configuration's capacity.
+* `capacity_band(capacity_table)`: each configuration's capacity with its seed interval and
+  the range its step-time band spans.
 
 Figures are built with `matplotlib.figure.Figure` so that nothing depends on a GUI backend.
 """
@@ -282,6 +284,53 @@ def capacity_frontier(probes: pd.DataFrame, table: pd.DataFrame | None = None) -
     return fig
 
 
+def capacity_band(table: pd.DataFrame) -> Figure:
+    """Capacity per configuration: the central answer with its 95 % seed interval (error bar),
+    the capacity at the slow and fast ends of the step-time band (ticks), and the span from the
+    slow end's interval low to the fast end's interval high (shaded): both uncertainties."""
+    rows = table.reset_index(drop=True)
+    fig, axes = _figure(1, 1, width=8.0, height=1.2 + 0.6 * len(rows))
+    ax = axes[0][0]
+    for i, row in rows.iterrows():
+        first = i == 0
+        ax.plot(
+            [row["capacity_slow_step_ci_low"], row["capacity_fast_step_ci_high"]],
+            [i, i],
+            color="C0",
+            linewidth=10,
+            alpha=0.2,
+            solid_capstyle="butt",
+            label="step-time band x seed interval" if first else None,
+        )
+        centre = row["capacity_rate_req_per_s"]
+        ax.errorbar(
+            centre,
+            i,
+            xerr=[[centre - row["capacity_ci_low"]], [row["capacity_ci_high"] - centre]],
+            fmt="o",
+            color="C0",
+            capsize=4,
+            label="central step time, 95% seed interval" if first else None,
+        )
+        ax.plot(
+            [row["capacity_slow_step_req_per_s"], row["capacity_fast_step_req_per_s"]],
+            [i, i],
+            linestyle="none",
+            marker="|",
+            markersize=16,
+            color="C3",
+            label="at the slow / fast step time" if first else None,
+        )
+    ax.set_yticks(range(len(rows)), [c or "scenario" for c in rows["config"]])
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("capacity per replica (requests/s)")
+    sources = sorted(set(rows["step_time_band_source"])) if len(rows) else []
+    ax.set_title("Capacity with its uncertainty" + (f"\n{'; '.join(sources)}" if sources else ""))
+    ax.legend(fontsize="small", loc="best")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
 def _parse_limits(text: str) -> dict[str, float]:
     """'ttft_p99<=2s, tpot_p99<=0.1s' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
     limits = {}
@@ -322,7 +371,10 @@ def save_capacity_plots(
     out = Path(out_dir)
     if not len(probes):
         return []
-    return [save(capacity_frontier(probes, table), out / "capacity_frontier.png")]
+    paths = [save(capacity_frontier(probes, table), out / "capacity_frontier.png")]
+    if "capacity_slow_step_ci_low" in table and table["capacity_slow_step_ci_low"].notna().any():
+        paths.append(save(capacity_band(table), out / "capacity_band.png"))
+    return paths
 
 
 def save_dir_plots(run_dir: str | Path) -> list[Path]:

@@ -157,6 +157,7 @@ def test_cli_capacity(tmp_path) -> None:
     assert table.loc[0, "replicas_needed"] == 3
     assert (tmp_path / "c" / "probes.csv").exists()
     assert (tmp_path / "c" / "capacity_frontier.png").stat().st_size > 1000
+    assert (tmp_path / "c" / "capacity_band.png").stat().st_size > 1000
     bad = CliRunner().invoke(app, ["capacity", str(tmp_path / "s.yaml"), "--slo", "ttft_p95=1s"])
     assert bad.exit_code == 2 and "ttft_p95" in bad.output
 

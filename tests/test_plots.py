@@ -103,3 +103,28 @@ def test_capacity_frontier_marks_the_step_time_band() -> None:
     assert any(t.startswith("at fast step") for t in texts)
     # One curve: the probes at the band's ends are not drawn as configurations of their own.
     assert len(frontier.axes[0].get_lines()) == 1 + 1 + 2 + 1  # curve, capacity, band, SLO
+
+
+def test_capacity_band_plot() -> None:
+    from sim.latency.band import StepTimeBand
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test band")
+    cap, _ = capacity_search(
+        dd1_scenario(40),
+        ["ttft_p99=20ms"],
+        tolerance=0.1,
+        workers=1,
+        band=band,
+        compare={"step_time.linear.fixed_s": [0.01, 0.005]},
+    )
+    fig = plots.capacity_band(cap)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "capacity per replica (requests/s)"
+    assert "test band" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(cap["config"])
+    assert len(ax.get_legend().get_texts()) == 3  # band span, seed interval, band ends
+    span = ax.get_lines()[0].get_xdata()
+    assert list(span) == [
+        cap.loc[0, "capacity_slow_step_ci_low"],
+        cap.loc[0, "capacity_fast_step_ci_high"],
+    ]
