@@ -148,6 +148,10 @@ def _step_time_config(name: str | None) -> Any:
     return name
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
@@ -192,8 +196,8 @@ def step(
     b, band = report["batch"], report["band"]
     console.print(
         f"{report['model']} on {report['gpu']}, tp={report['tp']} ({report['step_time_model']}): "
-        f"{b['num_decode_seqs']} decodes ({b['decode_context_tokens']} context tokens), "
-        f"{b['num_prefill_chunks']} prefill chunks ({b['num_prefill_tokens']} tokens)",
+        f"{_count(b['num_decode_seqs'], 'decode')} ({b['decode_context_tokens']} context tokens), "
+        f"{_count(b['num_prefill_chunks'], 'prefill chunk')} ({b['num_prefill_tokens']} tokens)",
         highlight=False,
         soft_wrap=True,
     )
