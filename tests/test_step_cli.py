@@ -14,7 +14,7 @@ from sim.latency import BatchShape, LinearStepTime
 from sim.scenario import ScenarioError
 from sim.step_cli import breakdown_terms, parse_decodes, parse_prefills
 
-ARGS = ["step", "--model", "llama-3.1-8b", "--gpu", "h100-sxm"]
+ARGS = ["step", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--step-time", "roofline"]
 
 
 def _json(*extra: str) -> dict:
@@ -37,6 +37,17 @@ def test_step_matches_the_roofline_worked_example() -> None:
     assert band["high_s"] == pytest.approx(report["step_time_s"] * 1.67)
     assert report["batch"]["num_decode_seqs"] == 64
     assert report["details"]["linear_bytes"] == pytest.approx(15.01e9, rel=1e-3)
+
+
+def test_default_model_terms_sum_to_the_step() -> None:
+    """Whatever the default model is, its terms add up to its step and its band brackets it."""
+    args = ["step", "--model", "llama-3.1-8b", "--gpu", "h200", "--decode", "64x4096"]
+    result = CliRunner().invoke(app, [*args, "--prefill", "1x512@1024", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert sum(report["breakdown_s"].values()) == pytest.approx(report["step_time_s"], rel=1e-9)
+    band = report["band"]
+    assert band["low_s"] <= report["step_time_s"] <= band["high_s"]
 
 
 def test_step_text_output_and_tp() -> None:
