@@ -12,6 +12,7 @@ heads, linear layers with their tp-sharded dimension divided (Megatron column/ro
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,8 @@ def check_decode_kernel(name: str, prepare, shapes: LayerShapes, *, block_size: 
 
 class _Bar:
     """The sweep's progress on stderr: a pulsing bar while kernels are checked, then one step
-    per case with the estimated time left (`calibrate.budget`). Silent when disabled."""
+    per case, the case being timed, and the estimated time left (`calibrate.budget`), counted
+    down between cases. Silent when disabled."""
 
     def __init__(self, enabled: bool) -> None:
         self._progress = None
@@ -107,15 +109,25 @@ class _Bar:
                 BarColumn,
                 MofNCompleteColumn,
                 Progress,
+                ProgressColumn,
                 TextColumn,
                 TimeElapsedColumn,
             )
+            from rich.text import Text
+
+            class EtaColumn(ProgressColumn):
+                def render(self, task) -> Text:
+                    eta_s, at_s = task.fields.get("eta_s"), task.fields.get("eta_at_s")
+                    if eta_s is None:
+                        return Text("")
+                    left_s = eta_s - (time.perf_counter() - at_s)
+                    return Text(f"~{left_s:.0f} s left" if left_s >= 0.5 else "finishing")
 
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), transient=True,
+                TimeElapsedColumn(), EtaColumn(), transient=True,
             )  # fmt: skip
-            self._task = self._progress.add_task("calibrate", total=None, eta="")
+            self._task = self._progress.add_task("calibrate", total=None)
 
     def __enter__(self) -> _Bar:
         if self._progress is not None:
@@ -130,10 +142,16 @@ class _Bar:
         if self._progress is not None:
             self._progress.update(self._task, description=description, total=total)
 
-    def tick(self, description: str, eta_s: float) -> None:
+    def timing(self, description: str) -> None:
+        """The case about to be timed."""
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=description,
-                                  eta=f"~{eta_s:.0f} s left")  # fmt: skip
+            self._progress.update(self._task, description=f"timing {description}")
+
+    def tick(self, eta_s: float) -> None:
+        """One case done; `eta_s` left from now."""
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, eta_s=eta_s,
+                                  eta_at_s=time.perf_counter())  # fmt: skip
 
 
 def _essential(cases: list[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -212,6 +230,7 @@ def _sweep(bar: _Bar, model: ModelSpec, grid: Grid, device: str, dtype: str, tp:
     measured: dict[tuple[str, tuple[int, ...]], Any] = {}
 
     def measure(case: Case) -> None:
+        bar.timing(f"{case.kind} {case.params}")
         if case.kind.startswith("decode:"):
             name = case.kind.removeprefix("decode:")
             num_seqs, ctx = case.params
@@ -256,7 +275,7 @@ def _sweep(bar: _Bar, model: ModelSpec, grid: Grid, device: str, dtype: str, tp:
     bar.phase("calibrate: timing", total=len(cases))
     done = run_within_budget(
         cases, measure, deadline,
-        on_case=lambda case, _run, eta: bar.tick(f"{case.kind} {case.params}", eta),
+        on_case=lambda _case, _run, eta_s: bar.tick(eta_s),
     )  # fmt: skip
 
     def points(kind: str, keys) -> list[Point]:
