@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from sim.audit import AuditError, AuditLevel, ViolationKind, audited
 from sim.ci.fuzz import run_case
 from sim.ci.fuzz_cases import generate_case
 from sim.ci.selfcheck import first_difference, tables_of, without_shortcuts
-from sim.kv.types import DoubleFreeError
+from sim.kv import AllocStatus, Design, KVCacheConfig, make_manager
+from sim.kv.types import DoubleFreeError, Sequence, SequenceGroup, SequenceStatus
 from sim.kv.v0_v2 import BlockSpaceManagerV2
 from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
+from tests.kv_v0_helpers import decode
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 
@@ -107,3 +110,34 @@ def test_double_free_in_update_escaped_the_run(monkeypatch):
     assert list(result.violations["kind"]) == ["double_free"]
     assert list(result.requests["state"]) == ["aborted", "aborted"]
     assert len(calls) == 1  # nothing ran after the failed free
+
+
+def test_stale_can_append_slots_yes_decided_the_kind():
+    """Regression (fuzz v0-v2 --seed 2, case seed 3644697408, an internal inconsistency): the
+    auditor kept a `can_append_slots` yes until a later no, so an append that no query
+    preceded (the one right after a swap-in) was an append_undercount if some earlier step had
+    asked, and a manager_error if the decode fast path had skipped that earlier query."""
+    scenario = load_scenario(REGRESSIONS / "v0_v2_swap_in_append_no_stale_promise.yaml")
+    fast, slow = run(scenario), run(without_shortcuts(scenario))
+    assert first_difference(tables_of(fast), tables_of(slow)) is None
+    assert list(fast.violations["kind"]) == ["manager_error"]
+    assert "no can_append_slots yes before it" in fast.violations.iloc[0]["message"]
+
+
+def test_a_can_append_slots_yes_covers_only_the_next_append():
+    """The same at the auditor: 2 blocks; A (16 tokens) is asked about and appends a 2nd
+    block; A's next block is then appended without a fresh query and runs dry."""
+    config = KVCacheConfig(num_gpu_blocks=2, block_size=16)
+    manager = audited(make_manager(Design.V0_V2, config), level=AuditLevel.FULL)
+    group = SequenceGroup(0, [Sequence.new(0, 16)])
+    assert manager.can_allocate(group) is AllocStatus.OK
+    manager.allocate(group)
+    seq = group.seqs[0]
+    seq.status = SequenceStatus.RUNNING
+    assert manager.can_append_slots(group)
+    decode(manager, seq)  # token 17: the 2nd and last block
+    assert manager.get_num_free_gpu_blocks() == 0
+    decode(manager, seq, 15)  # 32 tokens: still 2 blocks
+    with pytest.raises(AuditError):
+        decode(manager, seq)  # token 33: a 3rd block, no query said yes to it
+    assert [v.kind for v in manager.violations] == [ViolationKind.MANAGER_ERROR]

@@ -16,7 +16,7 @@ waiting by (priority, arrival) and preempts worse-priority running groups for th
 
 Every manager call goes through the auditor. A failed allocation (the v0-V2 sliding-window
 undercount) fails that request and the run carries on; the engine ends the run instead under the
-auditor's stop policy.
+auditor's stop policy. A failed swap or free ends the run under every policy (see `_die`).
 """
 
 from __future__ import annotations
@@ -758,11 +758,13 @@ class _FatalError(Exception):
 def _die(plan: StepPlan, error: AuditError) -> _FatalError:
     """Record a manager failure the run cannot go on from as the plan's fatal engine error.
 
-    The record policy carries on after a failed `allocate` or `append_slots` because the
-    auditor gives back what the call took. A failed swap or free leaves a table half moved or
-    half released (ids returned to the pool while the table still names them, or blocks with
-    no id at all); vLLM raises out of the engine at that call, so the run ends there too. The
-    auditor has recorded the violation. Returns the exception that unwinds `schedule`.
+    The record policy carries on after a failed `allocate` or `append_slots`: the request
+    fails, its table is released whole (and the auditor returns what a failed allocate
+    leaked), so the pool stays consistent. A failed swap or free leaves a table half moved or
+    half released (ids back in the pool while the table still names them, or blocks with no
+    id at all), which no later call can undo; vLLM raises out of the engine at that call, so
+    the run ends there under every policy. The auditor has recorded the violation. Returns
+    the exception that unwinds `schedule`.
     """
     plan.fatal_error = error.violation.message
     return _FatalError(plan.fatal_error)
