@@ -185,7 +185,7 @@ class AuditedV0Manager(AuditorBase):
         # vLLM) read as promised or not depending on whether the decode fast path had skipped
         # that earlier query (fuzz v0-v2 case seed 3644697408).
         promised = rid in self._append_ok
-        self._append_ok.discard(rid)  # type: ignore[arg-type]
+        self._append_ok.discard(rid)
         try:
             cows = self.inner.append_slots(seq, num_lookahead_slots)
         except NoFreeBlocksError:
