@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import json
 import re
 from dataclasses import dataclass
@@ -335,7 +334,7 @@ def coefficients_doc(
         "cuda": meta.cuda,
         "driver": meta.driver,
         "measured_on": meta.date,
-        "fitted": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "fitted": meta.date[:10],  # the measurement's day: the same profile, the same file
         "model": profile.model.name,
         "tp": profile.tp,
         "dtype": profile.dtype,
