@@ -1,4 +1,6 @@
-"""`run_calibration`: probe the device, size a grid to the budget, sweep, fit, write a profile.
+"""`run_calibration`: probe the device, size a grid to the budget, sweep, fit, write a profile
+and, next to it, the measured step-time model's coefficients refitted from the same timings
+(`calibrate.to_measured`: `PROFILE.json` -> `PROFILE.coefficients.json`).
 
 The lead wires this into `kvsim calibrate`; `python -m calibrate.cli` runs it directly (used by
 `calibrate/gpu_run.sh` on machines without the full kvsim environment).
@@ -18,6 +20,7 @@ from calibrate.budget import Deadline
 from calibrate.grid import Ceilings, build_grid
 from calibrate.sweep import TORCH_DTYPES, run_sweep
 from calibrate.timing import probe_ceilings, run_metadata
+from calibrate.to_measured import coefficients_path, usage_lines, write_coefficients
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model, gpu_names
 from sim.errors import InputError
 from sim.latency.fit import fit_decode, fit_gemm, fit_prefill
@@ -150,6 +153,8 @@ def run_calibration(
     }
     profile = parse_profile(doc, origin=str(out_path))  # the file we write must load back
     Path(out_path).write_text(profile.to_json())
+    # The same measurements refit the measured model's per-GPU terms (`calibrate.to_measured`).
+    write_coefficients(profile, out_path)
     if report_dir is not None:
         from calibrate.report import write_report
 
@@ -200,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  note: {note}")
     for key, value in summarize(profile).items():
         print(f"  {key}: {value}")
+    print("\n".join(usage_lines(coefficients_path(args.out))))
     return 0
 
 

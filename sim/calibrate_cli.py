@@ -37,7 +37,8 @@ def calibrate(
         Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
     ] = None,
 ) -> None:
-    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`.
+    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`,
+    plus the measured model's coefficients refitted from the same timings (PROFILE.coefficients.json).
 
     `--budget` is honoured: timing stops at the deadline (started here, before torch loads)
     and the fits use the cases measured so far."""
@@ -89,7 +90,11 @@ def calibrate(
     )
     for note in profile.grid.get("notes", []):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
-    console.print(f"use it with: step_time: {{calibrated: {out}}}")
+    console.print(f"use it with: step_time: {{calibrated: {out}}}", highlight=False)
+    from calibrate.to_measured import coefficients_path, usage_lines
+
+    for line in usage_lines(coefficients_path(out)):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -153,6 +153,7 @@ def test_kvsim_calibrate_says_cpu_numbers_are_plumbing(tmp_path, monkeypatch) ->
     from typer.testing import CliRunner
 
     import calibrate.cli
+    from calibrate.to_measured import write_coefficients
     from sim.cli import app
 
     seen = {}
@@ -160,6 +161,7 @@ def test_kvsim_calibrate_says_cpu_numbers_are_plumbing(tmp_path, monkeypatch) ->
 
     def fake_run_calibration(model, out, budget_s, device, dtype, **kwargs):
         seen.update(kwargs, budget_s=budget_s, device=device)
+        write_coefficients(profile, out)
         return profile
 
     monkeypatch.setattr(calibrate.cli, "run_calibration", fake_run_calibration)
@@ -171,6 +173,9 @@ def test_kvsim_calibrate_says_cpu_numbers_are_plumbing(tmp_path, monkeypatch) ->
     assert "within about 20 s" in result.output
     assert seen["budget_s"] == 20 and isinstance(seen["deadline"], Deadline)
     assert seen["deadline"].budget_s == 20
+    coefficients = tmp_path / "x.coefficients.json"
+    assert f"step_time: {{measured: {{coefficients: {coefficients}}}}}" in result.output
+    assert "decode kernel torch-gather-sdpa:" in result.output
 
 
 def _tiny_profile(tmp_path):
