@@ -155,10 +155,12 @@ def test_cli_stop_flags(flag, stopped, tmp_path):
     assert json.loads(cli.output)["summary"]["stopped_early"].startswith(stopped)
 
 
-def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
+def test_v0_v2_null_block_strands_a_full_pool_request_as_no_progress():
     """A vLLM 0.5.4 v0-V2 hang kvsim found: once any sliding-window sequence has decoded, the
     null block holds one of G blocks forever, so a prompt needing exactly G blocks (allowed by
-    the startup check max_model_len <= bs * G) is LATER forever: G - 10 >= Wm, but F = G - 1."""
+    the startup check max_model_len <= bs * G) is LATER forever: G - 10 >= Wm, but F = G - 1.
+    The request is aborted (accounted for) and the hang is a `no_progress` violation whose
+    diagnosis names the waiting request, its need, the null block and the free count."""
     scenario = scenario_from_dict(
         _inline(
             "v0-v2",
@@ -175,6 +177,72 @@ def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
     assert rows.loc[1, "state"] == "aborted"
     assert rows.loc[1, "reason"] == (
         "stalled: nothing running and no waiting request can be admitted (9 free blocks)"
+    )
+    assert result.violation_kinds == {"no_progress"}
+    (violation,) = result.violations.to_dict("records")
+    assert violation["request_id"] == 1
+    assert (violation["needed_blocks"], violation["free_blocks"]) == (10, 9)
+    assert "request 1 needs 10 blocks (160 tokens)" in violation["message"]
+    assert "1 block(s) held by no request (a null block, or leaked)" in violation["message"]
+    assert "at most 9 can ever be free" in violation["message"]
+
+
+def test_v1_engine_prompt_of_max_model_len_never_finishes_as_no_progress():
+    """vLLM #29496: V1 caps a step at `max_model_len - 1 - num_computed_tokens` tokens, so a
+    prompt of exactly max_model_len tokens (the frontend admits it) that is chunked computes
+    max_model_len - 1 and then gets 0 tokens every step, holding its blocks forever (unchunked,
+    the waiting loop schedules it whole and it finishes). Found by `kvsim fuzz`
+    (case seed 673228719); every pinned release kvsim models has the cap."""
+    for version in ("4ac7713", "0.11.0", "0.33.0"):
+        scenario = scenario_from_dict(
+            _inline(
+                "v1-engine",
+                [
+                    {"arrival_s": 0.0, "prompt_tokens": 128, "output_tokens": 4},
+                    {"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4},
+                ],
+                cache={"sliding_window": None, "num_gpu_blocks": 16},
+                scheduler={
+                    "max_model_len": 128,
+                    "vllm_version": version,
+                    # The cap is in the running loop: the prompt must spill into a 2nd chunk.
+                    "enable_chunked_prefill": True,
+                    "max_num_batched_tokens": 64,
+                },
+            )
+        )
+        result = run(scenario)
+        states = result.requests.set_index("request_id")["state"]
+        assert states.to_dict() == {0: "aborted", 1: "finished"}, version
+        assert result.violation_kinds == {"no_progress"}, version
+        message = result.violations["message"].iloc[0]
+        assert "request 0 holds 8 (127 of 128 tokens computed)" in message, message
+
+
+def test_livelock_diagnosis_counts_the_empty_steps():
+    """The engine's livelock cut-off (steps that only preempt) records `no_progress` through
+    the same diagnosis, which then leads with the number of empty steps."""
+    from sim.audit.liveness import Stall, diagnose
+    from sim.engine import Engine
+    from sim.runner import resolve
+
+    scenario = scenario_from_dict(
+        _inline(
+            "v0-v2",
+            [
+                {"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4},
+                {"arrival_s": 1.0, "prompt_tokens": 160, "output_tokens": 4},
+            ],
+            cache={"sliding_window": 256},
+        )
+    )
+    resolved = resolve(scenario)
+    engine = Engine(resolved.engine, resolved.workload.requests, resolved.step_time)
+    engine.run()
+    replica = engine.replicas[0]
+    diagnosis = diagnose(replica.scheduler, replica.manager, Stall.LIVELOCK, 12)
+    assert diagnosis.message.startswith(
+        "no progress (livelock): 12 steps preempted and readmitted without running anything."
     )
 
 
