@@ -1,7 +1,7 @@
 """The `kvsim compare-versions` figure: one panel per metric, one bar per design variant.
 
-Six panels (preemptions, violations, throughput, TTFT p50/p99, TPOT p50/p99, peak KV use), the
-variants in the table's order on the y axis of each. A variant the scenario refused has no
+Six panels (preemptions, violations, throughput, TTFT p50/p99, TPOT p50/p99, KV use mean and
+peak), the variants in the table's order on the y axis of each. A variant the scenario refused has no
 bar but the word "refused" where its bar would be, so a missing bar never reads as zero.
 """
 
@@ -21,8 +21,13 @@ PANELS = (
     ("throughput (tokens/s)", ("throughput_tok_per_s",), 1.0),
     ("TTFT p50 / p99 (s)", ("ttft_p50_s", "ttft_p99_s"), 1.0),
     ("TPOT p50 / p99 (ms)", ("tpot_p50_s", "tpot_p99_s"), 1e3),
-    ("peak KV use (% of blocks)", ("kv_util_max",), 100.0),
+    ("KV use mean / peak (% of blocks)", ("kv_util_mean", "kv_util_max"), 100.0),
 )
+
+
+def _value_text(value: float) -> str:
+    """A bar's label: '16,940' for counts in the thousands (not '1.69e+04'), else 3 digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def compare_versions_figure(table: pd.DataFrame) -> Figure:
@@ -36,9 +41,8 @@ def compare_versions_figure(table: pd.DataFrame) -> Figure:
         for offset, column in enumerate(columns):
             values = table[column].astype(float) * scale
             ys = [p - 0.4 + height * (offset + 0.5) for p in positions]
-            name = column.removesuffix("_s").rpartition("_")[2] if len(columns) > 1 else None
-            bars = ax.barh(ys, values.where(ran, 0.0), height=height, label=name)
-            labels_text = [f"{v:.3g}" if ok else "" for v, ok in zip(values, ran, strict=True)]
+            bars = ax.barh(ys, values.where(ran, 0.0), height=height)
+            labels_text = [_value_text(v) if ok else "" for v, ok in zip(values, ran, strict=True)]
             ax.bar_label(bars, labels_text, padding=2, fontsize="x-small")
         for position, is_ran in zip(positions, ran, strict=True):
             if not is_ran:
@@ -49,13 +53,12 @@ def compare_versions_figure(table: pd.DataFrame) -> Figure:
         ax.set_xlim(0, peak * 1.2 if peak > 0 else 1.0)
         ax.invert_yaxis()  # the first variant on top, as in the table
         ax.set_title(title, fontsize="medium")
-        if len(columns) > 1:
-            ax.legend(fontsize="small", loc="best")
     name = str(table["scenario"].dropna().iloc[0]) if table["scenario"].notna().any() else ""
     name_figure(
         fig,
         f"scenario {name} | one workload through every vLLM design kvsim models",
-        "v0-fixed = kvsim's corrected design; v1-engine@X = the V1 engine at vLLM release X",
+        "v0-fixed = kvsim's corrected design; v1-engine@X = the V1 engine at vLLM release X; "
+        "paired bars: blue = p50 or mean, orange = p99 or peak",
     )
     return fig
 
