@@ -219,32 +219,40 @@ def test_v1_engine_prompt_of_max_model_len_never_finishes_as_no_progress():
         assert "request 0 holds 8 (127 of 128 tokens computed)" in message, message
 
 
-def test_livelock_diagnosis_counts_the_empty_steps():
-    """The engine's livelock cut-off (steps that only preempt) records `no_progress` through
-    the same diagnosis, which then leads with the number of empty steps."""
-    from sim.audit.liveness import Stall, diagnose
-    from sim.engine import Engine
-    from sim.runner import resolve
+def test_livelock_is_recorded_as_no_progress(monkeypatch):
+    """The engine's livelock cut-off (steps that only preempt, never run a token) aborts the
+    queue and records `no_progress`, its diagnosis leading with the number of empty steps.
+    A scheduler that preempts on every call without scheduling anything stands in for a
+    design that livelocks."""
+    from sim.scheduler import StepPlan, V1Scheduler
 
+    def preempt_forever(self, now_s):
+        plan = StepPlan()
+        plan.num_preempted = 1
+        return plan
+
+    monkeypatch.setattr(V1Scheduler, "schedule", preempt_forever)
     scenario = scenario_from_dict(
         _inline(
-            "v0-v2",
-            [
-                {"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4},
-                {"arrival_s": 1.0, "prompt_tokens": 160, "output_tokens": 4},
-            ],
-            cache={"sliding_window": 256},
+            "v1-engine",
+            [{"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4}],
+            cache={"sliding_window": None},
+            scheduler={"max_model_len": 128},
         )
     )
-    resolved = resolve(scenario)
-    engine = Engine(resolved.engine, resolved.workload.requests, resolved.step_time)
-    engine.run()
-    replica = engine.replicas[0]
-    diagnosis = diagnose(replica.scheduler, replica.manager, Stall.LIVELOCK, 12)
-    assert diagnosis.message.startswith(
-        "no progress (livelock): 12 steps preempted and readmitted without running anything."
+    result = run(scenario)
+    row = result.requests.iloc[0]
+    assert (row["state"], row["reason"]) == (
+        "aborted",
+        "livelock: steps keep preempting without running anything",
     )
-
+    (violation,) = result.violations.to_dict("records")
+    assert violation["kind"] == "no_progress"
+    # The cut-off: more than 2 * unfinished + 8 empty steps in a row (here 1 request: 11).
+    assert violation["message"].startswith(
+        "no progress (livelock): 11 steps preempted and readmitted without running anything."
+    )
+    assert "Waiting 1: request 0 needs 1 blocks (16 tokens)." in violation["message"]
 
 def test_v1_engine_prompt_over_max_model_len_is_ignored_at_arrival():
     scenario = scenario_from_dict(
