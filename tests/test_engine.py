@@ -254,6 +254,7 @@ def test_livelock_is_recorded_as_no_progress(monkeypatch):
     )
     assert "Waiting 1: request 0 needs 1 blocks (16 tokens)." in violation["message"]
 
+
 def test_v1_engine_prompt_over_max_model_len_is_ignored_at_arrival():
     scenario = scenario_from_dict(
         _inline(
