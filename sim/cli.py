@@ -386,6 +386,7 @@ def _register_optional_commands() -> None:
         "sim.planning.versions_cli",
         "sim.plots_cli",
         "sim.calibrate_cli",
+        "sim.step_cli",
         "sim.vllm_real.cli",
     ):
         try:

@@ -291,6 +291,10 @@ class Engine:
                 self._on_terminal(len(finished))
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
+            if plan.fatal_error is not None:
+                # The step's update failed (e.g. freeing a finished request raised).
+                self._stop = self._stop_in(replica, plan, False, False)
+                return
             if max_sim_time_s is not None and env.now >= max_sim_time_s:
                 self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
 

@@ -220,14 +220,16 @@ def test_cross_checked_cases_are_picked_by_the_seed():
 
 
 def test_repeated_corruption_reports_are_the_only_difference_the_shortcuts_make():
-    """Regression (found by the fuzz cross-check): after v0-V2's swap_out fails on this case,
-    a refcount-0 block stays in a table; the full audit re-reports it after every manager
-    call, and the fast path makes fewer calls. Nothing else differs."""
+    """Regression (found by the fuzz cross-check): after v0-V2's swap_out failed on this case,
+    the run went on with a refcount-0 block in a table; the full audit re-reported it after
+    every manager call, and the fast path made fewer calls. The failed swap_out now ends the
+    run (vLLM raises out of the engine there), so there is nothing to re-report and the
+    shortcuts change nothing at all, violations included."""
     scenario = generate_case("v0-v2", 23012616)
     fast, slow = run(scenario), run(without_shortcuts(scenario))
-    assert len(fast.violations) < len(slow.violations)  # fewer repeats with the shortcuts
-    assert fast.requests.to_csv() == slow.requests.to_csv()
-    assert fast.steps.to_csv() == slow.steps.to_csv()
+    assert fast.summary["fatal_error"].startswith("swap_out raised NullBlockWriteError")
+    assert "refcount" not in set(fast.violations["kind"])
+    assert fast.violations.to_csv() == slow.violations.to_csv()
     assert tables_of(fast) == tables_of(slow)
     assert first_difference(tables_of(fast), tables_of(slow)) is None
 
