@@ -144,7 +144,7 @@ def _table_commands() -> list[tuple[str, list[str]]]:
         if not line.startswith("| `kvsim "):
             continue
         usage = line.split("|")[1]
-        for code in re.findall(r"`kvsim (\w+)([^`]*)`", usage):
+        for code in re.findall(r"`kvsim ([\w-]+)([^`]*)`", usage):
             found.append((code[0], re.findall(r"--[a-z][a-z-]*", code[1])))
     return found
 

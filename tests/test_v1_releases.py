@@ -365,14 +365,25 @@ def test_bundled_v1_scenarios_document_4ac7713(name):
 @pytest.mark.parametrize("pin", OLD)  # unpinned fuzz cases run 0.33.0 (tests/test_fuzz.py)
 def test_fuzz_cases_are_quiet_on_the_older_pins(pin):
     """`kvsim fuzz`'s random V1 cases (policies, windows, caching, chunking; full audit) on a
-    pinned older release: no violation, no crash, no stall."""
+    pinned older release: no violation and no crash; the only stall (`no_progress`) is vLLM
+    #29496, a prompt split into chunks of exactly max_model_len tokens that never gets its last token."""
     from sim.ci.fuzz import case_seed, generate_case, run_case
 
+    num_stalled = 0
     for index in range(80):
         scenario = generate_case("v1-engine", case_seed(0, index))
         scheduler = scenario.scheduler.model_copy(update={"vllm_version": pin})
         case = run_case(scenario.model_copy(update={"scheduler": scheduler}))
-        assert case.kinds == [] and case.fatal_error is None, (index, case)
+        kinds = {kind for kind, _, _ in case.kinds}
+        assert kinds <= {"no_progress"} and case.fatal_error is None, (index, case)
+        if kinds:
+            num_stalled += 1
+            prompts = [r.prompt_tokens for r in scenario.workload.requests]
+            # Split into chunks (chunked prefill, or a long-prefill threshold below the prompt).
+            chunked = scheduler.enable_chunked_prefill or scheduler.long_prefill_token_threshold
+            assert chunked, (index, case)
+            assert scheduler.max_model_len in prompts, (index, case)
+    assert num_stalled >= 1  # case 1 (seed 673228719) is one
 
 
 # ----------------------------------------------------------------- real vLLM 0.11.0

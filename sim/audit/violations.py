@@ -33,6 +33,10 @@ class ViolationKind(enum.Enum):
     #: The manager raised a failure of vLLM's code (a `sim.kv.types.ManagerError`, e.g. "null
     #: block should not be modified"), or ran dry on a call no admission query had promised.
     MANAGER_ERROR = "manager_error"
+    #: The queue can never move (nothing runs and nothing can be admitted, or steps keep
+    #: preempting without running anything): the real engine would hang. The engine aborts
+    #: what is left; the message diagnoses it (`sim.audit.liveness`).
+    NO_PROGRESS = "no_progress"
 
 
 @dataclass(frozen=True, slots=True)
