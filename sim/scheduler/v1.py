@@ -447,7 +447,10 @@ class V1Scheduler(FastPathScheduler):
             seq.num_computed_tokens = num_computed
             plan.scheduled.append(ScheduledWork(request, num_new, num_computed, True))
             budget -= num_new
-        for request in reversed(skipped):
+        # 4ac7713 / 0.11.0 collect the skipped requests by `prepend_request` into a side queue
+        # that is then prepended whole (0.11.0 `sched/scheduler.py:L434`, `L541`): they return
+        # to the head in *reverse* skip order ([A, B] skipped -> waiting [B, A, ...]).
+        for request in skipped:
             self._enqueue(request, front=True)
 
     def schedule(self, now_s: float) -> StepPlan:

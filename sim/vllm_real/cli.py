@@ -4,6 +4,10 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
 
     kvsim verify --design v0-v2 --vllm-version 0.5.4 --num-ops 10000 --seed 0
     v0-v2 vs vLLM 0.5.4: identical over 10002 operations (69 workloads, ...)
+
+    kvsim verify --scheduler --num-workloads 60     # V1 Scheduler, step by step, vs vLLM 0.11.0
+    v1-engine @0.11.0 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
+    v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ verify_app = typer.Typer(help="Compare kvsim's block-manager models with vLLM's 
 
 @verify_app.command("verify")
 def verify_command(
-    design: str = typer.Option("v0-v2", help="v0-v1, v0-v2 or v1-engine"),
+    design: str = typer.Option(
+        "v0-v2", help="v0-v1, v0-v2 or v1-engine (with --scheduler: v1-engine only)"
+    ),
     vllm_root: Path | None = typer.Option(
         None, help="a vLLM install folder (scripts/setup_vllm.sh)"
     ),
@@ -25,8 +31,22 @@ def verify_command(
     num_ops: int = typer.Option(10_000, help="operations to compare"),
     seed: int = typer.Option(0, help="seed of the random workloads"),
     ops_per_workload: int = typer.Option(200, help="operations per workload (configuration)"),
+    scheduler: bool = typer.Option(
+        False,
+        "--scheduler",
+        help="compare the V1 Scheduler step by step (vLLM >= 0.10) instead of the managers",
+    ),
+    num_workloads: int = typer.Option(60, help="with --scheduler: random workloads to compare"),
+    pin: list[str] | None = typer.Option(
+        None,
+        help="with --scheduler: kvsim's V1 pin(s) to compare (default: 0.11.0 and 4ac7713, "
+        "which decide as 0.11.0 does)",
+    ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
+    if scheduler:
+        _verify_scheduler(design, vllm_root, vllm_version, num_workloads, seed, pin)
+        return
     from sim.vllm_real.lockstep import verify
 
     # A missing vLLM install (VllmNotAvailableError) is bad input: `sim.cli` prints it, exit 2.
@@ -40,6 +60,43 @@ def verify_command(
     )
     typer.echo(result.summary())
     if not result.identical:
+        raise typer.Exit(1)
+
+
+def _verify_scheduler(
+    design: str,
+    vllm_root: Path | None,
+    vllm_version: str | None,
+    num_workloads: int,
+    seed: int,
+    pins: list[str] | None,
+) -> None:
+    from sim.errors import InputError
+    from sim.kv.v1_engine.releases import resolve_release
+    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
+
+    if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
+        raise InputError(
+            f"--scheduler compares the V1 engine; --design {design!r} has no V1 scheduler"
+        )
+    if num_workloads <= 0:
+        raise InputError(f"--num-workloads must be positive, got {num_workloads}")
+    for one in pins or ():
+        try:
+            resolve_release(one)
+        except ValueError as exc:  # an unknown pin is bad input
+            raise InputError(f"--pin: {exc}") from None
+    # A missing or pre-V1 install is bad input (VllmNotAvailableError / InputError: exit 2).
+    install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.11.0"))
+    if install.version_tuple < (0, 10):
+        raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
+    diverged = False
+    for one in pins or PINS_MATCHING_0_11_0:
+        result = verify_scheduler(num_workloads, seed, pin=one, install=install)
+        typer.echo(result.summary())
+        diverged = diverged or not result.identical
+    if diverged:
         raise typer.Exit(1)
 
 
