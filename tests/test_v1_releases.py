@@ -220,6 +220,28 @@ def test_prompt_over_the_budget_without_chunking_skips_or_stops(pin):
         assert [r.request_id for r in scheduler.waiting] == [1, 2]
 
 
+@pytest.mark.parametrize("pin", ALL)
+def test_skipped_oversized_prompts_requeue_reversed(pin):
+    """Found by the scheduler lockstep (tests/test_vllm_sched_lockstep.py): 4ac7713 / 0.11.0 put
+    several prompts set aside back at the head in reverse order (a side queue filled by
+    `prepend_request`, then prepended whole). 40 is admitted (24 left), 30 and 30 are set
+    aside, 10 is admitted: waiting [2, 1] on the old pins; 0.33.0 stops at 1 instead."""
+    scheduler = _v1(
+        100, pin, max_num_batched_tokens=64, enable_chunked_prefill=False, max_model_len=64
+    )
+    scheduler.token_budget = 64
+    for request_id, prompt in [(0, 40), (1, 30), (2, 30), (3, 10)]:
+        scheduler.add_request(_request(request_id, prompt))
+    plan = scheduler.schedule(0.0)
+    scheduled = [w.request.request_id for w in plan.all_scheduled()]
+    if pin in OLD:
+        assert scheduled == [0, 3]
+        assert [r.request_id for r in scheduler.waiting] == [2, 1]
+    else:
+        assert scheduled == [0]
+        assert [r.request_id for r in scheduler.waiting] == [1, 2, 3]
+
+
 def _priority(num_gpu_blocks: int, pin: str) -> V1Scheduler:
     return _v1(
         num_gpu_blocks,
