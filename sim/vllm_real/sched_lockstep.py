@@ -24,8 +24,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from sim.audit.auditor import audited
 from sim.audit.base import AuditLevel
+from sim.audit.v1 import AuditedV1Manager
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.request import Request
@@ -184,7 +184,7 @@ class KvsimSide:
             max_model_len=case.max_model_len,
             vllm_pin=pin,
         )
-        manager = audited(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
+        manager = AuditedV1Manager(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
         config = SchedulerConfig(
             max_model_len=case.max_model_len,
             max_num_seqs=case.max_num_seqs,
@@ -205,7 +205,7 @@ class KvsimSide:
                 self._freed.append(seq.seq_id)
             real_free(seq)
 
-        manager.free = recording_free  # type: ignore[method-assign]
+        manager.free = recording_free  # type: ignore[method-assign,assignment]
         self.requests: list[Request] = []
 
     def add_request(self, spec: RequestSpec) -> None:
