@@ -72,6 +72,15 @@ def test_random_workloads_identical_step_by_step(pin):
     assert result.num_prefix_hit_workloads > 0  # and prefix hits
 
 
+def test_random_workloads_identical_with_kvsims_fast_path_and_cohort():
+    """As `kvsim run` schedules (decode fast path, FCFS decode cohort): the same decisions."""
+    from sim.vllm_real.sched_lockstep import verify_scheduler
+
+    result = verify_scheduler(num_workloads=60, seed=0, install=_install(), fast_path=True)
+    assert result.identical, result.summary()
+    assert result.num_bulk_decodes > 0  # the cohort ran, and its bulk decodes matched
+
+
 def test_the_worked_example_of_the_adapter():
     """bs 16, 20 blocks (19 usable), budget 64, one 100-token prompt, 2 output tokens: chunks of
     64 (4 blocks) and 36 (7 blocks in all, token 1 sampled), then one decode (token 2, 101 ->
@@ -160,9 +169,11 @@ def test_cli_verify_scheduler_reports_both_pins():
     from sim.cli import app
 
     _install()
-    result = CliRunner().invoke(app, ["verify", "--scheduler", "--num-workloads", "3"])
+    args = ["verify", "--scheduler", "--num-workloads", "3", "--fast-path"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if "scheduler vs vLLM" in line]
+    assert all("(fast path)" in line for line in lines)
     assert [line.split(" scheduler")[0] for line in lines] == [
         "v1-engine @0.11.0",
         "v1-engine @4ac7713",

@@ -37,6 +37,11 @@ def verify_command(
         help="compare the V1 Scheduler step by step (vLLM >= 0.10) instead of the managers",
     ),
     num_workloads: int = typer.Option(60, help="with --scheduler: random workloads to compare"),
+    fast_path: bool = typer.Option(
+        False,
+        "--fast-path",
+        help="with --scheduler: run kvsim's decode fast path and cohort, as `kvsim run` does",
+    ),
     pin: list[str] | None = typer.Option(
         None,
         help="with --scheduler: kvsim's V1 pin(s) to compare (default: 0.11.0 and 4ac7713, "
@@ -45,7 +50,7 @@ def verify_command(
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
     if scheduler:
-        _verify_scheduler(design, vllm_root, vllm_version, num_workloads, seed, pin)
+        _verify_scheduler(design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path)
         return
     from sim.vllm_real.lockstep import verify
 
@@ -70,6 +75,7 @@ def _verify_scheduler(
     num_workloads: int,
     seed: int,
     pins: list[str] | None,
+    fast_path: bool,
 ) -> None:
     from sim.errors import InputError
     from sim.kv.v1_engine.releases import resolve_release
@@ -93,7 +99,9 @@ def _verify_scheduler(
         raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
     diverged = False
     for one in pins or PINS_MATCHING_0_11_0:
-        result = verify_scheduler(num_workloads, seed, pin=one, install=install)
+        result = verify_scheduler(
+            num_workloads, seed, pin=one, install=install, fast_path=fast_path
+        )
         typer.echo(result.summary())
         diverged = diverged or not result.identical
     if diverged:

@@ -11,8 +11,13 @@ get the same requests before the same steps; after every step we compare
 
 The first disagreement ends the workload with a `SchedDivergence`. Where vLLM's own code raises
 (the real engine would die), the workload ends with a `RealRaised` naming the exception's type
-and the step; it is reported, never a crash of the comparison. kvsim's scheduler runs with the
-decode fast path and cohort off, so its plan lists every request in schedule order.
+and the step; it is reported, never a crash of the comparison.
+
+By default kvsim's scheduler runs with the decode fast path and cohort off, so its plan lists
+every request in schedule order. With `fast_path=True` it runs as `kvsim run` does (fast path
+and, under FCFS, decode cohort on): quiet decodes are listed after the rest and a cohort's
+members decode in bulk, unnamed, so the scheduled work is compared as a multiset (kvsim's
+named work plus `bulk` one-token decodes = vLLM's list).
 
 Example: ``verify_scheduler(num_workloads=60, seed=0)`` -> a `SchedVerifyResult` whose
 `summary()` reads "v1-engine @0.11.0 scheduler vs vLLM 0.11.0: identical over 60 workloads
@@ -43,7 +48,7 @@ from sim.vllm_real.v1_sched_adapter import (
 PINS_MATCHING_0_11_0 = ("0.11.0", "4ac7713")
 #: A workload that has not drained after this many steps stops (both sides stalled alike).
 MAX_STEPS = 400
-_FIELDS = ("scheduled", "preempted", "finished", "free_after_schedule", "free_after_update")
+_FIELDS = ("preempted", "finished", "free_after_schedule", "free_after_update")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +98,13 @@ class RealRaised:
 class SchedVerifyResult:
     pin: str
     vllm_version: str
+    fast_path: bool = False
     num_workloads: int = 0
     num_steps: int = 0
     num_preemptions: int = 0
     num_prefix_hit_workloads: int = 0
+    #: Fast path: one-token decodes kvsim ran in bulk (its decode cohort) and still matched.
+    num_bulk_decodes: int = 0
     real_raised: list[RealRaised] = field(default_factory=list)
     divergence: SchedDivergence | None = None
 
@@ -107,11 +115,14 @@ class SchedVerifyResult:
     def summary(self) -> str:
         verdict = "identical over" if self.identical else "DIVERGED after"
         head = (
-            f"v1-engine @{self.pin} scheduler vs vLLM {self.vllm_version}: {verdict} "
+            f"v1-engine @{self.pin} scheduler{' (fast path)' if self.fast_path else ''} "
+            f"vs vLLM {self.vllm_version}: {verdict} "
             f"{self.num_workloads} workloads ({self.num_workloads - len(self.real_raised)} to "
             f"the end, {len(self.real_raised)} up to a real-vLLM raise; {self.num_steps} steps "
             f"compared, {self.num_preemptions} preemptions, "
-            f"{self.num_prefix_hit_workloads} workloads with prefix hits)"
+            f"{self.num_prefix_hit_workloads} workloads with prefix hits"
+            + (f", {self.num_bulk_decodes} cohort decodes" if self.fast_path else "")
+            + ")"
         )
         lines = [head]
         if self.real_raised:
@@ -175,7 +186,7 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
 class KvsimSide:
     """kvsim's V1Scheduler on the same case, with the same step records as the real one."""
 
-    def __init__(self, case: SchedCase, pin: str) -> None:
+    def __init__(self, case: SchedCase, pin: str, fast_path: bool = False) -> None:
         kv = KVCacheConfig(
             num_gpu_blocks=case.num_blocks,
             block_size=case.block_size,
@@ -192,10 +203,12 @@ class KvsimSide:
             enable_chunked_prefill=case.enable_chunked_prefill,
             policy=Policy(case.policy),
             long_prefill_token_threshold=case.long_prefill_token_threshold,
-            decode_fast_path=False,
-            decode_cohort=False,
+            decode_fast_path=fast_path,
+            decode_cohort=fast_path,
         )
         self.scheduler = V1Scheduler(config, manager)
+        if fast_path:
+            self.scheduler.use_decode_cohort(None)
         self.manager = manager
         self._freed: list[int] | None = None
         real_free = manager.free
@@ -221,6 +234,7 @@ class KvsimSide:
         plan = self.scheduler.schedule(now_s)
         record.preempted, self._freed = self._freed, None
         record.scheduled = [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()]
+        record.bulk_decodes = plan.num_bulk_decodes
         record.free_after_schedule = self.manager.num_free_blocks
         failed = [r.request_id for r in plan.failed]
         finished = self.scheduler.update(plan, now_s)
@@ -233,11 +247,29 @@ class KvsimSide:
 
 
 # --------------------------------------------------------------------------- the comparison
+def _same_work(mine: StepRecord, theirs: StepRecord, ordered: bool) -> bool:
+    """Equal schedules: the same list in order, or (fast path: quiet decodes are listed last,
+    a cohort's in bulk) the same multiset once the bulk stands for that many one-token decodes."""
+    if ordered:
+        return mine.scheduled == theirs.scheduled
+    rest = sorted(theirs.scheduled)
+    for work in mine.scheduled:
+        if work not in rest:
+            return False
+        rest.remove(work)
+    return len(rest) == mine.bulk_decodes and all(n == 1 for _, n in rest)
+
+
 def run_workload(
-    index: int, workload: Workload, pin: str, install: VllmInstall, result: SchedVerifyResult
+    index: int,
+    workload: Workload,
+    pin: str,
+    install: VllmInstall,
+    result: SchedVerifyResult,
+    fast_path: bool = False,
 ) -> SchedDivergence | RealRaised | None:
     """Step both schedulers through `workload`; the first divergence or real raise, else None."""
-    ours = KvsimSide(workload.case, pin)
+    ours = KvsimSide(workload.case, pin, fast_path)
     real = RealV1Scheduler(workload.case, install=install)
     last_arrival = max(r.arrival_step for r in workload.requests)
     for step in range(MAX_STEPS):
@@ -254,6 +286,10 @@ def run_workload(
             return RealRaised(index, step, exc.upstream_type, exc.phase, str(exc.__cause__))
         result.num_steps += 1
         result.num_preemptions += len(theirs.preempted)
+        result.num_bulk_decodes += mine.bulk_decodes
+        if not _same_work(mine, theirs, ordered=not fast_path):
+            kvsim_work = [*mine.scheduled, *[("cohort", 1)] * mine.bulk_decodes]
+            return SchedDivergence(index, step, "scheduled", kvsim_work, theirs.scheduled, workload)
         for name in _FIELDS:
             a, b = getattr(mine, name), getattr(theirs, name)
             if a != b:
@@ -269,14 +305,15 @@ def verify_scheduler(
     pin: str = "0.11.0",
     vllm_version: str = "0.11.0",
     install: VllmInstall | None = None,
+    fast_path: bool = False,
 ) -> SchedVerifyResult:
     """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads."""
     install = install or load_vllm(vllm_version=vllm_version)
-    result = SchedVerifyResult(pin, install.version)
+    result = SchedVerifyResult(pin, install.version, fast_path=fast_path)
     rng = random.Random(seed)
     for index in range(num_workloads):
         workload = random_workload(rng)
-        outcome = run_workload(index, workload, pin, install, result)
+        outcome = run_workload(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
         if isinstance(outcome, RealRaised):
             result.real_raised.append(outcome)

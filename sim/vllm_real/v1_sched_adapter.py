@@ -83,6 +83,8 @@ class StepRecord:
     finished: list[int] = field(default_factory=list)
     free_after_schedule: int = 0
     free_after_update: int = 0
+    #: kvsim's decode cohort only: one-token decodes run in bulk, not listed in `scheduled`.
+    bulk_decodes: int = 0
 
 
 class RealVllmRaised(Exception):
