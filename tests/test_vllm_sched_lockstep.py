@@ -172,7 +172,7 @@ def test_cli_verify_scheduler_reports_both_pins():
     args = ["verify", "--scheduler", "--num-workloads", "3", "--fast-path"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.stdout.splitlines() if "scheduler vs vLLM" in line]
+    lines = [line for line in result.stdout.splitlines() if " vs vLLM " in line]
     assert all("(fast path)" in line for line in lines)
     assert [line.split(" scheduler")[0] for line in lines] == [
         "v1-engine @0.11.0",
