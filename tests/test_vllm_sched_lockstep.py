@@ -81,6 +81,31 @@ def test_random_workloads_identical_with_kvsims_fast_path_and_cohort():
     assert result.num_bulk_decodes > 0  # the cohort ran, and its bulk decodes matched
 
 
+def test_trace_windows_identical():
+    """Windows of the bundled Mooncake trace (shared prefixes), scaled down: identical, and
+    its prefix sharing reaches the real prefix cache."""
+    from sim.vllm_real.sched_lockstep import verify_scheduler
+    from sim.vllm_real.sched_traces import trace_windows
+
+    result = verify_scheduler(workloads=trace_windows(20, seed=1), install=_install())
+    assert result.identical, result.summary()
+    assert result.num_workloads == 20 and not result.real_raised
+    assert result.num_prefix_hit_workloads > 0
+
+
+def test_trace_window_scaling_of_the_docstring_example():
+    """Mooncake request 5: 4,834 prompt tokens, all in 512-token hash blocks (9 whole + 226),
+    173 outputs -> 9 x 16 + 7 = 151 tokens, the first block shared as key 0; 21 outputs."""
+    from sim.vllm_real.sched_traces import DEFAULT_TRACE, _scaled
+    from sim.workload.loaders import load_trace
+
+    request = load_trace(DEFAULT_TRACE).requests[5]
+    prompt = _scaled(request)
+    assert sum(n for _, n in prompt) == 151
+    assert prompt[0] == (0, 16) and [n for _, n in prompt] == [16] * 9 + [7]
+    assert request.output_tokens // 8 == 21
+
+
 def test_the_worked_example_of_the_adapter():
     """bs 16, 20 blocks (19 usable), budget 64, one 100-token prompt, 2 output tokens: chunks of
     64 (4 blocks) and 36 (7 blocks in all, token 1 sampled), then one decode (token 2, 101 ->
@@ -187,6 +212,7 @@ def test_cli_verify_scheduler_reports_both_pins():
         (["--design", "v0-v1"], "has no V1 scheduler"),
         (["--pin", "0.9"], "--pin: unknown vLLM version '0.9'"),
         (["--num-workloads", "0"], "--num-workloads must be positive"),
+        (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
     ],
 )
 def test_cli_verify_scheduler_bad_input_is_exit_2(args, message):

@@ -8,6 +8,7 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
     kvsim verify --scheduler --num-workloads 60     # V1 Scheduler, step by step, vs vLLM 0.11.0
     v1-engine @0.11.0 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
     v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
+    kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def verify_command(
         help="compare the V1 Scheduler step by step (vLLM >= 0.10) instead of the managers",
     ),
     num_workloads: int = typer.Option(60, help="with --scheduler: random workloads to compare"),
+    trace: Path | None = typer.Option(
+        None,
+        help="with --scheduler: compare --num-workloads windows of this trace (e.g. the bundled "
+        "sim/data/traces/mooncake_fast25/conversation_trace.jsonl), scaled down, instead of "
+        "random workloads",
+    ),
     fast_path: bool = typer.Option(
         False,
         "--fast-path",
@@ -50,7 +57,9 @@ def verify_command(
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
     if scheduler:
-        _verify_scheduler(design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path)
+        _verify_scheduler(
+            design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path, trace
+        )
         return
     from sim.vllm_real.lockstep import verify
 
@@ -76,6 +85,7 @@ def _verify_scheduler(
     seed: int,
     pins: list[str] | None,
     fast_path: bool,
+    trace: Path | None,
 ) -> None:
     from sim.errors import InputError
     from sim.kv.v1_engine.releases import resolve_release
@@ -93,6 +103,11 @@ def _verify_scheduler(
             resolve_release(one)
         except ValueError as exc:  # an unknown pin is bad input
             raise InputError(f"--pin: {exc}") from None
+    workloads = None
+    if trace is not None:  # a missing or malformed trace is bad input (WorkloadError)
+        from sim.vllm_real.sched_traces import trace_windows
+
+        workloads = trace_windows(num_workloads, seed, trace)
     # A missing or pre-V1 install is bad input (VllmNotAvailableError / InputError: exit 2).
     install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.11.0"))
     if install.version_tuple < (0, 10):
@@ -100,7 +115,7 @@ def _verify_scheduler(
     diverged = False
     for one in pins or PINS_MATCHING_0_11_0:
         result = verify_scheduler(
-            num_workloads, seed, pin=one, install=install, fast_path=fast_path
+            num_workloads, seed, pin=one, install=install, fast_path=fast_path, workloads=workloads
         )
         typer.echo(result.summary())
         diverged = diverged or not result.identical

@@ -27,6 +27,7 @@ Example: ``verify_scheduler(num_workloads=60, seed=0)`` -> a `SchedVerifyResult`
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sim.audit.base import AuditLevel
@@ -306,13 +307,16 @@ def verify_scheduler(
     vllm_version: str = "0.11.0",
     install: VllmInstall | None = None,
     fast_path: bool = False,
+    workloads: Sequence[Workload] | None = None,
 ) -> SchedVerifyResult:
-    """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads."""
+    """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads
+    (or over `workloads`, e.g. `sched_traces.trace_windows`)."""
     install = install or load_vllm(vllm_version=vllm_version)
     result = SchedVerifyResult(pin, install.version, fast_path=fast_path)
     rng = random.Random(seed)
-    for index in range(num_workloads):
-        workload = random_workload(rng)
+    if workloads is None:
+        workloads = [random_workload(rng) for _ in range(num_workloads)]
+    for index, workload in enumerate(workloads):
         outcome = run_workload(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
         if isinstance(outcome, RealRaised):
