@@ -257,6 +257,47 @@ def _prio_request(request_id, prompt_tokens, priority, arrival_s=0.0):
     return Request.new(request_id, arrival_s, content, 40, priority)
 
 
+@pytest.mark.parametrize("pin", ALL)
+def test_equal_priority_and_arrival_kill_the_old_engines(pin):
+    """4ac7713 / 0.11.0's waiting heap compares two tied (priority, arrival) entries and raises
+    TypeError (Request has no order; upstream #29747, fixed by #29764): kvsim ends the run
+    there (`fatal_error`). Checked against the real 0.11.0 in tests/test_vllm_sched_lockstep.py.
+    0.33.0 orders ties by `Request.__lt__`."""
+    scheduler = _priority(40, pin)
+    assert scheduler.use_exact_arrival_times() is (pin in OLD)
+    scheduler.add_request(_prio_request(0, 16, 1))
+    scheduler.add_request(_prio_request(1, 16, 1))  # pushed under 0: the heap compares them
+    plan = scheduler.schedule(0.0)
+    if pin in OLD:
+        assert plan.fatal_error is not None and "requests 1 and 0 tie" in plan.fatal_error
+    else:
+        assert plan.fatal_error is None
+
+
+def test_simulated_arrival_ties_are_ordered_by_id_by_default():
+    """Without `use_exact_arrival_times` (a simulation: a real frontend would stamp the burst
+    apart) the same tie is no crash; the lower id goes first."""
+    scheduler = _priority(40, "0.11.0")
+    scheduler.add_request(_prio_request(1, 16, 1))
+    scheduler.add_request(_prio_request(0, 16, 1))
+    plan = scheduler.schedule(0.0)
+    assert plan.fatal_error is None
+    assert [w.request.request_id for w in plan.scheduled] == [0, 1]
+
+
+@pytest.mark.parametrize("pin", ALL)
+def test_a_tie_the_heap_never_compares_is_harmless(pin):
+    """The same tie, but 0 was admitted (popped) before 1 arrived: the heap never holds both."""
+    scheduler = _priority(40, pin)
+    scheduler.use_exact_arrival_times()
+    scheduler.add_request(_prio_request(0, 16, 1))
+    scheduler.update(scheduler.schedule(0.0), 0.01)
+    scheduler.add_request(_prio_request(1, 16, 1))
+    plan = scheduler.schedule(0.02)
+    assert plan.fatal_error is None
+    assert _ids(plan) == [(0, 1), (1, 16)]
+
+
 def _ids(plan) -> list[tuple[int, int]]:
     return sorted((w.request.request_id, w.num_tokens) for w in plan.all_scheduled())
 

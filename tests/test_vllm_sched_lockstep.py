@@ -153,7 +153,8 @@ def test_skipped_oversized_prompts_return_in_reverse_order_on_the_real_scheduler
 def test_equal_priority_and_arrival_is_reported_as_the_real_type_error():
     """PRIORITY policy: two requests with equal (priority, arrival_time) make vLLM 0.11.0's
     waiting heap compare two `Request` objects, which define no order: TypeError. The
-    comparison reports it (type, phase, step) instead of crashing."""
+    comparison reports it (type, phase, step) instead of crashing, and kvsim's 0.11.0 pin ends
+    the run on the same step (else `run_workload` returns a divergence, not a `RealRaised`)."""
     from sim.vllm_real.sched_lockstep import RealRaised, SchedVerifyResult, Workload, run_workload
     from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
 

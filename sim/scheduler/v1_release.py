@@ -162,6 +162,9 @@ class V1ReleasePolicies:
     admission: AdmissionGate
     oversized_prompt: OversizedPromptRule
     priority_victim: PriorityVictimRule
+    #: PRIORITY: two queued requests with equal (priority, arrival) crash the engine when its
+    #: heap compares them (4ac7713 / 0.11.0; `sim.scheduler.priority_ties`).
+    unordered_priority_ties: bool = False
 
 
 def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
@@ -173,4 +176,6 @@ def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
         return V1ReleasePolicies(
             release, FullSequenceGate(token_budget), StopAtOversized(), RefundScheduledVictim()
         )
-    return V1ReleasePolicies(release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim())
+    return V1ReleasePolicies(
+        release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True
+    )

@@ -11,7 +11,9 @@ get the same requests before the same steps; after every step we compare
 
 The first disagreement ends the workload with a `SchedDivergence`. Where vLLM's own code raises
 (the real engine would die), the workload ends with a `RealRaised` naming the exception's type
-and the step; it is reported, never a crash of the comparison.
+and the step; it is reported, never a crash of the comparison, and kvsim must end the run on
+the same step (`StepPlan.fatal_error`; e.g. `sim.scheduler.priority_ties`, on with
+`V1Scheduler.use_exact_arrival_times`), else that is the divergence.
 
 By default kvsim's scheduler runs with the decode fast path and cohort off, so its plan lists
 every request in schedule order. With `fast_path=True` it runs as `kvsim run` does (fast path
@@ -130,8 +132,9 @@ class SchedVerifyResult:
             kinds = sorted({f"{r.upstream_type} in {r.phase}" for r in self.real_raised})
             first = self.real_raised[0]
             lines.append(
-                f"  real vLLM raised in {len(self.real_raised)} workloads ({'; '.join(kinds)}); "
-                f"kvsim does not model the crash. First: workload {first.workload_index}, "
+                f"  real vLLM raised in {len(self.real_raised)} workloads ({'; '.join(kinds)}), "
+                "and kvsim's engine died on the same step in each (`fatal_error`). "
+                f"First: workload {first.workload_index}, "
                 f"step {first.step}: {first.upstream_type}: {first.message}"
             )
         if self.divergence is not None:
@@ -208,6 +211,7 @@ class KvsimSide:
             decode_cohort=fast_path,
         )
         self.scheduler = V1Scheduler(config, manager)
+        self.scheduler.use_exact_arrival_times()  # arrival_s is vLLM's arrival_time here
         if fast_path:
             self.scheduler.use_decode_cohort(None)
         self.manager = manager
@@ -234,6 +238,9 @@ class KvsimSide:
         self._freed = []
         plan = self.scheduler.schedule(now_s)
         record.preempted, self._freed = self._freed, None
+        if plan.fatal_error is not None:  # the engine dies here: no model run, no update
+            record.fatal_error = plan.fatal_error
+            return record
         record.scheduled = [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()]
         record.bulk_decodes = plan.num_bulk_decodes
         record.free_after_schedule = self.manager.num_free_blocks
@@ -274,17 +281,33 @@ def run_workload(
     real = RealV1Scheduler(workload.case, install=install)
     last_arrival = max(r.arrival_step for r in workload.requests)
     for step in range(MAX_STEPS):
+        raised: RealVllmRaised | None = None
         try:
             for spec in workload.requests:
                 if spec.arrival_step == step:
                     ours.add_request(spec)
                     real.add_request(spec)
-            if step > last_arrival and not ours.has_unfinished() and not real.has_unfinished():
-                break
-            mine = ours.step(float(step))
-            theirs = real.step()
         except RealVllmRaised as exc:
-            return RealRaised(index, step, exc.upstream_type, exc.phase, str(exc.__cause__))
+            raised = exc
+        drained = not ours.has_unfinished() and not real.has_unfinished()
+        if raised is None and step > last_arrival and drained:
+            break
+        mine = ours.step(float(step))
+        if raised is None:
+            try:
+                theirs = real.step()
+            except RealVllmRaised as exc:
+                raised = exc
+        if raised is not None or mine.fatal_error is not None:
+            # The engine dies in this step: on both sides (a finding kvsim models), or not.
+            real_error = None if raised is None else f"{raised.upstream_type} in {raised.phase}"
+            if raised is None or mine.fatal_error is None:
+                return SchedDivergence(
+                    index, step, "engine crash", mine.fatal_error, real_error, workload
+                )
+            return RealRaised(
+                index, step, raised.upstream_type, raised.phase, str(raised.__cause__)
+            )
         result.num_steps += 1
         result.num_preemptions += len(theirs.preempted)
         result.num_bulk_decodes += mine.bulk_decodes

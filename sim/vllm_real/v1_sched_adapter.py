@@ -85,6 +85,8 @@ class StepRecord:
     free_after_update: int = 0
     #: kvsim's decode cohort only: one-token decodes run in bulk, not listed in `scheduled`.
     bulk_decodes: int = 0
+    #: kvsim only: the engine died in this step (`StepPlan.fatal_error`).
+    fatal_error: str | None = None
 
 
 class RealVllmRaised(Exception):
