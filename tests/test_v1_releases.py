@@ -298,6 +298,32 @@ def test_a_tie_the_heap_never_compares_is_harmless(pin):
     assert _ids(plan) == [(0, 1), (1, 16)]
 
 
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("pin", ALL)
+def test_priority_victim_among_equals(pin, exact):
+    """4 usable blocks; 0 and 1 tie at (priority 0, arrival 0.0) but never meet in the waiting
+    heap (0 is admitted before 1 arrives). When 0 crosses into a 3rd block the pool is full
+    and one of them must go: vLLM (`max` over (priority, arrival)) takes the first in
+    `running`, 0 itself; kvsim's default order breaks the tie by the higher id, 1. Found by
+    the scheduler lockstep with exact arrival times."""
+    scheduler = _priority(5, pin)
+    if exact:
+        scheduler.use_exact_arrival_times()
+    scheduler.add_request(_prio_request(0, 16, 0))
+    now_s = 0.0
+    for step in range(20):
+        if step == 1:
+            scheduler.add_request(_prio_request(1, 16, 0))
+        plan = scheduler.schedule(now_s)
+        assert plan.fatal_error is None
+        if plan.num_preempted:
+            break
+        scheduler.update(plan, now_s + 0.01)
+        now_s += 0.02
+    assert plan.num_preempted == 1
+    assert [r.request_id for r in scheduler.waiting] == [0 if exact else 1]
+
+
 def _ids(plan) -> list[tuple[int, int]]:
     return sorted((w.request.request_id, w.num_tokens) for w in plan.all_scheduled())
 

@@ -58,6 +58,10 @@ class V1Scheduler(FastPathScheduler):
         #: 4ac7713 / 0.11.0 under PRIORITY: where the real waiting heap would raise on a tie
         #: (only with `use_exact_arrival_times`).
         self._ties: HeapTieMirror | None = None
+        #: The PRIORITY victim's key: kvsim's total order, or vLLM's own (see there).
+        self._victim_key: Callable[[Request], tuple[int, float] | tuple[int, float, int]] = (
+            priority_key
+        )
         self._init_fast_path(config, kv_cache_manager)
         # Prefix-cache hits can only happen with caching on (a manager that does not say is
         # taken to have it). Without them the waiting phase can skip known refusals.
@@ -80,7 +84,12 @@ class V1Scheduler(FastPathScheduler):
         (`sim.scheduler.priority_ties`; the step's `fatal_error`). Off by default: a simulated
         arrival comes from a trace or a generator, whose ties (a burst at one millisecond) a
         real frontend's receipt timestamps break, as kvsim's request-id order does. Call before
-        the first request; True when the pinned release and policy can die this way."""
+        the first request; True when the pinned release and policy can die this way.
+
+        It also makes the PRIORITY victim vLLM's exactly: the worst (priority, arrival), the
+        first in `running` among equals (`max` over that pair, every pinned release), where
+        kvsim's default breaks the tie by the higher request id."""
+        self._victim_key = _priority_and_arrival
         if self.config.policy is Policy.PRIORITY and (
             self.release_policies.unordered_priority_ties
         ):
@@ -153,7 +162,7 @@ class V1Scheduler(FastPathScheduler):
 
     def _preempt(self, plan: StepPlan) -> Request:
         if self.config.policy is Policy.PRIORITY:
-            victim = max(self.running, key=priority_key)
+            victim = max(self.running, key=self._victim_key)
             victim_index = self.running.index(victim)
             del self.running[victim_index]
             self._victim_indices.append(victim_index)
@@ -544,3 +553,7 @@ class V1Scheduler(FastPathScheduler):
 
 def _order_key(request: Request) -> int:
     return request.order_key
+
+
+def _priority_and_arrival(request: Request) -> tuple[int, float]:
+    return (request.priority, request.arrival_s)

@@ -166,6 +166,7 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
         long_prefill_token_threshold=rng.choice([0, 0, 0, 12]),
         policy=policy,
     )
+    tie_across = rng.random() < 0.5
     requests = []
     num_requests = rng.randint(3, 10)
     for rid in range(num_requests):
@@ -178,7 +179,10 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
         if prompt_len > max_model_len - 1:
             prompt = [(1000 + rid, max_model_len - 1)]
         arrival_step = rng.randint(0, 8)
-        arrival_s = float(arrival_step) if ties else arrival_step + rid / 1000
+        # Ties within a step (pushed together), or across steps (at most one still queued).
+        arrival_s = (
+            (0.0 if tie_across else float(arrival_step)) if ties else arrival_step + rid / 1000
+        )
         priority = rng.choice([0, 1, 2]) if policy == "priority" and not ties else 0
         requests.append(
             RequestSpec(rid, tuple(prompt), rng.randint(1, 24), arrival_step, arrival_s, priority)
