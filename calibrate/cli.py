@@ -1,4 +1,6 @@
-"""`run_calibration`: probe the device, size a grid to the budget, sweep, fit, write a profile.
+"""`run_calibration`: probe the device, size a grid to the budget, sweep, fit, write a profile
+and, next to it, the measured step-time model's coefficients refitted from the same timings
+(`calibrate.to_measured`: `PROFILE.json` -> `PROFILE.coefficients.json`).
 
 The lead wires this into `kvsim calibrate`; `python -m calibrate.cli` runs it directly (used by
 `calibrate/gpu_run.sh` on machines without the full kvsim environment).
@@ -7,19 +9,28 @@ The lead wires this into `kvsim calibrate`; `python -m calibrate.cli` runs it di
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from calibrate.budget import Deadline
 from calibrate.grid import Ceilings, build_grid
 from calibrate.sweep import TORCH_DTYPES, run_sweep
 from calibrate.timing import probe_ceilings, run_metadata
+from calibrate.to_measured import coefficients_path, usage_lines, write_coefficients
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model, gpu_names
 from sim.errors import InputError
 from sim.latency.fit import fit_decode, fit_gemm, fit_prefill
 from sim.latency.profile import PROFILE_KIND, SCHEMA_VERSION, StepTimeProfile, parse_profile
+
+#: Said before and after a CPU run, and kept in the profile's notes.
+CPU_NOTE = (
+    "CPU timings exercise the calibration plumbing; they are not a GPU profile "
+    "(run calibrate/gpu_run.sh on a GPU for numbers to plan with)"
+)
 
 #: Substrings of `torch.cuda.get_device_properties().name` -> catalog entry, most specific first.
 _DEVICE_NAME_TO_GPU = (
@@ -61,13 +72,18 @@ def run_calibration(
     max_num_batched_tokens: int = 8192,
     max_context_tokens: int = 32768,
     max_case_bytes: int | None = None,
+    deadline: Deadline | None = None,
 ) -> StepTimeProfile:
     """Calibrate `model_name` on `device`, write the profile JSON to `out_path`, return it.
 
     The budget covers probing, kernel checks and the sweep; the grid gets 70% of what is left
-    after probing (estimates are rough, compilation and allocation are not in them).
+    after probing (estimates are rough, compilation and allocation are not in them), and the
+    sweep stops timing new cases at the deadline (`calibrate.budget`): the fits then use the
+    cases measured, and the profile's notes say how many were skipped. `deadline`: one started
+    earlier (the CLI starts it before importing torch); default: `budget_s` from now.
     """
     start = time.perf_counter()
+    deadline = deadline or Deadline(budget_s)
     model = get_model(model_name)
     if dtype not in TORCH_DTYPES:
         raise InputError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
@@ -79,20 +95,24 @@ def run_calibration(
     gpu_spec = get_gpu(gpu) if gpu else (match_gpu(str(meta["device_name"])) if device == "cuda"
                                          else None)  # fmt: skip
     on_gpu = device == "cuda"
-    bw, flops = probe_ceilings(device, TORCH_DTYPES[dtype], size_bytes=(1 << 30) if on_gpu
-                               else (64 << 20), matmul_n=8192 if on_gpu else 1024)  # fmt: skip
+    with _status(progress, "calibrate: probing copy bandwidth and matmul rate"):
+        bw, flops = probe_ceilings(device, TORCH_DTYPES[dtype], size_bytes=(1 << 30) if on_gpu
+                                   else (64 << 20), matmul_n=8192 if on_gpu else 1024)  # fmt: skip
     ceilings = Ceilings(bw, flops, call_overhead_s=15e-6 if on_gpu else 40e-6)
     if max_case_bytes is None:
         max_case_bytes = (8 << 30) if on_gpu else (256 << 20)
     elt = torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
-    remaining = budget_s - (time.perf_counter() - start)
+    remaining = deadline.left_s()
     grid = build_grid(model, budget_s=max(0.7 * remaining, 0.1), ceilings=ceilings, tp=tp,
                       block_size=block_size, dtype_bytes=elt, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       max_context_tokens=max_context_tokens, max_case_bytes=max_case_bytes,
                       num_decode_kernels=len(decode_kernels or [None]))  # fmt: skip
     result = run_sweep(model, grid, device=device, dtype=dtype, tp=tp, block_size=block_size,
-                       decode_kernels=decode_kernels, progress=progress)  # fmt: skip
+                       decode_kernels=decode_kernels, progress=progress, ceilings=ceilings,
+                       deadline=deadline)  # fmt: skip
+    if device == "cpu":
+        result.notes.append(CPU_NOTE)
     meta.update(budget_s=budget_s, wall_s=round(time.perf_counter() - start, 3))
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -128,16 +148,27 @@ def run_calibration(
             "warmup": grid.warmup,
             "repeats": grid.repeats,
             "estimated_s": grid.estimated_s,
-            "notes": list(grid.notes) + result.notes,
+            "notes": result.notes,  # the grid's notes, then the sweep's
         },
     }
     profile = parse_profile(doc, origin=str(out_path))  # the file we write must load back
     Path(out_path).write_text(profile.to_json())
+    # The same measurements refit the measured model's per-GPU terms (`calibrate.to_measured`).
+    write_coefficients(profile, out_path)
     if report_dir is not None:
         from calibrate.report import write_report
 
         write_report(profile, report_dir, stem=Path(out_path).stem)
     return profile
+
+
+def _status(enabled: bool, message: str):
+    """A spinner on stderr while a phase without steps runs (nothing when disabled)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
 
 
 def _datasheet_flops(gpu: GpuSpec | None, dtype: str) -> float | None:
@@ -159,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-kernels", default=None, help="comma-separated")
     parser.add_argument("--report-dir", default=None)
     args = parser.parse_args(argv)
+    if args.device == "cpu":
+        print(f"note: {CPU_NOTE}")
     profile = run_calibration(
         args.model, args.out, args.budget, args.device, args.dtype, tp=args.tp,
         block_size=args.block_size, gpu=args.gpu,
@@ -168,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     from calibrate.report import summarize
 
     print(f"wrote {args.out} ({profile.metadata.wall_s} s)")
+    for note in profile.grid.get("notes", []):
+        print(f"  note: {note}")
     for key, value in summarize(profile).items():
         print(f"  {key}: {value}")
+    print("\n".join(usage_lines(coefficients_path(args.out))))
     return 0
 
 

@@ -2,11 +2,13 @@
 # Llama-3.1-8B bf16 calibration on one GPU, sized to finish in ~8 minutes (for a later session
 # that is lent a GPU; run from the repository root, e.g. through the device `run` tool).
 #
-#   bash calibrate/gpu_run.sh            # writes $OUT (or ./calib_out) /<gpu>-llama-3.1-8b-bf16.*
+#   bash calibrate/gpu_run.sh            # writes $OUT (or ./calib_out) /<gpu>-llama-3.1-8b-bf16.*:
+#                                        #   .json (profile), .coefficients.json (the measured
+#                                        #   step-time model refitted on this GPU), .md/.png report
 #   FLEX=1 bash calibrate/gpu_run.sh     # also time FlexAttention paged decode (compiles per shape)
 #   BUDGET=300 bash calibrate/gpu_run.sh
 #
-# Needs torch with CUDA, numpy, matplotlib, pydantic >= 2 and pyyaml importable. The borrowed
+# Needs torch with CUDA, numpy, pandas, matplotlib, pydantic >= 2 and pyyaml importable. The borrowed
 # machine had torch 2.11, pandas, matplotlib, typer, pytest; if pydantic or yaml are missing, carry
 # wheels in shared/wheels/ (pip download pydantic pydantic-core annotated-types typing-inspection
 # typing-extensions pyyaml rich) and this script installs them offline.
@@ -45,4 +47,8 @@ STEM="$OUT_DIR/${GPU_NAME}-${MODEL}-bf16"
 timeout $((BUDGET + 120)) "$PY" -m calibrate.cli --model "$MODEL" --dtype bfloat16 \
   --device cuda --budget "$BUDGET" --out "$STEM.json" --report-dir "$OUT_DIR" $KERNELS \
   2>&1 | tee "$OUT_DIR/calibrate.log"
+# calibrate.cli also wrote the measured model's coefficients (gemm, decode and prefill attention
+# fitted here; elementwise, all-reduce, engine overhead carried over from the shipped fit) and
+# printed the decode kernel's fraction of HBM bandwidth.
+test -s "$STEM.coefficients.json" || { echo "no $STEM.coefficients.json written" >&2; exit 1; }
 ls -la "$OUT_DIR"

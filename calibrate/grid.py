@@ -70,32 +70,69 @@ class Ceilings:
     call_overhead_s: float  # per kernel launch / Python call
 
 
-def estimate_s(grid: Grid, model: ModelSpec, *, tp: int, dtype_bytes: int, ceilings: Ceilings,
-               num_decode_kernels: int = 1) -> float:  # fmt: skip
-    """Estimated wall time of the whole sweep (see module docstring)."""
-    hkv = kv_heads_per_rank(model.num_kv_heads, tp)
-    hq = max(1, model.num_attention_heads // tp)
-    d = model.head_dim
-    kv_tok = 2 * hkv * d * dtype_bytes
-    calls = grid.warmup + grid.repeats
-    bw, fl, oh = ceilings.bandwidth_Bps, ceilings.flops, ceilings.call_overhead_s
-    total = 0.0
-    for b, c in grid.decode_cases(kv_tok):
+@dataclass(frozen=True, slots=True)
+class CaseCosts:
+    """Estimated wall time of one timed case (warm-up + repeats + setup), by kind of case."""
+
+    model: ModelSpec
+    tp: int
+    dtype_bytes: int
+    ceilings: Ceilings
+    calls: int  # warm-up + repeats
+
+    def decode_s(self, num_seqs: int, context: int) -> float:
+        hkv = kv_heads_per_rank(self.model.num_kv_heads, self.tp)
+        hq = max(1, self.model.num_attention_heads // self.tp)
+        d = self.model.head_dim
+        kv_tok = 2 * hkv * d * self.dtype_bytes
+        bw, fl, oh = self.ceilings.bandwidth_Bps, self.ceilings.flops, self.ceilings.call_overhead_s
+        b, c = num_seqs, context
         one = max(3 * b * c * kv_tok / bw, 4 * hq * d * b * c / fl) + oh
         setup = 4 * b * c * kv_tok / bw + 20 * oh
-        total += num_decode_kernels * (calls * one + setup)
-    for prior, chunk in grid.prefill_cases():
+        return self.calls * one + setup
+
+    def prefill_s(self, prior: int, chunk: int) -> float:
+        hkv = kv_heads_per_rank(self.model.num_kv_heads, self.tp)
+        hq = max(1, self.model.num_attention_heads // self.tp)
+        d = self.model.head_dim
+        kv_tok = 2 * hkv * d * self.dtype_bytes
+        bw, fl, oh = self.ceilings.bandwidth_Bps, self.ceilings.flops, self.ceilings.call_overhead_s
         pairs = chunk * (prior + chunk / 2)
         # Attention kernels reach a fraction of matmul peak; 0.25 keeps the estimate safe.
         one = 4 * hq * d * pairs / (0.25 * fl) + (prior + chunk) * kv_tok / bw + oh
-        total += calls * one + 20 * oh
-    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
-    shapes = [(h, (hq + 2 * hkv) * d), (hq * d, h), (h, 2 * i // tp), (i // tp, h), (h, v // tp)]
-    for t in grid.gemm_tokens:
+        return self.calls * one + 20 * oh
+
+    def gemms_s(self, tokens: int) -> float:
+        """All five GEMMs of a layer (and lm_head) at `tokens` tokens: they are timed together."""
+        m, tp = self.model, self.tp
+        hkv = kv_heads_per_rank(m.num_kv_heads, tp)
+        hq = max(1, m.num_attention_heads // tp)
+        d, h, i, v = m.head_dim, m.hidden_size, m.intermediate_size, m.vocab_size
+        shapes = [
+            (h, (hq + 2 * hkv) * d),
+            (hq * d, h),
+            (h, 2 * i // tp),
+            (i // tp, h),
+            (h, v // tp),
+        ]
+        bw, fl, oh = self.ceilings.bandwidth_Bps, self.ceilings.flops, self.ceilings.call_overhead_s
+        total = 0.0
         for k, n in shapes:
-            one = max(2 * t * k * n / fl, (t * k + k * n + t * n) * dtype_bytes / bw) + oh
-            total += calls * one + 20 * oh
-    return total
+            one = max(
+                2 * tokens * k * n / fl, (tokens * k + k * n + tokens * n) * self.dtype_bytes / bw
+            )
+            total += self.calls * (one + oh) + 20 * oh
+        return total
+
+
+def estimate_s(grid: Grid, model: ModelSpec, *, tp: int, dtype_bytes: int, ceilings: Ceilings,
+               num_decode_kernels: int = 1) -> float:  # fmt: skip
+    """Estimated wall time of the whole sweep (see module docstring)."""
+    costs = CaseCosts(model, tp, dtype_bytes, ceilings, grid.warmup + grid.repeats)
+    kv_tok = 2 * kv_heads_per_rank(model.num_kv_heads, tp) * model.head_dim * dtype_bytes
+    total = num_decode_kernels * sum(costs.decode_s(b, c) for b, c in grid.decode_cases(kv_tok))
+    total += sum(costs.prefill_s(p, c) for p, c in grid.prefill_cases())
+    return total + sum(costs.gemms_s(t) for t in grid.gemm_tokens)
 
 
 def build_grid(
@@ -150,6 +187,57 @@ def build_grid(
         elif len(grid.decode_batches) > 2:
             grid = replace(grid, decode_batches=grid.decode_batches[:-1])
         else:
-            notes.append("budget too small for the minimal grid; running it anyway")
-            break
+            smaller = _lower_top_level(grid, cost)
+            if smaller is None and (grid.warmup, grid.repeats) != (1, 3):
+                # Last resort (a large model on a CPU): fewer calls per case.
+                smaller = replace(grid, warmup=1, repeats=3)
+                notes.append("budget: 1 warm-up and 3 repeats per case")
+            if smaller is None:
+                notes.append("budget too small for the minimal grid; running it anyway")
+                break
+            grid = smaller
+    if grid.gemm_tokens[-1] < budget_tokens or grid.decode_contexts[-1] < max_ctx:
+        notes.append(
+            f"levels capped to fit the budget: contexts <= {grid.decode_contexts[-1]}, "
+            f"GEMM tokens <= {grid.gemm_tokens[-1]}, chunks <= {grid.prefill_chunks[-1]} "
+            f"(larger cases are extrapolated)"
+        )
     return replace(grid, estimated_s=cost(grid), notes=tuple(notes))
+
+
+#: The level lists `_lower_top_level` may shrink, with the smallest top level each keeps.
+_LOWEST_TOP = {
+    "decode_contexts": 128,
+    "decode_batches": 2,
+    "prefill_chunks": 32,
+    "prefill_priors": 64,  # two priors at least: the prefill fit has three features
+    "gemm_tokens": 2,
+}
+
+
+def _lower_top_level(grid: Grid, cost) -> Grid | None:
+    """The grid with the top level of one list halved (or dropped), whichever saves the most.
+
+    Used once every list is down to two or three levels and the grid still does not fit: the
+    ends were kept so the fits interpolate, but on a slow device (a CPU) the largest cases alone
+    can take minutes. Example: GEMM tokens (1, 256, 8192) -> (1, 256, 4096) -> ... -> (1, 256,
+    512) -> (1, 256) -> (1, 128). Every list keeps two levels (the fits need them); None when
+    nothing can shrink.
+    """
+    best: tuple[float, Grid] | None = None
+    for name, lowest in _LOWEST_TOP.items():
+        levels = getattr(grid, name)
+        top = levels[-1] // 2
+        if len(levels) < 2 or top < lowest:
+            continue
+        if top > levels[-2]:
+            candidate = (*levels[:-1], top)
+        elif len(levels) > 2:
+            candidate = levels[:-1]
+        else:
+            continue  # two levels: the top one cannot halve past the bottom one
+        smaller = replace(grid, **{name: candidate})
+        saved = cost(smaller)
+        if best is None or saved < best[0]:
+            best = (saved, smaller)
+    return best[1] if best is not None else None

@@ -270,16 +270,39 @@ def prepare_prefill(
     return run, (q, k, v)
 
 
+def make_weight(
+    in_features: int, out_features: int, *, dtype: torch.dtype, device: str, seed: int = 0,
+    block_rows: int = 1024,
+) -> torch.Tensor:  # fmt: skip
+    """A [N, K] weight of uniform values in +-1/sqrt(K): `block_rows` random rows, repeated.
+
+    Drawing every value of an lm_head (128256 x 4096) took 14 s on a CPU with randn, longer
+    than a 20 s calibration budget can give it; repeating a random block is a memory copy.
+    A GEMM's time does not depend on the values beyond their being random-looking (GPUs run a
+    matmul of zeros faster: less switching), and the check compares the first rows only.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    bound = 1.0 / math.sqrt(in_features)
+    rows = min(out_features, block_rows)
+    block = torch.empty(rows, in_features, device=device, dtype=torch.float32)
+    block = block.uniform_(-bound, bound, generator=gen).to(dtype)
+    copies = -(-out_features // rows)
+    return block.repeat(copies, 1)[:out_features].contiguous()
+
+
 def prepare_gemm(
     tokens: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str,
-    seed: int = 0,
+    seed: int = 0, weight: torch.Tensor | None = None,
 ) -> tuple[Runner, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
-    """`F.linear(x [T, K], weight [N, K])`, the shape of one linear layer at T tokens."""
+    """`F.linear(x [T, K], weight [N, K])`, the shape of one linear layer at T tokens.
+
+    `weight` (from `make_weight`) is reused when given: a sweep times one weight at many T.
+    """
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, in_features, generator=gen).to(device, dtype)
-    w = (torch.randn(out_features, in_features, generator=gen) / math.sqrt(in_features)).to(
-        device, dtype
-    )
+    if weight is None:
+        weight = make_weight(in_features, out_features, dtype=dtype, device=device, seed=seed + 1)
+    w = weight
 
     def run() -> torch.Tensor:
         return F.linear(x, w)

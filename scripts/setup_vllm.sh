@@ -57,7 +57,7 @@ sys.path.insert(0, sys.argv[1].rsplit("/.vllm/", 1)[0])
 from sim.vllm_real.loader import import_vllm, load_vllm, version_tuple
 inst = load_vllm(sys.argv[1])
 mods = ["core.block_manager_v1", "core.block_manager_v2"] if version_tuple(inst.version) < (0, 10) \
-    else ["v1.core.kv_cache_manager", "v1.request"]
+    else ["v1.core.kv_cache_manager", "v1.request", "v1.core.sched.scheduler"]
 for m in mods:
     import_vllm(m, inst)
 print(f"   ok: vLLM {inst.version} imports {', '.join(mods)}")

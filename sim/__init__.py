@@ -6,6 +6,7 @@ imports nothing heavy: the public API loads on first use::
     result = sim.run("scenario.yaml")                                        # RunResult
     table  = sim.sweep("scenario.yaml", {"workload.rate_scale": [1, 2, 4]})  # DataFrame
     cap    = sim.capacity("scenario.yaml", ["ttft_p99=2s"], target_rate=50)  # DataFrame
+    diff   = sim.compare_versions("scenario.yaml")  # DataFrame: one row per vLLM design
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _LAZY = {
     "run": ("sim.runner", "run"),
     "sweep": ("sim.planning", "sweep"),
     "capacity": ("sim.planning.capacity", "capacity"),
+    "compare_versions": ("sim.planning.versions", "compare_versions"),
     "RunResult": ("sim.results", "RunResult"),
     "load_scenario": ("sim.scenario", "load_scenario"),
     "scenario_from_dict": ("sim.scenario", "scenario_from_dict"),

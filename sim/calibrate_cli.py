@@ -37,9 +37,16 @@ def calibrate(
         Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
     ] = None,
 ) -> None:
-    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`."""
+    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`,
+    plus the measured model's coefficients refitted from the same timings (PROFILE.coefficients.json).
+
+    `--budget` is honoured: timing stops at the deadline (started here, before torch loads)
+    and the fits use the cases measured so far."""
+    from calibrate.budget import Deadline
     from sim.cli import console, fail
     from sim.outdir import check_output_dir, check_output_file
+
+    deadline = Deadline(budget)
 
     try:
         import torch
@@ -55,6 +62,14 @@ def calibrate(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
+    if device == "cpu":
+        from calibrate.cli import CPU_NOTE
+
+        console.print(f"[yellow]note:[/] {CPU_NOTE}", highlight=False, soft_wrap=True)
+    console.print(
+        f"calibrating {model} on {device} ({dtype}) within about {budget:g} s plus the fit",
+        highlight=False,
+    )
     profile = run_calibration(
         model,
         out,
@@ -66,9 +81,20 @@ def calibrate(
         gpu=gpu,
         report_dir=report_dir or out.parent,
         progress=True,
+        deadline=deadline,
     )
-    console.print(f"profile for {profile.model.name} on {device} ({dtype}) written to {out}")
-    console.print(f"use it with: step_time: {{calibrated: {out}}}")
+    console.print(
+        f"profile for {profile.model.name} on {device} ({dtype}) written to {out} "
+        f"in {profile.metadata.wall_s:g} s",
+        highlight=False,
+    )
+    for note in profile.grid.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    console.print(f"use it with: step_time: {{calibrated: {out}}}", highlight=False)
+    from calibrate.to_measured import coefficients_path, usage_lines
+
+    for line in usage_lines(coefficients_path(out)):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -398,8 +398,10 @@ def _register_optional_commands() -> None:
     for module_name in (
         "sim.ci.cli",
         "sim.planning.cli",
+        "sim.planning.versions_cli",
         "sim.plots_cli",
         "sim.calibrate_cli",
+        "sim.step_cli",
         "sim.vllm_real.cli",
     ):
         try:

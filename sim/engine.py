@@ -10,7 +10,8 @@ runs the step loop::
 
 An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
 whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
-aborts what is left with the reason, so every request ends in exactly one terminal state.
+aborts what is left with the reason, so every request ends in exactly one terminal state, and
+records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liveness`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import simpy
 
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
+from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.latency.batch import BatchShape
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
@@ -261,6 +263,7 @@ class Engine:
                     empty_streak += 1
                     if empty_streak <= 2 * scheduler.num_unfinished() + 8:
                         continue
+                    self._no_progress(replica, Stall.LIVELOCK, empty_streak)
                     self._abort(
                         scheduler.unfinished(),
                         "livelock: steps keep preempting without running anything",
@@ -270,6 +273,7 @@ class Engine:
                     replica.wakeup = self.env.event()
                     yield replica.wakeup
                     continue
+                self._no_progress(replica, Stall.STALLED)
                 self._abort(
                     scheduler.unfinished(),
                     "stalled: nothing running and no waiting request can be admitted "
@@ -287,6 +291,10 @@ class Engine:
                 self._on_terminal(len(finished))
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
+            if plan.fatal_error is not None:
+                # The step's update failed (e.g. freeing a finished request raised).
+                self._stop = self._stop_in(replica, plan, False, False)
+                return
             if max_sim_time_s is not None and env.now >= max_sim_time_s:
                 self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
 
@@ -338,6 +346,12 @@ class Engine:
                 stats.num_evictable,
             )
         )
+
+    def _no_progress(self, replica: Replica, stall: Stall, num_empty_steps: int = 0) -> None:
+        """Record the stuck queue as a `no_progress` violation, before its requests are
+        aborted (the diagnosis reads the queues and the blocks they hold)."""
+        diagnosis = diagnose(replica.scheduler, replica.manager, stall, num_empty_steps)
+        replica.manager.record_no_progress(diagnosis)
 
     def _abort(self, requests: Iterable[Request], reason: str) -> None:
         count = 0

@@ -8,7 +8,10 @@
   one line per combination of the settings a line does not run along;
 * `capacity_frontier(probes, capacity_table)`: each SLO metric against the offered rate, one
   line per configuration and replicate (trace window or seed), with the SLO limit, every
-  configuration's capacity and its 95 % interval.
+  configuration's capacity and its 95 % interval, and the capacity at the ends of its
+  step-time band;
+* `capacity_band(capacity_table)`: each configuration's capacity with its seed interval and the
+  range its step-time band spans.
 
 Every figure names what it shows in its title line: the scenario, the design and the vLLM
 release that design models (`sim.kv.Design.upstream`). Run plots take it as `subject=`
@@ -31,7 +34,7 @@ from matplotlib.figure import Figure
 
 from sim.errors import PathError
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
-from sim.plots_planning import capacity_frontier, throughput_latency
+from sim.plots_planning import capacity_band, capacity_frontier, throughput_latency
 
 _COLORS = {"used": "tab:blue", "free": "tab:green", "cached": "tab:orange"}
 MAX_REPLICA_PANELS = 4
@@ -215,10 +218,14 @@ def save_sweep_plots(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
 def save_capacity_plots(
     table: pd.DataFrame, probes: pd.DataFrame, out_dir: str | Path
 ) -> list[Path]:
+    """capacity_frontier.png, and capacity_band.png when the table has the band's columns."""
     out = Path(out_dir)
     if not len(probes):
         return []
-    return [save(capacity_frontier(probes, table), out / "capacity_frontier.png")]
+    paths = [save(capacity_frontier(probes, table), out / "capacity_frontier.png")]
+    if "capacity_slow_step_ci_low" in table and table["capacity_slow_step_ci_low"].notna().any():
+        paths.append(save(capacity_band(table, probes), out / "capacity_band.png"))
+    return paths
 
 
 def save_dir_plots(run_dir: str | Path) -> list[Path]:
@@ -258,6 +265,7 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
 
 
 __all__ = [
+    "capacity_band",
     "capacity_frontier",
     "design_text",
     "kv_timeline",

@@ -1,6 +1,15 @@
-"""Sweep and capacity plots: a table in, a matplotlib Figure out (re-exported by `sim.plots`)."""
+"""Sweep and capacity plots: a table in, a matplotlib Figure out (re-exported by `sim.plots`).
+
+`capacity_band(capacity_table)` shows each configuration's capacity with its seed interval and
+the range its step-time band spans (`sim.planning.band`).
+"""
 
 from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -12,6 +21,7 @@ from sim.plot_common import (
     readable_log_axis,
     seconds_text,
     short,
+    subject_of,
     table_subject,
 )
 
@@ -89,12 +99,16 @@ def capacity_frontier(probes: pd.DataFrame, table: pd.DataFrame | None = None) -
     Replicates (trace windows, seeds) offer different rates at the same scale, so each gets its
     own line (same colour per configuration, own marker) rather than one line zig-zagging
     between them. `table` (the capacity table) gives the SLO limits ("slos"), each
-    configuration's mean capacity (dashed line) and its 95 % interval (shaded, in the legend).
+    configuration's mean capacity (dashed line) and its 95 % interval (shaded, in the legend),
+    and the capacity at the slow and fast ends of its step-time band (dotted, in the legend).
+    Only the central probes (step time x1) are curves: the band's probes are its two lines.
     """
     limits = _parse_limits(table["slos"].iloc[0]) if table is not None and len(table) else {}
     metrics = list(limits) or ["ttft_p99"]
     fig, axes = figure(1, len(metrics), width=7.0 * len(metrics), height=4.8)
     good = probes[probes["error"].isna()] if "error" in probes else probes
+    if "step_time_factor" in good:  # the curves at the central step time; the band as lines
+        good = good[good["step_time_factor"] == 1.0]
     for ax, metric in zip(axes[0], metrics, strict=True):
         for i, (config, group) in enumerate(good.groupby("config", sort=True)):
             color = f"C{i}"
@@ -156,6 +170,94 @@ def _mark_capacity(ax, row: pd.DataFrame, color: str, name: str) -> None:
             alpha=0.12,
             label=f"{prefix}95% interval {low:.3g}-{high:.3g} req/s",
         )
+    for end in ("slow", "fast"):
+        column = f"capacity_{end}_step_req_per_s"
+        value = float(row[column].iloc[0]) if column in row else math.nan
+        if not math.isnan(value) and value != cap:  # a band end that differs from the centre
+            ax.axvline(
+                value,
+                color=color,
+                linestyle=":",
+                linewidth=1,
+                label=f"{prefix}at {end} step {value:.3g} req/s",
+            )
+
+
+def capacity_band(
+    table: pd.DataFrame,
+    probes: pd.DataFrame | None = None,
+    *,
+    subject: str | Mapping[str, Any] | None = None,
+) -> Figure:
+    """Capacity per configuration with both of its uncertainties, one row each.
+
+    The central answer with its 95 % seed interval (error bar), the capacity at the slow and
+    fast ends of the step-time band (ticks), and the span from the slow end's interval low to
+    the fast end's interval high (shaded): what a purchase may have to cover. The subject line
+    comes from `subject`, else the probes (`probes`, or `table.attrs["probes"]` as `sim.capacity`
+    returns it). Example: slow-step CI low 60 and fast-step CI high 130 req/s shade 60-130.
+    """
+    rows = table.reset_index(drop=True)
+    fig, axes = figure(1, 1, width=9.0, height=2.4 + 0.6 * len(rows))
+    ax = axes[0, 0]
+    for i, row in rows.iterrows():
+        first = i == 0
+        ax.plot(
+            [row["capacity_slow_step_ci_low"], row["capacity_fast_step_ci_high"]],
+            [i, i],
+            color="C0",
+            linewidth=10,
+            alpha=0.2,
+            solid_capstyle="butt",
+            label="step-time band x seed interval" if first else None,
+        )
+        centre = row["capacity_rate_req_per_s"]
+        ax.errorbar(
+            centre,
+            i,
+            xerr=[[centre - row["capacity_ci_low"]], [row["capacity_ci_high"] - centre]],
+            fmt="o",
+            color="C0",
+            capsize=4,
+            label="central step time, 95% seed interval" if first else None,
+        )
+        ax.plot(
+            [row["capacity_slow_step_req_per_s"], row["capacity_fast_step_req_per_s"]],
+            [i, i],
+            linestyle="none",
+            marker="|",
+            markersize=16,
+            color="C3",
+            label="at the slow / fast step time" if first else None,
+        )
+    ax.set_yticks(range(len(rows)), [short(c) if c else "scenario" for c in rows["config"]])
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("capacity per replica (requests/s)")
+    # One wrapped line per band source (they can be long: a fit's file and why it extrapolates).
+    sources = [
+        textwrap.fill(f"band x{low:.3g}-x{high:.3g}: {source}", 90)
+        for low, high, source in sorted(
+            set(
+                zip(
+                    rows["step_time_low_factor"],
+                    rows["step_time_high_factor"],
+                    rows["step_time_band_source"],
+                    strict=True,
+                )
+            )
+        )
+    ]
+    ax.set_title(
+        "\n".join(["Capacity with its seed interval and step-time band", *sources]),
+        fontsize="medium",
+    )
+    fig.legend(fontsize="small", loc="outside lower center", ncols=3)
+    ax.grid(alpha=0.3, axis="x")
+    if probes is None:
+        probes = table.attrs.get("probes")
+    text = subject_of(subject) or (table_subject(probes) if probes is not None else "")
+    name_figure(fig, text)
+    return fig
 
 
 def _parse_limits(text: str) -> dict[str, float]:

@@ -173,11 +173,16 @@ def summarize(
     }
 
 
-def build_result(records: RunRecords, inputs: dict | None = None) -> RunResult:
+def build_result(
+    records: RunRecords, inputs: dict | None = None, step_time_band: dict | None = None
+) -> RunResult:
+    """The run's tables and summary. `step_time_band` (a `StepTimeBand.as_dict()`) says how
+    sure the step times behind every latency are; it goes into the summary as is."""
     requests = requests_frame(records)
     steps = steps_frame(records)
     violations = violations_frame(records.violations)
     summary = summarize(records, requests, steps, violations)
+    summary["step_time_band"] = step_time_band
     return RunResult(requests, steps, violations, summary, inputs or {})
 
 

@@ -19,7 +19,14 @@ from sim.errors import InputError
 from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv.v1_engine.releases import resolve_release
-from sim.latency import LinearStepTime, StepTimeConfig, make_step_time
+from sim.latency import (
+    LinearStepTime,
+    StepTimeConfig,
+    StepTimeModel,
+    band_of,
+    make_step_time,
+    scaled,
+)
 from sim.memory import (
     KvLayout,
     block_bytes,
@@ -47,7 +54,7 @@ class ResolvedRun:
     scenario: Scenario
     engine: EngineConfig
     workload: Workload
-    step_time: object
+    step_time: StepTimeModel
     inputs: dict
 
 
@@ -305,6 +312,11 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
 
 
+def step_time_model(scenario: Scenario, base_dir: str | Path = "."):
+    """The scenario's step-time model alone (no workload, no KV pool): e.g. for its band."""
+    return _step_time(scenario, _model(scenario), Path(base_dir), {})
+
+
 def run(
     scenario: Scenario | str | Path | None = None,
     *,
@@ -312,10 +324,13 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     overrides: dict | None = None,
     vllm_root: str | Path | None = None,
+    step_time_factor: float = 1.0,
 ) -> RunResult:
     """Run a scenario (an object, a path, or None for the built-in default) and return its tables.
 
     `overrides` are dotted keys applied before validation, e.g. {"cache.num_gpu_blocks": 4096}.
+    `step_time_factor` multiplies every step time (capacity runs it at the ends of the model's
+    band, `summary["step_time_band"]`); it is recorded in `inputs` when it is not 1.
     `vllm_root` runs vLLM's REAL block manager (an install made by scripts/setup_vllm.sh)
     under the same scheduler and auditor instead of kvsim's model of it.
     """
@@ -332,11 +347,14 @@ def run(
     resolved = resolve(scenario, base_dir or ".")
     if vllm_root is not None:
         resolved = _with_real_manager(resolved, vllm_root)
-    engine = Engine(
-        resolved.engine, resolved.workload.requests, resolved.step_time, progress=progress
-    )
+    inputs = resolved.inputs
+    if step_time_factor != 1.0:
+        inputs = {**inputs, "step_time_factor": step_time_factor}
+    step_time = scaled(resolved.step_time, step_time_factor)
+    engine = Engine(resolved.engine, resolved.workload.requests, step_time, progress=progress)
     records = engine.run()
-    return build_result(records, _with_group_peaks(resolved.inputs, engine))
+    inputs = _with_group_peaks(inputs, engine)
+    return build_result(records, inputs, step_time_band=band_of(resolved.step_time).as_dict())
 
 
 def _with_group_peaks(inputs: dict, engine: Engine) -> dict:

@@ -8,11 +8,14 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sim
 from sim.cli import app
 from sim.errors import InputError
+from sim.latency.band import StepTimeBand
 from sim.planning.capacity import (
     Slo,
     as_slos,
@@ -167,5 +170,110 @@ def test_cli_capacity(tmp_path) -> None:
     assert table.loc[0, "replicas_needed"] == 3
     assert (tmp_path / "c" / "probes.csv").exists()
     assert (tmp_path / "c" / "capacity_frontier.png").stat().st_size > 1000
+    assert (tmp_path / "c" / "capacity_band.png").stat().st_size > 1000
     bad = CliRunner().invoke(app, ["capacity", str(tmp_path / "s.yaml"), "--slo", "ttft_p95=1s"])
     assert bad.exit_code == 2 and "ttft_p95" in bad.output
+
+
+def test_capacity_at_the_step_time_band_is_ordered() -> None:
+    """A slower step never sustains more: fast-step >= central >= slow-step capacity, and on
+    D/D/1 each end is the hand-computed threshold at the scaled step time."""
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test band")
+    table, probes = capacity_search(
+        dd1_scenario(),
+        [f"ttft_p99={SLO_S}s"],
+        tolerance=0.01,
+        workers=1,
+        band=band,
+        target_rate=450,
+    )
+    row = table.iloc[0]
+    fast, central, slow = (
+        row["capacity_fast_step_req_per_s"],
+        row["capacity_rate_req_per_s"],
+        row["capacity_slow_step_req_per_s"],
+    )
+    assert fast >= central >= slow > 0
+    # The search's answer is a lower bound within the tolerance of the threshold.
+    assert 0.99 <= fast / dd1_threshold_rate(step_s=0.008) <= 1.0
+    assert 0.99 <= slow / dd1_threshold_rate(step_s=0.015) <= 1.0
+    assert (row["step_time_low_factor"], row["step_time_high_factor"]) == (0.8, 1.5)
+    assert row["step_time_band_source"] == "test band"
+    # One seed: the seed interval collapses, the band does not.
+    assert row["capacity_slow_step_ci_low"] == slow and row["capacity_fast_step_ci_high"] == fast
+    assert row["replicas_needed_slow_step"] == math.ceil(450 / slow)
+    assert sorted(set(probes["step_time_factor"])) == [0.8, 1.0, 1.5]
+
+
+@settings(max_examples=8, deadline=None)
+@given(factors=st.lists(st.floats(0.3, 3.0), min_size=2, max_size=2, unique=True))
+def test_capacity_is_monotone_in_the_step_time_factor(factors) -> None:
+    """For any two factors, the search at the larger one finds no more capacity (bisection on
+    the same grid keeps the order of the thresholds)."""
+    low, high = sorted(factors)
+    band = StepTimeBand(min(low, 1.0), max(high, 1.0), extrapolated=False, source="hypothesis")
+    table, _ = capacity_search(
+        dd1_scenario(60), ["ttft_p99=20ms"], tolerance=0.05, workers=1, band=band
+    )
+    row = table.iloc[0]
+    assert (
+        row["capacity_fast_step_req_per_s"]
+        >= row["capacity_rate_req_per_s"]
+        >= row["capacity_slow_step_req_per_s"]
+    )
+
+
+def test_capacity_band_defaults_to_the_models_own() -> None:
+    """The linear model has no band (x1-x1): one search per replicate, the ends equal the centre;
+    band_ends=False leaves them NaN."""
+    table, probes = capacity_search(dd1_scenario(60), ["ttft_p99=20ms"], workers=1)
+    row = table.iloc[0]
+    assert row["step_time_band_source"].startswith("linear")
+    assert set(probes["step_time_factor"]) == {1.0}
+    assert row["capacity_fast_step_req_per_s"] == row["capacity_rate_req_per_s"]
+    assert row["capacity_slow_step_req_per_s"] == row["capacity_rate_req_per_s"]
+    off, _ = capacity_search(
+        dd1_scenario(60),
+        ["ttft_p99=20ms"],
+        workers=1,
+        band_ends=False,
+        band=StepTimeBand(0.5, 2.0, extrapolated=True, source="unused"),
+    )
+    assert math.isnan(off.loc[0, "capacity_slow_step_req_per_s"])
+
+
+def test_cli_capacity_reports_the_band(tmp_path) -> None:
+    from sim.cli import app
+
+    (tmp_path / "s.yaml").write_text(json.dumps(dd1_scenario(100)))
+    common = ["capacity", str(tmp_path / "s.yaml"), "--slo", "ttft_p99=20ms", "-j", "1"]
+    args = [*common, "-o", str(tmp_path / "c"), "--no-plots", "--step-time-band", "0.8,1.5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "step-time band x0.8 (fast) to x1.5 (slow)" in result.output
+    table = pd.read_parquet(tmp_path / "c" / "capacity.parquet")
+    row = table.iloc[0]
+    assert row["capacity_fast_step_req_per_s"] > row["capacity_rate_req_per_s"]
+    assert row["capacity_rate_req_per_s"] > row["capacity_slow_step_req_per_s"]
+    for bad in ("1.2,1.5", "0.8", "x,y"):
+        out = CliRunner().invoke(app, [*common, "--step-time-band", bad])
+        assert out.exit_code == 2 and "--step-time-band" in out.output, out.output
+
+
+def test_band_columns_worked_example() -> None:
+    """The sim.planning.band docstring: slow-end replicates [100, 110, 120] req/s."""
+    from sim.planning.band import band_columns, band_factors
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="example")
+    results = [
+        {"config_index": 0, "step_time_factor": f, "capacity_rate_req_per_s": c}
+        for f, caps in ((1.5, (100, 110, 120)), (0.8, (150, 150, 150)), (1.0, (1, 2, 3)))
+        for c in caps
+    ]
+    columns = band_columns(results, 0, band, searched=True)
+    assert columns["capacity_slow_step_req_per_s"] == 110
+    assert columns["capacity_slow_step_ci_low"] == pytest.approx(85.16, abs=0.01)
+    assert columns["capacity_slow_step_min"] == 100
+    assert columns["capacity_fast_step_ci_high"] == 150
+    assert band_factors(band) == [0.8, 1.0, 1.5]
+    assert band_factors(StepTimeBand(1.0, 1.0, extrapolated=True, source="none")) == [1.0]

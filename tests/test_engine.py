@@ -155,10 +155,12 @@ def test_cli_stop_flags(flag, stopped, tmp_path):
     assert json.loads(cli.output)["summary"]["stopped_early"].startswith(stopped)
 
 
-def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
+def test_v0_v2_null_block_strands_a_full_pool_request_as_no_progress():
     """A vLLM 0.5.4 v0-V2 hang kvsim found: once any sliding-window sequence has decoded, the
     null block holds one of G blocks forever, so a prompt needing exactly G blocks (allowed by
-    the startup check max_model_len <= bs * G) is LATER forever: G - 10 >= Wm, but F = G - 1."""
+    the startup check max_model_len <= bs * G) is LATER forever: G - 10 >= Wm, but F = G - 1.
+    The request is aborted (accounted for) and the hang is a `no_progress` violation whose
+    diagnosis names the waiting request, its need, the null block and the free count."""
     scenario = scenario_from_dict(
         _inline(
             "v0-v2",
@@ -176,6 +178,81 @@ def test_v0_v2_null_block_strands_a_full_pool_request_as_stalled_not_lost():
     assert rows.loc[1, "reason"] == (
         "stalled: nothing running and no waiting request can be admitted (9 free blocks)"
     )
+    assert result.violation_kinds == {"no_progress"}
+    (violation,) = result.violations.to_dict("records")
+    assert violation["request_id"] == 1
+    assert (violation["needed_blocks"], violation["free_blocks"]) == (10, 9)
+    assert "request 1 needs 10 blocks (160 tokens)" in violation["message"]
+    assert "1 block(s) held by no request (a null block, or leaked)" in violation["message"]
+    assert "at most 9 can ever be free" in violation["message"]
+
+
+def test_v1_engine_prompt_of_max_model_len_never_finishes_as_no_progress():
+    """vLLM #29496: V1 caps a step at `max_model_len - 1 - num_computed_tokens` tokens, so a
+    prompt of exactly max_model_len tokens (the frontend admits it) that is chunked computes
+    max_model_len - 1 and then gets 0 tokens every step, holding its blocks forever (unchunked,
+    the waiting loop schedules it whole and it finishes). Found by `kvsim fuzz`
+    (case seed 673228719); every pinned release kvsim models has the cap."""
+    for version in ("4ac7713", "0.11.0", "0.33.0"):
+        scenario = scenario_from_dict(
+            _inline(
+                "v1-engine",
+                [
+                    {"arrival_s": 0.0, "prompt_tokens": 128, "output_tokens": 4},
+                    {"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4},
+                ],
+                cache={"sliding_window": None, "num_gpu_blocks": 16},
+                scheduler={
+                    "max_model_len": 128,
+                    "vllm_version": version,
+                    # The cap is in the running loop: the prompt must spill into a 2nd chunk.
+                    "enable_chunked_prefill": True,
+                    "max_num_batched_tokens": 64,
+                },
+            )
+        )
+        result = run(scenario)
+        states = result.requests.set_index("request_id")["state"]
+        assert states.to_dict() == {0: "aborted", 1: "finished"}, version
+        assert result.violation_kinds == {"no_progress"}, version
+        message = result.violations["message"].iloc[0]
+        assert "request 0 holds 8 (127 of 128 tokens computed)" in message, message
+
+
+def test_livelock_is_recorded_as_no_progress(monkeypatch):
+    """The engine's livelock cut-off (steps that only preempt, never run a token) aborts the
+    queue and records `no_progress`, its diagnosis leading with the number of empty steps.
+    A scheduler that preempts on every call without scheduling anything stands in for a
+    design that livelocks."""
+    from sim.scheduler import StepPlan, V1Scheduler
+
+    def preempt_forever(self, now_s):
+        plan = StepPlan()
+        plan.num_preempted = 1
+        return plan
+
+    monkeypatch.setattr(V1Scheduler, "schedule", preempt_forever)
+    scenario = scenario_from_dict(
+        _inline(
+            "v1-engine",
+            [{"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 4}],
+            cache={"sliding_window": None},
+            scheduler={"max_model_len": 128},
+        )
+    )
+    result = run(scenario)
+    row = result.requests.iloc[0]
+    assert (row["state"], row["reason"]) == (
+        "aborted",
+        "livelock: steps keep preempting without running anything",
+    )
+    (violation,) = result.violations.to_dict("records")
+    assert violation["kind"] == "no_progress"
+    # The cut-off: more than 2 * unfinished + 8 empty steps in a row (here 1 request: 11).
+    assert violation["message"].startswith(
+        "no progress (livelock): 11 steps preempted and readmitted without running anything."
+    )
+    assert "Waiting 1: request 0 needs 1 blocks (16 tokens)." in violation["message"]
 
 
 def test_v1_engine_prompt_over_max_model_len_is_ignored_at_arrival():

@@ -39,4 +39,4 @@ def test_capacity_planning_notebook_runs() -> None:
         for o in c.outputs
         if "image/png" in o.get("data", {})
     ]
-    assert len(images) >= 5  # timeline, queues, CDFs, throughput-latency, frontier
+    assert len(images) >= 6  # timeline, queues, CDFs, throughput-latency, frontier, band

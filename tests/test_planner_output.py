@@ -20,6 +20,7 @@ import sim
 import sim.plots as plots
 from sim.cli import next_steps
 from sim.kv.config import Design
+from sim.latency.band import StepTimeBand
 from sim.planning.capacity import capacity_search
 from sim.planning.executor import start_method
 from sim.planning.tables import METRIC_HEADERS, capacity_view, legend, results_table
@@ -171,6 +172,57 @@ def test_capacity_table_keeps_its_names_and_says_how_to_read_it() -> None:
     assert notes[0] == "settings: max num seqs = scheduler.max_num_seqs"
     assert any("ceil(target / capacity)" in note for note in notes)
     assert any("gives no interval" in note for note in notes)  # one run each
+
+
+def test_capacity_table_shows_the_step_time_band_with_readable_headers() -> None:
+    """The band column (slow - fast step time) and the slow-step replicas, never cut at 80
+    columns; a note names the band's source. A band of x1 (no validation data) adds a note
+    only, and --no-band neither."""
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test band")
+    search = {"compare": {"scheduler.max_num_seqs": [1, 2]}, "tolerance": 0.2, "workers": 1}
+    table, _ = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], target_rate=300, band=band, **search
+    )
+    view, notes = capacity_view(table, "dd1", 0.2, 300)
+    text = _render(view)
+    assert "…" not in text
+    headers = " ".join(" ".join(column.header.split()) for column in view.columns)
+    assert "at slow - fast step time" in headers and "(worst run, slow step)" in headers
+    row = table.iloc[0]
+    band_cell = "".join(list(view.columns[3].cells)[0].split())
+    expected = (
+        f"{row['capacity_slow_step_req_per_s']:.4g}-{row['capacity_fast_step_req_per_s']:.4g}"
+    )
+    assert band_cell == expected
+    assert row["capacity_slow_step_req_per_s"] < row["capacity_fast_step_req_per_s"]
+    assert list(view.columns[-2].cells)[0] == f"{row['replicas_needed_slow_step']:.4g}"
+    assert "step-time band x0.8 (fast) to x1.5 (slow), extrapolated: test band" in notes
+    # The linear model's own band is x1: no band column, but the note says why.
+    plain, _ = capacity_search(dd1_scenario(40), ["ttft_p99=20ms"], **search)
+    view, notes = capacity_view(plain, "dd1", 0.2, None)
+    assert "at slow" not in _render(view, 120)
+    assert any(n.startswith("step-time band x1 (fast) to x1 (slow)") for n in notes)
+    off, _ = capacity_search(dd1_scenario(40), ["ttft_p99=20ms"], band_ends=False, **search)
+    view, notes = capacity_view(off, "dd1", 0.2, None)
+    assert "at slow" not in _render(view, 120) and not any("step-time band" in n for n in notes)
+
+
+def test_capacity_band_plot_names_its_subject(tmp_path: Path) -> None:
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test band")
+    table, probes = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], tolerance=0.2, workers=1, band=band
+    )
+    fig = plots.capacity_band(table, probes)
+    assert "scenario dd1 | design v0-v2" in fig.get_suptitle()
+    assert "test band" in fig.axes[0].get_title()
+    saved = plots.save_capacity_plots(table, probes, tmp_path)
+    assert [p.name for p in saved] == ["capacity_frontier.png", "capacity_band.png"]
+    off, off_probes = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], tolerance=0.2, workers=1, band_ends=False
+    )
+    (tmp_path / "off").mkdir()
+    saved = plots.save_capacity_plots(off, off_probes, tmp_path / "off")
+    assert [p.name for p in saved] == ["capacity_frontier.png"]
 
 
 # ---------------------------------------------------------------------------- capacity

@@ -88,3 +88,43 @@ def test_plot_command_on_a_run_dir(tmp_path, violating_run) -> None:
     assert (tmp_path / "run" / "kv_timeline.png").exists()
     missing = CliRunner().invoke(app, ["plot", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "no such directory" in missing.output
+
+
+def test_capacity_frontier_marks_the_step_time_band() -> None:
+    from sim.latency.band import StepTimeBand
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test")
+    cap, probes = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], tolerance=0.1, workers=1, band=band
+    )
+    frontier = plots.capacity_frontier(probes, cap)
+    texts = [t.get_text() for t in frontier.axes[0].get_legend().get_texts()]
+    assert any(t.startswith("at slow step") for t in texts)
+    assert any(t.startswith("at fast step") for t in texts)
+    # One curve: the probes at the band's ends are not drawn as configurations of their own.
+    assert len(frontier.axes[0].get_lines()) == 1 + 1 + 2 + 1  # curve, capacity, band, SLO
+
+
+def test_capacity_band_plot() -> None:
+    from sim.latency.band import StepTimeBand
+
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test band")
+    cap, _ = capacity_search(
+        dd1_scenario(40),
+        ["ttft_p99=20ms"],
+        tolerance=0.1,
+        workers=1,
+        band=band,
+        compare={"step_time.linear.fixed_s": [0.01, 0.005]},
+    )
+    fig = plots.capacity_band(cap)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "capacity per replica (requests/s)"
+    assert "test band" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fixed_s=0.01", "fixed_s=0.005"]
+    assert len(fig.legends[0].get_texts()) == 3  # band span, seed interval, band ends
+    span = ax.get_lines()[0].get_xdata()
+    assert list(span) == [
+        cap.loc[0, "capacity_slow_step_ci_low"],
+        cap.loc[0, "capacity_fast_step_ci_high"],
+    ]

@@ -107,12 +107,15 @@ def test_readme_bash_kvsim_commands_run(workdir: Path) -> None:
         assert "outputs written to runs/" in done.stdout
 
 
-def test_readme_console_output_is_what_kvsim_prints(workdir: Path) -> None:
-    """The "What you get" block: its command, and every line it shows, in that order."""
-    (block,) = blocks("console")
+@pytest.mark.parametrize("index", range(len(blocks("console"))))
+def test_readme_console_output_is_what_kvsim_prints(workdir: Path, index: int) -> None:
+    """Each console block ("What you get", `kvsim step`): its command, and every line it shows,
+    in that order (`kvsim run` without plots)."""
+    block = blocks("console")[index]
     command, *shown = block.splitlines()
     assert command.startswith("$ kvsim ")
-    done = kvsim([*shlex.split(command.removeprefix("$ kvsim ")), "--no-plots"], workdir)
+    args = shlex.split(command.removeprefix("$ kvsim "))
+    done = kvsim([*args, "--no-plots"] if args[0] == "run" else args, workdir)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [line.rstrip() for line in done.stdout.splitlines()]
     at = 0
@@ -141,7 +144,7 @@ def _table_commands() -> list[tuple[str, list[str]]]:
         if not line.startswith("| `kvsim "):
             continue
         usage = line.split("|")[1]
-        for code in re.findall(r"`kvsim (\w+)([^`]*)`", usage):
+        for code in re.findall(r"`kvsim ([\w-]+)([^`]*)`", usage):
             found.append((code[0], re.findall(r"--[a-z][a-z-]*", code[1])))
     return found
 

@@ -48,3 +48,29 @@ def test_readme_v1_engine_preemptions_on_the_azure_trace(
     result = sim.run(SCENARIO, overrides=overrides)
     assert result.summary["num_preemptions"] == num_preemptions
     assert result.summary["states"]["finished"] == 19_366
+
+
+def test_readme_compare_versions_on_the_azure_trace() -> None:
+    """The `kvsim compare-versions` table README quotes (chunked prefill, 2,048 blocks)."""
+    table = sim.compare_versions(
+        SCENARIO, overrides={"scheduler.enable_chunked_prefill": True}
+    ).set_index("variant")
+    preemptions = table["num_preemptions"].astype(int).to_dict()
+    assert preemptions == {
+        "v0-v1": 751,
+        "v0-v2": 794,
+        "v0-fixed": 796,
+        "v1-engine@4ac7713": 16_940,
+        "v1-engine@0.11.0": 16_940,
+        "v1-engine@0.33.0": 3_189,
+    }
+    assert table.loc["v0-v2", "violation_counts"] == (
+        "admission_overtake×161, admission_undercount×68, leaked_blocks×68, watermark×19"
+    )
+    assert table["num_violations"].drop("v0-v2").eq(0).all()
+    assert table.loc["v0-v2", "num_failed"] == 68
+    assert table["num_finished"].drop("v0-v2").eq(19_366).all()
+    ttft_p50_s = table["ttft_p50_s"].round().astype(int).to_dict()
+    assert (ttft_p50_s["v1-engine@4ac7713"], ttft_p50_s["v1-engine@0.33.0"]) == (1_759, 553)
+    throughput = table["throughput_tok_per_s"].round().astype(int).to_dict()
+    assert (throughput["v1-engine@4ac7713"], throughput["v1-engine@0.33.0"]) == (663, 964)

@@ -190,3 +190,22 @@ def test_mistral_azure_trace_shrinks_to_at_most_3_requests(tmp_path):
     minimal = load_scenario(out)
     assert minimal.model == "mistral-7b-v0.1"
     assert_one_minimal(minimal, "admission_undercount")
+
+
+def test_no_progress_fuzz_finding_shrinks_to_the_max_model_len_prompt(tmp_path):
+    """`kvsim shrink --kind no_progress` on the V1 fuzz case that hangs (vLLM #29496): what is
+    left is the one chunked prompt of exactly max_model_len tokens."""
+    from sim.ci.fuzz_cases import generate_case
+    from sim.scenario import scenario_to_yaml
+
+    source = tmp_path / "fuzz.yaml"
+    source.write_text(scenario_to_yaml(generate_case("v1-engine", 673228719)))
+    out = tmp_path / "minimal.yaml"
+    result = runner.invoke(app, ["shrink", str(source), "-o", str(out), "--kind", "no_progress"])
+    assert result.exit_code == 0, result.output
+    minimal = load_scenario(out)
+    (request,) = minimal.workload.requests
+    assert request.prompt_tokens == minimal.scheduler.max_model_len
+    assert run(out).violation_kinds == {"no_progress"}
+    (outcome,) = check_paths([out])
+    assert outcome.passed, outcome.reason

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, cast
 
+from sim.audit.liveness import NoProgress
 from sim.audit.violations import AuditError, Violation, ViolationKind, ViolationPolicy
 from sim.kv.protocol import DecodeFastPath, PoolIntrospection, PoolStats
 from sim.kv.types import (
@@ -58,6 +59,18 @@ class AuditorBase:
         violation = Violation(kind, call, request_id, message, time_s=time_s, step=step, **counts)
         self.violations.append(violation)
         return violation
+
+    def record_no_progress(self, diagnosis: NoProgress) -> Violation:
+        """The engine found this replica's queue stuck (`sim.audit.liveness`): a violation of
+        liveness, recorded like any other (the call is the scheduler's, not the manager's)."""
+        return self._record(
+            ViolationKind.NO_PROGRESS,
+            "schedule",
+            diagnosis.head_request_id,
+            diagnosis.message,
+            needed_blocks=diagnosis.needed_blocks,
+            free_blocks=diagnosis.free_blocks,
+        )
 
     def _fail(self, violation: Violation) -> AuditError:
         """The error for a call that failed: the real engine raises at this call."""

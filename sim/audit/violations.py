@@ -33,6 +33,10 @@ class ViolationKind(enum.Enum):
     #: The manager raised a failure of vLLM's code (a `sim.kv.types.ManagerError`, e.g. "null
     #: block should not be modified"), or ran dry on a call no admission query had promised.
     MANAGER_ERROR = "manager_error"
+    #: The queue can never move (nothing runs and nothing can be admitted, or steps keep
+    #: preempting without running anything): the real engine would hang. The engine aborts
+    #: what is left; the message diagnoses it (`sim.audit.liveness`).
+    NO_PROGRESS = "no_progress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +76,8 @@ class AuditError(Exception):
 class ViolationPolicy(enum.Enum):
     """What happens after a violation.
 
-    ``record``: keep it, roll back what the failed call took (and say so), carry on.
+    ``record``: keep it, roll back what the failed call took (and say so), carry on. A failed
+    swap or free, which nothing can roll back, still ends the run (`sim.scheduler.v0._die`).
     ``stop``: end the run where the real engine would raise: at the first violation whose
     manager call failed (an allocation that ran dry, a double free, a `ManagerError`). A
     silent one (an `admission_overtake` whose allocation succeeded, a watermark breach) is

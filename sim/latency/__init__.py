@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.errors import InputError
+from sim.latency.band import UNKNOWN_BAND, StepTimeBand, band_of
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
 from sim.latency.linear import LinearStepTime
@@ -27,6 +28,7 @@ from sim.latency.measured import MeasuredStepTime
 from sim.latency.profile import StepTimeProfile, load_profile
 from sim.latency.protocol import StepTimeModel
 from sim.latency.roofline import Efficiencies, RooflineStepTime
+from sim.latency.scaled import ScaledStepTime, scaled
 
 __all__ = [
     "BatchShape",
@@ -35,11 +37,16 @@ __all__ = [
     "LinearStepTime",
     "MeasuredStepTime",
     "RooflineStepTime",
+    "ScaledStepTime",
+    "StepTimeBand",
     "StepTimeConfig",
     "StepTimeModel",
     "StepTimeProfile",
+    "UNKNOWN_BAND",
+    "band_of",
     "load_profile",
     "make_step_time",
+    "scaled",
 ]
 
 

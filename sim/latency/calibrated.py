@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from sim.catalog import GpuSpec, dtype_bytes
+from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.profile import LAYER_GEMMS, ProfileError, StepTimeProfile
 from sim.latency.roofline import Efficiencies
@@ -109,6 +110,16 @@ class CalibratedStepTime:
     def decode_window(self) -> int | None:
         """The attention window of the sliding-window layers (decode context sums cap at it)."""
         return self._window
+
+    def band(self) -> StepTimeBand:
+        """No band yet: the profile's fits are per kernel, never checked against whole steps."""
+        device = self.profile.metadata.device_name
+        return StepTimeBand(
+            1.0,
+            1.0,
+            extrapolated=True,
+            source=f"calibrated profile ({device}): kernel sums, not validated on whole steps",
+        )
 
     def predict_s(self, batch: BatchShape) -> float:
         chunks = batch.prefill_chunks

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 
 
@@ -32,6 +33,12 @@ class LinearStepTime:
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+
+    def band(self) -> StepTimeBand:
+        """No band: the coefficients are the user's, and kvsim has nothing to check them with."""
+        return StepTimeBand(
+            1.0, 1.0, extrapolated=True, source="linear: user coefficients, no validation data"
+        )
 
     def predict_s(self, batch: BatchShape) -> float:
         return (

@@ -40,8 +40,11 @@ SOURCES: tuple[tuple[str, str], ...] = (
 
 #: Vidur's device names -> kvsim catalog GPUs (Vidur's A100/H100 nodes are 80 GB DGX/SXM parts).
 VIDUR_GPU = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}
-#: Datasheet ceilings used to turn times into efficiencies (kvsim's gpus.yaml figures).
-DATASHEET = {"a100-80gb-sxm": (312e12, 2039e9), "h100-sxm": (989e12, 3350e9)}
+#: (peak FLOP/s, bandwidth B/s) a fit turns times into efficiencies against.
+Ceiling = tuple[float, float]
+#: Datasheet ceilings used to turn times into efficiencies (kvsim's gpus.yaml figures); the
+#: `fit_*` functions take another GPU's as `datasheet` (calibrate/ fits its own device's).
+DATASHEET: dict[str, Ceiling] = {"a100-80gb-sxm": (312e12, 2039e9), "h100-sxm": (989e12, 3350e9)}
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPS = {
@@ -266,7 +269,7 @@ def _blend_params(x: np.ndarray) -> dict[str, float]:
     }
 
 
-def _fit_blend(flops, nbytes, time_s, peak: float, bw: float) -> dict[str, float]:
+def _fit_blend(flops, nbytes, time_s, peak: float, bw: float, x0=None) -> dict[str, float]:
     """Fit floor + (t_c^p + t_m^p)^(1/p) by relative error (log-ratio, robust to outliers)."""
 
     def loss(x: np.ndarray) -> float:
@@ -278,20 +281,28 @@ def _fit_blend(flops, nbytes, time_s, peak: float, bw: float) -> dict[str, float
         )
         return float(np.mean(np.log(pred / time_s) ** 2))
 
-    x = nelder_mead(loss, np.array([1.0, 1.5, 0.7, 1.5]))
+    x = nelder_mead(loss, np.array([1.0, 1.5, 0.7, 1.5]) if x0 is None else np.asarray(x0))
     x = nelder_mead(loss, x, step=0.1)
     return {k: round(v, 9) for k, v in _blend_params(x).items()}
 
 
-def fit_gemm(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
-    peak, bw = DATASHEET[gpu]
-    c = _fit_blend(rows.flops.to_numpy(), rows.bytes.to_numpy(), rows.time_s.to_numpy(), peak, bw)
+def fit_gemm(
+    rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None, x0=None
+) -> dict[str, float]:
+    """Fit the GEMM term; `x0` starts the search elsewhere than at GPU-like efficiencies
+    (logit compute and memory efficiency, log(p - 1), log floor in us: `_blend_params`)."""
+    peak, bw = datasheet or DATASHEET[gpu]
+    c = _fit_blend(
+        rows.flops.to_numpy(), rows.bytes.to_numpy(), rows.time_s.to_numpy(), peak, bw, x0
+    )
     c["launch_floor_s"] = c.pop("floor_s")
     return c
 
 
-def fit_elementwise(rows: pd.DataFrame, gpu: str) -> dict[str, dict[str, float]]:
-    bw = DATASHEET[gpu][1]
+def fit_elementwise(
+    rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None
+) -> dict[str, dict[str, float]]:
+    bw = (datasheet or DATASHEET[gpu])[1]
     out = {}
     for kind, part in rows.groupby("kind"):
         x = np.column_stack([np.ones(len(part)), part.bytes.to_numpy() / bw])
@@ -303,25 +314,26 @@ def fit_elementwise(rows: pd.DataFrame, gpu: str) -> dict[str, dict[str, float]]
     return out
 
 
-def fit_decode(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
-    bw = DATASHEET[gpu][1]
+def fit_decode(rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None) -> dict[str, float]:
+    bw = (datasheet or DATASHEET[gpu])[1]
     x = np.column_stack([np.ones(len(rows)), rows.batch.to_numpy(float), rows.kv_bytes / bw])
     floor, per_seq, inv_eff = relative_lstsq(x, rows.time_s.to_numpy())
     return {
         "call_floor_s": round(float(floor), 9),
         "per_seq_s": round(float(per_seq), 10),
-        "bandwidth_efficiency": round(1.0 / inv_eff, 4),
+        # No byte term left (noisy times that do not grow with the KV read): 1.0, as prefill does.
+        "bandwidth_efficiency": round(1.0 / inv_eff, 4) if inv_eff > 0 else 1.0,
     }
 
 
-def fit_prefill(rows: pd.DataFrame, gpu: str) -> dict[str, float]:
-    peak, bw = DATASHEET[gpu]
+def fit_prefill(rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None) -> dict[str, float]:
+    peak, bw = datasheet or DATASHEET[gpu]
     x = np.column_stack([np.ones(len(rows)), rows.q_bytes / bw, rows.flops / peak])
     floor, inv_q, inv_c = relative_lstsq(x, rows.time_s.to_numpy())
     return {
         "call_floor_s": round(float(floor), 9),
         "query_bandwidth_efficiency": round(1.0 / inv_q, 4) if inv_q > 0 else 1.0,
-        "compute_efficiency": round(1.0 / inv_c, 4),
+        "compute_efficiency": round(1.0 / inv_c, 4) if inv_c > 0 else 1.0,
     }
 
 

@@ -22,6 +22,14 @@ Student-t confidence interval of the per-replicate capacities. Replicas for a ta
 ``ceil(R / capacity)`` using the worst replicate (conservative; with two or three replicates
 the t-interval's low end is often near zero) and the mean; this assumes the router splits the
 load evenly, which round robin does only on average.
+
+Step-time band: the step-time model says how sure it is (`sim.latency.band`), e.g. the roofline
+runs whole steps up to 40% fast, so its band is x1.00-x1.67. Each search is repeated with every
+step time multiplied by the band's low and high factors (a factor already searched, e.g. 1.0, is
+not searched twice), giving the capacity at a fast, the central and a slow step time, each over
+the same replicates. Example (the D/D/1 scenario above, band x0.8-x1.5): 8 / 10 / 15 ms steps
+give thresholds 1 / (step - (20 ms - step) / 197.01) = 125.96 / 100.51 / 66.78 req/s.
+A planner reads the slow-step CI low as the conservative answer.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
+from sim.latency.band import StepTimeBand
+from sim.planning.band import band_columns, band_factors, model_band
 from sim.planning.executor import map_tasks, run_point
 from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
 from sim.scenario import ScenarioError
@@ -186,6 +196,7 @@ def search_capacity(
     min_scale: float,
     max_scale: float,
     labels: dict[str, Any],
+    step_time_factor: float = 1.0,
 ) -> dict[str, Any]:
     """Bisection for one configuration and replicate (runs in a worker; returns plain data)."""
     slos = [Slo(m, v) for m, v in slo_pairs]
@@ -193,9 +204,15 @@ def search_capacity(
 
     def probe(scale: float) -> bool:
         data = {**scenario_data, "workload": {**scenario_data["workload"], "rate_scale": scale}}
-        row = run_point(data, {}, scenario_key(data), len(probes))
+        row = run_point(data, {}, scenario_key(data), len(probes), step_time_factor)
         reason = check_slos(row, slos)
-        row.update(labels, rate_scale=scale, passed=reason is None, reason=reason)
+        row.update(
+            labels,
+            step_time_factor=step_time_factor,
+            rate_scale=scale,
+            passed=reason is None,
+            reason=reason,
+        )
         probes.append(row)
         return reason is None
 
@@ -238,6 +255,7 @@ def search_capacity(
     base_rate = rates[0] if rates else math.nan
     return {
         **labels,
+        "step_time_factor": step_time_factor,
         "status": status,
         "capacity_scale": good if good is not None else 0.0,
         "bracket_high_scale": bad,
@@ -307,11 +325,17 @@ def capacity_search(
     cluster: Any = None,
     base_dir: str | Path | None = None,
     on_result=None,
+    band: StepTimeBand | None = None,
+    band_ends: bool = True,
+    on_total=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Capacity table (one row per compared configuration) and every probe run.
 
     `replicates` (override dicts, e.g. trace windows) replaces `seeds` (each seed s is the
     replicate {"seed": s}; a trace's arrivals do not depend on the seed, so use windows there).
+    `band`: the step-time band to search the ends of (default: each configuration's model's own);
+    `band_ends=False` searches the central step time only (the band's columns are then NaN).
+    `on_total(n)` is called once with the number of searches before they start.
     """
     from sim.overrides import apply_overrides
     from sim.planning import load_base
@@ -331,7 +355,10 @@ def capacity_search(
         raise SloError("give at least one seed or replicate")
     configs = expand_grid(compare)
     tasks = []
+    bands = []
+    pairs = [(s.metric, s.limit_s) for s in slo_list]
     for c, config in enumerate(configs):
+        config_tasks = []
         for r, rep in enumerate(reps):
             try:
                 data = resolved_data(base, {**config, **rep}, base_path)
@@ -344,8 +371,12 @@ def capacity_search(
                 "replicate_label": _label(rep),
                 **config,
             }
-            pairs = [(s.metric, s.limit_s) for s in slo_list]
-            tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
+            config_tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
+        bands.append(band or model_band(config_tasks[0][0], _label(config)))
+        for factor in band_factors(bands[-1]) if band_ends else (1.0,):
+            tasks += [(*task, factor) for task in config_tasks]
+    if on_total is not None:
+        on_total(len(tasks))
     results = map_tasks(
         search_capacity, tasks, workers=workers, cluster=cluster, on_result=on_result
     )
@@ -358,7 +389,7 @@ def capacity_search(
     probes = pd.DataFrame.from_records([p for res in results for p in res["probes"]])
     rows = []
     for c, config in enumerate(configs):
-        mine = [res for res in results if res["config_index"] == c]
+        mine = [r for r in results if r["config_index"] == c and r["step_time_factor"] == 1.0]
         capacities = [res["capacity_rate_req_per_s"] for res in mine]
         mean, low, high = confidence_interval(capacities)
         low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
@@ -375,10 +406,15 @@ def capacity_search(
             num_probes=sum(r["num_probes"] for r in mine),
             status="; ".join(sorted({r["status"] for r in mine})),
         )
+        row.update(band_columns(results, c, bands[c], band_ends))
         if target_rate is not None:
             row["target_rate_req_per_s"] = target_rate
             row["replicas_needed"] = _replicas(target_rate, min(capacities))
             row["replicas_needed_at_mean"] = _replicas(target_rate, mean)
+            slow = row["capacity_slow_step_min"]
+            row["replicas_needed_slow_step"] = (
+                _replicas(target_rate, slow) if not math.isnan(slow) else math.nan
+            )
         rows.append(row)
     return pd.DataFrame.from_records(rows), probes
 

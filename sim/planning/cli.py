@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from sim.latency.band import StepTimeBand
 
 _CLUSTER = typer.Option(
     "--cluster", help="Dask scheduler address (tcp://host:8786); default: local processes."
@@ -156,11 +159,27 @@ def capacity(
     cluster: Annotated[str | None, _CLUSTER] = None,
     workers: Annotated[int | None, _WORKERS] = None,
     plots: Annotated[
-        bool, typer.Option("--plots/--no-plots", help="Save the capacity-frontier PNG.")
+        bool, typer.Option("--plots/--no-plots", help="Save the capacity frontier and band PNGs.")
     ] = True,
+    band_ends: Annotated[
+        bool,
+        typer.Option(
+            "--band/--no-band",
+            help="Also search at the step-time band's fast and slow ends (up to 3x the runs).",
+        ),
+    ] = True,
+    step_time_band: Annotated[
+        str | None,
+        typer.Option(
+            "--step-time-band",
+            help="LOW,HIGH step-time factors to use instead of the model's band, e.g. 0.9,1.3.",
+        ),
+    ] = None,
 ) -> None:
-    """Highest request rate one replica sustains within the SLOs (bisection on the rate)."""
+    """Highest request rate one replica sustains within the SLOs (bisection on the rate).
 
+    Reported at the central step time with the seed interval, and at the fast and slow ends of
+    the step-time model's error band (`--no-band` skips those)."""
     from sim.cli import console
     from sim.outdir import check_output_dir
     from sim.overrides import parse_assignment
@@ -176,9 +195,11 @@ def capacity(
     for item in set_ or []:
         key, values = parse_assignment(item)
         overrides[key] = values[0] if len(values) == 1 else values
+    band = _parse_band(step_time_band)
     base, base_dir = load_base(scenario)
     out_dir = out or Path("capacity") / base.name
     check_output_dir(out_dir)  # before any probe runs
+    # Searches per step-time factor; `on_total` sets the real count (up to 3 factors).
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
     progress, task = _progress("capacity searches", num_tasks)
     with progress:
@@ -194,6 +215,9 @@ def capacity(
             cluster=cluster,
             base_dir=base_dir,
             on_result=lambda i, res: progress.update(task, advance=1),
+            on_total=lambda n: progress.update(task, total=n),
+            band=band,
+            band_ends=band_ends,
         )
     write_capacity(table, probes, out_dir)
     if plots:
@@ -207,6 +231,24 @@ def capacity(
     console.print(
         f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
     )
+
+
+def _parse_band(text: str | None) -> StepTimeBand | None:
+    """'0.9,1.3' -> StepTimeBand(0.9, 1.3, ...); None -> None (the model's own band)."""
+    from sim.latency.band import StepTimeBand
+    from sim.planning.capacity import SloError
+
+    if text is None:
+        return None
+    low, _, high = text.partition(",")
+    try:
+        return StepTimeBand(
+            float(low), float(high), extrapolated=False, source=f"--step-time-band {text}"
+        )
+    except ValueError:
+        raise SloError(
+            f"--step-time-band {text!r}: expected LOW,HIGH factors with 0 < LOW <= 1 <= HIGH"
+        ) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -97,9 +97,15 @@ def summary_row(result) -> dict[str, Any]:
 
 
 def run_point(
-    scenario_data: dict[str, Any], overrides: dict[str, Any], key: str, index: int
+    scenario_data: dict[str, Any],
+    overrides: dict[str, Any],
+    key: str,
+    index: int,
+    step_time_factor: float = 1.0,
 ) -> dict[str, Any]:
-    """Run one point and return its row; never raises (the error goes in the row)."""
+    """Run one point and return its row; never raises (the error goes in the row).
+
+    `step_time_factor` multiplies every step time (`sim.run`'s argument of that name)."""
     from sim.runner import run
     from sim.scenario import scenario_from_dict
 
@@ -110,7 +116,7 @@ def run_point(
     try:
         scenario = scenario_from_dict(scenario_data, f"sweep point {index}")
         row["design"] = scenario.scheduler.design.value
-        row.update(summary_row(run(scenario, base_dir=".")))
+        row.update(summary_row(run(scenario, base_dir=".", step_time_factor=step_time_factor)))
         row["error"] = None
     except Exception as error:  # noqa: BLE001 - a failing point must not sink the sweep
         row.update({name: None for name in METRIC_COLUMNS})

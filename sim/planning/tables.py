@@ -93,8 +93,12 @@ def capacity_view(
 ) -> tuple[Table, list[str]]:
     """The `kvsim capacity` table and the lines to print under it (legend, how to read it).
 
-    The interval is one column ("2.85-4.54"): a planner reads the spread next to the mean.
+    The interval is one column ("2.85-4.54"): a planner reads the spread next to the mean. When
+    the search covered a step-time band wider than x1 (`sim.planning.band`), one more column
+    gives the capacity at the slow and the fast step time ("66.78 - 126"), plus the replicas the
+    slow step needs; a note per band source says where the band comes from.
     """
+    band = has_band(table)
     frame = table.assign(
         config=[short_config(c) or name for c in table["config"]],
         interval=[
@@ -102,18 +106,33 @@ def capacity_view(
             for low, high in zip(table["capacity_ci_low"], table["capacity_ci_high"], strict=True)
         ],
     )
+    if band:
+        frame["band"] = [
+            f"{fmt(slow)} - {fmt(fast)}"
+            for slow, fast in zip(
+                table["capacity_slow_step_req_per_s"],
+                table["capacity_fast_step_req_per_s"],
+                strict=True,
+            )
+        ]
     columns = ["config", "capacity_rate_req_per_s", "interval", "num_replicates"]
+    if band:
+        columns.insert(3, "band")
     headers = {
         "config": "config",
         "capacity_rate_req_per_s": "req/s per replica (mean)",
         "interval": "95% interval",
+        "band": "at slow - fast step time",
         "num_replicates": "runs",
         "replicas_needed": "replicas (worst run)",
         "replicas_needed_at_mean": "replicas (mean)",
+        "replicas_needed_slow_step": "(worst run, slow step)",
         "status": "status",
     }
     if target_rate is not None:
         columns += ["replicas_needed", "replicas_needed_at_mean"]
+        if band and "replicas_needed_slow_step" in table:
+            columns.append("replicas_needed_slow_step")
     columns.append("status")
     title = f"kvsim capacity: {name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
     view = results_table(title, frame, columns, headers, left=("config", "status"))
@@ -123,13 +142,45 @@ def capacity_view(
         notes.append(
             f"replicas: to serve {fmt(target_rate)} req/s, ceil(target / capacity) with the "
             "worst run's capacity and with the mean (an even split across replicas)"
+            + ("; '(worst run, slow step)': the worst run at the band's slow end" if band else "")
         )
     if (table["num_replicates"] < 2).any():
         notes.append(
             "one run per configuration gives no interval: repeat over --seeds (synthetic "
             "workloads) or trace windows (sim.capacity(replicates=...)) to see the spread"
         )
+    if band_searched(table):
+        notes += band_notes(table)
     return view, notes
+
+
+def band_searched(table: pd.DataFrame) -> bool:
+    """Whether the capacity search covered the step-time band (not `--no-band`)."""
+    column = "capacity_slow_step_req_per_s"
+    return column in table and bool(table[column].notna().any())
+
+
+def has_band(table: pd.DataFrame) -> bool:
+    """Whether the band was searched and is wider than x1-x1 (a model without validation data,
+    such as user-given linear coefficients, has none: its ends are the central answer)."""
+    if not band_searched(table):
+        return False
+    low, high = table["step_time_low_factor"], table["step_time_high_factor"]
+    return bool(((low < 1) | (high > 1)).any())
+
+
+def band_notes(table: pd.DataFrame) -> list[str]:
+    """One line per step-time band source: its factors and where it comes from.
+
+    Example: "step-time band x0.8 (fast) to x1.5 (slow): --step-time-band 0.8,1.5".
+    """
+    return [
+        f"step-time band x{row['step_time_low_factor']:g} (fast) to "
+        f"x{row['step_time_high_factor']:g} (slow)"
+        f"{', extrapolated' if row['step_time_band_extrapolated'] else ''}: "
+        f"{row['step_time_band_source']}"
+        for _, row in table.drop_duplicates("step_time_band_source").iterrows()
+    ]
 
 
 def _config_keys(config: str | None) -> list[str]:

@@ -31,9 +31,11 @@ def fail(
     manager: AuditorBase, request: Request, plan: StepPlan, error: AuditError, now_s: float
 ) -> None:
     """Fail a request whose manager call raised (the auditor recorded why) and release what it
-    still holds; the table may never have been created, so a failing free is ignored."""
+    still holds. A free the auditor refuses (an AuditError: recorded as a violation) is ignored;
+    any other exception is a kvsim bug and propagates (vLLM's managers free a sequence without
+    a table as a no-op, so there is no KeyError to expect here)."""
     request.finish(RequestState.FAILED, error.violation.message, now_s)
-    with contextlib.suppress(AuditError, KeyError, ValueError):
+    with contextlib.suppress(AuditError):
         sync(manager, request)
         manager.free(request.seq)
     plan.failed.append(request)

@@ -16,7 +16,7 @@ waiting by (priority, arrival) and preempts worse-priority running groups for th
 
 Every manager call goes through the auditor. A failed allocation (the v0-V2 sliding-window
 undercount) fails that request and the run carries on; the engine ends the run instead under the
-auditor's stop policy.
+auditor's stop policy. A failed swap or free ends the run under every policy (see `_die`).
 """
 
 from __future__ import annotations
@@ -143,11 +143,13 @@ class V0Scheduler(FastPathScheduler):
 
     def _preempt(
         self, request: Request, plan: StepPlan, now_s: float, mode: PreemptionMode | None = None
-    ) -> PreemptionMode | None:
+    ) -> PreemptionMode:
         """`_preempt` (L1070-1114): recompute or swap; swap without CPU space is fatal.
 
-        Returns None when the manager failed the preemption itself (e.g. v0-V1's double free
-        swapping out a wrapped sliding-window ring): the request then fails with the violation.
+        A manager call that fails here (v0-V1's double free swapping out a wrapped
+        sliding-window ring, v0-V2's swap-out of a table holding the null block) is fatal too:
+        vLLM's exception leaves `schedule` and the engine dies, with the table half swapped or
+        half freed, a state no later step of the real engine starts from (see `_die`).
         """
         if mode is None:
             mode = self.config.preemption_mode
@@ -166,8 +168,7 @@ class V0Scheduler(FastPathScheduler):
         try:
             return self._preempt_as(mode, request, plan)
         except AuditError as error:
-            self._fail(request, plan, error, now_s)
-            return None
+            raise _die(plan, error) from None
 
     def _preempt_as(self, mode: PreemptionMode, request: Request, plan: StepPlan) -> PreemptionMode:
         if mode is PreemptionMode.RECOMPUTE:
@@ -310,10 +311,19 @@ class V0Scheduler(FastPathScheduler):
                 budget.subtract_num_batched_tokens(request.request_id, num_tokens)
                 budget.subtract_num_seqs(request.request_id, num_seqs)
                 victim = queue.pop() if queue else request
-                mode = self._preempt(victim, plan, now_s)
+                try:
+                    mode = self._preempt(victim, plan, now_s)
+                except _FatalError:
+                    # The engine dies here: the queues get back what this walk took off them
+                    # (so the step's row and the final abort see every request).
+                    if victim is not request:
+                        queue.append(victim)
+                    queue.appendleft(request)
+                    self._requeue((), [*kept_prefill, *kept_decode], preempted, swapped_out, ())
+                    raise
                 if mode is PreemptionMode.RECOMPUTE:
                     preempted.append(victim)
-                elif mode is PreemptionMode.SWAP:
+                else:
                     swapped_out.append(victim)
                 if victim is request:
                     break
@@ -512,9 +522,15 @@ class V0Scheduler(FastPathScheduler):
             num_tokens = self._num_new_tokens(request, budget, chunking)
             if num_tokens == 0 or not budget.can_schedule(num_tokens, num_seqs):
                 break
-            self.swapped.popleft()
             try:
                 mapping = self.block_manager.swap_in(request.group)
+            except AuditError as error:
+                # Fatal, as in `_preempt`: a swap-in that ran dry leaves blocks without an id.
+                # The requests swapped in so far go to `running` (the caller requeues the rest).
+                self._append_running(swapped_in)
+                raise _die(plan, error) from None
+            self.swapped.popleft()
+            try:
                 plan.num_blocks_swapped_in += len(mapping)
                 request.seq.status = SequenceStatus.RUNNING
                 request.state = RequestState.RUNNING
@@ -559,8 +575,15 @@ class V0Scheduler(FastPathScheduler):
                 victim.request_id, self._num_new_tokens(victim, budget, False)
             )
             budget.subtract_num_seqs(victim.request_id, victim.group.get_max_num_running_seqs())
-            if self._preempt(victim, plan, now_s, PreemptionMode.RECOMPUTE) is not None:
-                self.waiting.appendleft(victim)
+            try:
+                self._preempt(victim, plan, now_s, PreemptionMode.RECOMPUTE)
+            except _FatalError:
+                self.waiting.appendleft(head)
+                # `running` (the queue, not the sorted copy) still holds the victims so far.
+                moved = set(self.waiting)
+                self.running = deque(r for r in self.running if r not in moved)
+                raise
+            self.waiting.appendleft(victim)
         self.waiting.appendleft(head)
         self.waiting = deque(sorted(self.waiting, key=priority_key))
         self.running = deque(running)
@@ -609,7 +632,11 @@ class V0Scheduler(FastPathScheduler):
                 budget, plan, now_s, chunking=False
             )
             if self.swapped and not preempted and not swapped_out:
-                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
+                try:
+                    swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
+                except _FatalError:
+                    self._requeue(prefills, kept, preempted, swapped_out, (), kept_prefill)
+                    raise
         self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
     def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
@@ -619,7 +646,11 @@ class V0Scheduler(FastPathScheduler):
         )
         swapped_in = []
         if not preempted and not swapped_out:
-            swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=True)
+            try:
+                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=True)
+            except _FatalError:
+                self._requeue((), kept, preempted, swapped_out, (), kept_prefill)
+                raise
         prefills = self._schedule_prefills(budget, plan, now_s, chunking=True)
         self._requeue(prefills, kept, preempted, swapped_out, swapped_in, kept_prefill)
 
@@ -689,7 +720,13 @@ class V0Scheduler(FastPathScheduler):
             else:
                 continue
             self._sync(request)
-            self.block_manager.free(seq)
+            try:
+                self.block_manager.free(seq)
+            except AuditError as error:
+                # vLLM frees finished groups before it returns their outputs: the engine
+                # dies here and the request never finishes (the engine aborts it).
+                _die(plan, error)
+                break
             finish(request, reason, now_s)
             finished.append(request)
         apply_quiet_decodes(plan.quiet, now_s, advance_computed=True)
@@ -716,3 +753,18 @@ def _order_key(request: Request) -> int:
 
 class _FatalError(Exception):
     """Internal: unwinds `schedule` after a fatal engine error recorded in the plan."""
+
+
+def _die(plan: StepPlan, error: AuditError) -> _FatalError:
+    """Record a manager failure the run cannot go on from as the plan's fatal engine error.
+
+    The record policy carries on after a failed `allocate` or `append_slots`: the request
+    fails, its table is released whole (and the auditor returns what a failed allocate
+    leaked), so the pool stays consistent. A failed swap or free leaves a table half moved or
+    half released (ids back in the pool while the table still names them, or blocks with no
+    id at all), which no later call can undo; vLLM raises out of the engine at that call, so
+    the run ends there under every policy. The auditor has recorded the violation. Returns
+    the exception that unwinds `schedule`.
+    """
+    plan.fatal_error = error.violation.message
+    return _FatalError(plan.fatal_error)

@@ -31,6 +31,7 @@ from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
 from sim.scheduler.lifecycle import fail, finish, sample_token
+from sim.scheduler.priority_ties import HeapTieMirror
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 from sim.scheduler.v1_release import policies_for
 
@@ -54,6 +55,13 @@ class V1Scheduler(FastPathScheduler):
         self.release_policies = policies_for(kv_cache_manager, self.token_budget)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        #: 4ac7713 / 0.11.0 under PRIORITY: where the real waiting heap would raise on a tie
+        #: (only with `use_exact_arrival_times`).
+        self._ties: HeapTieMirror | None = None
+        #: The PRIORITY victim's key: kvsim's total order, or vLLM's own (see there).
+        self._victim_key: Callable[[Request], tuple[int, float] | tuple[int, float, int]] = (
+            priority_key
+        )
         self._init_fast_path(config, kv_cache_manager)
         # Prefix-cache hits can only happen with caching on (a manager that does not say is
         # taken to have it). Without them the waiting phase can skip known refusals.
@@ -70,8 +78,28 @@ class V1Scheduler(FastPathScheduler):
         self._next_key = 0
 
     # ------------------------------------------------------------------ queues
+    def use_exact_arrival_times(self) -> bool:
+        """Take `arrival_s` as vLLM's own `arrival_time` (the scheduler lockstep does): then
+        equal ones are real ties, and 4ac7713 / 0.11.0's PRIORITY heap dies on comparing two
+        (`sim.scheduler.priority_ties`; the step's `fatal_error`). Off by default: a simulated
+        arrival comes from a trace or a generator, whose ties (a burst at one millisecond) a
+        real frontend's receipt timestamps break, as kvsim's request-id order does. Call before
+        the first request; True when the pinned release and policy can die this way.
+
+        It also makes the PRIORITY victim vLLM's exactly: the worst (priority, arrival), the
+        first in `running` among equals (`max` over that pair, every pinned release), where
+        kvsim's default breaks the tie by the higher request id."""
+        self._victim_key = _priority_and_arrival
+        if self.config.policy is Policy.PRIORITY and (
+            self.release_policies.unordered_priority_ties
+        ):
+            self._ties = HeapTieMirror()
+        return self._ties is not None
+
     def add_request(self, request: Request) -> None:
         self._enqueue(request, front=False)
+        if self._ties is not None:
+            self._ties.push(request)
 
     def _enqueue(self, request: Request, front: bool) -> None:
         """FCFS: append (or prepend after preemption). PRIORITY: insert in (priority, arrival) order."""
@@ -134,7 +162,7 @@ class V1Scheduler(FastPathScheduler):
 
     def _preempt(self, plan: StepPlan) -> Request:
         if self.config.policy is Policy.PRIORITY:
-            victim = max(self.running, key=priority_key)
+            victim = max(self.running, key=self._victim_key)
             victim_index = self.running.index(victim)
             del self.running[victim_index]
             self._victim_indices.append(victim_index)
@@ -154,6 +182,8 @@ class V1Scheduler(FastPathScheduler):
         victim.num_preemptions += 1
         plan.num_preempted += 1
         self._enqueue(victim, front=True)
+        if self._ties is not None:
+            self._ties.push(victim)
         return victim
 
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
@@ -400,6 +430,8 @@ class V1Scheduler(FastPathScheduler):
                 if not self.release_policies.oversized_prompt.skips_to_next:
                     break
                 skipped.append(self.waiting.popleft())
+                if self._ties is not None:
+                    self._ties.skip(request)
                 continue
             num_new = min(num_new, budget)
             num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
@@ -429,12 +461,16 @@ class V1Scheduler(FastPathScheduler):
                     blocks = None  # 0.33.0's full-sequence gate: refused like allocate_slots
             except AuditError as error:
                 self.waiting.popleft()
+                if self._ties is not None:
+                    self._ties.pop()
                 self._fail(request, plan, error, now_s)
                 continue
             if blocks is None:
                 self._later_key, self._later_num_new, self._later_free = later_key, num_new, free
                 break
             self.waiting.popleft()
+            if self._ties is not None:
+                self._ties.pop()
             self.running.append(request)
             if self._cohort is not None:
                 self._add_outsider(request)
@@ -447,8 +483,13 @@ class V1Scheduler(FastPathScheduler):
             seq.num_computed_tokens = num_computed
             plan.scheduled.append(ScheduledWork(request, num_new, num_computed, True))
             budget -= num_new
-        for request in reversed(skipped):
+        # 4ac7713 / 0.11.0 collect the skipped requests by `prepend_request` into a side queue
+        # that is then prepended whole (0.11.0 `sched/scheduler.py:L434`, `L541`): they return
+        # to the head in *reverse* skip order ([A, B] skipped -> waiting [B, A, ...]).
+        for request in skipped:
             self._enqueue(request, front=True)
+        if skipped and self._ties is not None:
+            self._ties.return_skipped()
 
     def schedule(self, now_s: float) -> StepPlan:
         plan = StepPlan()
@@ -467,6 +508,8 @@ class V1Scheduler(FastPathScheduler):
             work.request.seq.num_computed_tokens += work.num_tokens
         for request in plan.quiet:
             request.seq.num_computed_tokens += 1
+        if self._ties is not None and self._ties.error is not None:
+            plan.fatal_error = self._ties.error  # the real engine died in this call or before
         return plan
 
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
@@ -510,3 +553,7 @@ class V1Scheduler(FastPathScheduler):
 
 def _order_key(request: Request) -> int:
     return request.order_key
+
+
+def _priority_and_arrival(request: Request) -> tuple[int, float]:
+    return (request.priority, request.arrival_s)

@@ -24,7 +24,7 @@ the real-vLLM adapter, is taken as 4ac7713).
   release.
 * Prompt larger than the token budget without chunked prefill:
   - `SkipOversized` (4ac7713 `L420-424`, 0.11.0 `L431-435`): set it aside and try the next
-    waiting request;
+    waiting request; the ones set aside return to the head in reverse order (0.11.0 `L541`);
   - `StopAtOversized` (0.33.0 `L1337-1344`): stop scheduling waiting requests this step.
 
 Example (bs=16, 10 free blocks, chunked prefill with a 64-token budget, a 200-token prompt at
@@ -89,7 +89,9 @@ class OversizedPromptRule(abc.ABC):
 
 
 class SkipOversized(OversizedPromptRule):
-    """4ac7713 / 0.11.0: skip it (it goes back to the head afterwards), try the next."""
+    """4ac7713 / 0.11.0: skip it, try the next. The skipped ones go back to the head after the
+    waiting loop in reverse skip order (FCFS), as the real side queue returns them; found by
+    the scheduler lockstep (`tests/test_vllm_sched_lockstep.py`)."""
 
     skips_to_next = True
 
@@ -160,6 +162,9 @@ class V1ReleasePolicies:
     admission: AdmissionGate
     oversized_prompt: OversizedPromptRule
     priority_victim: PriorityVictimRule
+    #: PRIORITY: two queued requests with equal (priority, arrival) crash the engine when its
+    #: heap compares them (4ac7713 / 0.11.0; `sim.scheduler.priority_ties`).
+    unordered_priority_ties: bool = False
 
 
 def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
@@ -171,4 +176,6 @@ def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
         return V1ReleasePolicies(
             release, FullSequenceGate(token_budget), StopAtOversized(), RefundScheduledVictim()
         )
-    return V1ReleasePolicies(release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim())
+    return V1ReleasePolicies(
+        release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True
+    )

@@ -4,6 +4,11 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
 
     kvsim verify --design v0-v2 --vllm-version 0.5.4 --num-ops 10000 --seed 0
     v0-v2 vs vLLM 0.5.4: identical over 10002 operations (69 workloads, ...)
+
+    kvsim verify --scheduler --num-workloads 60     # V1 Scheduler, step by step, vs vLLM 0.11.0
+    v1-engine @0.11.0 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
+    v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
+    kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ verify_app = typer.Typer(help="Compare kvsim's block-manager models with vLLM's 
 
 @verify_app.command("verify")
 def verify_command(
-    design: str = typer.Option("v0-v2", help="v0-v1, v0-v2 or v1-engine"),
+    design: str = typer.Option(
+        "v0-v2", help="v0-v1, v0-v2 or v1-engine (with --scheduler: v1-engine only)"
+    ),
     vllm_root: Path | None = typer.Option(
         None, help="a vLLM install folder (scripts/setup_vllm.sh)"
     ),
@@ -25,11 +32,42 @@ def verify_command(
     num_ops: int = typer.Option(10_000, help="operations to compare"),
     seed: int = typer.Option(0, help="seed of the random workloads"),
     ops_per_workload: int = typer.Option(200, help="operations per workload (configuration)"),
+    scheduler: bool = typer.Option(
+        False,
+        "--scheduler",
+        help="compare the V1 Scheduler step by step (vLLM >= 0.10) instead of the managers",
+    ),
+    num_workloads: int = typer.Option(60, help="with --scheduler: random workloads to compare"),
+    trace: Path | None = typer.Option(
+        None,
+        help="with --scheduler: compare --num-workloads windows of this trace (e.g. the bundled "
+        "sim/data/traces/mooncake_fast25/conversation_trace.jsonl), scaled down, instead of "
+        "random workloads",
+    ),
+    fast_path: bool = typer.Option(
+        False,
+        "--fast-path",
+        help="with --scheduler: run kvsim's decode fast path and cohort, as `kvsim run` does",
+    ),
+    pin: list[str] | None = typer.Option(
+        None,
+        help="with --scheduler: kvsim's V1 pin(s) to compare (default: 0.11.0 and 4ac7713, "
+        "which decide as 0.11.0 does)",
+    ),
     hybrid: bool = typer.Option(
         False, help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups)"
     ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
+    if scheduler and hybrid:
+        from sim.errors import InputError
+
+        raise InputError("--hybrid draws manager configs; --scheduler does not take it")
+    if scheduler:
+        _verify_scheduler(
+            design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path, trace
+        )
+        return
     from sim.vllm_real.lockstep import verify
 
     # A missing vLLM install (VllmNotAvailableError) is bad input: `sim.cli` prints it, exit 2.
@@ -44,6 +82,52 @@ def verify_command(
     )
     typer.echo(result.summary())
     if not result.identical:
+        raise typer.Exit(1)
+
+
+def _verify_scheduler(
+    design: str,
+    vllm_root: Path | None,
+    vllm_version: str | None,
+    num_workloads: int,
+    seed: int,
+    pins: list[str] | None,
+    fast_path: bool,
+    trace: Path | None,
+) -> None:
+    from sim.errors import InputError
+    from sim.kv.v1_engine.releases import resolve_release
+    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
+
+    if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
+        raise InputError(
+            f"--scheduler compares the V1 engine; --design {design!r} has no V1 scheduler"
+        )
+    if num_workloads <= 0:
+        raise InputError(f"--num-workloads must be positive, got {num_workloads}")
+    for one in pins or ():
+        try:
+            resolve_release(one)
+        except ValueError as exc:  # an unknown pin is bad input
+            raise InputError(f"--pin: {exc}") from None
+    workloads = None
+    if trace is not None:  # a missing or malformed trace is bad input (WorkloadError)
+        from sim.vllm_real.sched_traces import trace_windows
+
+        workloads = trace_windows(num_workloads, seed, trace)
+    # A missing or pre-V1 install is bad input (VllmNotAvailableError / InputError: exit 2).
+    install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.11.0"))
+    if install.version_tuple < (0, 10):
+        raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
+    diverged = False
+    for one in pins or PINS_MATCHING_0_11_0:
+        result = verify_scheduler(
+            num_workloads, seed, pin=one, install=install, fast_path=fast_path, workloads=workloads
+        )
+        typer.echo(result.summary())
+        diverged = diverged or not result.identical
+    if diverged:
         raise typer.Exit(1)
 
 

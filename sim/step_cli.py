@@ -1,0 +1,221 @@
+"""`kvsim step`: the predicted time of one engine step, its breakdown by term, and its band.
+
+The question users ask most ("how long does a step of 64 decodes at 4k context take on an
+H100?") without writing a scenario:
+
+    kvsim step --model llama-3.1-8b --gpu h100-sxm --decode 64x4096
+    step time 17.64 ms (band x1-x1.67: 17.64-29.46 ms, extrapolated)
+
+`--decode NxC` is N decodes at context C (repeatable); `--prefill NxP[@C]` is N prefill chunks
+of P tokens after C already-computed tokens (default 0; repeatable). The breakdown is the
+model's own (`breakdown(batch)`: a dataclass or a dict whose `*_s` entries are seconds per
+term); a model without one reports its total as a single term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Annotated, Any
+
+import typer
+
+from sim.latency.batch import BatchShape
+from sim.scenario import ScenarioError
+
+_DECODE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
+_PREFILL = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*(?:@\s*(\d+)\s*)?")
+
+
+def parse_decodes(items: list[str]) -> tuple[int, ...]:
+    """['64x4096', '2x100'] -> 64 contexts of 4096 then 2 of 100 (the decodes' contexts)."""
+    contexts: list[int] = []
+    for item in items:
+        match = _DECODE.fullmatch(item)
+        if match is None:
+            raise ScenarioError(
+                f"--decode {item!r}: expected COUNTxCONTEXT, e.g. 64x4096 (64 decodes at 4096)"
+            )
+        count, context = int(match.group(1)), int(match.group(2))
+        contexts += [context] * count
+    return tuple(contexts)
+
+
+def parse_prefills(items: list[str]) -> tuple[tuple[int, int], ...]:
+    """['1x2048', '2x512@1024'] -> ((0, 2048), (1024, 512), (1024, 512)): (prior, chunk) pairs."""
+    chunks: list[tuple[int, int]] = []
+    for item in items:
+        match = _PREFILL.fullmatch(item)
+        if match is None or int(match.group(2)) == 0:
+            raise ScenarioError(
+                f"--prefill {item!r}: expected COUNTxTOKENS[@PRIOR], e.g. 1x2048 or 2x512@1024 "
+                f"(TOKENS >= 1)"
+            )
+        count, tokens, prior = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+        chunks += [(prior, tokens)] * count
+    return tuple(chunks)
+
+
+def breakdown_terms(model: Any, batch: BatchShape) -> tuple[dict[str, float], dict[str, float]]:
+    """(seconds per term, other numbers) from the model's `breakdown(batch)`, if it has one.
+
+    Fields named `*_s` are terms (the suffix dropped: `linear_s` -> `linear`); other numeric
+    fields (FLOPs, bytes) are details. Properties such as `total_s` are not fields, so they are
+    not counted twice. Without a breakdown the whole step is one term, `total`.
+    """
+    breakdown = getattr(model, "breakdown", None)
+    if breakdown is None:
+        return {"total": model.predict_s(batch)}, {}
+    parts = breakdown(batch)
+    if dataclasses.is_dataclass(parts):
+        items = {f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)}
+    else:
+        items = dict(parts)
+    terms, details = {}, {}
+    for name, value in items.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if name.endswith("_s") and name != "total_s":
+            terms[name.removesuffix("_s")] = float(value)
+        elif name != "total_s":
+            details[name] = float(value)
+    return terms, details
+
+
+def step_report(
+    model_name: str,
+    gpu_name: str,
+    tp: int,
+    decodes: list[str],
+    prefills: list[str],
+    step_time: str | None = None,
+) -> dict[str, Any]:
+    """Everything `kvsim step` prints, as plain data (the `--json` output)."""
+    from sim.catalog import get_gpu, get_model
+    from sim.latency import band_of, make_step_time
+
+    batch = BatchShape(parse_decodes(decodes), parse_prefills(prefills))
+    if batch.num_tokens == 0:
+        raise ScenarioError("give at least one --decode or --prefill, e.g. --decode 64x4096")
+    if tp < 1:
+        raise ScenarioError(f"--tp {tp}: must be at least 1")
+    try:
+        model, gpu = get_model(model_name), get_gpu(gpu_name)
+        predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
+    except (ValueError, OSError) as error:
+        raise ScenarioError(str(error).splitlines()[0]) from None
+    step_s = predictor.predict_s(batch)
+    band = band_of(predictor)
+    terms, details = breakdown_terms(predictor, batch)
+    return {
+        "model": model.name,
+        "gpu": gpu_name,
+        "tp": tp,
+        "step_time_model": type(predictor).__name__,
+        "batch": {
+            "num_decode_seqs": batch.num_decode_seqs,
+            "decode_context_tokens": batch.decode_context_sum,
+            "num_prefill_chunks": len(batch.prefill_chunks),
+            "num_prefill_tokens": batch.num_prefill_tokens,
+            "num_tokens": batch.num_tokens,
+        },
+        "step_time_s": step_s,
+        "band": {
+            **band.as_dict(),
+            "low_s": step_s * band.low_factor,
+            "high_s": step_s * band.high_factor,
+        },
+        "breakdown_s": terms,
+        "details": details,
+    }
+
+
+def _step_time_config(name: str | None) -> Any:
+    """None -> the default model; a name (roofline, measured, ...) -> that model's defaults;
+    a path ending in .json -> that calibration profile."""
+    from sim.latency import StepTimeConfig
+
+    if name is None:
+        return None
+    if name.endswith(".json"):
+        return {"calibrated": name}
+    kinds = [k for k in StepTimeConfig.model_fields if k not in ("calibrated", "linear")]
+    if name not in kinds:
+        raise ScenarioError(
+            f"--step-time {name!r}: expected one of {', '.join(kinds)} or a PROFILE.json"
+        )
+    return name
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def step(
+    model: Annotated[str, typer.Option("--model", help="Catalog model, e.g. llama-3.1-8b.")],
+    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU, e.g. h100-sxm.")],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
+    decode: Annotated[
+        list[str] | None,
+        typer.Option("--decode", help="COUNTxCONTEXT decodes, e.g. 64x4096 (repeatable)."),
+    ] = None,
+    prefill: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--prefill",
+            help="COUNTxTOKENS[@PRIOR] prefill chunks, e.g. 1x2048 or 1x512@4096 (repeatable).",
+        ),
+    ] = None,
+    step_time: Annotated[
+        str | None,
+        typer.Option(
+            "--step-time",
+            help="Step-time model: roofline, measured, or a calibration PROFILE.json "
+            "(default: the default model).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Predicted time of one engine step, its breakdown by term, and the model's error band."""
+    from rich.table import Table
+
+    from sim.cli import INPUT_ERRORS, console, fail
+
+    try:
+        report = step_report(model, gpu, tp, decode or [], prefill or [], step_time)
+    except INPUT_ERRORS as error:
+        raise fail(str(error).splitlines()[0]) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    b, band = report["batch"], report["band"]
+    console.print(
+        f"{report['model']} on {report['gpu']}, tp={report['tp']} ({report['step_time_model']}): "
+        f"{_count(b['num_decode_seqs'], 'decode')} ({b['decode_context_tokens']} context tokens), "
+        f"{_count(b['num_prefill_chunks'], 'prefill chunk')} ({b['num_prefill_tokens']} tokens)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"step time {_ms(report['step_time_s'])} (band x{band['low_factor']:g}-"
+        f"x{band['high_factor']:g}: {_ms(band['low_s'])}-{_ms(band['high_s'])}"
+        f"{', extrapolated' if band['extrapolated'] else ''}; {band['source']})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    table = Table("term", "time", "share")
+    total = report["step_time_s"]
+    for name, seconds in report["breakdown_s"].items():
+        share = f"{seconds / total:.0%}" if total > 0 else "-"
+        table.add_row(name, _ms(seconds), share)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `kvsim step` to the main CLI."""
+    app.command()(step)
