@@ -37,8 +37,18 @@ EXIT_FINDING = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (`kvsim ... | head`): 128 + SIGPIPE, as a shell reports it.
+EXIT_BROKEN_PIPE = 141
 
-console = Console(stderr=False)
+class _Console(Console):
+    """rich's Console, but a closed pipe exits 141 (rich's default, 1, means "a finding" here)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError  # KvsimGroup.invoke: exit EXIT_BROKEN_PIPE, quietly
+
+
+console = _Console(stderr=False)
 err_console = Console(stderr=True)
 
 #: Errors that are the user's input, reported as one line with exit status 2.
@@ -66,6 +76,9 @@ class KvsimGroup(TyperGroup):
         except KeyboardInterrupt:
             err_console.print("interrupted", highlight=False)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            _stdout_gone()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except Exception:  # noqa: BLE001 - anything else is a kvsim bug: show all of it
             traceback.print_exc(file=sys.stderr)
             err_console.print(
@@ -357,6 +370,16 @@ def run(
     _done_fast()
 
 
+def _stdout_gone() -> None:
+    """The reader closed the pipe: nothing more can be shown, and that is not a kvsim bug.
+
+    stdout is pointed at /dev/null so that the interpreter's own final flush does not raise
+    again (the recipe in Python's `signal` documentation, "Note on SIGPIPE").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def _done_fast() -> None:
     """End the `kvsim` process now that everything is written and printed.
 
@@ -366,7 +389,11 @@ def _done_fast() -> None:
     after flushing; `run` holds no other resource (no pools, no open files) at this point.
     """
     if _STANDALONE:
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_gone()
+            os._exit(EXIT_BROKEN_PIPE)
         sys.stderr.flush()
         os._exit(0)
 

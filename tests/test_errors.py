@@ -274,3 +274,30 @@ def test_bytes_per_block_bound_what_a_pool_takes(design):
         for cpu in (False, True):
             measured = peak_bytes_per_block(Design(design), 20_000, prefix_caching, cpu=cpu)
             assert measured <= sim.host_memory.BYTES_PER_BLOCK[Design(design)]
+
+
+def test_output_piped_into_head_is_not_an_internal_error(tmp_path):
+    """Regression: `kvsim ... | head -1` printed an "internal error" traceback
+    (BrokenPipeError); a reader that goes away is a closed pipe, exit 141, nothing on stderr."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = (
+        "import sys; from sim.cli import main; "
+        "sys.argv = ['kvsim', 'run', 'scenarios/swa_4_vs_3_v0_v2.yaml', '--no-plots', "
+        f"'-o', {str(tmp_path / 'out')!r}]; main()"
+    )
+    kvsim = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )
+    assert kvsim.stdout is not None and kvsim.stderr is not None
+    kvsim.stdout.close()  # the reader goes away before kvsim prints its summary
+    stderr = kvsim.stderr.read().decode()
+    assert kvsim.wait(timeout=300) == 141, stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
