@@ -40,6 +40,7 @@ EXIT_INTERRUPTED = 130
 #: The reader of stdout went away (`kvsim ... | head`): 128 + SIGPIPE, as a shell reports it.
 EXIT_BROKEN_PIPE = 141
 
+
 class _Console(Console):
     """rich's Console, but a closed pipe exits 141 (rich's default, 1, means "a finding" here)."""
 
