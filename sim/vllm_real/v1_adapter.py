@@ -35,6 +35,29 @@ from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 _UNBOUNDED_MODEL_LEN = 1 << 40
 
 
+def real_kv_cache_config(iface: Any, block_size: int, num_blocks: int, windows: list[int | None]):
+    """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `windows`
+    (None: full attention, else a sliding window of that many tokens), one layer of one KV head
+    of size 1 each, as vLLM's unit tests build it: the block managers read only the specs'
+    block sizes and windows, never the layer shapes. `iface` is `vllm.v1.kv_cache_interface`.
+    """
+    import torch
+
+    def spec_for(window: int | None) -> Any:
+        if window is None:
+            return iface.FullAttentionSpec(block_size, 1, 1, torch.float16)
+        return iface.SlidingWindowSpec(block_size, 1, 1, torch.float16, sliding_window=window)
+
+    return iface.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(window))
+            for i, window in enumerate(windows)
+        ],
+    )
+
+
 class RealKVCacheManager:
     """A real vLLM V1-engine KVCacheManager with kvsim's V1KVCacheManager + PoolIntrospection."""
 
@@ -51,7 +74,6 @@ class RealKVCacheManager:
             raise InputError(
                 f"the V1-engine adapter needs vLLM >= 0.10, got {self.install.version}"
             )
-        import torch
 
         iface = import_vllm("v1.kv_cache_interface", self.install)
         self._kcu = import_vllm("v1.core.kv_cache_utils", self.install)
@@ -63,23 +85,9 @@ class RealKVCacheManager:
         self.block_size = config.block_size
         self.watermark_blocks = 0
 
-        def spec_for(window: int | None):
-            if window is None:
-                return iface.FullAttentionSpec(config.block_size, 1, 1, torch.float16)
-            return iface.SlidingWindowSpec(
-                config.block_size, 1, 1, torch.float16, sliding_window=window
-            )
-
         windows = [g.sliding_window for g in config.kv_cache_groups] or [config.sliding_window]
         self.num_groups = len(windows)
-        kv_config = iface.KVCacheConfig(
-            num_blocks=config.num_gpu_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(window))
-                for i, window in enumerate(windows)
-            ],
-        )
+        kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, windows)
         self.real = mgr_mod.KVCacheManager(
             kv_config,
             max_model_len=config.max_model_len or _UNBOUNDED_MODEL_LEN,

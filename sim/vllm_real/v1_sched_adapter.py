@@ -32,6 +32,7 @@ from typing import Any
 
 from sim.kv.types import TokenContent
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
+from sim.vllm_real.v1_adapter import real_kv_cache_config
 
 #: The stub architecture named in the local config.json (registered in vLLM's registry).
 STUB_ARCH = "KvsimStubForCausalLM"
@@ -151,7 +152,6 @@ class RealV1Scheduler:
             os.environ.setdefault(key, value)
         self.install = install or load_vllm(vllm_version=vllm_version)
         self.case = case
-        import torch
 
         registry = import_vllm("model_executor.models.registry", self.install)
         if STUB_ARCH not in registry.ModelRegistry.get_supported_archs():
@@ -202,16 +202,8 @@ class RealV1Scheduler:
             cache_config=cache_config,
         )
         cache_config.num_gpu_blocks = case.num_blocks
-        if case.sliding_window is None:
-            spec = iface.FullAttentionSpec(case.block_size, 1, 1, torch.float16)
-        else:
-            spec = iface.SlidingWindowSpec(
-                case.block_size, 1, 1, torch.float16, sliding_window=case.sliding_window
-            )
-        kv_cache_config = iface.KVCacheConfig(
-            num_blocks=case.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
+        kv_cache_config = real_kv_cache_config(
+            iface, case.block_size, case.num_blocks, [case.sliding_window]
         )
         self.real = sched_mod.Scheduler(
             vllm_config=vllm_config,
