@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -164,16 +165,20 @@ def test_cpu_calibration_writes_coefficients_the_measured_model_runs(tmp_path):
     step = make_step_time({"measured": {"coefficients": str(path)}}, tiny, "h100-sxm")
     assert isinstance(step, MeasuredStepTime)
     assert step.fitted_gpu == "h100-sxm" and not step.extrapolated
-    # The model built from the file predicts the measured cases it was fitted on (per layer,
-    # CPU noise allowed): a units or per-layer/per-step slip would be off by orders of magnitude.
+    # The model built from the file predicts the measured cases it was fitted on (per layer):
+    # a units or per-layer/per-step slip would be off by orders of magnitude. The median ratio
+    # over the cases is compared, not each case: one timing on a loaded CPU can be 50x off
+    # (regression: a single noisy point failed CI's clean run).
     layers = get_model(tiny).num_layers
+    ratios = []
     for p in profile.decode_attention.points:
         b, c = (
             int(p.params["num_seqs"]),
             int(p.params["context_tokens"]) // int(p.params["num_seqs"]),
         )
         per_layer = step.breakdown(BatchShape((c,) * b, ()))["decode_attention_s"] / layers
-        assert p.median_s / 5 < per_layer < p.median_s * 5
+        ratios.append(per_layer / p.median_s)
+    assert 1 / 10 < statistics.median(ratios) < 10, ratios
     # ... and `kvsim run` takes it through a scenario.
     from sim.runner import run
     from sim.scenario import scenario_from_dict
