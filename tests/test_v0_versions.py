@@ -118,9 +118,7 @@ def test_designs_without_the_7371_path_finish_the_aligned_prompt(design):
 
 def test_design_rows_and_plot_titles_name_the_version():
     assert Design.V0_V2.upstream_at("0.5.4") == "vLLM 0.5.4 v0, BlockSpaceManagerV2"
-    assert Design.V0_V2.upstream_at("0.5.4+7380") == (
-        "vLLM 0.5.4 + #7380 v0, BlockSpaceManagerV2"
-    )
+    assert Design.V0_V2.upstream_at("0.5.4+7380") == ("vLLM 0.5.4 + #7380 v0, BlockSpaceManagerV2")
     assert Design.V0_V1.upstream_at("0.5.4") == "vLLM 0.5.4 v0, BlockSpaceManagerV1"
     assert "vLLM 0.5.4 v0 code" in Design.V0_FIXED.upstream_at("0.5.4")
     assert _design_row("v0-v2", "0.5.4+7380") == (
