@@ -172,3 +172,28 @@ def test_generated_reproducers_pin_the_version():
     """A shrunk or fuzzed scenario must keep its meaning if a default changes (it did)."""
     text = explicit_yaml(scenario_from_dict(_data("v0-v2")))
     assert yaml.safe_load(text)["scheduler"]["vllm_version"] == "0.5.4"
+
+
+@pytest.mark.vllm
+def test_the_default_agrees_with_the_real_0_5_4_on_the_7371_case():
+    """What `--vllm-root .vllm/0.5.4` runs raises where the unpinned model does: the default
+    is the release, so model and real code agree without a pin."""
+    import os
+
+    from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
+
+    try:
+        root = resolve_root(vllm_version="0.5.4")
+    except VllmNotAvailableError as exc:
+        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
+            raise
+        pytest.skip(f"vLLM 0.5.4 not set up: {exc}")
+    model = sim.run(scenario_from_dict(_data("v0-v2")))
+    real = sim.run(scenario_from_dict(_data("v0-v2")), vllm_root=root)
+    assert real.inputs["vllm_version"] == model.inputs["vllm_version"] == "0.5.4"
+    assert list(real.violations["kind"]) == list(model.violations["kind"]) == ["manager_error"]
+    assert "EmptyAppendIndexError" in real.violations["message"].iloc[0]
+    # Same request outcomes; only the exception's own text differs (vLLM's IndexError message).
+    columns = [c for c in model.requests.columns if c != "reason"]
+    assert real.requests[columns].equals(model.requests[columns])
+    assert real.requests["state"].tolist() == ["failed"]
