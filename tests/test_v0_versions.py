@@ -197,3 +197,17 @@ def test_the_default_agrees_with_the_real_0_5_4_on_the_7371_case():
     columns = [c for c in model.requests.columns if c != "reason"]
     assert real.requests[columns].equals(model.requests[columns])
     assert real.requests["state"].tolist() == ["failed"]
+
+
+def test_capacity_rows_carry_the_version():
+    from tests.sweep_helpers import dd1_scenario
+
+    table = sim.capacity(
+        dd1_scenario(40),
+        {"ttft_p99": "20ms"},
+        compare={"scheduler.vllm_version": ["0.5.4", "0.5.4+7380"]},
+        tolerance=0.1,
+        workers=1,
+    )
+    assert table["vllm_version"].tolist() == ["0.5.4", "0.5.4+7380"]
+    assert set(table.attrs["probes"]["vllm_version"]) == {"0.5.4", "0.5.4+7380"}
