@@ -18,7 +18,6 @@ from sim.engine import Engine, EngineConfig, Router
 from sim.errors import InputError
 from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
-from sim.kv.v1_engine.releases import resolve_release
 from sim.latency import (
     LinearStepTime,
     StepTimeConfig,
@@ -199,10 +198,11 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     inputs["max_num_batched_tokens"] = token_budget
     kv = _kv_config(scenario, model, token_budget, inputs)
     kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
-    if sched.design is Design.V1_ENGINE:  # unpinned scenarios get the latest release
-        release = resolve_release(sched.vllm_version, default_latest=True)
-        kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": release.value})
-        inputs["vllm_version"] = release.value
+    # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
+    # `--vllm-root .vllm/0.5.4` runs), so the model and the real code agree by default.
+    pin = sched.resolved_vllm_version
+    kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": pin})
+    inputs["vllm_version"] = pin
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks)
     if too_big is not None:  # refuse now: building the pool would eat all memory
@@ -401,6 +401,8 @@ def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> Resolved
 
     inputs = {
         **resolved.inputs,
+        # What ran is vLLM's own code at the install's version, whatever the scenario pinned.
+        "vllm_version": install.version,
         "block_manager": {
             "kind": "real",
             "vllm_version": install.version,

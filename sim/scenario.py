@@ -26,6 +26,8 @@ from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
 from sim.errors import InputError
 from sim.kv.config import Design
+from sim.kv.v0_versions import resolve_v0_version
+from sim.kv.v1_engine.releases import resolve_release
 from sim.latency import StepTimeConfig
 from sim.memory_terms import weight_format
 from sim.scheduler.config import Policy, PreemptionMode
@@ -68,17 +70,31 @@ class SchedulerSection(_Closed):
     decode_fast_path: bool = True
     #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
     decode_cohort: bool = True
-    #: The V1-engine version to model (`sim.kv.v1_engine.releases`): "4ac7713", "0.11.0" or
-    #: "0.33.0". Unset: the latest release (0.33.0). Only for design v1-engine.
-    vllm_version: Literal["4ac7713", "0.11.0", "0.33.0"] | None = None
+    #: The vLLM version the design models. v1-engine (`sim.kv.v1_engine.releases`): "4ac7713",
+    #: "0.11.0" or "0.33.0", unset = the latest (0.33.0). v0 designs (`sim.kv.v0_versions`):
+    #: "0.5.4" (the release; the default) or, for v0-v2 only, "0.5.4+7380".
+    vllm_version: str | None = None
 
     @model_validator(mode="after")
-    def _version_needs_v1(self) -> SchedulerSection:
-        if self.vllm_version is not None and self.design is not Design.V1_ENGINE:
-            raise ValueError(
-                f"vllm_version: pins the v1-engine design only, not {self.design.value}"
-            )
+    def _version_of_design(self) -> SchedulerSection:
+        if self.vllm_version is None:
+            return self
+        try:
+            if self.design is Design.V1_ENGINE:
+                resolve_release(self.vllm_version)
+            else:
+                resolve_v0_version(self.design.value, self.vllm_version)
+        except ValueError as error:
+            raise ValueError(f"vllm_version: {error}") from None
         return self
+
+    @property
+    def resolved_vllm_version(self) -> str:
+        """The exact vLLM version a run models: `vllm_version`, or the design's default
+        ("0.33.0" for v1-engine, the "0.5.4" release for the v0 designs)."""
+        if self.design is Design.V1_ENGINE:
+            return resolve_release(self.vllm_version, default_latest=True).value
+        return resolve_v0_version(self.design.value, self.vllm_version).value
 
 
 class EngineSection(_Closed):

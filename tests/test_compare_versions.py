@@ -13,7 +13,15 @@ from sim.cli import app
 from sim.planning.versions import CORRECTED, variants, violation_counts
 
 runner = CliRunner()
-LABELS = ["v0-v1", "v0-v2", "v0-fixed", "v1-engine@4ac7713", "v1-engine@0.11.0", "v1-engine@0.33.0"]
+LABELS = [
+    "v0-v1",
+    "v0-v2",
+    "v0-v2@0.5.4+7380",
+    "v0-fixed",
+    "v1-engine@4ac7713",
+    "v1-engine@0.11.0",
+    "v1-engine@0.33.0",
+]
 
 
 def _scenario(requests: list[dict], **sections) -> dict:
@@ -64,6 +72,7 @@ def test_variants_are_every_pinned_design_in_order():
     models = {v.label: v.models for v in variants()}
     assert models["v0-fixed"] == CORRECTED
     assert models["v0-v2"] == "vLLM 0.5.4 v0, BlockSpaceManagerV2"
+    assert models["v0-v2@0.5.4+7380"] == "vLLM 0.5.4 + #7380 v0, BlockSpaceManagerV2"
     assert models["v1-engine@0.33.0"] == "vLLM 0.33.0 V1 engine"
     assert models["v1-engine@4ac7713"] == "vLLM ~0.10 V1 engine @ 4ac7713"
 
@@ -97,7 +106,7 @@ def test_the_thrash_disappears_on_the_latest_release():
 def test_a_refused_design_is_a_row_saying_why_and_a_hang_is_no_progress():
     table = sim.compare_versions(_null_block_hang(), workers=1).set_index("variant")
     assert list(table.index) == LABELS
-    for label in LABELS[3:]:
+    for label in LABELS[4:]:
         assert table.loc[label, "status"] == "refused"
         assert "vLLM would refuse to start" in table.loc[label, "reason"]
         assert table.loc[label, "num_finished"] != table.loc[label, "num_finished"]  # NaN
@@ -114,7 +123,16 @@ def test_overrides_apply_to_every_design_and_a_v1_pin_does_not_block_v0():
     table = sim.compare_versions(data, overrides={"cache.num_gpu_blocks": 12}, workers=1)
     assert (table["status"] == "ran").all()
     assert (table["num_gpu_blocks"] == 12).all()
-    assert table["vllm_version"].fillna("-").tolist()[2:] == ["-", "4ac7713", "0.11.0", "0.33.0"]
+    # Every row names the exact version it ran: a v0 variant without a pin ran the release.
+    assert table["vllm_version"].tolist() == [
+        "0.5.4",
+        "0.5.4",
+        "0.5.4+7380",
+        "0.5.4",
+        "4ac7713",
+        "0.11.0",
+        "0.33.0",
+    ]
 
 
 def test_cli_table_json_files_and_figure(tmp_path):

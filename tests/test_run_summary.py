@@ -10,7 +10,7 @@ from sim.plot_common import subject_of
 def test_v1_design_names_its_pinned_release():
     assert Design.V1_ENGINE.upstream_at("0.33.0") == "vLLM 0.33.0 V1 engine"
     assert Design.V1_ENGINE.upstream_at("4ac7713") == "vLLM ~0.10 V1 engine @ 4ac7713"
-    assert Design.V0_V2.upstream_at("0.33.0") == Design.V0_V2.upstream  # v0 models 0.5.4 only
+    assert Design.V0_V2.upstream_at("0.5.4") == Design.V0_V2.upstream  # the release
     assert _design_row("v1-engine", "0.11.0") == "v1-engine = vLLM 0.11.0 V1 engine"
 
 

@@ -74,6 +74,15 @@ class CheckOutcome:
     num_requests: int = 0
     #: The simulator itself raised (a bug in kvsim, not a violation of the model).
     crashed: bool = False
+    #: The exact vLLM version the design modelled ("0.5.4", "0.5.4+7380", "0.33.0", ...).
+    vllm_version: str | None = None
+
+    @property
+    def design_text(self) -> str:
+        """'v0-v2 @ vLLM 0.5.4' (just the design when the scenario could not be read)."""
+        if self.vllm_version is None:
+            return self.design
+        return f"{self.design} @ vLLM {self.vllm_version}"
 
     @property
     def passed(self) -> bool:
@@ -101,7 +110,7 @@ class CheckOutcome:
             lines.append(f"  fatal engine error: {self.fatal_error}")
         lines.append(
             f"reproduce locally: {self.reproduce_command}   "
-            f"(scenario {display_path(self.path)}, design {self.design}, seed {self.seed}; "
+            f"(scenario {display_path(self.path)}, design {self.design_text}, seed {self.seed}; "
             f"re-check with: {self.check_command})"
         )
         return "\n".join(lines)
@@ -109,7 +118,7 @@ class CheckOutcome:
     def one_line(self) -> str:
         """A single line for annotations and table cells."""
         return (
-            f"{self.name}: {self.reason} (design {self.design}, seed {self.seed}); "
+            f"{self.name}: {self.reason} (design {self.design_text}, seed {self.seed}); "
             f"reproduce: {self.reproduce_command}"
         )
 
@@ -119,6 +128,7 @@ class CheckOutcome:
             "name": self.name,
             "seed": self.seed,
             "design": self.design,
+            "vllm_version": self.vllm_version,
             "expected": self.expected,
             "observed_kinds": self.observed_kinds,
             "status": self.status.value,
@@ -181,14 +191,20 @@ def collect_scenario_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def explicit_yaml(scenario: Scenario) -> str:
-    """`scenario_to_yaml`, but the design, block size and window are always written.
+    """`scenario_to_yaml`, but the design, its vLLM version, block size and window are always
+    written.
 
     Generated scenarios (fuzz findings, shrunk reproducers) are checked in as regression
-    tests; they must not change meaning if a schema default changes later.
+    tests; they must not change meaning if a schema default changes later (as v0's did: the
+    unpinned v0 designs model the 0.5.4 release, `sim.kv.v0_versions`).
     """
     text = scenario_to_yaml(scenario)
     data = yaml.safe_load(text)
-    data["scheduler"] = {"design": scenario.scheduler.design.value, **data.get("scheduler", {})}
+    data["scheduler"] = {
+        "design": scenario.scheduler.design.value,
+        **data.get("scheduler", {}),
+        "vllm_version": scenario.scheduler.resolved_vllm_version,
+    }
     data["cache"] = {
         "block_size": scenario.cache.block_size,
         **data.get("cache", {}),
@@ -303,6 +319,7 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
         first_violations=first_violations(result),
         fatal_error=fatal_error,
         num_requests=int(result.summary.get("num_requests", 0)),
+        vllm_version=result.inputs.get("vllm_version"),
     )
 
 
@@ -319,6 +336,7 @@ def _crashed(path: Path, scenario: Scenario, error: Exception, duration_s: float
         reason=f"the simulator raised {type(error).__name__}: {first_line}",
         duration_s=duration_s,
         crashed=True,
+        vllm_version=scenario.scheduler.resolved_vllm_version,
     )
 
 
@@ -333,6 +351,7 @@ def _bad_input(path: Path, error: InputError, scenario: Scenario | None = None) 
         status=Status.BAD_INPUT,
         reason=f"bad input: {one_line(str(error))}",
         duration_s=0.0,
+        vllm_version=scenario.scheduler.resolved_vllm_version if scenario is not None else None,
     )
 
 

@@ -67,7 +67,8 @@ def junit_xml(outcomes: list[CheckOutcome], suite_name: str = "kvsim check") -> 
             failure.text = outcome.failure_text()
         out = ET.SubElement(case, "system-out")
         out.text = (
-            f"design={outcome.design} seed={outcome.seed} expected={outcome.expected} "
+            f"design={outcome.design} vllm_version={outcome.vllm_version or '-'} "
+            f"seed={outcome.seed} expected={outcome.expected} "
             f"observed={outcome.observed_kinds or 'none'} requests={outcome.num_requests}\n"
             f"reproduce: {outcome.reproduce_command}"
         )

@@ -13,9 +13,11 @@ from sim.kv.protocol import V0BlockManager, V1KVCacheManager
 class Design(enum.Enum):
     """The block-manager designs kvsim models, each pinned to one upstream version."""
 
-    #: v0 BlockSpaceManagerV1, vLLM 0.5.4 @ fc93e56 (ring reuse for sliding window).
+    #: v0 BlockSpaceManagerV1, vLLM 0.5.4 (same decisions at fc93e56; ring reuse for sliding
+    #: window). Versions: `sim.kv.v0_versions`.
     V0_V1 = "v0-v1"
-    #: v0 BlockSpaceManagerV2, vLLM 0.5.4 @ 00c3d68 (null-block drop; the can_allocate undercount).
+    #: v0 BlockSpaceManagerV2, vLLM 0.5.4 release, or 0.5.4 + #7380 by `vllm_pin` (null-block
+    #: drop; the can_allocate undercount).
     V0_V2 = "v0-v2"
     #: v0 V2 with a sliding-window block table that admits what it allocates (kvsim's fix).
     V0_FIXED = "v0-fixed"
@@ -39,14 +41,24 @@ class Design(enum.Enum):
         """`upstream`, naming the pinned release where the design has several.
 
         Example: ``Design("v1-engine").upstream_at("0.33.0") == "vLLM 0.33.0 V1 engine"``;
-        a v0 design ignores the version (it models 0.5.4 only).
+        ``Design("v0-v2").upstream_at("0.5.4+7380") == "vLLM 0.5.4 + #7380 v0, BlockSpaceManagerV2"``
+        (`sim.kv.v0_versions`).
         """
-        if self is not Design.V1_ENGINE or vllm_version is None:
+        if vllm_version is None:
             return self.upstream
+        if self is not Design.V1_ENGINE:
+            from sim.kv.v0_versions import resolve_v0_version
+
+            words = resolve_v0_version(self.value, vllm_version).words
+            if self is Design.V0_FIXED:
+                return f"kvsim's corrected v0 on {words} v0 code (no vLLM release)"
+            return f"{words} v0, {_V0_MANAGER[self]}"
         if vllm_version == "4ac7713":
             return "vLLM ~0.10 V1 engine @ 4ac7713"
         return f"vLLM {vllm_version} V1 engine"
 
+
+_V0_MANAGER = {Design.V0_V1: "BlockSpaceManagerV1", Design.V0_V2: "BlockSpaceManagerV2"}
 
 #: The one place that says which vLLM each design follows (commits: see the class above).
 _UPSTREAM = {
@@ -85,8 +97,10 @@ class KVCacheConfig:
     watermark: float = 0.01
     max_model_len: int | None = None
     #: The upstream release a design follows where releases differ from its pinned commit
-    #: (None: the pinned commit). "0.5.4" selects the vLLM 0.5.4 wheel's v0-V2 block table,
-    #: which predates #7380 (see `sim.kv.v0_v2.block_table`). For v1-engine: "4ac7713",
+    #: (None: the pinned commit). v0 (`sim.kv.v0_versions`): "0.5.4" selects the vLLM 0.5.4
+    #: wheel's v0-V2 block table, which predates #7380 (see `sim.kv.v0_v2.block_table`);
+    #: None and "0.5.4+7380" have the fix (a scenario's runs get "0.5.4" unless they name
+    #: another). For v1-engine: "4ac7713",
     #: "0.11.0" or "0.33.0" (`sim.kv.v1_engine.releases`; None is 4ac7713).
     vllm_pin: str | None = None
     #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full and

@@ -394,6 +394,9 @@ def capacity_search(
         mean, low, high = confidence_interval(capacities)
         low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
         row = {"config": _label(config), **config, "num_replicates": len(mine)}
+        # The exact vLLM version the probes modelled ("0.5.4", "0.33.0"; `sim.kv.v0_versions`).
+        versions = {p.get("vllm_version") for res in mine for p in res["probes"]}
+        row["vllm_version"] = ", ".join(sorted(v for v in versions if v)) or None
         row.update(
             capacity_rate_req_per_s=mean,
             capacity_ci_low=low,

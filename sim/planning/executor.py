@@ -60,8 +60,8 @@ METRIC_COLUMNS = (
     "fatal_error",
     "stopped_early",
 )
-#: Which scenario and design a row ran (plots name them), then how it went.
-TAIL_COLUMNS = ("scenario", "design", "error", "wall_s")
+#: Which scenario, design and vLLM version a row ran (plots name them), then how it went.
+TAIL_COLUMNS = ("scenario", "design", "vllm_version", "error", "wall_s")
 CACHE_FILE = "points.jsonl"
 
 
@@ -88,6 +88,8 @@ def summary_row(result) -> dict[str, Any]:
         "num_aborted": states["aborted"],
         "violation_kinds": ",".join(s["violation_kinds"]),
         "num_gpu_blocks": result.inputs.get("num_gpu_blocks"),
+        #: The exact vLLM version modelled ("0.5.4", "0.33.0", ...; `sim.kv.v0_versions`).
+        "vllm_version": result.inputs.get("vllm_version"),
         "offered_rate_req_per_s": offered_rate(result.requests["arrival_s"]),
     }
     for name in METRIC_COLUMNS:

@@ -33,6 +33,7 @@ import pandas as pd
 
 from sim.errors import InputError
 from sim.kv.config import Design
+from sim.kv.v0_versions import V0_VERSIONS_BY_DESIGN
 from sim.kv.v1_engine.releases import RELEASE_NAMES
 from sim.planning.executor import METRIC_COLUMNS, map_tasks, summary_row
 from sim.planning.grid import resolved_data, scenario_key
@@ -74,8 +75,11 @@ class Variant:
 
 
 def variants() -> list[Variant]:
-    """Every pinned design: the three v0 designs, then the V1 engine at each pinned release."""
-    v0 = [Variant(Design.V0_V1), Variant(Design.V0_V2), Variant(Design.V0_FIXED)]
+    """Every pinned design: the three v0 designs at their default (the 0.5.4 release), v0-v2
+    also at 0.5.4 + #7380 (`sim.kv.v0_versions`), then the V1 engine at each pinned release."""
+    v0 = [Variant(Design.V0_V1), Variant(Design.V0_V2)]
+    v0 += [Variant(Design.V0_V2, version.value) for version in V0_VERSIONS_BY_DESIGN["v0-v2"][1:]]
+    v0.append(Variant(Design.V0_FIXED))
     return v0 + [Variant(Design.V1_ENGINE, release) for release in RELEASE_NAMES]
 
 
@@ -164,7 +168,8 @@ def _frame(scenario_name: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
         variant = by_label[row["variant"]]
         row.update(
             design=variant.design.value,
-            vllm_version=variant.vllm_version,
+            # What the run resolved (a v0 variant names no pin and gets its default).
+            vllm_version=row.get("vllm_version") or variant.vllm_version,
             models=variant.models,
             scenario=scenario_name,
         )

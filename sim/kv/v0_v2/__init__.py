@@ -1,4 +1,5 @@
-"""Faithful model of vLLM v0 BlockSpaceManagerV2 (vLLM 0.5.4 @ 00c3d68e45)."""
+"""Faithful model of vLLM v0 BlockSpaceManagerV2: the vLLM 0.5.4 release, or 0.5.4 + #7380 by
+`KVCacheConfig.vllm_pin` (`sim.kv.v0_versions` says which behaviours follow which)."""
 
 from sim.kv.v0_v2.manager import BlockSpaceManagerV2
 

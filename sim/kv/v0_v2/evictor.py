@@ -1,10 +1,12 @@
-"""LRU evictor of the v0 V2 prefix-caching allocator (`vllm/core/evictor_v2.py:L70-123 @00c3d68`).
+"""LRU evictor of the v0 V2 prefix-caching allocator (`vllm/core/evictor_v2.py`, vLLM 0.5.4 release).
 
 Blocks enter at refcount 0 and stay in insertion order. `evict` scans *every* entry and keeps
 the one with the smallest `last_accessed`; on a tie, the larger `num_hashed_tokens` (the
 block's prefix length) wins; on a full tie the earliest inserted wins (the scan only
 replaces on a strict improvement). `update` changes the time in place and does not move
-the entry.
+the entry. This is the 0.5.4 release's evictor; main at 00c3d68 already had #7193, whose scan
+stops at the first later entry and whose `update` moves the entry to the end, which kvsim
+does not model (`sim.kv.v0_versions`).
 
 Worked example::
 

@@ -273,7 +273,8 @@ class PrefixCachingBlockAllocator:
 
     def get_num_blocks_touched(self, blocks: list[Block], num_lookahead_slots: int = 0) -> int:
         """Partial blocks as naive; a full block counts 1 unless its hash is cached here,
-        active *or in the evictor* (prefix_caching_block.py:L563-594)."""
+        active *or in the evictor* (prefix_caching_block.py:L563-594, the 0.5.4 release; #6849,
+        already at 00c3d68, counts a block cached in the evictor as 1: not modelled)."""
         num_touched = 0
         for block in blocks:
             empty = self.block_size - block.num_tokens
