@@ -184,6 +184,8 @@ class RealV1Scheduler:
                 max_model_len=case.max_model_len,
             )
         # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
+        # Its default async scheduling doubles `max_in_flight_tokens` (the sliding-window
+        # admission cap); the fake runner steps synchronously, as kvsim's engine models it.
         v033 = self.install.version_tuple >= (0, 33)
         scheduler_config = cfg.SchedulerConfig(
             max_num_seqs=case.max_num_seqs,
@@ -192,7 +194,7 @@ class RealV1Scheduler:
             enable_chunked_prefill=case.enable_chunked_prefill,
             long_prefill_token_threshold=case.long_prefill_token_threshold,
             policy=case.policy,
-            **({"is_encoder_decoder": False} if v033 else {}),
+            **({"is_encoder_decoder": False, "async_scheduling": False} if v033 else {}),
         )
         cache_config = cfg.CacheConfig(
             block_size=case.block_size,
