@@ -58,12 +58,19 @@ def test_manager_identical_to_real_0_33(hybrid):
     assert out.stdout.startswith("v1-engine vs vLLM 0.33.0: identical over 200"), out.stdout
 
 
+def test_loaded_version_picks_kvsims_pin():
+    from sim.vllm_real.lockstep import v1_pin_for
+
+    assert v1_pin_for((0, 33, 0)) == "0.33.0"
+    assert v1_pin_for((0, 11, 0)) is None  # 4ac7713, which decides as 0.10 / 0.11 do
+
+
 def test_scheduler_identical_to_real_0_33():
-    out = _verify("--scheduler", "--pin", "0.33.0", "--num-workloads", "20")
+    """Without --pin the loaded 0.33.0 selects kvsim's 0.33.0 pin, and only that one."""
+    out = _verify("--scheduler", "--num-workloads", "20")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith(
-        "v1-engine @0.33.0 scheduler vs vLLM 0.33.0: identical over 20 workloads"
-    ), out.stdout
+    (line,) = out.stdout.splitlines()  # one pin compared
+    assert line.startswith("v1-engine @0.33.0 scheduler vs vLLM 0.33.0: identical over 20 "), line
 
 
 def test_scheduler_pinned_to_4ac7713_diverges_from_real_0_33():
