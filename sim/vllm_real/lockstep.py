@@ -551,7 +551,7 @@ _DEFAULT_VERSION = {"v0-v1": "0.5.4", "v0-v2": "0.5.4", "v0-fixed": "0.5.4", "v1
 _MODELLED_VERSION = {"v0-v1": (0, 5), "v0-v2": (0, 5), "v1-engine": (0, 10)}
 #: kvsim's V1 pin for a loaded vLLM (major, minor) whose manager decides differently from
 #: 4ac7713 (the pin a config without `vllm_pin` gets, and what 0.10/0.11 decide).
-_V1_PIN_FOR_VERSION = {(0, 33): "0.33.0"}
+_V1_PIN_FOR_VERSION: dict[tuple[int, ...], str] = {(0, 33): "0.33.0"}
 
 
 def v1_pin_for(version: tuple[int, ...]) -> str | None:
