@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup_vllm.sh                 # 0.5.4 and 0.11.0
 #   bash scripts/setup_vllm.sh 0.5.4           # one version
+#   bash scripts/setup_vllm.sh 0.33.0          # the third pin (not in the default set: ~500 MB)
 #   VLLM_WHEEL_DIR=/path/to/wheels bash scripts/setup_vllm.sh 0.11.0
 #
 # For each version V this makes .vllm/V/ (git-ignored):
@@ -36,6 +37,23 @@ DEPS_V1_ENGINE=(
   transformers==4.56.2 urllib3==2.5.0 yarl==1.20.1
 )
 
+# The same for 0.33.0, found the same way. Its wheel metadata asks for torch==2.14.0, but the
+# three modules kvsim imports run on the venv's torch 2.13 (no torch >= 2.14 API on that path).
+# Versions honour 0.33.0's own Requires-Dist bounds (transformers>=5.16.1,<5.21, xgrammar==0.2.8,
+# apache-tvm-ffi==0.1.11, llguidance<1.8, ...). vllm/v1/request.py reaches xgrammar and
+# llguidance through vllm.v1.structured_output -> vllm.parser.
+DEPS_V1_ENGINE_0_33=(
+  aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 anyio==4.16.0 apache-tvm-ffi==0.1.11
+  blake3==1.0.11 cachetools==8.0.2 cbor2==6.3.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3
+  diskcache==5.6.3 distro==1.9.0 fastapi==0.136.3 frozenlist==1.8.0 h11==0.16.0 httpcore==1.0.9
+  httpcore2==2.16.2 httpx==0.28.1 httpx2==2.16.2 huggingface_hub==2.4.0 idna==3.20 jiter==0.19.0
+  llguidance==1.7.6 msgspec==0.23.0 multidict==7.2.1 openai==3.57.0 openai-harmony==0.0.8
+  partial-json-parser==0.2.1.1.post7 prometheus_client==0.26.0 propcache==0.5.4 py-cpuinfo==9.0.0
+  pybase64==1.5.1 regex==2026.11.19 requests==2.34.2 safetensors==0.8.0 setproctitle==1.3.8
+  sniffio==1.3.1 starlette==1.10.0 tokenizers==0.23.3 tqdm==4.70.1 transformers==5.20.2
+  truststore==0.10.5 urllib3==2.8.0 uvloop==0.23.0 xgrammar==0.2.8 yarl==1.25.1
+)
+
 install_one() {
   local version="$1" target="$REPO/.vllm/$1" wheel=""
   if [ -n "$WHEEL_DIR" ]; then
@@ -49,6 +67,7 @@ install_one() {
   find "$target/vllm" -name '*.so' -delete
   case "$version" in
     0.5.*|0.6.*) ;;  # v0 block managers need only numpy, psutil, typing_extensions and torch
+    0.33.*) "$PY" -m pip install --quiet --no-deps --target "$target/_deps" "${DEPS_V1_ENGINE_0_33[@]}" ;;
     *) "$PY" -m pip install --quiet --no-deps --target "$target/_deps" "${DEPS_V1_ENGINE[@]}" ;;
   esac
   "$PY" - "$target" "$version" <<'EOF'

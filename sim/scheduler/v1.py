@@ -76,6 +76,8 @@ class V1Scheduler(FastPathScheduler):
         self._later_num_new = 0
         self._later_free = 0
         self._next_key = 0
+        #: `long_prefill_token_threshold` as it applies in the current step (`schedule`).
+        self._step_threshold = config.long_prefill_token_threshold
 
     # ------------------------------------------------------------------ queues
     def use_exact_arrival_times(self) -> bool:
@@ -155,7 +157,7 @@ class V1Scheduler(FastPathScheduler):
         )
 
     def _clamp(self, num_new: int, budget: int) -> int:
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._step_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
@@ -262,7 +264,7 @@ class V1Scheduler(FastPathScheduler):
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
         last_computable = max_model_len - 1
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._step_threshold
         quiet_flags = []
         demands = []
         for request in explicit:
@@ -423,7 +425,7 @@ class V1Scheduler(FastPathScheduler):
             else:  # (without prefix caching the lookup is a pure ([], 0))
                 hit_block_ids, num_computed = [], seq.num_computed_tokens
             num_new = seq.num_tokens - num_computed
-            threshold = self.config.long_prefill_token_threshold
+            threshold = self._step_threshold
             if 0 < threshold < num_new:
                 num_new = threshold
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -493,6 +495,9 @@ class V1Scheduler(FastPathScheduler):
 
     def schedule(self, now_s: float) -> StepPlan:
         plan = StepPlan()
+        self._step_threshold = self.config.long_prefill_token_threshold
+        if self.release_policies.lone_request_ignores_threshold and self.num_unfinished() <= 1:
+            self._step_threshold = 0  # 0.33.0: nobody to starve (`v1_release`)
         budget = None
         if self._cohort is not None:
             budget = self._schedule_running_lazy(plan, self.token_budget, now_s)

@@ -27,6 +27,11 @@ the real-vLLM adapter, is taken as 4ac7713).
     waiting request; the ones set aside return to the head in reverse order (0.11.0 `L541`);
   - `StopAtOversized` (0.33.0 `L1337-1344`): stop scheduling waiting requests this step.
 
+* `long_prefill_token_threshold` with a single request (running + waiting = 1 when the step
+  starts): 4ac7713 / 0.11.0 still cap its prefill chunk; 0.33.0 (`sched/scheduler.py:L754-762`)
+  does not (there is no one to starve), so a lone 20-token prompt under a threshold of 12 and
+  a budget of 24 is scheduled whole. Found by the scheduler lockstep against 0.33.0.
+
 Example (bs=16, 10 free blocks, chunked prefill with a 64-token budget, a 200-token prompt at
 the head): 4ac7713 admits it with 4 blocks for its first chunk; 0.33.0 refuses it (13 > 10)
 and it waits until 13 blocks are free.
@@ -165,6 +170,9 @@ class V1ReleasePolicies:
     #: PRIORITY: two queued requests with equal (priority, arrival) crash the engine when its
     #: heap compares them (4ac7713 / 0.11.0; `sim.scheduler.priority_ties`).
     unordered_priority_ties: bool = False
+    #: `long_prefill_token_threshold` is not applied in a step that starts with one request in
+    #: the scheduler (0.33.0).
+    lone_request_ignores_threshold: bool = False
 
 
 def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
@@ -174,7 +182,11 @@ def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
         release = BASELINE
     if release is VllmRelease.V0_33_0:
         return V1ReleasePolicies(
-            release, FullSequenceGate(token_budget), StopAtOversized(), RefundScheduledVictim()
+            release,
+            FullSequenceGate(token_budget),
+            StopAtOversized(),
+            RefundScheduledVictim(),
+            lone_request_ignores_threshold=True,
         )
     return V1ReleasePolicies(
         release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True

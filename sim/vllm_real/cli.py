@@ -9,6 +9,7 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
     v1-engine @0.11.0 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
     v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
     kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
+    kvsim verify --scheduler --vllm-version 0.33.0  # kvsim's 0.33.0 pin (setup_vllm.sh 0.33.0)
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def verify_command(
     ),
     pin: list[str] | None = typer.Option(
         None,
-        help="with --scheduler: kvsim's V1 pin(s) to compare (default: 0.11.0 and 4ac7713, "
-        "which decide as 0.11.0 does)",
+        help="with --scheduler: kvsim's V1 pin(s) to compare (default: the loaded version's, "
+        "0.11.0 and 4ac7713 for vLLM 0.10/0.11, which decide alike)",
     ),
     hybrid: bool = typer.Option(
         False, help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups)"
@@ -98,6 +99,7 @@ def _verify_scheduler(
     from sim.errors import InputError
     from sim.kv.v1_engine.releases import resolve_release
     from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.lockstep import v1_pin_for
     from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
 
     if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
@@ -121,7 +123,8 @@ def _verify_scheduler(
     if install.version_tuple < (0, 10):
         raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
     diverged = False
-    for one in pins or PINS_MATCHING_0_11_0:
+    loaded_pin = v1_pin_for(install.version_tuple)
+    for one in pins or ((loaded_pin,) if loaded_pin else PINS_MATCHING_0_11_0):
         result = verify_scheduler(
             num_workloads, seed, pin=one, install=install, fast_path=fast_path, workloads=workloads
         )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -549,6 +549,15 @@ def _v1_finish(pair: _Pair, req: Sequence, running: list[Sequence]) -> None:
 _DEFAULT_VERSION = {"v0-v1": "0.5.4", "v0-v2": "0.5.4", "v0-fixed": "0.5.4", "v1-engine": "0.11.0"}
 #: vLLM version each design's block ids are pinned to (ids compared by default only there).
 _MODELLED_VERSION = {"v0-v1": (0, 5), "v0-v2": (0, 5), "v1-engine": (0, 10)}
+#: kvsim's V1 pin for a loaded vLLM (major, minor) whose manager decides differently from
+#: 4ac7713 (the pin a config without `vllm_pin` gets, and what 0.10/0.11 decide).
+_V1_PIN_FOR_VERSION: dict[tuple[int, ...], str] = {(0, 33): "0.33.0"}
+
+
+def v1_pin_for(version: tuple[int, ...]) -> str | None:
+    """The `KVCacheConfig.vllm_pin` that models a loaded vLLM: (0, 33, 0) -> "0.33.0";
+    (0, 11, 0) -> None (4ac7713, which decides as 0.11.0 does)."""
+    return _V1_PIN_FOR_VERSION.get(version[:2])
 
 
 def make_real(design: str, config: KVCacheConfig, install):
@@ -616,8 +625,11 @@ def verify(
     result = VerifyResult(design=design, vllm_version=install.version)
     next_id = [1]
     v1 = design == "v1-engine"
+    pin = v1_pin_for(install.version_tuple) if v1 else None
     while result.num_ops < num_ops:
         cfg = config or (random_hybrid_config(rng) if hybrid else random_config(rng, design))
+        if pin is not None and cfg.vllm_pin is None:
+            cfg = replace(cfg, vllm_pin=pin)
         pair = _Pair(
             make_manager(design, cfg), make_real(design, cfg, install), cfg, compare_ids, v1
         )

@@ -43,10 +43,13 @@ def real_kv_cache_config(iface: Any, block_size: int, num_blocks: int, windows: 
     """
     import torch
 
+    # By keyword: from 0.33.0 on the spec fields after block_size are keyword-only.
+    shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+
     def spec_for(window: int | None) -> Any:
         if window is None:
-            return iface.FullAttentionSpec(block_size, 1, 1, torch.float16)
-        return iface.SlidingWindowSpec(block_size, 1, 1, torch.float16, sliding_window=window)
+            return iface.FullAttentionSpec(**shape)
+        return iface.SlidingWindowSpec(**shape, sliding_window=window)
 
     return iface.KVCacheConfig(
         num_blocks=num_blocks,
@@ -56,6 +59,19 @@ def real_kv_cache_config(iface: Any, block_size: int, num_blocks: int, windows: 
             for i, window in enumerate(windows)
         ],
     )
+
+
+def sha256_fn(install: VllmInstall) -> Any:
+    """vLLM's pickle-then-sha256 block hash: `vllm.utils.sha256` (0.10/0.11), moved to
+    `vllm.utils.hashing` by 0.33.0."""
+    if install.version_tuple >= (0, 33):
+        return import_vllm("utils.hashing", install).sha256
+    return import_vllm("utils", install).sha256
+
+
+def request_extra_kwargs(install: VllmInstall) -> dict[str, Any]:
+    """`Request(...)` arguments that only some versions take: 0.33.0 dropped `eos_token_id`."""
+    return {} if install.version_tuple >= (0, 33) else {"eos_token_id": None}
 
 
 class RealKVCacheManager:
@@ -80,7 +96,6 @@ class RealKVCacheManager:
         self._req_mod = import_vllm("v1.request", self.install)
         self._sp_mod = import_vllm("sampling_params", self.install)
         mgr_mod = import_vllm("v1.core.kv_cache_manager", self.install)
-        utils = import_vllm("utils", self.install)
         self.config = config
         self.block_size = config.block_size
         self.watermark_blocks = 0
@@ -88,13 +103,21 @@ class RealKVCacheManager:
         windows = [g.sliding_window for g in config.kv_cache_groups] or [config.sliding_window]
         self.num_groups = len(windows)
         kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, windows)
+        # 0.33.0 splits the block size in three (kernel, scheduler, hash); one pool of one
+        # block size uses the same for all, as its unit tests do.
+        sizes = (
+            {"scheduler_block_size": config.block_size, "hash_block_size": config.block_size}
+            if self.install.version_tuple >= (0, 33)
+            else {}
+        )
         self.real = mgr_mod.KVCacheManager(
             kv_config,
             max_model_len=config.max_model_len or _UNBOUNDED_MODEL_LEN,
             enable_caching=config.enable_prefix_caching,
+            **sizes,
         )
         self._kv_blocks_cls = mgr_mod.KVCacheBlocks
-        hash_fn = utils.sha256
+        hash_fn = sha256_fn(self.install)
         if not hasattr(self._kcu, "NONE_HASH"):
             # vLLM's engine does this once at startup; the seed is process-wide.
             self._kcu.init_none_hash(hash_fn)
@@ -110,9 +133,9 @@ class RealKVCacheManager:
                 prompt_token_ids=seq.content.token_ids(0, seq.prompt_len),
                 sampling_params=self._sp_mod.SamplingParams(max_tokens=1 << 30),
                 pooling_params=None,
-                eos_token_id=None,
                 arrival_time=0.0,
                 block_hasher=self._hasher,
+                **request_extra_kwargs(self.install),
             )
             self._requests[seq.seq_id] = req
         if req.num_tokens < seq.num_tokens:
@@ -124,7 +147,8 @@ class RealKVCacheManager:
 
     # ------------------------------------------------------------------ V1KVCacheManager API
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
-        blocks, num_tokens = self.real.get_computed_blocks(self._request(request))
+        # 0.33.0 appends a third value (a shared-prefix boundary for sparse groups).
+        blocks, num_tokens = self.real.get_computed_blocks(self._request(request))[:2]
         return [b.block_id for group in blocks.blocks for b in group], num_tokens
 
     def allocate_slots(

@@ -32,7 +32,7 @@ from typing import Any
 
 from sim.kv.types import TokenContent
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
-from sim.vllm_real.v1_adapter import real_kv_cache_config
+from sim.vllm_real.v1_adapter import real_kv_cache_config, request_extra_kwargs, sha256_fn
 
 #: The stub architecture named in the local config.json (registered in vLLM's registry).
 STUB_ARCH = "KvsimStubForCausalLM"
@@ -110,6 +110,9 @@ def _stub_model_class() -> type:
         def get_input_embeddings(self, input_ids: Any) -> None:
             return None
 
+        def embed_input_ids(self, input_ids: Any) -> None:  # the 0.33.0 name of the above
+            return None
+
         def forward(self, input_ids: Any, positions: Any) -> None:
             return None
 
@@ -164,7 +167,7 @@ class RealV1Scheduler:
         self._sp_mod = import_vllm("sampling_params", self.install)
         self._outputs = import_vllm("v1.outputs", self.install)
         kcu = import_vllm("v1.core.kv_cache_utils", self.install)
-        sha256 = import_vllm("utils", self.install).sha256
+        sha256 = sha256_fn(self.install)
         if not hasattr(kcu, "NONE_HASH"):
             kcu.init_none_hash(sha256)  # the engine does this once at startup
         self._hasher = kcu.get_request_block_hasher(case.block_size, sha256)
@@ -180,6 +183,10 @@ class RealV1Scheduler:
                 seed=0,
                 max_model_len=case.max_model_len,
             )
+        # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
+        # Its default async scheduling doubles `max_in_flight_tokens` (the sliding-window
+        # admission cap); the fake runner steps synchronously, as kvsim's engine models it.
+        v033 = self.install.version_tuple >= (0, 33)
         scheduler_config = cfg.SchedulerConfig(
             max_num_seqs=case.max_num_seqs,
             max_num_batched_tokens=case.max_num_batched_tokens,
@@ -187,13 +194,14 @@ class RealV1Scheduler:
             enable_chunked_prefill=case.enable_chunked_prefill,
             long_prefill_token_threshold=case.long_prefill_token_threshold,
             policy=case.policy,
+            **({"is_encoder_decoder": False, "async_scheduling": False} if v033 else {}),
         )
         cache_config = cfg.CacheConfig(
             block_size=case.block_size,
             gpu_memory_utilization=0.9,
-            swap_space=0,
             cache_dtype="auto",
             enable_prefix_caching=case.enable_prefix_caching,
+            **({} if v033 else {"swap_space": 0}),
         )
         vllm_config = cfg.VllmConfig(
             device_config=cfg.DeviceConfig(device="cpu"),
@@ -210,6 +218,9 @@ class RealV1Scheduler:
             kv_cache_config=kv_cache_config,
             structured_output_manager=structured.StructuredOutputManager(vllm_config),
             log_stats=False,
+            # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
+            # KV-cache groups' common block size; hashing uses the same by default).
+            **({"block_size": case.block_size} if v033 else {}),
         )
         # Preemptions are the only `free` calls inside `schedule()`: record them in order.
         self._freed_in_schedule: list[str] | None = None
@@ -237,10 +248,10 @@ class RealV1Scheduler:
                 max_tokens=spec.output_len, ignore_eos=True
             ),
             pooling_params=None,
-            eos_token_id=None,
             arrival_time=spec.arrival_s,
             priority=spec.priority,
             block_hasher=self._hasher,
+            **request_extra_kwargs(self.install),
         )
         self._contents[request.request_id] = content
         self._guard("add_request", self.real.add_request, request)

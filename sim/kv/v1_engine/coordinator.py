@@ -57,7 +57,12 @@ class HybridCoordinator:
     """Per-group managers over one pool; see the module docstring."""
 
     def __init__(
-        self, block_pool: BlockPool, block_size: int, groups: tuple[KVCacheGroupSpec, ...]
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        groups: tuple[KVCacheGroupSpec, ...],
+        *,
+        only_reachable_cached: bool = False,
     ) -> None:
         if len(groups) < 2:
             raise ValueError(
@@ -69,7 +74,12 @@ class HybridCoordinator:
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             FullAttentionManager(block_pool, block_size)
             if group.sliding_window is None
-            else SlidingWindowManager(block_pool, block_size, group.sliding_window)
+            else SlidingWindowManager(
+                block_pool,
+                block_size,
+                group.sliding_window,
+                only_reachable_cached=only_reachable_cached,
+            )
             for group in groups
         )
         #: Per group: distinct blocks its live tables hold now, and the most ever. A block

@@ -56,7 +56,10 @@ class HybridKVCacheManager:
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
         )
         self.coordinator = HybridCoordinator(
-            self.block_pool, self.block_size, config.kv_cache_groups
+            self.block_pool,
+            self.block_size,
+            config.kv_cache_groups,
+            only_reachable_cached=self.vllm_release.caches_only_reachable_window_blocks,
         )
         self.num_groups = len(config.kv_cache_groups)
         #: Per request, per group: cache keys of the request's full blocks (`group_block_hash`).

@@ -73,7 +73,10 @@ class KVCacheManager:
             self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
         else:
             self.single_type_manager = SlidingWindowManager(
-                self.block_pool, self.block_size, config.sliding_window
+                self.block_pool,
+                self.block_size,
+                config.sliding_window,
+                only_reachable_cached=self.vllm_release.caches_only_reachable_window_blocks,
             )
         #: Chained hashes of each request's full blocks, extended as tokens are appended.
         self.req_to_block_hashes: dict[int, list[BlockHash]] = {}

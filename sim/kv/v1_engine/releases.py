@@ -43,6 +43,13 @@ class VllmRelease(enum.Enum):
         return self is VllmRelease.V0_33_0
 
     @property
+    def caches_only_reachable_window_blocks(self) -> bool:
+        """A sliding-window group caches only blocks a later hit can use (0.33.0's
+        `SlidingWindowManager.reachable_block_mask`): with W = 1 a hit needs no earlier block,
+        so none is cached."""
+        return self is VllmRelease.V0_33_0
+
+    @property
     def reuses_uncached_blocks_first(self) -> bool:
         """Freed blocks without a hash go to the head of the free queue (0.33.0)."""
         return self is VllmRelease.V0_33_0

@@ -135,11 +135,32 @@ class SlidingWindowManager(SingleTypeManager):
     freed and replaced by the null block (block 0) in the table.
     """
 
-    def __init__(self, block_pool: BlockPool, block_size: int, sliding_window: int) -> None:
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        sliding_window: int,
+        *,
+        only_reachable_cached: bool = False,
+    ) -> None:
         super().__init__(block_pool, block_size)
         if sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, got {sliding_window}")
         self.sliding_window = sliding_window
+        #: 0.33.0 caches a window block only if a hit can reach it: a hit ending at a block
+        #: boundary needs the `cdiv(W - 1, bs)` blocks before it, so with W = 1 (none needed)
+        #: no block of this group is ever cached (`reachable_block_mask`, all False). For
+        #: W > 1 and one block size every block is reachable, as at 4ac7713.
+        self._caches_nothing = only_reachable_cached and cdiv(sliding_window - 1, block_size) == 0
+
+    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+        if self._caches_nothing:
+            # The cached count still advances (upstream stores it after an all-False mask).
+            self.num_cached_block[request_id] = max(
+                self.num_cached_block[request_id], num_tokens // self.block_size
+            )
+            return
+        super().cache_blocks(request_id, block_hashes, num_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int

@@ -1,0 +1,80 @@
+"""Lockstep tier for vLLM 0.33.0: kvsim's 0.33.0 pin against the real 0.33.0 manager and Scheduler.
+
+Needs `bash scripts/setup_vllm.sh 0.33.0` (CI's `.ci/run` installs it). Each check runs the
+`kvsim verify` CLI in a subprocess: 0.33.0's pinned dependencies (transformers 5, ...) live in
+`.vllm/0.33.0/_deps`, and a process that already imported 0.11.0's would keep those.
+Skipped, with the reason shown, when the install is absent; a failure under
+KVSIM_REQUIRE_VLLM=1, as for the other lockstep tiers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Every test here belongs to the lockstep tier (`pytest -m vllm` selects them).
+pytestmark = pytest.mark.vllm
+
+
+def _require_install() -> None:
+    from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
+
+    try:
+        resolve_root(vllm_version="0.33.0")
+    except VllmNotAvailableError as exc:
+        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
+            # CI: a lockstep tier that silently skips would let CI pass without it.
+            raise RuntimeError(
+                f"KVSIM_REQUIRE_VLLM=1 but vLLM 0.33.0 is not set up: {exc}"
+            ) from exc
+        pytest.skip(f"vLLM 0.33.0 not set up: {exc}")
+
+
+def _verify(*args: str) -> subprocess.CompletedProcess[str]:
+    _require_install()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", "verify", "--vllm-version", "0.33.0", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one-group", "hybrid"])
+def test_manager_identical_to_real_0_33(hybrid):
+    """The V1 manager pinned to 0.33.0 (chosen from the loaded version) vs the real one."""
+    extra = ["--hybrid"] if hybrid else []
+    out = _verify("--design", "v1-engine", "--num-ops", "2000", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("v1-engine vs vLLM 0.33.0: identical over 200"), out.stdout
+
+
+def test_loaded_version_picks_kvsims_pin():
+    from sim.vllm_real.lockstep import v1_pin_for
+
+    assert v1_pin_for((0, 33, 0)) == "0.33.0"
+    assert v1_pin_for((0, 11, 0)) is None  # 4ac7713, which decides as 0.10 / 0.11 do
+
+
+def test_scheduler_identical_to_real_0_33():
+    """Without --pin the loaded 0.33.0 selects kvsim's 0.33.0 pin, and only that one."""
+    out = _verify("--scheduler", "--num-workloads", "20")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (line,) = out.stdout.splitlines()  # one pin compared
+    assert line.startswith("v1-engine @0.33.0 scheduler vs vLLM 0.33.0: identical over 20 "), line
+
+
+def test_scheduler_pinned_to_4ac7713_diverges_from_real_0_33():
+    """The comparison can fail: 4ac7713 caps a lone prompt at the long-prefill threshold."""
+    out = _verify("--scheduler", "--pin", "4ac7713", "--num-workloads", "20")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "v1-engine @4ac7713 scheduler vs vLLM 0.33.0: DIVERGED" in out.stdout
