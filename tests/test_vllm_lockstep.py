@@ -383,3 +383,22 @@ def test_real_adapter_bug_propagates_and_is_no_violation(monkeypatch):
     with pytest.raises(KeyError, match="adapter bug"):
         manager.allocate(group)
     assert manager.violations == []
+
+
+def test_kvsim_verify_v1_engine_10000_operations_against_0_11():
+    """Issue #14's acceptance size for the 0.11.0 install: >= 10,000 operations, 50 workloads
+    (the 4ac7713 pin decides as 0.11.0 does and is the one compared here)."""
+    for mark in V011:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    result = CliRunner().invoke(
+        app, ["verify", "--design", "v1-engine", "--vllm-version", "0.11.0", "--num-ops", "10000"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(
+        "v1-engine vs vLLM 0.11.0: identical over 10000 operations (50 workloads"
+    ), result.output

@@ -10,6 +10,7 @@ KVSIM_REQUIRE_VLLM=1, as for the other lockstep tiers.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,13 @@ def _verify(*args: str) -> subprocess.CompletedProcess[str]:
 def test_manager_identical_to_real_0_33(hybrid):
     """The V1 manager pinned to 0.33.0 (chosen from the loaded version) vs the real one."""
     extra = ["--hybrid"] if hybrid else []
-    out = _verify("--design", "v1-engine", "--num-ops", "2000", *extra)
+    # Issue #14's acceptance size: >= 10,000 operations in >= 50 workloads, in CI.
+    out = _verify("--design", "v1-engine", "--num-ops", "10000", *extra)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("v1-engine vs vLLM 0.33.0: identical over 200"), out.stdout
+    found = re.match(
+        r"v1-engine vs vLLM 0.33.0: identical over (\d+) operations \((\d+) workloads", out.stdout
+    )
+    assert found and int(found[1]) >= 10_000 and int(found[2]) >= 50, out.stdout
 
 
 def test_loaded_version_picks_kvsims_pin():
@@ -67,10 +72,10 @@ def test_loaded_version_picks_kvsims_pin():
 
 def test_scheduler_identical_to_real_0_33():
     """Without --pin the loaded 0.33.0 selects kvsim's 0.33.0 pin, and only that one."""
-    out = _verify("--scheduler", "--num-workloads", "20")
+    out = _verify("--scheduler", "--num-workloads", "50")  # the acceptance size
     assert out.returncode == 0, out.stdout + out.stderr
     (line,) = out.stdout.splitlines()  # one pin compared
-    assert line.startswith("v1-engine @0.33.0 scheduler vs vLLM 0.33.0: identical over 20 "), line
+    assert line.startswith("v1-engine @0.33.0 scheduler vs vLLM 0.33.0: identical over 50 "), line
 
 
 def test_scheduler_pinned_to_4ac7713_diverges_from_real_0_33():
