@@ -39,6 +39,8 @@ class EngineConfig:
     scheduler: SchedulerConfig
     num_replicas: int = 1
     router: Router = Router.ROUND_ROBIN
+    #: The prefix-cache-aware router's load term (blocks per outstanding request).
+    router_load_weight: float = 1.0
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
     #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
@@ -161,7 +163,7 @@ class Engine:
             Replica(i, config, self._clock, window) for i in range(config.num_replicas)
         ]
         self._arrivals_done = False
-        self._policy = make_policy(config.router, config.kv.block_size)
+        self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
         self._views = [ReplicaView(r) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 
 
-def _scenario(router: str, requests: list[dict], caching: bool = False) -> dict:
+def _scenario(
+    router: str, requests: list[dict], caching: bool = False, load_weight: float = 1.0
+) -> dict:
     return {
         "name": f"routing-{router}",
         "model": None,
@@ -30,7 +32,7 @@ def _scenario(router: str, requests: list[dict], caching: bool = False) -> dict:
             "enable_prefix_caching": caching,
         },
         "scheduler": {"design": "v1-engine", "max_model_len": 160},
-        "engine": {"num_replicas": 2, "router": router},
+        "engine": {"num_replicas": 2, "router": router, "router_load_weight": load_weight},
         "workload": {"kind": "inline", "requests": requests},
         "step_time": {
             "linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}
@@ -38,8 +40,8 @@ def _scenario(router: str, requests: list[dict], caching: bool = False) -> dict:
     }
 
 
-def _routes(router: str, requests: list[dict], caching: bool = False):
-    result = run(scenario_from_dict(_scenario(router, requests, caching)))
+def _routes(router: str, requests: list[dict], caching: bool = False, load_weight: float = 1.0):
+    result = run(scenario_from_dict(_scenario(router, requests, caching, load_weight)))
     assert result.summary["states"]["finished"] == len(requests)
     return result
 
@@ -113,6 +115,12 @@ def test_prefix_aware_sends_a_shared_prefix_to_the_replica_holding_it():
     # r4: replica 1 scores 4 - 1 = 3 vs replica 0's 0 - 1 -> 1, where round robin says 0.
     assert list(result.requests["replica"]) == [0, 1, 0, 1, 1]
     assert list(result.requests["num_prefix_hit_tokens"]) == [0, 0, 64, 64, 64]
+
+
+def test_prefix_aware_with_no_load_term_piles_everything_on_one_replica():
+    # Weight 0: r1 ties at 0 -> replica 0, which then holds both prefixes and wins every time.
+    result = _routes("prefix_cache_aware", _PREFIXED, caching=True, load_weight=0.0)
+    assert list(result.requests["replica"]) == [0, 0, 0, 0, 0]
 
 
 def test_round_robin_misses_the_prefix_that_prefix_aware_hits():

@@ -22,7 +22,7 @@ class Router(enum.Enum):
     PREFIX_CACHE_AWARE = "prefix_cache_aware"
 
 
-def make_policy(router: Router, block_size: int) -> RoutingPolicy:
+def make_policy(router: Router, block_size: int, load_weight: float = 1.0) -> RoutingPolicy:
     """A fresh policy (round robin keeps a cursor, so one per run)."""
     if router is Router.ROUND_ROBIN:
         return RoundRobin()
@@ -30,7 +30,7 @@ def make_policy(router: Router, block_size: int) -> RoutingPolicy:
         return LeastOutstanding()
     if router is Router.LEAST_KV_USAGE:
         return LeastKVUsage()
-    return PrefixCacheAware(block_size)
+    return PrefixCacheAware(block_size, load_weight)
 
 
 __all__ = [
