@@ -16,7 +16,6 @@ records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liv
 
 from __future__ import annotations
 
-import enum
 import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,13 +27,9 @@ from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationP
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.latency.batch import BatchShape
+from sim.routing import ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.workload.request import RequestSpec
-
-
-class Router(enum.Enum):
-    ROUND_ROBIN = "round_robin"
-    LEAST_OUTSTANDING = "least_outstanding"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +39,8 @@ class EngineConfig:
     scheduler: SchedulerConfig
     num_replicas: int = 1
     router: Router = Router.ROUND_ROBIN
+    #: The prefix-cache-aware router's load term (blocks per outstanding request).
+    router_load_weight: float = 1.0
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
     #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
@@ -166,7 +163,8 @@ class Engine:
             Replica(i, config, self._clock, window) for i in range(config.num_replicas)
         ]
         self._arrivals_done = False
-        self._next_replica = 0
+        self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
+        self._views = [ReplicaView(r) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0
 
@@ -174,12 +172,8 @@ class Engine:
         return (self.env.now, self._current_step)
 
     # ------------------------------------------------------------------ processes
-    def _route(self) -> Replica:
-        if self.config.router is Router.LEAST_OUTSTANDING:
-            return min(self.replicas, key=lambda r: (r.outstanding, r.index))
-        replica = self.replicas[self._next_replica]
-        self._next_replica = (self._next_replica + 1) % len(self.replicas)
-        return replica
+    def _route(self, request: Request) -> Replica:
+        return self.replicas[self._policy.choose(request, self._views)]
 
     def _arrivals(self):
         for spec in self.specs:
@@ -190,7 +184,7 @@ class Engine:
                 break
             request = _request_of(spec)
             self.records.requests.append(request)
-            replica = self._route()
+            replica = self._route(request)
             request.replica = replica.index
             if (
                 replica.scheduler.engine == "v1"

@@ -222,6 +222,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         scheduler=scheduler_config,
         num_replicas=scenario.engine.num_replicas,
         router=Router(scenario.engine.router),
+        router_load_weight=scenario.engine.router_load_weight,
         violation_policy=scenario.engine.violation_policy,
         audit_level=AuditLevel(scenario.engine.audit_level),
         max_sim_time_s=scenario.engine.max_sim_time_s,

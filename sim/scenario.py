@@ -99,7 +99,11 @@ class SchedulerSection(_Closed):
 
 class EngineSection(_Closed):
     num_replicas: int = Field(default=1, ge=1)
-    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "least_kv_usage", "prefix_cache_aware"] = (
+        "round_robin"
+    )
+    #: prefix_cache_aware only: score = leading prompt blocks held - weight * outstanding.
+    router_load_weight: float = Field(default=1.0, ge=0)
     #: record (carry on), stop (end where the real engine raises: an allocation that ran dry,
     #: a double free, ...) or stop_any (end at the first violation of any kind).
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD

@@ -244,7 +244,11 @@ def replay_cases(draw, design: str) -> tuple[dict, int]:
         "scheduler": scheduler,
         "engine": {
             "num_replicas": draw(st.sampled_from([1, 1, 2])),
-            "router": draw(st.sampled_from(["round_robin", "least_outstanding"])),
+            "router": draw(
+                st.sampled_from(
+                    ["round_robin", "least_outstanding", "least_kv_usage", "prefix_cache_aware"]
+                )
+            ),
             "audit_level": "full",
             "max_sim_time_s": sim_time_limit_s(requests),
         },
