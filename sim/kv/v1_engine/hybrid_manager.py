@@ -29,16 +29,16 @@ Worked example (bs=4, 9 blocks, group 0 sliding W=4, group 1 full, no caching)::
 from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
-from sim.kv.protocol import PoolStats
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash, num_leading_nulls
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
 from sim.kv.v1_engine.coordinator import GroupBlocks, HybridCoordinator, group_block_hash
 from sim.kv.v1_engine.free_order import free_order_for
+from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.releases import resolve_release
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(PoolQueries):
     """V1-engine KV cache manager over two or more KV-cache groups (see module docstring)."""
 
     def __init__(self, config: KVCacheConfig) -> None:
@@ -199,14 +199,6 @@ class HybridKVCacheManager:
     def free_block_hashes(self, request: Sequence) -> None:
         self.req_to_block_hashes.pop(request.seq_id, None)
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.block_pool.free_block_queue)
-
-    @property
-    def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
-
     # --------------------------------------------------------------- decode fast path
     def decode_touch_len(self, request: Sequence) -> int | None:
         """The first decode length at which `allocate_slots(request, 1)` may change anything
@@ -304,18 +296,6 @@ class HybridKVCacheManager:
             if group.sliding_window is not None:
                 bound -= max(0, skip_tokens - group.sliding_window + 1) // self.block_size
         return bound
-
-    def pool_stats(self) -> PoolStats:
-        pool = self.block_pool
-        return PoolStats(
-            pool.num_gpu_blocks,
-            len(pool.free_block_queue),
-            pool.num_held_blocks,
-            pool.num_evictable_blocks,
-        )
-
-    def block_refcounts(self) -> dict[int, int]:
-        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}
 
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""

@@ -35,11 +35,11 @@ The request is a `Sequence`: its id is `seq_id`, its length `num_tokens`, and C 
 from __future__ import annotations
 
 from sim.kv.config import KVCacheConfig
-from sim.kv.protocol import PoolStats
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash, num_leading_nulls
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.free_order import free_order_for
+from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.releases import resolve_release
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
@@ -48,7 +48,7 @@ from sim.kv.v1_engine.single_type import (
 )
 
 
-class KVCacheManager:
+class KVCacheManager(PoolQueries):
     """vLLM ~0.10 V1-engine KV cache manager over one KV group (see module docstring)."""
 
     def __init__(self, config: KVCacheConfig) -> None:
@@ -260,15 +260,6 @@ class KVCacheManager:
     def free_block_hashes(self, request: Sequence) -> None:
         self.req_to_block_hashes.pop(request.seq_id, None)
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.block_pool.free_block_queue)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of the pool not in the free queue (the null block always counts as used)."""
-        return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
-
     def get_block_ids(self, request_id: int) -> list[int]:
         return [b.block_id for b in self.single_type_manager.req_to_blocks.get(request_id, [])]
 
@@ -348,18 +339,6 @@ class KVCacheManager:
         self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
 
     # ---------------------------------------------------------------------- introspection
-    def pool_stats(self) -> PoolStats:
-        pool = self.block_pool  # positional: called several times per engine step
-        return PoolStats(
-            pool.num_gpu_blocks,
-            len(pool.free_block_queue),
-            pool.num_held_blocks,
-            pool.num_evictable_blocks,
-        )
-
-    def block_refcounts(self) -> dict[int, int]:
-        """Block id -> refcount for held blocks; the null block (0) always reads 1."""
-        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
         return self.get_block_ids(seq_id)

@@ -1,0 +1,39 @@
+"""The pool-level queries every V1 manager answers the same way, single group or hybrid.
+
+Both `KVCacheManager` and `HybridKVCacheManager` hold one `BlockPool` (upstream: the
+coordinator's `block_pool`, shared by every KV-cache group) and read free counts, usage and
+refcounts from it alone, so the answers live here once.
+"""
+
+from __future__ import annotations
+
+from sim.kv.protocol import PoolStats
+from sim.kv.v1_engine.block_pool import BlockPool
+
+
+class PoolQueries:
+    """Read-only views of `self.block_pool` (set by the manager's constructor)."""
+
+    block_pool: BlockPool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.block_pool.free_block_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool not in the free queue (the null block always counts as used)."""
+        return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
+
+    def pool_stats(self) -> PoolStats:
+        pool = self.block_pool  # positional: called several times per engine step
+        return PoolStats(
+            pool.num_gpu_blocks,
+            len(pool.free_block_queue),
+            pool.num_held_blocks,
+            pool.num_evictable_blocks,
+        )
+
+    def block_refcounts(self) -> dict[int, int]:
+        """Block id -> refcount for held blocks; the null block (0) always reads 1."""
+        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}
