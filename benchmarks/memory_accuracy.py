@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sim.memory import derive_num_gpu_blocks
 from sim.memory_terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
 from sim.memory_validation import (
     PROFILED_RELEASE,
@@ -29,6 +28,7 @@ from sim.memory_validation import (
     compare_all,
     fit_activation,
     fit_non_torch_gib,
+    predicted_budget,
     summarize,
 )
 
@@ -62,13 +62,7 @@ def terms_table(rows: list[Comparison]) -> str:
     ]
     for c in rows:
         log, lg = c.log, c.log.logged
-        b = derive_num_gpu_blocks(
-            log.model_spec, log.gpu_spec, tp=log.tp, block_size=log.block_size,
-            gpu_memory_utilization=log.gpu_memory_utilization, weight_dtype=log.model_dtype,
-            max_num_batched_tokens=log.max_num_batched_tokens, max_num_seqs=log.max_num_seqs,
-            kv_layout=log.kv_layout, engine=log.engine_kind,
-            flashinfer_sampler=log.sampler == "flashinfer",
-        )  # fmt: skip
+        b = predicted_budget(log)
 
         def pair(mine: int, theirs: float | None) -> str:
             return f"{mine / GIB:.2f} / {'-' if theirs is None else f'{theirs:.2f}'}"

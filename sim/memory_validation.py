@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, get_gpu, get_model
-from sim.memory import derive_num_gpu_blocks, is_hybrid_model
+from sim.memory import MemoryBudget, derive_num_gpu_blocks, is_hybrid_model
 from sim.memory_terms import (
     GIB,
     ActivationFit,
@@ -155,7 +155,12 @@ def observed_pool_bytes(log: StartupLog) -> int:
 
 def predicted_pool_bytes(log: StartupLog) -> int:
     """kvsim's derived pool (before flooring to blocks) with the shipped constants."""
-    budget = derive_num_gpu_blocks(
+    return predicted_budget(log).available_kv_bytes
+
+
+def predicted_budget(log: StartupLog) -> MemoryBudget:
+    """kvsim's whole memory budget (every term) for the log's launch settings."""
+    return derive_num_gpu_blocks(
         log.model_spec,
         log.gpu_spec,
         tp=log.tp,
@@ -168,7 +173,6 @@ def predicted_pool_bytes(log: StartupLog) -> int:
         engine=log.engine_kind,
         flashinfer_sampler=log.sampler == "flashinfer",
     )
-    return budget.available_kv_bytes
 
 
 def legacy_pool_bytes(log: StartupLog) -> int:
