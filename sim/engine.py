@@ -12,6 +12,9 @@ An idle replica waits on an event that the next arrival triggers, instead of spi
 whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
 aborts what is left with the reason, so every request ends in exactly one terminal state, and
 records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liveness`).
+
+A closed-loop session turn (`sim.session_turns`) arrives when the turn before it has finished,
+plus its think time: the hook `_turns_ended` schedules it, or ends the session.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.latency.batch import BatchShape
 from sim.routing import ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
+from sim.session_turns import SessionTurns
 from sim.workload.request import RequestSpec
 
 
@@ -120,10 +124,15 @@ class Replica:
         self.wakeup: simpy.Event | None = None
 
 
-def _request_of(spec: RequestSpec) -> Request:
-    return Request.new(
-        spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority
+def _request_of(spec: RequestSpec, arrival_s: float | None = None) -> Request:
+    """The request of `spec`, arriving at `arrival_s` (default: the spec's own arrival)."""
+    arrival_s = spec.arrival_s if arrival_s is None else arrival_s
+    request = Request.new(
+        spec.request_id, arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority
     )
+    if spec.session_id is not None:
+        request.session_id, request.turn = spec.session_id, spec.turn
+    return request
 
 
 def batch_shape(plan: StepPlan) -> BatchShape:
@@ -167,6 +176,8 @@ class Engine:
         self._views = [ReplicaView(r) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0
+        self._turns = SessionTurns.of(self.specs)
+        self._open_loop_done = False
 
     def _clock(self) -> tuple[float, int]:
         return (self.env.now, self._current_step)
@@ -176,35 +187,76 @@ class Engine:
         return self.replicas[self._policy.choose(request, self._views)]
 
     def _arrivals(self):
-        for spec in self.specs:
+        for spec in self.specs if self._turns is None else self._turns.open_loop:
             delay = spec.arrival_s - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
             if self._stop is not None:
                 break
-            request = _request_of(spec)
-            self.records.requests.append(request)
-            replica = self._route(request)
-            request.replica = replica.index
-            if (
-                replica.scheduler.engine == "v1"
-                and request.prompt_tokens > self.config.scheduler.max_model_len
-            ):
-                # The V1 frontend rejects the prompt before it reaches the scheduler.
-                request.finish(
-                    RequestState.IGNORED,
-                    f"prompt ({request.prompt_tokens} tokens) is longer than max_model_len "
-                    f"({self.config.scheduler.max_model_len})",
-                    self.env.now,
-                )
-                self._on_terminal(1)
-                continue
-            replica.outstanding += 1
-            replica.scheduler.add_request(request)
-            self._wake(replica)
+            self._arrive(_request_of(spec))
+        self._open_loop_done = True
+        self._check_arrivals_done()
+
+    def _arrive(self, request: Request) -> None:
+        self.records.requests.append(request)
+        replica = self._route(request)
+        request.replica = replica.index
+        if (
+            replica.scheduler.engine == "v1"
+            and request.prompt_tokens > self.config.scheduler.max_model_len
+        ):
+            # The V1 frontend rejects the prompt before it reaches the scheduler.
+            request.finish(
+                RequestState.IGNORED,
+                f"prompt ({request.prompt_tokens} tokens) is longer than max_model_len "
+                f"({self.config.scheduler.max_model_len})",
+                self.env.now,
+            )
+            self._on_terminal(1)
+            self._turns_ended((request,))
+            return
+        replica.outstanding += 1
+        replica.scheduler.add_request(request)
+        self._wake(replica)
+
+    def _check_arrivals_done(self) -> None:
+        """Once the open-loop arrivals are over and no session turn can still arrive, idle
+        replicas may end."""
+        if self._arrivals_done or not self._open_loop_done:
+            return
+        if self._turns is not None and self._turns.num_pending:
+            return
         self._arrivals_done = True
         for replica in self.replicas:
             self._wake(replica)
+
+    def _turns_ended(self, requests: Iterable[Request]) -> None:
+        """Session hook: schedule the next turn of each finished request, or end its session."""
+        if self._turns is None:
+            return
+        for request in requests:
+            end = self._turns.after(request)
+            if end.next_turn is not None:
+                self.env.process(self._next_turn(end.next_turn, end.at_s))
+            for spec in end.cancelled:
+                never = _request_of(spec, self.env.now)
+                never.finish(
+                    RequestState.ABORTED,
+                    f"never arrived: its session ended at turn {request.turn} "
+                    f"(request {request.request_id}, {request.state.value})",
+                    self.env.now,
+                )
+                self.records.requests.append(never)
+                self._on_terminal(1)
+        self._check_arrivals_done()
+
+    def _next_turn(self, spec: RequestSpec, at_s: float):
+        yield self.env.timeout(at_s - self.env.now)
+        assert self._turns is not None
+        self._turns.arrived()
+        if self._stop is None:  # else it never arrives (recorded at the end of the run)
+            self._arrive(_request_of(spec, self.env.now))
+        self._check_arrivals_done()
 
     def _wake(self, replica: Replica) -> None:
         if replica.wakeup is not None and not replica.wakeup.triggered:
@@ -237,6 +289,7 @@ class Engine:
             if ended:
                 replica.outstanding -= ended
                 self._on_terminal(ended)
+                self._turns_ended(plan.ignored + plan.failed)
             stop = self._stop_in(replica, plan, stop_at_any, stop_at_raise)
             if stop is not None:
                 # The engine dies (or the policy ends the run) in this call: its row has no
@@ -283,6 +336,7 @@ class Engine:
             if finished:
                 replica.outstanding -= len(finished)
                 self._on_terminal(len(finished))
+                self._turns_ended(finished)
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
             if plan.fatal_error is not None:
@@ -348,12 +402,13 @@ class Engine:
         replica.manager.record_no_progress(diagnosis)
 
     def _abort(self, requests: Iterable[Request], reason: str) -> None:
-        count = 0
+        aborted = []
         for request in requests:
             if not request.state.is_terminal:
                 request.finish(RequestState.ABORTED, reason, self.env.now)
-                count += 1
-        self._on_terminal(count)
+                aborted.append(request)
+        self._on_terminal(len(aborted))
+        self._turns_ended(aborted)
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunRecords:
@@ -367,6 +422,14 @@ class Engine:
         gc.disable()
         try:
             self.env.run()
+            if self._stop is None and not self._arrivals_done:
+                # Session turns wait on a request that a stuck replica never finishes: with
+                # no turn left to come, the replica diagnoses its queue and ends.
+                self._arrivals_done = True
+                for replica in self.replicas:
+                    self._wake(replica)
+                self.env.run()
+            self._turns = None  # the run is over: no turn follows the aborts below
         finally:
             if gc_was_enabled:
                 gc.enable()

@@ -131,6 +131,8 @@ class RunResult:
     violations: pd.DataFrame
     summary: dict
     inputs: dict = field(default_factory=dict)
+    #: One row per session of a multi-turn workload (`sim.session_metrics`); None otherwise.
+    sessions: pd.DataFrame | None = None
 
     @property
     def violation_kinds(self) -> set[str]:
@@ -235,11 +237,11 @@ def write_tables(result: RunResult, out: Path) -> None:
     # threads at once (each file by one thread: the bytes do not depend on the schedule).
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = []
-        for name, frame in (
-            ("steps", result.steps),
-            ("requests", result.requests),
-            ("violations", result.violations),
-        ):
+        tables = [("steps", result.steps), ("requests", result.requests)]
+        tables.append(("violations", result.violations))
+        if result.sessions is not None:
+            tables.append(("sessions", result.sessions))
+        for name, frame in tables:
             jobs.append(pool.submit(_write_csv, frame, out / f"{name}.csv"))
             jobs.append(
                 pool.submit(

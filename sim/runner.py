@@ -38,6 +38,7 @@ from sim.memory_terms import VllmEngine
 from sim.results import RunResult, build_result
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.scheduler import SchedulerConfig
+from sim.session_metrics import is_session_workload, session_tables
 from sim.workload import Workload, load_workload
 
 DEFAULT_SCENARIO = "default.yaml"
@@ -269,6 +270,10 @@ def self_contained(scenario: Scenario, base_dir: str | Path) -> Scenario:
     workload = scenario.workload
     if workload.path is not None and not Path(workload.path).is_absolute():
         workload = workload.model_copy(update={"path": str(base_dir / workload.path)})
+    sessions = workload.sessions
+    if sessions is not None and sessions.path is not None and not Path(sessions.path).is_absolute():
+        sessions = sessions.model_copy(update={"path": str(base_dir / sessions.path)})
+        workload = workload.model_copy(update={"sessions": sessions})
     step_time = scenario.step_time
     if step_time is not None:
         step_time = _absolute_step_time_paths(step_time, base_dir)
@@ -355,7 +360,12 @@ def run(
     engine = Engine(resolved.engine, resolved.workload.requests, step_time, progress=progress)
     records = engine.run()
     inputs = _with_group_peaks(inputs, engine)
-    return build_result(records, inputs, step_time_band=band_of(resolved.step_time).as_dict())
+    result = build_result(records, inputs, step_time_band=band_of(resolved.step_time).as_dict())
+    if is_session_workload(resolved.workload):
+        result.sessions, result.summary["sessions"] = session_tables(
+            resolved.workload, result.requests
+        )
+    return result
 
 
 def _with_group_peaks(inputs: dict, engine: Engine) -> dict:

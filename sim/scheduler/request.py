@@ -71,6 +71,10 @@ class Request:
     cohort_clock: int = -1
     cohort_tokens: int = 0
     cohort_event: int = 0
+    #: The session and turn (1, 2, ...) of a multi-turn workload (`sim.workload.sessions`);
+    #: None otherwise. A session-affinity router reads `session_id`.
+    session_id: int | None = None
+    turn: int | None = None
 
     @classmethod
     def new(

@@ -1,11 +1,14 @@
 """The `workload:` section of a scenario, as a closed pydantic model (unknown keys are errors).
 
-Three kinds:
+Four kinds:
 
 - ``trace``: a file (``path``, ``format`` auto-detected or given). A length-distribution file
   (``format: lengths``) also needs ``arrival`` and takes ``num_requests`` (default: all rows).
 - ``synthetic``: ``arrival`` + ``lengths`` + ``num_requests``, drawn from ``seed``.
 - ``inline``: ``requests`` listed in the scenario itself.
+- ``sessions``: multi-turn conversations (``sessions:``, a `SessionsConfig`; see
+  `sim.workload.sessions`): synthetic closed-loop sessions, or sessions inferred from a
+  Mooncake trace's ``hash_ids`` chains (replayed at the trace's own times).
 
 Then, in this order: ``time_range_s`` [start, end) in the source's own seconds (arrivals are
 shifted so the window starts at 0), ``first_n`` requests, and ``rate_scale`` k (arrivals divided
@@ -116,12 +119,87 @@ class InlineRequest(BaseModel):
         return self
 
 
+class TurnsDist(BaseModel):
+    """Turns per session: integers uniform in [min, max] (``min == max``: always that many)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: int = Field(ge=1)
+    max: int = Field(ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _order(self) -> TurnsDist:
+        if self.max < self.min:
+            raise ValueError(f"turns: max {self.max} < min {self.min}")
+        return self
+
+
+class ThinkTimeDist(BaseModel):
+    """Seconds a user thinks between a reply and the next turn: fixed ``mean_s``, exponential
+    with mean ``mean_s``, or lognormal with mean ``mean_s`` and coefficient of variation ``cv``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fixed", "exponential", "lognormal"]
+    mean_s: float = Field(ge=0, allow_inf_nan=False)
+    cv: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _cv(self) -> ThinkTimeDist:
+        if (self.kind == "lognormal") != (self.cv is not None):
+            raise ValueError("think_s: 'cv' is for (and needed by) kind: lognormal")
+        if self.kind == "lognormal" and self.mean_s == 0:
+            raise ValueError("think_s: a lognormal think time needs mean_s > 0")
+        return self
+
+
+class SessionsConfig(BaseModel):
+    """Where the sessions of ``kind: sessions`` come from (`sim.workload.sessions`).
+
+    ``source: synthetic``: ``num_sessions`` sessions starting at ``arrival``; each has ``turns``
+    turns; turn 1's prompt has ``first_prompt`` tokens; turn k > 1's prompt is the whole previous
+    context (turn k-1's prompt and output) plus ``new_tokens``; every turn generates ``output``
+    tokens; turn k arrives ``think_s`` after turn k-1 finished (closed loop).
+    ``source: mooncake``: a Mooncake JSONL trace at ``path`` whose requests are grouped into
+    sessions by their ``hash_ids`` chains, each request arriving at its own timestamp.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["synthetic", "mooncake"]
+    num_sessions: int | None = Field(default=None, ge=1)
+    arrival: ArrivalConfig | None = None
+    turns: TurnsDist | None = None
+    first_prompt: LengthDist | None = None
+    new_tokens: LengthDist | None = None
+    output: LengthDist | None = None
+    think_s: ThinkTimeDist | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> SessionsConfig:
+        synthetic = ("num_sessions", "arrival", "turns", "first_prompt", "new_tokens", "output")
+        synthetic += ("think_s",)
+        wanted = synthetic if self.source == "synthetic" else ("path",)
+        for name in (*synthetic, "path"):
+            given = getattr(self, name) is not None
+            if given and name not in wanted:
+                raise ValueError(f"sessions: {name!r} is not for source: {self.source}")
+            if not given and name in wanted:
+                raise ValueError(f"sessions: source {self.source} needs {name!r}")
+        for name in ("first_prompt", "new_tokens", "output"):
+            dist = getattr(self, name)
+            if dist is not None and dist.kind == "trace":
+                raise ValueError(f"sessions: {name} cannot be of kind 'trace'")
+        return self
+
+
 class WorkloadConfig(BaseModel):
     """Where requests come from and how to window and scale them (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["trace", "synthetic", "inline"]
+    kind: Literal["trace", "synthetic", "inline", "sessions"]
     path: str | None = None
     format: TraceFormat = "auto"
     hash_block_tokens: int = Field(default=512, ge=1)
@@ -132,6 +210,7 @@ class WorkloadConfig(BaseModel):
     first_n: int | None = Field(default=None, ge=1)
     time_range_s: tuple[float, float] | None = None
     requests: list[InlineRequest] | None = None
+    sessions: SessionsConfig | None = None
     seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
@@ -170,6 +249,24 @@ class WorkloadConfig(BaseModel):
                 "'requests' is only for kind: inline",
             ),
             (self.kind == "inline" and self.arrival is not None, "inline takes no 'arrival'"),
+            (self.kind == "sessions" and self.sessions is None, "sessions needs 'sessions'"),
+            (
+                self.kind != "sessions" and self.sessions is not None,
+                "'sessions' is only for kind: sessions",
+            ),
+            (
+                self.kind == "sessions" and self.arrival is not None,
+                "sessions takes its arrivals from 'sessions'",
+            ),
+            (
+                self.kind == "sessions" and self.num_requests is not None,
+                "sessions: give sessions.num_sessions, not 'num_requests'",
+            ),
+            (
+                self._closed_loop and (self.first_n is not None or self.time_range_s is not None),
+                "synthetic sessions are closed loop: cut them with sessions.num_sessions, "
+                "not 'first_n' / 'time_range_s'",
+            ),
         ]
         for broken, message in rules:
             if broken:
@@ -179,3 +276,7 @@ class WorkloadConfig(BaseModel):
             if not 0 <= start < end:
                 raise ValueError(f"time_range_s must satisfy 0 <= start < end, got {start}, {end}")
         return self
+
+    @property
+    def _closed_loop(self) -> bool:
+        return self.sessions is not None and self.sessions.source == "synthetic"

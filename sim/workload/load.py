@@ -9,6 +9,7 @@ from sim.workload.config import WorkloadConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import detect_format, load_lengths, load_trace
 from sim.workload.request import PREFIX_KEY_BASE, RequestSpec, Workload
+from sim.workload.sessions import infer_sessions, synthetic_sessions
 from sim.workload.synthetic import lengths_workload, resolve, synthetic_workload
 from sim.workload.transform import first_n, scale_time, time_window
 
@@ -21,6 +22,8 @@ def load_workload(spec: WorkloadConfig, base_dir: Path | str = ".") -> Workload:
     base_dir = Path(base_dir)
     if spec.kind == "trace":
         workload = _trace(spec, base_dir)
+    elif spec.kind == "sessions":
+        workload = _sessions(spec, base_dir)
     elif spec.kind == "synthetic":
         assert spec.arrival and spec.lengths and spec.num_requests  # config validation
         workload = synthetic_workload(
@@ -32,7 +35,18 @@ def load_workload(spec: WorkloadConfig, base_dir: Path | str = ".") -> Workload:
         workload = time_window(workload, *spec.time_range_s)
     if spec.first_n is not None:
         workload = first_n(workload, spec.first_n)
+    if spec.kind == "sessions" and spec.sessions and spec.sessions.source == "mooncake":
+        # After the window: a turn whose parent fell outside it starts a session.
+        workload = infer_sessions(workload, spec.hash_block_tokens)
     return scale_time(workload, spec.rate_scale)
+
+
+def _sessions(spec: WorkloadConfig, base_dir: Path) -> Workload:
+    assert spec.sessions is not None  # config validation
+    if spec.sessions.source == "synthetic":
+        return synthetic_sessions(spec.sessions, spec.seed)
+    path = resolve(spec.sessions.path, base_dir)
+    return load_trace(path, "mooncake", hash_block_tokens=spec.hash_block_tokens)
 
 
 def _trace(spec: WorkloadConfig, base_dir: Path) -> Workload:

@@ -14,7 +14,13 @@ range                 key                              used for
 [0, 2**40)            hash id ``h``                    Mooncake / canonical ``hash_ids``
 [2**40, 2**41)        ``PREFIX_KEY_BASE + prefix_id``  canonical ``prefix_id``
 [2**41, 2**62)        ``UNIQUE_KEY_BASE + request_id`` the request's own remainder
+< 0                   ``-(request_id + 1)``            an earlier request's generated output
 ====================  ===============================  =====================================
+
+A negative key in a prefix is how a session's turn repeats the previous turn's output in its
+prompt (`sim.workload.sessions`): the engine generates request r's output tokens under key
+``-(r + 1)`` (`sim.kv.types.Sequence.output_key`), so the next turn's prompt has the same token
+content, hence the same block hashes, as the previous turn's whole sequence.
 
 Worked example (block size 4)::
 
@@ -53,6 +59,11 @@ class RequestSpec:
     `prefix` holds the leading content segments that may be shared with other requests; their
     token counts sum to at most `prompt_tokens`. `output_tokens` is the number of tokens the
     request generates (at least 1: vLLM always samples one).
+
+    A turn of a session (`sim.workload.sessions`) has `session_id` and `turn` (1, 2, ...).
+    `think_s` None: it arrives at `arrival_s` (open loop). A float: closed loop, it arrives
+    `think_s` after the previous turn of its session finished, and `arrival_s` is only a lower
+    bound (the session's start plus the think times before it); the engine sets the arrival.
     """
 
     request_id: int
@@ -61,6 +72,9 @@ class RequestSpec:
     output_tokens: int
     priority: int = 0
     prefix: tuple[Segment, ...] = field(default=(), repr=False)
+    session_id: int | None = None
+    turn: int | None = None
+    think_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.request_id < MAX_REQUEST_ID:
@@ -73,9 +87,11 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: output_tokens must be >= 1")
         num_prefix_tokens = 0
         for seg in self.prefix:
-            if seg.key < 0 or seg.num_tokens < 1:
+            # A negative key is an earlier request's output (-(r + 1), r < request_id).
+            if seg.num_tokens < 1 or not -self.request_id <= seg.key:
                 raise ValueError(
-                    f"request {self.request_id}: prefix segments need a key >= 0 and >= 1 token"
+                    f"request {self.request_id}: prefix segments need >= 1 token and a key "
+                    ">= 0 or naming an earlier request's output"
                 )
             num_prefix_tokens += seg.num_tokens
         if num_prefix_tokens > self.prompt_tokens:
@@ -83,6 +99,14 @@ class RequestSpec:
                 f"request {self.request_id}: prefix has {num_prefix_tokens} tokens, "
                 f"more than prompt_tokens={self.prompt_tokens}"
             )
+        if (self.session_id is None) != (self.turn is None) or (
+            self.think_s is not None and self.session_id is None
+        ):
+            raise ValueError(f"request {self.request_id}: turn/think_s need a session_id")
+        if self.turn is not None and self.turn < 1:
+            raise ValueError(f"request {self.request_id}: turn must be >= 1")
+        if self.think_s is not None and not (math.isfinite(self.think_s) and self.think_s >= 0):
+            raise ValueError(f"request {self.request_id}: think_s must be finite and >= 0")
 
     @property
     def num_prefix_tokens(self) -> int:

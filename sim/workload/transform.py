@@ -17,12 +17,20 @@ from sim.workload.request import Workload
 
 
 def scale_time(workload: Workload, rate_scale: float) -> Workload:
-    """Replay at `rate_scale` times the rate: every arrival divided by `rate_scale`."""
+    """Replay at `rate_scale` times the rate: every arrival (and session think time) divided
+    by `rate_scale`."""
     if not rate_scale > 0:
         raise WorkloadError(workload.source, f"rate_scale must be > 0, got {rate_scale}")
     if rate_scale == 1.0:
         return workload
-    requests = [dataclasses.replace(r, arrival_s=r.arrival_s / rate_scale) for r in workload]
+    requests = [
+        dataclasses.replace(
+            r,
+            arrival_s=r.arrival_s / rate_scale,
+            think_s=None if r.think_s is None else r.think_s / rate_scale,
+        )
+        for r in workload
+    ]
     return _derive(workload, requests, "rate_scale", {"rate_scale": rate_scale})
 
 
