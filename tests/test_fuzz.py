@@ -45,7 +45,10 @@ def test_generated_cases_are_valid_and_reproducible(design):
         scenario = generate_case(design, seed)
         assert scenario_to_yaml(scenario) == scenario_to_yaml(generate_case(design, seed))
         assert scenario.engine.audit_level.value == "full"
-        assert 2 <= len(scenario.workload.requests) <= 24
+        if scenario.workload.kind == "sessions":
+            assert 1 <= scenario.workload.sessions.num_sessions <= 4
+        else:
+            assert 2 <= len(scenario.workload.requests) <= 24
         cache, sched = scenario.cache, scenario.scheduler
         if design != "v1-engine" and cache.sliding_window is not None:
             # vLLM 0.5.4 refuses both combinations with a sliding window.

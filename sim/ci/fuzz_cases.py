@@ -10,7 +10,11 @@ What a case varies (all small, so a case runs in milliseconds with the full audi
 * scheduler: chunked prefill and its token budget, max_num_seqs, max_model_len, preemption
   mode (v0: auto / recompute / swap), FCFS or priority;
 * workload: 2..24 inline requests, bursty or spread arrivals, prompts up to a little over
-  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes.
+  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes; or, in about one
+  case in `SESSIONS_ONE_IN`, 1..4 closed-loop multi-turn sessions (`sim.workload.sessions`)
+  whose growing prompts share the conversation so far and may outgrow max_model_len (which
+  ends the session). Whether a case has sessions is drawn from a stream of its own, so the
+  other cases are the same as without sessions.
 
 Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
 prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
@@ -23,11 +27,19 @@ import numpy as np
 
 from sim.kv.config import Design
 from sim.scenario import Scenario, scenario_from_dict
+from sim.workload.config import SessionsConfig
+from sim.workload.sessions import synthetic_sessions
 
 #: Simple step costs: enough to order events, cheap to compute.
 FUZZ_STEP_TIME = {
     "linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}
 }
+
+
+#: About one case in this many gets a sessions workload instead of inline requests.
+SESSIONS_ONE_IN = 5
+#: The spawn key of the stream that decides (and draws) a case's sessions.
+_SESSIONS_STREAM = 1
 
 
 def case_seed(master_seed: int, index: int) -> int:
@@ -127,6 +139,48 @@ def _requests(rng: np.random.Generator, cache: dict, scheduler: dict) -> list[di
     return requests
 
 
+def _sessions(seed: int, cache: dict, scheduler: dict) -> dict | None:
+    """A sessions workload for case `seed`, or None (most cases): from its own stream."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_SESSIONS_STREAM,)))
+    if rng.integers(SESSIONS_ONE_IN) != 0:
+        return None
+    block_size = cache["block_size"]
+    max_model_len = scheduler["max_model_len"]
+    min_turns = _int(rng, 1, 2)
+    think_s = (
+        {"kind": "fixed", "mean_s": 0.0}
+        if rng.random() < 0.5
+        else {"kind": "exponential", "mean_s": 0.01}
+    )
+    return {
+        "kind": "sessions",
+        "seed": seed,
+        "sessions": {
+            "source": "synthetic",
+            "num_sessions": _int(rng, 1, 4),
+            "arrival": {"rate_per_s": float(rng.choice([20.0, 100.0, 1000.0]))},
+            "turns": {"min": min_turns, "max": _int(rng, min_turns, 4)},
+            "first_prompt": {"kind": "uniform", "max_tokens": max(1, max_model_len // 2)},
+            "new_tokens": {"kind": "uniform", "max_tokens": 2 * block_size},
+            "output": {"kind": "uniform", "max_tokens": 2 * block_size},
+            "think_s": think_s,
+        },
+    }
+
+
+def _session_requests(workload: dict) -> list[dict]:
+    """The turns of a sessions workload as `sim_time_limit_s` reads them (arrival lower bounds)."""
+    specs = synthetic_sessions(SessionsConfig(**workload["sessions"]), workload["seed"])
+    return [
+        {
+            "arrival_s": s.arrival_s,
+            "prompt_tokens": s.prompt_tokens,
+            "output_tokens": s.output_tokens,
+        }
+        for s in specs
+    ]
+
+
 def sim_time_limit_s(requests: list[dict]) -> float:
     """A simulated-time cap: 3x the time to serve the requests one by one, plus the arrivals.
 
@@ -154,6 +208,12 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
     rng = np.random.default_rng(seed)
     cache, scheduler = _cache_and_scheduler(rng, design, allow_swap)
     requests = _requests(rng, cache, scheduler)
+    workload: dict = {"kind": "inline", "requests": requests}
+    sessions = _sessions(seed, cache, scheduler)
+    if sessions is not None:
+        # A closed-loop turn arrives after the turns before it: at most their serial time
+        # later than its lower bound, which the limit's 3x the serial time covers.
+        workload, requests = sessions, _session_requests(sessions)
     data = {
         "name": f"fuzz-{design.value}-{seed}",
         "description": f"kvsim fuzz case seed {seed} on {design.value}",
@@ -166,7 +226,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
             "violation_policy": "record",
             "max_sim_time_s": sim_time_limit_s(requests),
         },
-        "workload": {"kind": "inline", "requests": requests},
+        "workload": workload,
         "step_time": FUZZ_STEP_TIME,
         "expect": {"violations": "none"},
     }
