@@ -239,7 +239,7 @@ class Engine:
             if end.next_turn is not None:
                 self.env.process(self._next_turn(end.next_turn, end.at_s))
             for spec in end.cancelled:
-                never = _request_of(spec, self.env.now)
+                never = _request_of(spec)  # at its planned (lower-bound) arrival
                 never.finish(
                     RequestState.ABORTED,
                     f"never arrived: its session ended at turn {request.turn} "

@@ -99,7 +99,7 @@ def per_turn(turns: pd.DataFrame) -> list[dict]:
         hit_tokens = int(done["num_prefix_hit_tokens"].sum())
         rows.append(
             {
-                "turn": int(turn),  # type: ignore[call-overload]  # groupby key: an int64
+                "turn": int(turn),
                 "num_requests": int(len(group)),
                 "num_finished": int(len(done)),
                 "ttft_p50_s": _median(done["ttft_s"]),

@@ -47,7 +47,9 @@ class SessionTurns:
         closed = [s for s in specs if s.think_s is not None]
         if not closed:
             return None
-        by_turn = {(s.session_id, s.turn): s for s in specs if s.session_id is not None}
+        by_turn: dict[tuple[int | None, int | None], RequestSpec] = {
+            (s.session_id, s.turn): s for s in specs if s.session_id is not None
+        }
         after_request = {}
         for spec in closed:
             assert spec.turn is not None  # RequestSpec: think_s needs a session and turn

@@ -178,8 +178,8 @@ class SessionsConfig(BaseModel):
 
     @model_validator(mode="after")
     def _source(self) -> SessionsConfig:
-        synthetic = ("num_sessions", "arrival", "turns", "first_prompt", "new_tokens", "output")
-        synthetic += ("think_s",)
+        synthetic: tuple[str, ...] = ("num_sessions", "arrival", "turns", "first_prompt")
+        synthetic += ("new_tokens", "output", "think_s")
         wanted = synthetic if self.source == "synthetic" else ("path",)
         for name in (*synthetic, "path"):
             given = getattr(self, name) is not None
