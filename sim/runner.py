@@ -216,6 +216,8 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         "name": getattr(workload, "name", ""),
         "num_requests": len(workload.requests),
     }
+    if "sessions" in workload.metadata:  # how a trace's requests were grouped into sessions
+        inputs["workload"]["sessions"] = workload.metadata["sessions"]
     step_time = _step_time(scenario, model, base_dir, inputs)
     engine = EngineConfig(
         design=sched.design,

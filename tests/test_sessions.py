@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -480,6 +481,13 @@ def test_mooncake_conversation_trace_sessions_and_their_figures():
     sizes = pd.Series([s.session_id for s in workload]).value_counts()
     assert (len(workload), meta["num_sessions"], meta["num_follow_ups"]) == (12031, 8056, 3975)
     assert (meta["max_turn"], int((sizes > 1).sum())) == (43, 2012)
+    # Why open loop: a follow-up is its parent's context plus a short new message, except 427
+    # that are shorter; the gap between turns (median 126 s) mixes think and serving time.
+    pairs = [(rows[p], row) for p, row in zip(parents, rows, strict=True) if p is not None]
+    extra = [c["input_length"] - p["input_length"] - p["output_length"] for p, c in pairs]
+    gaps_s = [(c["timestamp"] - p["timestamp"]) / 1000 for p, c in pairs]
+    assert (statistics.median(extra), sum(x < 0 for x in extra)) == (26, 427)
+    assert round(statistics.median(gaps_s)) == 126
 
 
 def test_mooncake_sessions_run_open_loop_with_session_metrics():
