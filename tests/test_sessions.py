@@ -526,3 +526,11 @@ def test_fuzz_draws_sessions_cases_and_leaves_the_others_unchanged(monkeypatch):
         result = run(case)
         assert result.sessions is not None
         assert result.sessions["num_turns"].sum() == len(result.requests)
+
+
+def test_pinned_fuzz_case_seeds_still_draw_their_inline_cases():
+    from sim.ci.fuzz_cases import PINNED_INLINE_CASES, _sessions
+
+    cache, scheduler = {"block_size": 16}, {"max_model_len": 256}
+    for seed in PINNED_INLINE_CASES:
+        assert _sessions(seed, cache, scheduler) is None, seed

@@ -458,6 +458,7 @@ def test_fuzz_cases_are_quiet_on_the_older_pins(pin):
     pinned older release: no violation and no crash; the only stall (`no_progress`) is vLLM
     #29496, a prompt split into chunks of exactly max_model_len tokens that never gets its last token."""
     from sim.ci.fuzz import case_seed, generate_case, run_case
+    from sim.workload import load_workload
 
     num_stalled = 0
     for index in range(80):
@@ -468,7 +469,8 @@ def test_fuzz_cases_are_quiet_on_the_older_pins(pin):
         assert kinds <= {"no_progress"} and case.fatal_error is None, (index, case)
         if kinds:
             num_stalled += 1
-            prompts = [r.prompt_tokens for r in scenario.workload.requests]
+            # Inline requests or session turns (`kvsim fuzz` draws both).
+            prompts = [r.prompt_tokens for r in load_workload(scenario.workload)]
             # Split into chunks (chunked prefill, or a long-prefill threshold below the prompt).
             chunked = scheduler.enable_chunked_prefill or scheduler.long_prefill_token_threshold
             assert chunked, (index, case)

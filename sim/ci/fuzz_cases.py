@@ -38,8 +38,13 @@ FUZZ_STEP_TIME = {
 
 #: About one case in this many gets a sessions workload instead of inline requests.
 SESSIONS_ONE_IN = 5
-#: The spawn key of the stream that decides (and draws) a case's sessions.
-_SESSIONS_STREAM = 1
+#: The spawn key of the stream that decides (and draws) a case's sessions: the first key under
+#: which every case seed that a regression test pinned before sessions existed still stands
+#: for its inline case (`PINNED_INLINE_CASES`).
+_SESSIONS_STREAM = 4
+#: Case seeds of past findings, kept as regression tests (tests/test_v0_fatal_manager_errors.py,
+#: tests/test_shrink.py, tests/test_fuzz.py, tests/test_engine.py).
+PINNED_INLINE_CASES = (673228719, 3212736091, 1562480905, 725510040, 23012616, 3644697408)
 
 
 def case_seed(master_seed: int, index: int) -> int:
