@@ -24,6 +24,21 @@ Example (YAML)::
       lengths:
         prompt: {kind: lognormal, mean: 1000, cv: 1.0, max_tokens: 8192}
         output: {kind: trace, path: traces/sharegpt.csv, format: lengths}
+
+Sessions (synthetic, closed loop; or ``sessions: {source: mooncake, path: trace.jsonl}``)::
+
+    workload:
+      kind: sessions
+      seed: 7
+      sessions:
+        source: synthetic
+        num_sessions: 40
+        arrival: {process: poisson, rate_per_s: 2.0}      # session starts
+        turns: {min: 2, max: 8}                           # uniform integers
+        first_prompt: {kind: lognormal, mean: 1200, cv: 0.8, max_tokens: 8000}
+        new_tokens: {kind: lognormal, mean: 150, cv: 1.0, max_tokens: 2000}
+        output: {kind: lognormal, mean: 250, cv: 0.8, max_tokens: 1500}
+        think_s: {kind: exponential, mean_s: 3.0}
 """
 
 from __future__ import annotations
