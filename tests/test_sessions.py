@@ -534,3 +534,13 @@ def test_pinned_fuzz_case_seeds_still_draw_their_inline_cases():
     cache, scheduler = {"block_size": 16}, {"max_model_len": 256}
     for seed in PINNED_INLINE_CASES:
         assert _sessions(seed, cache, scheduler) is None, seed
+
+
+def test_self_contained_scenario_makes_the_mooncake_sessions_path_absolute(tmp_path):
+    """`kvsim run` saves the scenario as run (for `kvsim shrink`): the trace must still resolve."""
+    from sim.runner import self_contained
+
+    data = _scenario()
+    data["workload"] = {"kind": "sessions", "sessions": {"source": "mooncake", "path": "t.jsonl"}}
+    saved = self_contained(scenario_from_dict(data, "t"), tmp_path)
+    assert saved.workload.sessions.path == str(tmp_path.resolve() / "t.jsonl")
