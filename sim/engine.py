@@ -24,12 +24,12 @@ from typing import Any
 
 import simpy
 
+from sim import records as records_module
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.latency.batch import BatchShape
 from sim.records import (
-    DEFAULT_CHUNK_ROWS,
     REQUEST_DTYPE,
     STEP_DTYPE,
     ColumnarTable,
@@ -150,7 +150,7 @@ class Engine:
     """Replays `specs` through `config.num_replicas` replicas with `step_time`.
 
     The tables go to `sinks` (in memory by default; `sim.table_files.FileSink` streams them to
-    files), `chunk_rows` rows at a time. A request's row is made when it reaches its terminal
+    files), `chunk_rows` rows at a time (default `sim.records.DEFAULT_CHUNK_ROWS`). A request's row is made when it reaches its terminal
     state, and the engine then holds it no more: memory follows the requests in flight, not
     the trace.
     """
@@ -162,7 +162,7 @@ class Engine:
         step_time,
         progress: Callable[[int, int], None] | None = None,
         sinks: TableSinks | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        chunk_rows: int | None = None,
     ) -> None:
         self.config = config
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
@@ -172,6 +172,7 @@ class Engine:
         self.progress = progress
         self.env = simpy.Environment()
         self.sinks = sinks or memory_sinks()
+        chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
         stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
         requests = ColumnarTable(REQUEST_DTYPE, self.sinks.requests, chunk_rows)
         steps = ColumnarTable(STEP_DTYPE, self.sinks.steps, chunk_rows)

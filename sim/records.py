@@ -238,7 +238,8 @@ class ColumnarTable:
             return
         part = self._chunk[:n]
         # One contiguous copy per column: the sink may keep it while the chunk is refilled.
-        columns = {name: np.ascontiguousarray(part[name]) for name in self.names}
+        # (`np.ascontiguousarray` would not copy a one-row field view, which is contiguous.)
+        columns = {name: part[name].copy() for name in self.names}
         self.num_rows += n
         self._n = 0
         for listener in self.listeners:
