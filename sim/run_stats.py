@@ -94,6 +94,56 @@ def exact_percentiles(
     return [_lerp(n, q, value_at) for q in qs]
 
 
+class _Reader:
+    """Values from a chunk iterator, `take(k)` at a time, in order."""
+
+    def __init__(self, chunks: Iterator[np.ndarray]) -> None:
+        self._chunks = chunks
+        self._buffer = np.empty(0)
+        self._at = 0
+
+    def take(self, k: int) -> np.ndarray:
+        parts = []
+        while k:
+            if self._at == len(self._buffer):
+                self._buffer, self._at = next(self._chunks), 0
+            part = self._buffer[self._at : self._at + k]
+            self._at += len(part)
+            k -= len(part)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _pairwise_sum(take: Callable[[int], np.ndarray], n: int) -> np.float64:
+    """numpy's sum of `n` float64 values read in order, in numpy's own order of additions
+    (pairwise: halves split at a multiple of 8, blocks of at most 128 summed in 8 lanes), so
+    the mean of a column read in chunks equals the mean pandas takes of the whole column."""
+    if n < 8:
+        res = np.float64(0.0)
+        for x in take(n):
+            res += x
+        return res
+    if n <= 128:
+        values = take(n)
+        whole = n - n % 8
+        lanes = np.add.reduce(values[:whole].reshape(-1, 8), axis=0)  # row after row
+        res = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+            (lanes[4] + lanes[5]) + (lanes[6] + lanes[7])
+        )
+        for x in values[whole:]:
+            res += x
+        return res
+    half = n // 2
+    half -= half % 8
+    left = _pairwise_sum(take, half)
+    return left + _pairwise_sum(take, n - half)
+
+
+def chunked_mean(chunks: Iterable[np.ndarray], n: int) -> float:
+    """`np.mean` (and pandas' `Series.mean`) of the `n` values of `chunks`, bit for bit."""
+    return float(_pairwise_sum(_Reader(iter(chunks)).take, n) / n)
+
+
 class Spill:
     """Float64 columns appended chunk by chunk and read back chunk by chunk.
 
@@ -147,9 +197,10 @@ class RunStats:
         self.finished_generated_tokens = 0
         self.num_preemptions = 0
         self.num_steps = 0
-        self.used_blocks_sum = 0
         self.used_blocks_max = 0
         self.latencies = Spill(LATENCY_COLUMNS, spill_to_file)
+        #: num_used_blocks / num_gpu_blocks of every step, for the mean (`chunked_mean`).
+        self.kv_util = Spill(("kv_util",), spill_to_file)
 
     def on_requests(self, columns: Columns) -> None:
         state = columns["state"]
@@ -167,14 +218,14 @@ class RunStats:
         used = columns["num_used_blocks"]
         self.num_steps += len(used)
         if len(used):
-            self.used_blocks_sum += int(used.sum())
             self.used_blocks_max = max(self.used_blocks_max, int(used.max()))
+            if self.num_gpu_blocks:
+                self.kv_util.append("kv_util", used / self.num_gpu_blocks)
 
     def summary_numbers(self, duration_s: float) -> dict:
         """The summary's counts, throughputs, latency percentiles and KV use.
 
-        KV use: `num_used_blocks / num_gpu_blocks` per step, its mean (from the exact integer
-        sum of used blocks) and its maximum.
+        KV use: `num_used_blocks / num_gpu_blocks` per step, its mean and its maximum.
         """
         finished = self.states["finished"]
         numbers: dict = {
@@ -195,9 +246,10 @@ class RunStats:
         numbers["num_preemptions"] = self.num_preemptions
         blocks = self.num_gpu_blocks
         if self.num_steps and blocks:
-            numbers["kv_util_mean"] = self.used_blocks_sum / blocks / self.num_steps
+            numbers["kv_util_mean"] = chunked_mean(self.kv_util.chunks("kv_util"), self.num_steps)
             numbers["kv_util_max"] = self.used_blocks_max / blocks
         else:
             numbers["kv_util_mean"] = numbers["kv_util_max"] = 0.0
         self.latencies.close()
+        self.kv_util.close()
         return numbers

@@ -30,7 +30,7 @@ from sim.records import (
     RequestRows,
 )
 from sim.results import build_result
-from sim.run_stats import exact_percentiles
+from sim.run_stats import chunked_mean, exact_percentiles
 from sim.runner import file_sinks, resolve
 from sim.scenario import scenario_from_dict
 from sim.scheduler import Request
@@ -363,3 +363,22 @@ def test_synthetic_specs_are_request_specs():
     spec = next(iter(LazySpecs(3, ArrivalConfig(rate_per_s=2.0), _lengths("fixed"), 0, Path("."))))
     assert spec == RequestSpec(0, 0.0, 30, 7)
     assert dataclasses.is_dataclass(spec)
+
+
+@given(
+    used=st.lists(st.integers(0, 5000), min_size=1, max_size=3000),
+    blocks=st.integers(1, 5000),
+    chunk=st.integers(1, 700),
+)
+def test_chunked_mean_equals_pandas_mean(used, blocks, chunk):
+    """The summary's kv_util_mean is pandas' mean of the whole column, bit for bit."""
+    fractions = np.array(used, dtype=np.int64) / blocks
+    chunks = (fractions[i : i + chunk] for i in range(0, len(fractions), chunk))
+    expected = float((pd.Series(used, dtype="int64") / blocks).mean())
+    assert chunked_mean(chunks, len(used)) == expected
+
+
+def test_chunked_mean_of_a_long_column():
+    values = np.random.default_rng(3).random(300_007) * 7
+    chunks = (values[i : i + 65_536] for i in range(0, len(values), 65_536))
+    assert chunked_mean(chunks, len(values)) == float(pd.Series(values).mean())
