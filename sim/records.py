@@ -96,6 +96,8 @@ REQUEST_DTYPE = np.dtype(
 
 #: Rows per chunk: ~8 MB of steps; large enough that Parquet row groups compress well.
 DEFAULT_CHUNK_ROWS = 65_536
+#: A table's first chunk; it doubles up to the chunk size.
+_FIRST_CHUNK_ROWS = 1_024
 
 Columns = dict[str, np.ndarray]
 
@@ -209,6 +211,7 @@ def memory_sinks() -> TableSinks:
 class ColumnarTable:
     """A table filled one row at a time into a preallocated chunk, flushed to `sink` when full.
 
+    The chunk starts small and doubles up to `chunk_rows` (a short run allocates little);
     `listeners` see every flushed chunk too (the run's summary statistics).
     """
 
@@ -222,15 +225,24 @@ class ColumnarTable:
         self.sink = sink
         self.listeners: list = []
         self.num_rows = 0
-        self._chunk = np.empty(chunk_rows, dtype)
+        self._chunk = np.empty(min(_FIRST_CHUNK_ROWS, chunk_rows), dtype)
         self._chunk_rows = chunk_rows
         self._n = 0
 
     def append(self, row: tuple) -> None:
         self._chunk[self._n] = row
         self._n += 1
-        if self._n == self._chunk_rows:
+        if self._n == len(self._chunk):
+            self._grow_or_flush()
+
+    def _grow_or_flush(self) -> None:
+        size = len(self._chunk)
+        if size >= self._chunk_rows:
             self.flush()
+            return
+        grown = np.empty(min(2 * size, self._chunk_rows), self.dtype)
+        grown[:size] = self._chunk
+        self._chunk = grown
 
     def flush(self) -> None:
         n = self._n

@@ -25,6 +25,8 @@ from sim.engine import Engine
 from sim.records import (
     REQUEST_COLUMNS,
     REQUEST_DTYPE,
+    STEP_COLUMNS,
+    STEP_DTYPE,
     ColumnarTable,
     MemorySink,
     RequestRows,
@@ -382,3 +384,20 @@ def test_chunked_mean_of_a_long_column():
     values = np.random.default_rng(3).random(300_007) * 7
     chunks = (values[i : i + 65_536] for i in range(0, len(values), 65_536))
     assert chunked_mean(chunks, len(values)) == float(pd.Series(values).mean())
+
+
+@given(num_rows=st.integers(0, 4_500), chunk_rows=st.sampled_from([1, 3, 1_000, 1_500, 5_000]))
+@settings(max_examples=20, deadline=None)
+def test_columnar_table_keeps_every_row_in_order(num_rows, chunk_rows):
+    """Rows go through chunks that start small, double, and flush at `chunk_rows`."""
+    sink = MemorySink(STEP_COLUMNS)
+    table = ColumnarTable(STEP_DTYPE, sink, chunk_rows)
+    rows = [(i % 3, i, i / 7, 0.5, *range(i, i + 12)) for i in range(num_rows)]
+    for row in rows:
+        table.append(row)
+    table.close()
+    assert all(len(chunk["step"]) <= chunk_rows for chunk in sink.chunks)
+    frame = sink.frame()
+    assert table.num_rows == num_rows == len(frame)
+    if num_rows:
+        assert list(frame.itertuples(index=False, name=None)) == rows
