@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sim.records
+import sim.runner
 from sim.ci.fuzz_cases import FUZZ_STEP_TIME
 from sim.cli import EXIT_INTERRUPTED, app
 from sim.engine import Engine
@@ -31,7 +32,7 @@ from sim.records import (
     MemorySink,
     RequestRows,
 )
-from sim.results import build_result
+from sim.results import build_result, write_result
 from sim.run_stats import chunked_mean, exact_percentiles
 from sim.runner import file_sinks, resolve
 from sim.scenario import scenario_from_dict
@@ -402,3 +403,25 @@ def test_columnar_table_keeps_every_row_in_order(num_rows, chunk_rows):
     assert table.num_rows == num_rows == len(frame)
     if num_rows:
         assert list(frame.itertuples(index=False, name=None)) == rows
+
+
+def test_kvsim_run_streams_the_same_files_the_api_writes(tmp_path):
+    """`kvsim run -o` (tables streamed during the run) and `write_result` of the in-memory
+    result give the same CSV bytes, Parquet frames and summary.json."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(synthetic_case(num_requests=80, max_sim_time_s=1.5)))
+    cli_out = tmp_path / "cli"
+    result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(cli_out)])
+    assert result.exit_code == 0, result.output
+    api_out = write_result(sim.runner.run(path), tmp_path / "api")
+    for name in ("requests", "steps", "violations"):
+        assert (cli_out / f"{name}.csv").read_bytes() == (api_out / f"{name}.csv").read_bytes()
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(cli_out / f"{name}.parquet"),
+            pd.read_parquet(api_out / f"{name}.parquet"),
+        )
+    assert (cli_out / "summary.json").read_text() == (api_out / "summary.json").read_text()
+    assert (
+        '"stopped_early": "reached the simulated-time limit'
+        in (cli_out / "summary.json").read_text()
+    )
