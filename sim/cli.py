@@ -339,7 +339,11 @@ def run(
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
             result = run_scenario(
-                scenario_obj, base_dir=path.parent, progress=progress, vllm_root=vllm_root
+                scenario_obj,
+                base_dir=path.parent,
+                progress=progress,
+                vllm_root=vllm_root,
+                tables_dir=staging,  # requests and steps stream there as the run goes
             )
         finally:
             progress.close()

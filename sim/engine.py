@@ -20,17 +20,29 @@ plus its think time: the hook `_turns_ended` schedules it, or ends the session.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
+from itertools import chain, pairwise
 from typing import Any
 
 import simpy
 
+from sim import records as records_module
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.latency.batch import BatchShape
+from sim.records import (
+    REQUEST_DTYPE,
+    STEP_DTYPE,
+    ColumnarTable,
+    RequestRows,
+    TableSinks,
+    memory_sinks,
+)
+from sim.records import STEP_COLUMNS as STEP_COLUMNS  # re-exported: the steps table's columns
 from sim.routing import ReplicaView, Router, make_policy
+from sim.run_stats import RunStats
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.session_turns import SessionTurns
 from sim.workload.request import RequestSpec
@@ -54,36 +66,15 @@ class EngineConfig:
     manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
 
 
-#: One row per scheduler call that ran a batch or changed the queues. A call that ran nothing
-#: but preempted, ignored or failed requests (vLLM's engine step with an empty batch), and the
-#: call in which the run ended (a fatal engine error, a stop policy), are rows with
-#: `duration_s` 0 and no tokens, so `num_preempted` sums to the requests' preemptions.
-STEP_COLUMNS = (
-    "replica",
-    "step",
-    "start_s",
-    "duration_s",
-    "num_prefill_seqs",
-    "num_prefill_tokens",
-    "num_decode_seqs",
-    "num_tokens",
-    "num_context_tokens",
-    "num_preempted",
-    "num_waiting",
-    "num_running",
-    "num_swapped",
-    "num_free_blocks",
-    "num_used_blocks",
-    "num_cached_blocks",
-)
-
-
 @dataclass(slots=True)
 class RunRecords:
-    """Plain records of one run; `sim.results` turns them into DataFrames."""
+    """The records of one run: the `requests` and `steps` tables (columnar, in their sinks),
+    the summary statistics gathered from them, and the violations; `sim.results` turns them
+    into DataFrames and a summary."""
 
-    requests: list[Request] = field(default_factory=list)
-    steps: list[tuple] = field(default_factory=list)
+    requests: ColumnarTable
+    steps: ColumnarTable
+    stats: RunStats
     violations: list = field(default_factory=list)
     fatal_error: str | None = None
     stopped_early: str | None = None
@@ -124,6 +115,20 @@ class Replica:
         self.wakeup: simpy.Event | None = None
 
 
+def in_arrival_order(specs: Iterable[RequestSpec]) -> tuple[Iterator[RequestSpec], int, bool]:
+    """The specs by (arrival, id), their number, and whether their ids then ascend.
+
+    A source that says it is `in_arrival_order` (a lazy synthetic workload,
+    `sim.workload.synthetic.LazySpecs`) with ids ascending is consumed as it is, one spec at a
+    time, so a multi-million-request workload is never all in memory; anything else is sorted.
+    """
+    if getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized):
+        return iter(specs), len(specs), True
+    ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    ascending = all(a.request_id < b.request_id for a, b in pairwise(ordered))
+    return iter(ordered), len(ordered), ascending
+
+
 def _request_of(spec: RequestSpec, arrival_s: float | None = None) -> Request:
     """The request of `spec`, arriving at `arrival_s` (default: the spec's own arrival)."""
     arrival_s = spec.arrival_s if arrival_s is None else arrival_s
@@ -151,7 +156,13 @@ def batch_shape(plan: StepPlan) -> BatchShape:
 
 
 class Engine:
-    """Replays `specs` through `config.num_replicas` replicas with `step_time`."""
+    """Replays `specs` through `config.num_replicas` replicas with `step_time`.
+
+    The tables go to `sinks` (in memory by default; `sim.table_files.FileSink` streams them to
+    files), `chunk_rows` rows at a time (default `sim.records.DEFAULT_CHUNK_ROWS`). A request's row is made when it reaches its terminal
+    state, and the engine then holds it no more: memory follows the requests in flight, not
+    the trace.
+    """
 
     def __init__(
         self,
@@ -159,13 +170,39 @@ class Engine:
         specs: Iterable[RequestSpec],
         step_time,
         progress: Callable[[int, int], None] | None = None,
+        sinks: TableSinks | None = None,
+        chunk_rows: int | None = None,
     ) -> None:
         self.config = config
-        self.specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+        self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
+        #: Closed-loop session turns (`sim.session_turns`); None for open-loop workloads. A
+        #: lazy source (a multi-million-request synthetic load) has none and stays lazy.
+        self._turns: SessionTurns | None = None
+        if not (getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized)):
+            ordered = list(self._specs)
+            self._turns = SessionTurns.of(ordered)
+            if self._turns is not None:
+                ordered = self._turns.open_loop
+                # A closed-loop turn arrives when its session says, after requests with
+                # larger ids: its row waits, and the rows are sorted at the end.
+                ids_ascending = False
+            self._specs = iter(ordered)
+        #: Closed-loop turns that came due after the run stopped (they never arrived).
+        self._turns_not_arrived: list[RequestSpec] = []
+        #: The spec taken from `_specs` whose arrival time has not come (it has not arrived).
+        self._next_spec: RequestSpec | None = None
         self.step_time = step_time
         self.progress = progress
         self.env = simpy.Environment()
-        self.records = RunRecords(num_gpu_blocks=config.kv.num_gpu_blocks)
+        self.sinks = sinks or memory_sinks()
+        chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
+        stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
+        requests = ColumnarTable(REQUEST_DTYPE, self.sinks.requests, chunk_rows)
+        steps = ColumnarTable(STEP_DTYPE, self.sinks.steps, chunk_rows)
+        requests.listeners.append(stats.on_requests)
+        steps.listeners.append(stats.on_steps)
+        self.records = RunRecords(requests, steps, stats, num_gpu_blocks=config.kv.num_gpu_blocks)
+        self._rows = RequestRows(requests, ids_ascending)
         self._current_step = 0
         window = getattr(step_time, "decode_window", None)
         self.replicas = [
@@ -176,7 +213,6 @@ class Engine:
         self._views = [ReplicaView(r) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0
-        self._turns = SessionTurns.of(self.specs)
         self._open_loop_done = False
 
     def _clock(self) -> tuple[float, int]:
@@ -187,18 +223,20 @@ class Engine:
         return self.replicas[self._policy.choose(request, self._views)]
 
     def _arrivals(self):
-        for spec in self.specs if self._turns is None else self._turns.open_loop:
+        for spec in self._specs:
+            self._next_spec = spec
             delay = spec.arrival_s - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
             if self._stop is not None:
                 break
+            self._next_spec = None
             self._arrive(_request_of(spec))
         self._open_loop_done = True
         self._check_arrivals_done()
 
     def _arrive(self, request: Request) -> None:
-        self.records.requests.append(request)
+        self._rows.arrived(request.request_id)
         replica = self._route(request)
         request.replica = replica.index
         if (
@@ -212,7 +250,7 @@ class Engine:
                 f"({self.config.scheduler.max_model_len})",
                 self.env.now,
             )
-            self._on_terminal(1)
+            self._on_terminal((request,))
             self._turns_ended((request,))
             return
         replica.outstanding += 1
@@ -246,26 +284,33 @@ class Engine:
                     f"(request {request.request_id}, {request.state.value})",
                     self.env.now,
                 )
-                self.records.requests.append(never)
-                self._on_terminal(1)
+                self._rows.arrived(spec.request_id)
+                self._on_terminal((never,))
         self._check_arrivals_done()
 
     def _next_turn(self, spec: RequestSpec, at_s: float):
         yield self.env.timeout(at_s - self.env.now)
         assert self._turns is not None
         self._turns.arrived()
-        if self._stop is None:  # else it never arrives (recorded at the end of the run)
+        if self._stop is None:
             self._arrive(_request_of(spec, self.env.now))
+        else:  # it never arrives (recorded at the end of the run)
+            self._turns_not_arrived.append(spec)
         self._check_arrivals_done()
 
     def _wake(self, replica: Replica) -> None:
         if replica.wakeup is not None and not replica.wakeup.triggered:
             replica.wakeup.succeed()
 
-    def _on_terminal(self, count: int) -> None:
+    def _on_terminal(self, requests: Iterable[Request]) -> None:
+        """`requests` reached their terminal state: their rows are written (in id order)."""
+        count = 0
+        for request in requests:
+            self._rows.terminal(request)
+            count += 1
         self._num_terminal += count
         if self.progress is not None and count:
-            self.progress(self._num_terminal, len(self.specs))
+            self.progress(self._num_terminal, self.num_specs)
 
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler
@@ -288,7 +333,7 @@ class Engine:
             ended = len(plan.ignored) + len(plan.failed)
             if ended:
                 replica.outstanding -= ended
-                self._on_terminal(ended)
+                self._on_terminal(plan.ignored + plan.failed)
                 self._turns_ended(plan.ignored + plan.failed)
             stop = self._stop_in(replica, plan, stop_at_any, stop_at_raise)
             if stop is not None:
@@ -335,7 +380,7 @@ class Engine:
             finished = scheduler.update(plan, env.now)
             if finished:
                 replica.outstanding -= len(finished)
-                self._on_terminal(len(finished))
+                self._on_terminal(finished)
                 self._turns_ended(finished)
             self._record_step(replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
@@ -407,11 +452,25 @@ class Engine:
             if not request.state.is_terminal:
                 request.finish(RequestState.ABORTED, reason, self.env.now)
                 aborted.append(request)
-        self._on_terminal(len(aborted))
+        self._on_terminal(aborted)
         self._turns_ended(aborted)
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunRecords:
+        """Run to the end; the tables are complete (and their sinks closed) on return.
+
+        On any exception the sinks are aborted (files left unfinished for the caller to
+        discard, `sim.outdir`) and the exception propagates.
+        """
+        try:
+            self._simulate()
+            self._finish()
+        except BaseException:
+            self.sinks.abort()
+            raise
+        return self.records
+
+    def _simulate(self) -> None:
         self.env.process(self._arrivals())
         for replica in self.replicas:
             self.env.process(self._replica_loop(replica))
@@ -429,22 +488,32 @@ class Engine:
                 for replica in self.replicas:
                     self._wake(replica)
                 self.env.run()
-            self._turns = None  # the run is over: no turn follows the aborts below
+            # The run is over: no turn follows the aborts below, and the turns still waiting
+            # for their session's previous turn never arrive (`_finish` records them).
+            if self._turns is not None:
+                self._turns_not_arrived.extend(self._turns.after_request.values())
+            self._turns = None
         finally:
             if gc_was_enabled:
                 gc.enable()
-        # Requests that never arrived (run stopped early) are accounted for too.
-        arrived = {r.request_id for r in self.records.requests}
+
+    def _finish(self) -> None:
+        """Every request accounted for: the unfinished aborted, then the never-arrived (whose
+        ids come after every arrived one's when ids ascend), each with the reason."""
         reason = self._stop or "run ended"
-        for spec in self.specs:
-            if spec.request_id not in arrived:
-                request = _request_of(spec)
-                request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
-                self.records.requests.append(request)
         for replica in self.replicas:
             self._abort(replica.scheduler.unfinished(), reason)
             self.records.violations.extend(replica.manager.violations)
+        never_arrived = self._specs
+        if self._next_spec is not None:
+            never_arrived = chain((self._next_spec,), never_arrived)
+            self._next_spec = None
+        for spec in chain(never_arrived, self._turns_not_arrived):
+            request = _request_of(spec)
+            request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
+            self._rows.arrived(spec.request_id)
+            self._rows.terminal(request)
+        self._rows.close()
+        self.records.steps.close()
         self.records.stopped_early = self._stop
         self.records.end_s = self.env.now
-        self.records.requests.sort(key=lambda r: r.request_id)
-        return self.records

@@ -17,36 +17,16 @@ from __future__ import annotations
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pa_csv
 
 from sim.audit.violations import Violation
-from sim.engine import STEP_COLUMNS, RunRecords
+from sim.engine import RunRecords
+from sim.records import REQUEST_COLUMNS as _REQUEST_COLUMNS
+from sim.table_files import write_csv as _write_csv
 
-REQUEST_COLUMNS = [
-    "request_id",
-    "replica",
-    "arrival_s",
-    "prompt_tokens",
-    "max_tokens",
-    "generated_tokens",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "queueing_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "num_preemptions",
-    "num_prefix_hit_tokens",
-    "state",
-    "reason",
-]
+REQUEST_COLUMNS = list(_REQUEST_COLUMNS)
 VIOLATION_COLUMNS = [
     "kind",
     "call",
@@ -59,133 +39,113 @@ VIOLATION_COLUMNS = [
     "step",
     "recovered_blocks",
 ]
-
-
-def _nan(x: float | None) -> float:
-    return math.nan if x is None else x
+#: The tables a run writes, each as `NAME.parquet` and `NAME.csv`.
+TABLES = ("steps", "requests", "violations", "sessions")
 
 
 def requests_frame(records: RunRecords) -> pd.DataFrame:
-    rows = []
-    for r in records.requests:
-        generated = r.seq.output_len
-        ttft = _nan(r.first_token_s) - r.arrival_s
-        tpot = (
-            (r.last_token_s - r.first_token_s) / (generated - 1)
-            if r.first_token_s is not None and r.last_token_s is not None and generated > 1
-            else math.nan
-        )
-        rows.append(
-            (
-                r.request_id,
-                r.replica,
-                r.arrival_s,
-                r.prompt_tokens,
-                r.max_tokens,
-                generated,
-                _nan(r.first_scheduled_s),
-                _nan(r.first_token_s),
-                _nan(r.finish_s),
-                _nan(r.first_scheduled_s) - r.arrival_s,
-                ttft,
-                tpot,
-                _nan(r.finish_s) - r.arrival_s if r.state.value == "finished" else math.nan,
-                r.num_preemptions,
-                r.num_prefix_hit_tokens,
-                r.state.value,
-                r.finish_reason,
-            )
-        )
-    return pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
-
-
-#: The two float columns of `steps`; the others are integers.
-_STEP_FLOAT_COLUMNS = {"start_s", "duration_s"}
+    return records.requests.sink.frame()
 
 
 def steps_frame(records: RunRecords) -> pd.DataFrame:
-    if not records.steps:
-        return pd.DataFrame.from_records(records.steps, columns=list(STEP_COLUMNS))
-    # Through a typed record array: twice as fast as from_records on ~10^5 row tuples, which
-    # infers each column's type from Python objects; the frame is the same.
-    dtype = [(name, "f8" if name in _STEP_FLOAT_COLUMNS else "i8") for name in STEP_COLUMNS]
-    rows = np.array(records.steps, dtype=dtype)
-    return pd.DataFrame({name: rows[name] for name in STEP_COLUMNS})
+    return records.steps.sink.frame()
 
 
 def violations_frame(violations: list[Violation]) -> pd.DataFrame:
     return pd.DataFrame.from_records([v.to_row() for v in violations], columns=VIOLATION_COLUMNS)
 
 
-def _pct(series: pd.Series, q: float) -> float:
-    values = series.dropna().to_numpy()
-    return float(np.percentile(values, q)) if len(values) else math.nan
-
-
-@dataclass
 class RunResult:
-    """Everything one run produced: DataFrames, the summary, and the run's inputs."""
+    """Everything one run produced: DataFrames, the summary, and the run's inputs.
 
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    violations: pd.DataFrame
-    summary: dict
-    inputs: dict = field(default_factory=dict)
-    #: One row per session of a multi-turn workload (`sim.session_metrics`); None otherwise.
-    sessions: pd.DataFrame | None = None
+    `requests` and `steps` are DataFrames; a run whose tables were streamed to files
+    (`tables_dir`) reads them back from its Parquet files on first use.
+    """
+
+    def __init__(
+        self,
+        requests: pd.DataFrame | None,
+        steps: pd.DataFrame | None,
+        violations: pd.DataFrame,
+        summary: dict,
+        inputs: dict | None = None,
+        *,
+        tables_dir: Path | None = None,
+    ) -> None:
+        if tables_dir is None and (requests is None or steps is None):
+            raise ValueError("RunResult needs the requests and steps frames, or tables_dir")
+        self._requests = requests
+        self._steps = steps
+        self.violations = violations
+        self.summary = summary
+        self.inputs = inputs if inputs is not None else {}
+        #: The folder the `requests` and `steps` tables were streamed to (None: in memory).
+        self.tables_dir = tables_dir
+        #: One row per session of a multi-turn workload (`sim.session_metrics`); None otherwise.
+        self.sessions: pd.DataFrame | None = None
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        if self._requests is None:
+            assert self.tables_dir is not None
+            self._requests = pd.read_parquet(self.tables_dir / "requests.parquet")
+        return self._requests
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        if self._steps is None:
+            assert self.tables_dir is not None
+            self._steps = pd.read_parquet(self.tables_dir / "steps.parquet")
+        return self._steps
 
     @property
     def violation_kinds(self) -> set[str]:
         return set(self.violations["kind"]) if len(self.violations) else set()
 
 
-def summarize(
-    records: RunRecords, requests: pd.DataFrame, steps: pd.DataFrame, violations: pd.DataFrame
-) -> dict:
-    finished = requests[requests["state"] == "finished"]
-    duration_s = records.end_s
-    counts = requests["state"].value_counts().to_dict()
-    used_frac = (
-        steps["num_used_blocks"] / records.num_gpu_blocks
-        if len(steps) and records.num_gpu_blocks
-        else pd.Series(dtype=float)
-    )
+def summarize(records: RunRecords, violations: pd.DataFrame) -> dict:
+    """The run's summary, from the statistics gathered while its tables were written."""
+    numbers = records.stats.summary_numbers(records.end_s)
     return {
-        "num_requests": int(len(requests)),
-        "states": {k: int(counts.get(k, 0)) for k in ("finished", "ignored", "failed", "aborted")},
+        "num_requests": numbers["num_requests"],
+        "states": numbers["states"],
         "num_violations": int(len(violations)),
         "violation_kinds": sorted(set(violations["kind"])) if len(violations) else [],
-        "simulated_s": float(duration_s),
-        "num_steps": int(len(steps)),
-        "throughput_req_per_s": float(len(finished) / duration_s) if duration_s > 0 else 0.0,
-        "throughput_tok_per_s": float(finished["generated_tokens"].sum() / duration_s)
-        if duration_s > 0
-        else 0.0,
-        "ttft_p50_s": _pct(finished["ttft_s"], 50),
-        "ttft_p99_s": _pct(finished["ttft_s"], 99),
-        "tpot_p50_s": _pct(finished["tpot_s"], 50),
-        "tpot_p99_s": _pct(finished["tpot_s"], 99),
-        "e2e_p50_s": _pct(finished["e2e_s"], 50),
-        "e2e_p99_s": _pct(finished["e2e_s"], 99),
-        "num_preemptions": int(requests["num_preemptions"].sum()),
-        "kv_util_mean": float(used_frac.mean()) if len(used_frac) else 0.0,
-        "kv_util_max": float(used_frac.max()) if len(used_frac) else 0.0,
+        "simulated_s": numbers["simulated_s"],
+        "num_steps": numbers["num_steps"],
+        "throughput_req_per_s": numbers["throughput_req_per_s"],
+        "throughput_tok_per_s": numbers["throughput_tok_per_s"],
+        "ttft_p50_s": numbers["ttft_p50_s"],
+        "ttft_p99_s": numbers["ttft_p99_s"],
+        "tpot_p50_s": numbers["tpot_p50_s"],
+        "tpot_p99_s": numbers["tpot_p99_s"],
+        "e2e_p50_s": numbers["e2e_p50_s"],
+        "e2e_p99_s": numbers["e2e_p99_s"],
+        "num_preemptions": numbers["num_preemptions"],
+        "kv_util_mean": numbers["kv_util_mean"],
+        "kv_util_max": numbers["kv_util_max"],
         "fatal_error": records.fatal_error,
         "stopped_early": records.stopped_early,
     }
 
 
 def build_result(
-    records: RunRecords, inputs: dict | None = None, step_time_band: dict | None = None
+    records: RunRecords,
+    inputs: dict | None = None,
+    step_time_band: dict | None = None,
+    tables_dir: Path | None = None,
 ) -> RunResult:
     """The run's tables and summary. `step_time_band` (a `StepTimeBand.as_dict()`) says how
-    sure the step times behind every latency are; it goes into the summary as is."""
+    sure the step times behind every latency are; it goes into the summary as is.
+    `tables_dir`: the folder the tables were streamed to (they are read back when used)."""
+    violations = violations_frame(records.violations)
+    summary = summarize(records, violations)
+    summary["step_time_band"] = step_time_band
+    if tables_dir is not None:
+        return RunResult(None, None, violations, summary, inputs, tables_dir=tables_dir)
     requests = requests_frame(records)
     steps = steps_frame(records)
-    violations = violations_frame(records.violations)
-    summary = summarize(records, requests, steps, violations)
-    summary["step_time_band"] = step_time_band
-    return RunResult(requests, steps, violations, summary, inputs or {})
+    return RunResult(requests, steps, violations, summary, inputs)
 
 
 def _json_default(value):
@@ -204,20 +164,6 @@ def summary_json(result: RunResult) -> str:
     )
 
 
-def _write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """CSV through Arrow's writer (about 6x faster than pandas' on a whole-trace `steps`).
-
-    Floats are written in their shortest exact form, so the CSV reads back to the Parquet
-    values; missing values are empty fields; text is quoted only when it must be.
-    """
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    with open(path, "wb") as sink:
-        sink.write((",".join(frame.columns) + "\n").encode())
-        pa_csv.write_csv(
-            table, sink, pa_csv.WriteOptions(include_header=False, quoting_style="needed")
-        )
-
-
 def write_result(result: RunResult, out_dir: str | Path) -> Path:
     """Write every table as Parquet and CSV plus summary.json; byte-identical for equal results.
 
@@ -232,16 +178,22 @@ def write_result(result: RunResult, out_dir: str | Path) -> Path:
 
 
 def write_tables(result: RunResult, out: Path) -> None:
-    """The six tables and summary.json into the existing folder `out` (not atomic)."""
-    # Arrow encodes and compresses outside the GIL, so the six files are written by two
+    """The six tables and summary.json into the existing folder `out` (not atomic).
+
+    Tables already streamed there during the run (`result.tables_dir == out`) are kept as
+    they are; the others are written from the frames.
+    """
+    streamed = {"requests", "steps"} if result.tables_dir == Path(out) else set()
+    # Arrow encodes and compresses outside the GIL, so the files are written by two
     # threads at once (each file by one thread: the bytes do not depend on the schedule).
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = []
-        tables = [("steps", result.steps), ("requests", result.requests)]
-        tables.append(("violations", result.violations))
-        if result.sessions is not None:
-            tables.append(("sessions", result.sessions))
-        for name, frame in tables:
+        for name in TABLES:
+            if name in streamed:
+                continue
+            frame = getattr(result, name)
+            if frame is None:  # `sessions` of a workload without sessions
+                continue
             jobs.append(pool.submit(_write_csv, frame, out / f"{name}.csv"))
             jobs.append(
                 pool.submit(

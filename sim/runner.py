@@ -35,10 +35,12 @@ from sim.memory import (
     is_hybrid_model,
 )
 from sim.memory_terms import VllmEngine
+from sim.records import REQUEST_COLUMNS, STEP_COLUMNS, TableSinks
 from sim.results import RunResult, build_result
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.scheduler import SchedulerConfig
 from sim.session_metrics import is_session_workload, session_tables
+from sim.table_files import FileSink
 from sim.workload import Workload, load_workload
 
 DEFAULT_SCENARIO = "default.yaml"
@@ -333,6 +335,7 @@ def run(
     overrides: dict | None = None,
     vllm_root: str | Path | None = None,
     step_time_factor: float = 1.0,
+    tables_dir: str | Path | None = None,
 ) -> RunResult:
     """Run a scenario (an object, a path, or None for the built-in default) and return its tables.
 
@@ -341,6 +344,10 @@ def run(
     band, `summary["step_time_band"]`); it is recorded in `inputs` when it is not 1.
     `vllm_root` runs vLLM's REAL block manager (an install made by scripts/setup_vllm.sh)
     under the same scheduler and auditor instead of kvsim's model of it.
+    `tables_dir`: an existing folder (e.g. the staging folder of `sim.outdir`) that the
+    `requests` and `steps` tables stream into as Parquet and CSV while the run goes, so they
+    are never whole in memory; the result reads them back from there when asked for them.
+    `sim.results.write_tables(result, tables_dir)` then adds the rest.
     """
     if scenario is None:
         scenario = builtin_scenario_path()
@@ -359,15 +366,32 @@ def run(
     if step_time_factor != 1.0:
         inputs = {**inputs, "step_time_factor": step_time_factor}
     step_time = scaled(resolved.step_time, step_time_factor)
-    engine = Engine(resolved.engine, resolved.workload.requests, step_time, progress=progress)
+    sinks = None if tables_dir is None else file_sinks(Path(tables_dir))
+    engine = Engine(
+        resolved.engine, resolved.workload.requests, step_time, progress=progress, sinks=sinks
+    )
     records = engine.run()
     inputs = _with_group_peaks(inputs, engine)
-    result = build_result(records, inputs, step_time_band=band_of(resolved.step_time).as_dict())
+    result = build_result(
+        records,
+        inputs,
+        step_time_band=band_of(resolved.step_time).as_dict(),
+        tables_dir=None if tables_dir is None else Path(tables_dir),
+    )
     if is_session_workload(resolved.workload):
         result.sessions, result.summary["sessions"] = session_tables(
             resolved.workload, result.requests
         )
     return result
+
+
+def file_sinks(folder: Path) -> TableSinks:
+    """The run's tables streamed into `folder` as they are recorded."""
+    return TableSinks(
+        FileSink(folder, "requests", REQUEST_COLUMNS),
+        FileSink(folder, "steps", STEP_COLUMNS),
+        spill_to_file=True,
+    )
 
 
 def _with_group_peaks(inputs: dict, engine: Engine) -> dict:

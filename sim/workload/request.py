@@ -34,7 +34,7 @@ Worked example (block size 4)::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +135,7 @@ class Workload:
     row of the input is accounted for.
     """
 
-    requests: list[RequestSpec]
+    requests: Sequence[RequestSpec]
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -11,9 +11,10 @@ scale_time(2.0) then gives [0, 0.5] (twice the rate).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from sim.workload.errors import WorkloadError
-from sim.workload.request import Workload
+from sim.workload.request import RequestSpec, Workload
 
 
 def scale_time(workload: Workload, rate_scale: float) -> Workload:
@@ -61,8 +62,11 @@ def time_window(workload: Workload, start_s: float, end_s: float) -> Workload:
     return _derive(workload, kept, "time_range_s", {"start_s": start_s, "end_s": end_s})
 
 
-def _derive(workload: Workload, requests: list, name: str, params: dict) -> Workload:
+def _derive(
+    workload: Workload, requests: Sequence[RequestSpec], name: str, params: dict
+) -> Workload:
     step = {"transform": name, **params, "num_excluded": len(workload) - len(requests)}
     meta = dict(workload.metadata)
     meta["transforms"] = [*meta.get("transforms", []), step]
-    return Workload(list(requests), workload.source, meta)
+    # A prefix of a lazy synthetic workload stays lazy (`LazySpecs` slices to one).
+    return Workload(requests, workload.source, meta)
