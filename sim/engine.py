@@ -5,8 +5,12 @@ runs the step loop::
 
     plan = scheduler.schedule(now)               # pure
     dt   = step_time.predict_s(batch of plan)    # pure
-    yield env.timeout(dt)
+    yield env.timeout(dt)                        # or, when no event is due first, no yield
     scheduler.update(plan, now + dt)              # tokens appended, finished requests freed
+
+Most steps end before anything else can happen: no arrival, no other replica's step is due
+first. Such a step moves the clock itself (`Clock.advance_to`) instead of yielding a SimPy
+timeout, which would only come back to the same process at the same time (see `_replica_loop`).
 
 An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
 whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
@@ -30,6 +34,28 @@ from sim.latency.batch import BatchShape
 from sim.routing import ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.workload.request import RequestSpec
+
+
+class Clock(simpy.Environment):
+    """SimPy's environment, plus a clock that the running process may move forward itself.
+
+    SimPy moves `now` only by popping the next event. A replica whose step ends at `t`
+    strictly before the next scheduled event (`peek()`) would yield a timeout that is then the
+    first event, pops at `t` and resumes that same replica, with no other process run in
+    between; `advance_to(t)` gives the same `now` (the same float: `now + dt`, as
+    `Environment.schedule` computes it) without the event. At a tie (`t == peek()`) the
+    replica must yield: the event already scheduled at `t` runs first.
+
+    Example: steps of 10 ms from 0.0 with the next arrival at 0.025: steps end at 0.01 and
+    0.02 by `advance_to`; the step ending at 0.03 yields, and the arrival runs at 0.025 first.
+    """
+
+    def advance_to(self, time_s: float) -> None:
+        if not self.now <= time_s < self.peek():
+            raise ValueError(
+                f"cannot advance the clock to {time_s}: now {self.now}, next event {self.peek()}"
+            )
+        self._now = time_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +176,17 @@ class Engine:
         specs: Iterable[RequestSpec],
         step_time,
         progress: Callable[[int, int], None] | None = None,
+        *,
+        yield_every_step: bool = False,
     ) -> None:
+        """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
+        tests compare the clock-advancing loop with; the tables are identical)."""
         self.config = config
+        self.yield_every_step = yield_every_step
         self.specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
         self.step_time = step_time
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.records = RunRecords(num_gpu_blocks=config.kv.num_gpu_blocks)
         self._current_step = 0
         window = getattr(step_time, "decode_window", None)
@@ -223,6 +254,7 @@ class Engine:
         stop_at_raise = policy is ViolationPolicy.STOP
         max_sim_time_s = self.config.max_sim_time_s
         predict_s = self.step_time.predict_s
+        advance = not self.yield_every_step
         empty_streak = 0
         while self._stop is None:
             if not scheduler.has_unfinished():
@@ -278,7 +310,12 @@ class Engine:
             shape = batch_shape(plan)
             duration_s = predict_s(shape)
             start_s = env.now
-            yield env.timeout(duration_s)
+            end_s = start_s + duration_s  # the float a timeout would end at
+            if advance and end_s < env.peek():
+                # Nothing else can run before the step ends (`Clock`): no yield.
+                env.advance_to(end_s)
+            else:
+                yield env.timeout(duration_s)
             finished = scheduler.update(plan, env.now)
             if finished:
                 replica.outstanding -= len(finished)
