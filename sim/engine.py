@@ -5,8 +5,12 @@ runs the step loop::
 
     plan = scheduler.schedule(now)               # pure
     dt   = step_time.predict_s(batch of plan)    # pure
-    yield env.timeout(dt)
+    yield env.timeout(dt)                        # or, when no event is due first, no yield
     scheduler.update(plan, now + dt)              # tokens appended, finished requests freed
+
+Most steps end before anything else can happen: no arrival, no other replica's step is due
+first. Such a step moves the clock itself (`Clock.advance_to`) instead of yielding a SimPy
+timeout, which would only come back to the same process at the same time (see `_replica_loop`).
 
 An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
 whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
@@ -46,6 +50,28 @@ from sim.run_stats import RunStats
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.session_turns import SessionTurns
 from sim.workload.request import RequestSpec
+
+
+class Clock(simpy.Environment):
+    """SimPy's environment, plus a clock that the running process may move forward itself.
+
+    SimPy moves `now` only by popping the next event. A replica whose step ends at `t`
+    strictly before the next scheduled event (`peek()`) would yield a timeout that is then the
+    first event, pops at `t` and resumes that same replica, with no other process run in
+    between; `advance_to(t)` gives the same `now` (the same float: `now + dt`, as
+    `Environment.schedule` computes it) without the event. At a tie (`t == peek()`) the
+    replica must yield: the event already scheduled at `t` runs first.
+
+    Example: steps of 10 ms from 0.0 with the next arrival at 0.025: steps end at 0.01 and
+    0.02 by `advance_to`; the step ending at 0.03 yields, and the arrival runs at 0.025 first.
+    """
+
+    def advance_to(self, time_s: float) -> None:
+        if not self.now <= time_s < self.peek():
+            raise ValueError(
+                f"cannot advance the clock to {time_s}: now {self.now}, next event {self.peek()}"
+            )
+        self._now = time_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +198,13 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
         sinks: TableSinks | None = None,
         chunk_rows: int | None = None,
+        *,
+        yield_every_step: bool = False,
     ) -> None:
+        """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
+        tests compare the clock-advancing loop with; the tables are identical)."""
         self.config = config
+        self.yield_every_step = yield_every_step
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
         #: Closed-loop session turns (`sim.session_turns`); None for open-loop workloads. A
         #: lazy source (a multi-million-request synthetic load) has none and stays lazy.
@@ -193,7 +224,7 @@ class Engine:
         self._next_spec: RequestSpec | None = None
         self.step_time = step_time
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.sinks = sinks or memory_sinks()
         chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
         stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
@@ -320,6 +351,7 @@ class Engine:
         stop_at_raise = policy is ViolationPolicy.STOP
         max_sim_time_s = self.config.max_sim_time_s
         predict_s = self.step_time.predict_s
+        advance = not self.yield_every_step
         empty_streak = 0
         while self._stop is None:
             if not scheduler.has_unfinished():
@@ -376,7 +408,12 @@ class Engine:
             shape = batch_shape(plan)
             duration_s = predict_s(shape)
             start_s = env.now
-            yield env.timeout(duration_s)
+            end_s = start_s + duration_s  # the float a timeout would end at
+            if advance and end_s < env.peek():
+                # Nothing else can run before the step ends (`Clock`): no yield.
+                env.advance_to(end_s)
+            else:
+                yield env.timeout(duration_s)
             finished = scheduler.update(plan, env.now)
             if finished:
                 replica.outstanding -= len(finished)

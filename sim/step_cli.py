@@ -17,15 +17,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sim.latency.batch import BatchShape
-from sim.scenario import ScenarioError
+if TYPE_CHECKING:
+    from sim.latency.batch import BatchShape
 
 _DECODE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 _PREFILL = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*(?:@\s*(\d+)\s*)?")
+
+
+def _bad_input(message: str) -> Exception:
+    """A `ScenarioError`, imported on first use: `sim.scenario` loads pandas (through the
+    workload loaders), which `kvsim --help` must not wait for."""
+    from sim.scenario import ScenarioError
+
+    return ScenarioError(message)
 
 
 def parse_decodes(items: list[str]) -> tuple[int, ...]:
@@ -34,7 +42,7 @@ def parse_decodes(items: list[str]) -> tuple[int, ...]:
     for item in items:
         match = _DECODE.fullmatch(item)
         if match is None:
-            raise ScenarioError(
+            raise _bad_input(
                 f"--decode {item!r}: expected COUNTxCONTEXT, e.g. 64x4096 (64 decodes at 4096)"
             )
         count, context = int(match.group(1)), int(match.group(2))
@@ -48,7 +56,7 @@ def parse_prefills(items: list[str]) -> tuple[tuple[int, int], ...]:
     for item in items:
         match = _PREFILL.fullmatch(item)
         if match is None or int(match.group(2)) == 0:
-            raise ScenarioError(
+            raise _bad_input(
                 f"--prefill {item!r}: expected COUNTxTOKENS[@PRIOR], e.g. 1x2048 or 2x512@1024 "
                 f"(TOKENS >= 1)"
             )
@@ -94,17 +102,18 @@ def step_report(
     """Everything `kvsim step` prints, as plain data (the `--json` output)."""
     from sim.catalog import get_gpu, get_model
     from sim.latency import band_of, make_step_time
+    from sim.latency.batch import BatchShape
 
     batch = BatchShape(parse_decodes(decodes), parse_prefills(prefills))
     if batch.num_tokens == 0:
-        raise ScenarioError("give at least one --decode or --prefill, e.g. --decode 64x4096")
+        raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
     if tp < 1:
-        raise ScenarioError(f"--tp {tp}: must be at least 1")
+        raise _bad_input(f"--tp {tp}: must be at least 1")
     try:
         model, gpu = get_model(model_name), get_gpu(gpu_name)
         predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
     except (ValueError, OSError) as error:
-        raise ScenarioError(str(error).splitlines()[0]) from None
+        raise _bad_input(str(error).splitlines()[0]) from None
     step_s = predictor.predict_s(batch)
     band = band_of(predictor)
     terms, details = breakdown_terms(predictor, batch)
@@ -142,7 +151,7 @@ def _step_time_config(name: str | None) -> Any:
         return {"calibrated": name}
     kinds = [k for k in StepTimeConfig.model_fields if k not in ("calibrated", "linear")]
     if name not in kinds:
-        raise ScenarioError(
+        raise _bad_input(
             f"--step-time {name!r}: expected one of {', '.join(kinds)} or a PROFILE.json"
         )
     return name

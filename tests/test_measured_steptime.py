@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -265,3 +266,46 @@ def test_measured_coefficients_path_is_relative_to_the_scenario(tmp_path):
     )
     result = run(tmp_path / "s.yaml")
     assert (result.steps.duration_s > 0.5).all()
+
+
+# ------------------------------------------------------- predict_s from precomputed shape terms
+@st.composite
+def _shapes(draw, window: int | None) -> BatchShape:
+    """A step of listed decodes, prefill chunks and maybe a cohort bulk summed for `window`."""
+    contexts = tuple(draw(st.lists(st.integers(0, 20_000), max_size=12)))
+    chunks = tuple(
+        draw(st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, 9_000)), max_size=4))
+    )
+    bulk = None
+    if draw(st.booleans()):
+        members = draw(st.lists(st.integers(1, 20_000), min_size=1, max_size=300))
+        cap = window if window is not None else 10**12
+        bulk = DecodeBulk(len(members), sum(members), window, sum(min(c, cap) for c in members))
+    return BatchShape(contexts, chunks, bulk)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    model_name=st.sampled_from(CATALOG),
+    gpu_name=st.sampled_from(GPUS),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    engine=st.sampled_from(["v0", "v1"]),
+    data=st.data(),
+)
+def test_predict_s_is_the_terms_added_left_to_right(model_name, gpu_name, tp, engine, data):
+    """The precomputed per-shape terms give exactly (==) the terms of `breakdown` added left to
+    right, for every catalog model (sliding-window, hybrid, MoE) and GPU, on the same model
+    object before and after its caches fill, and on a fresh one."""
+    model = get_model(model_name)
+    predictor = MeasuredStepTime(model, get_gpu(gpu_name), tp=tp, engine=engine)
+    shapes = data.draw(st.lists(_shapes(model.sliding_window), min_size=1, max_size=8))
+    shapes.append(shapes[0])  # the cached path after the first computation
+    for batch in shapes:
+        expected = 0.0
+        for term in predictor._terms(batch):  # noqa: SLF001 - the reference order
+            expected += term
+        assert predictor.predict_s(batch) == expected
+        fresh = MeasuredStepTime(model, get_gpu(gpu_name), tp=tp, engine=engine)
+        assert fresh.predict_s(batch) == expected
+        if sys.version_info < (3, 12):  # 3.12's sum compensates; 3.11's adds left to right
+            assert sum(predictor._terms(batch)) == expected  # noqa: SLF001

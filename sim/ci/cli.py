@@ -24,8 +24,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sim.audit import ViolationKind
-
 
 def _cli():
     import sim.cli as cli  # the app module, imported late: it imports this one
@@ -246,6 +244,7 @@ def shrink(
     ] = None,
 ) -> None:
     """Delta-debug a violating scenario down to a minimal inline reproducer of one violation kind."""
+    from sim.audit import ViolationKind
     from sim.ci.shrink import NothingToShrink, load_input
     from sim.ci.shrink import shrink as shrink_scenario
     from sim.outdir import check_output_file

@@ -42,7 +42,7 @@ def band_columns(
     `capacity_fast_step_ci_high` and `capacity_slow_step_ci_low` bound both uncertainties at
     once: the seed interval at the band's ends.
     """
-    from sim.planning.capacity import confidence_interval  # capacity imports this module
+    from sim.planning.interval import confidence_interval
 
     columns: dict[str, Any] = {
         "step_time_low_factor": band.low_factor,

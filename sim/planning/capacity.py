@@ -30,282 +30,38 @@ not searched twice), giving the capacity at a fast, the central and a slow step 
 the same replicates. Example (the D/D/1 scenario above, band x0.8-x1.5): 8 / 10 / 15 ms steps
 give thresholds 1 / (step - (20 ms - step) / 197.01) = 125.96 / 100.51 / 66.78 req/s.
 A planner reads the slow-step CI low as the conservative answer.
+
+Modules: `sim.planning.slo` (SLOs: parsing and the pass check), `sim.planning.bisection` (one
+search), `sim.planning.interval` (the replicates' t-interval), `sim.planning.band` (the band's
+ends); this one runs the searches and builds the table.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from sim.errors import InputError
 from sim.latency.band import StepTimeBand
 from sim.planning.band import band_columns, band_factors, model_band
-from sim.planning.executor import map_tasks, run_point
-from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
+from sim.planning.bisection import search_capacity
+from sim.planning.executor import map_tasks
+from sim.planning.grid import expand_grid, resolved_data, validate_axes
+from sim.planning.interval import confidence_interval
+from sim.planning.slo import (
+    SLO_METRICS,
+    Slo,
+    SloError,
+    as_slos,
+    check_slos,
+    parse_duration_s,
+    parse_seeds,
+    parse_slo,
+)
 from sim.scenario import ScenarioError
-
-#: SLO metrics: summary columns (seconds).
-SLO_METRICS = tuple(f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99"))
-_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-#: Two-sided 95 % Student-t quantiles by degrees of freedom (beyond 30: the normal 1.96).
-_T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """`metric` (e.g. ttft_p99) at most `limit_s` seconds."""
-
-    metric: str
-    limit_s: float
-
-    @property
-    def column(self) -> str:
-        return f"{self.metric}_s"
-
-    def __str__(self) -> str:
-        return f"{self.metric}<={self.limit_s:g}s"
-
-
-class SloError(InputError):
-    """A bad `--slo`, seed list, tolerance or target rate (one line, exit 2 at the CLI)."""
-
-
-def parse_duration_s(text: str) -> float:
-    """'2s' -> 2.0, '100ms' -> 0.1, '250us' -> 0.00025 (seconds); the unit is required.
-
-    A bare number is refused: `tpot_p99=100` could mean 100 ms as easily as 100 s.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us)?\s*", text)
-    if match is None:
-        raise SloError(f"{text!r}: expected a duration like 2s, 100ms or 250us")
-    if match.group(2) is None:
-        raise SloError(
-            f"{text!r}: a duration needs a unit (s, ms or us), e.g. {match.group(1)}ms "
-            f"or {match.group(1)}s"
-        )
-    return float(match.group(1)) * _UNITS_S[match.group(2)]
-
-
-def parse_slo(text: str) -> Slo:
-    """'ttft_p99=2s' -> Slo('ttft_p99', 2.0)."""
-    metric, sep, value = text.partition("=")
-    metric = metric.strip().removesuffix("_s")
-    if not sep:
-        raise SloError(f"--slo {text!r}: expected METRIC=DURATION, e.g. ttft_p99=2s")
-    if metric not in SLO_METRICS:
-        raise SloError(
-            f"--slo {text!r}: unknown metric '{metric}' (one of {', '.join(SLO_METRICS)})"
-        )
-    try:
-        limit_s = parse_duration_s(value)
-    except SloError as error:
-        raise SloError(f"--slo {error}") from None
-    if limit_s <= 0:
-        raise SloError(f"--slo {text!r}: the limit must be positive")
-    return Slo(metric, limit_s)
-
-
-def as_slos(slos: Any) -> list[Slo]:
-    """Slo objects from ['ttft_p99=2s'], {'ttft_p99': '2s'} / {'ttft_p99_s': 2.0}, or Slo objects.
-
-    A number (no unit) is accepted only under a key that names its unit (`ttft_p99_s`).
-    """
-    if isinstance(slos, dict):
-        slos = [_slo_item(k, v) for k, v in slos.items()]
-    result = [s if isinstance(s, Slo) else parse_slo(s) for s in slos]
-    for slo in result:
-        if slo.metric not in SLO_METRICS:
-            raise SloError(f"unknown SLO metric '{slo.metric}' (one of {', '.join(SLO_METRICS)})")
-    if not result:
-        raise SloError("give at least one SLO, e.g. --slo ttft_p99=2s")
-    return result
-
-
-def _slo_item(key: str, value: Any) -> str | Slo:
-    if isinstance(value, str):
-        return f"{key}={value}"
-    if not key.endswith("_s"):
-        raise SloError(
-            f"SLO {key}: {value!r} has no unit; give a string ('{value}ms' or '{value}s') "
-            f"or name the unit in the key ({key}_s)"
-        )
-    return Slo(key.removesuffix("_s"), float(value))
-
-
-def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' -> [0, 1, 2] (the `--seeds` option)."""
-    seeds = []
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        try:
-            seed = int(item)
-        except ValueError:
-            raise SloError(f"--seeds {text!r}: {item.strip()!r} is not an integer") from None
-        if seed < 0:
-            raise SloError(f"--seeds {text!r}: seeds must be >= 0, got {seed}")
-        seeds.append(seed)
-    if not seeds:
-        raise SloError(f"--seeds {text!r}: give at least one seed, e.g. --seeds 0,1,2")
-    return seeds
-
-
-def check_slos(row: dict[str, Any], slos: list[Slo]) -> str | None:
-    """None when the probe passes, else why it failed (first reason)."""
-    if row.get("error"):
-        return f"error: {row['error']}"
-    if row.get("fatal_error"):
-        return f"fatal engine error: {row['fatal_error']}"
-    if row.get("num_aborted"):
-        return f"{row['num_aborted']} requests aborted"
-    for slo in slos:
-        value = row.get(slo.column)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return f"{slo.metric} undefined (no finished request with it)"
-        if value > slo.limit_s:
-            return f"{slo.metric} {value:.4g}s > {slo.limit_s:g}s"
-    return None
-
-
-def search_capacity(
-    scenario_data: dict[str, Any],
-    slo_pairs: list[tuple[str, float]],
-    tolerance: float,
-    start_scale: float,
-    min_scale: float,
-    max_scale: float,
-    labels: dict[str, Any],
-    step_time_factor: float = 1.0,
-) -> dict[str, Any]:
-    """Bisection for one configuration and replicate (runs in a worker; returns plain data)."""
-    slos = [Slo(m, v) for m, v in slo_pairs]
-    probes: list[dict[str, Any]] = []
-
-    def probe(scale: float) -> bool:
-        data = {**scenario_data, "workload": {**scenario_data["workload"], "rate_scale": scale}}
-        row = run_point(data, {}, scenario_key(data), len(probes), step_time_factor)
-        reason = check_slos(row, slos)
-        row.update(
-            labels,
-            step_time_factor=step_time_factor,
-            rate_scale=scale,
-            passed=reason is None,
-            reason=reason,
-        )
-        probes.append(row)
-        return reason is None
-
-    good = bad = None
-    scale = start_scale
-    if probe(scale):
-        good = scale
-        while bad is None and scale * 2 <= max_scale:
-            scale *= 2
-            if probe(scale):
-                good = scale
-            else:
-                bad = scale
-    else:
-        bad = scale
-        while good is None and scale / 2 >= min_scale:
-            scale /= 2
-            if probe(scale):
-                good = scale
-            else:
-                bad = scale
-    status = "ok"
-    if good is None:
-        status = _never_passes(probes, slos, min_scale)
-    elif bad is None:
-        status = f"passes at the maximum scale {max_scale:g} (capacity is at least this)"
-    else:
-        while (bad - good) / good > tolerance:
-            mid = (good + bad) / 2
-            if probe(mid):
-                good = mid
-            else:
-                bad = mid
-    # Scale 1 rate: every probe's offered rate divided by its scale (the same for all).
-    rates = [
-        p["offered_rate_req_per_s"] / p["rate_scale"]
-        for p in probes
-        if p.get("offered_rate_req_per_s")
-    ]
-    base_rate = rates[0] if rates else math.nan
-    return {
-        **labels,
-        "step_time_factor": step_time_factor,
-        "status": status,
-        "capacity_scale": good if good is not None else 0.0,
-        "bracket_high_scale": bad,
-        "base_rate_req_per_s": base_rate,
-        "capacity_rate_req_per_s": (good or 0.0) * base_rate,
-        "num_probes": len(probes),
-        "probes": probes,
-    }
-
-
-def _never_passes(probes: list[dict[str, Any]], slos: list[Slo], min_scale: float) -> str:
-    """Why no rate passes: the last (lowest) probe's reason, and whether load is to blame.
-
-    A latency that does not fall as the rate falls is set by the requests themselves (prompts
-    too long to prefill within the SLO, or many requests stamped with the same arrival time,
-    which rate scaling cannot pull apart: the Mooncake traces use 3 s buckets), not by the
-    load, so no replica count meets that SLO. Example: TTFT p99 16.3 s at scale 0.25 and at
-    0.0156, against 2 s -> "... ttft_p99 barely falls with the rate (16.3s at scale 0.25, 16.3s
-    at 0.015625): the requests themselves ... break this SLO at any load".
-    """
-    first, last = probes[0], probes[-1]
-    text = f"fails at the minimum scale {min_scale:g}: {last['reason']}"
-    for slo in slos:
-        high, low = first.get(slo.column), last.get(slo.column)
-        if high is None or low is None or math.isnan(high) or math.isnan(low):
-            continue
-        if low > slo.limit_s and low >= 0.9 * high:
-            return (
-                f"{text}, and {slo.metric} barely falls with the rate ({high:.3g}s at scale "
-                f"{first['rate_scale']:g}, {low:.3g}s at {last['rate_scale']:g}): the requests "
-                "themselves (long prompts, simultaneous arrivals) break this SLO at any load"
-            )
-    return text
-
-
-def confidence_interval(
-    values: list[float], level_t: dict[int, float] = _T95
-) -> tuple[float, float, float]:
-    """(mean, low, high) of a 95 % Student-t interval; one value gives (v, v, v).
-
-    Example: [100, 110, 120] -> mean 110, sd 10, t(2) = 4.303 -> 110 +- 4.303 * 10 / sqrt(3)
-    = (110, 85.16, 134.84).
-    """
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    df = len(values) - 1
-    t = next((level_t[k] for k in sorted(level_t) if k >= df), 1.96)
-    half = t * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
 
 
 def capacity_search(
@@ -456,3 +212,20 @@ def _textify(frame: pd.DataFrame) -> pd.DataFrame:
         if frame[name].dtype == object and len({type(v) for v in frame[name] if v is not None}) > 1:
             frame[name] = frame[name].map(lambda v: v if v is None else str(v))
     return frame
+
+
+__all__ = [
+    "SLO_METRICS",
+    "Slo",
+    "SloError",
+    "as_slos",
+    "capacity",
+    "capacity_search",
+    "check_slos",
+    "confidence_interval",
+    "parse_duration_s",
+    "parse_seeds",
+    "parse_slo",
+    "search_capacity",
+    "write_capacity",
+]
