@@ -76,6 +76,8 @@ class BlockPool:
         self.num_held_blocks = 1
         #: Free blocks that still carry a hash (cached, evicted when popped).
         self.num_evictable_blocks = 0
+        #: The most blocks ever held at once, the null block included.
+        self.peak_num_held_blocks = 1
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
@@ -115,6 +117,8 @@ class BlockPool:
                 self._evict_cached_block(block)
             block.ref_cnt = 1
             self.num_held_blocks += 1
+            if self.num_held_blocks > self.peak_num_held_blocks:
+                self.peak_num_held_blocks = self.num_held_blocks
             table.append(block)
             return [block_id]
         block_ids = queue.popleft_n(num_blocks)
@@ -127,6 +131,8 @@ class BlockPool:
                 self._evict_cached_block(block)
             block.ref_cnt = 1
         self.num_held_blocks += len(new_blocks)
+        if self.num_held_blocks > self.peak_num_held_blocks:
+            self.peak_num_held_blocks = self.num_held_blocks
         table.extend(new_blocks)
         return block_ids
 
@@ -146,6 +152,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block.block_id)
                 self.num_held_blocks += 1
+                if self.num_held_blocks > self.peak_num_held_blocks:
+                    self.peak_num_held_blocks = self.num_held_blocks
                 if block.block_hash is not None:
                     self.num_evictable_blocks -= 1
             block.ref_cnt += 1
