@@ -18,9 +18,9 @@ history. Their shape is the coordinator's: one chain for one group; for several 
 key list per group (`hybrid_coordinator.group_block_hash`).
 
 Speed-ups live inside the methods they speed up, each under its name (`# fast path: ...`):
-the unitary coordinator's allocation without hits skips the per-group tuple, and the
-leading-null count of a sliding table starts from the window's last cut
-(`SingleTypeManager.num_leading_null_blocks`).
+the unitary coordinator's count and allocation without hits skip the per-group loop, and a
+sliding table's leading nulls are a kept count (`SlidingWindowManager.req_to_num_null_blocks`),
+not a scan.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         #: Each group's sliding window in tokens (None: full attention), by group id.
         self.windows = windows
         self.has_sliding_window = any(window is not None for window in windows)
+        #: The sliding groups' windows, for the footprint bound.
+        self.sliding_windows = tuple(window for window in windows if window is not None)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             make_single_type_manager(
                 block_pool, block_size, window, only_reachable_cached=only_reachable_cached
@@ -171,10 +173,11 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         """Leading table entries cached, the fewest over groups (equal in practice)."""
         return min(manager.num_cached_block[request_id] for manager in self.managers)
 
-    def table_touch_len(self, request_id: int, num_skip_tokens: int) -> int | None:
+    def table_touch_len(self, request_id: int) -> int | None:
         """The first decode length at which a group's table changes: a new block
         (``len(table) * bs + 1``) or, per sliding group, a block leaving the window
-        (``(leading nulls + 1) * bs + W``). None when the request has not started.
+        (``(leading nulls + 1) * bs + W``). None when the request has not started (no
+        allocation yet).
 
         Example (bs=16, one group, W=24): a table of 8 entries, 0..4 null -> min(129, 120) = 120.
         """
@@ -185,18 +188,18 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         touch_len = min(len(table) for table in tables) * bs + 1
         for manager, window in zip(self.managers, self.windows, strict=True):
             if window is not None:
-                num_nulls = manager.num_leading_null_blocks(request_id, num_skip_tokens)
+                num_nulls = manager.num_leading_null_blocks(request_id)
                 touch_len = min(touch_len, (num_nulls + 1) * bs + window)
         return touch_len
 
-    def num_seq_blocks(self, request_id: int, num_skip_tokens: int) -> int:
+    def num_seq_blocks(self, request_id: int) -> int:
         """Non-null blocks over all groups (null entries are a prefix of each table, and a
         block is never in two of a request's tables)."""
         total = 0
         for manager in self.managers:
             table = manager.req_to_blocks.get(request_id)
             if table:
-                total += len(table) - manager.num_leading_null_blocks(request_id, num_skip_tokens)
+                total += len(table) - manager.num_leading_null_blocks(request_id)
         return total
 
 
@@ -256,7 +259,11 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
             return self.manager.get_num_blocks_to_allocate(request_id, num_tokens, hits[0])
         # fast path: no hits (every call but a new request's first), so none is evictable and
         # the count is `cdiv(num_tokens, bs) - len(table)` (`get_num_blocks_to_allocate`).
-        return -(-num_tokens // self.block_size) - len(self.manager.blocks_of(request_id))
+        # `blocks_of`, with get: no empty list is built per call.
+        table = self.manager.req_to_blocks.get(request_id)
+        if table is None:
+            table = self.manager.req_to_blocks[request_id] = []
+        return -(-num_tokens // self.block_size) - len(table)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
         self.manager.save_new_computed_blocks(request_id, hits[0])
@@ -264,7 +271,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
     def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
         # fast path: the pool appends straight to the table and returns the ids it popped,
         # with no per-group tuple and no second pass over the blocks.
-        table = self.manager.blocks_of(request_id)
+        table = self.manager.req_to_blocks[request_id]  # get_num_blocks_to_allocate made it
         num_new_blocks = -(-num_tokens // self.block_size) - len(table)
         if num_new_blocks <= 0:
             return []
@@ -280,7 +287,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
     def num_cached_blocks(self, request_id: int) -> int:
         return self.manager.num_cached_block[request_id]
 
-    def table_touch_len(self, request_id: int, num_skip_tokens: int) -> int | None:
+    def table_touch_len(self, request_id: int) -> int | None:
         # fast path: `KVCacheCoordinator.table_touch_len` for one table (called after every
         # real decode call), with no per-group tuple.
         manager = self.manager
@@ -291,14 +298,14 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         touch_len = len(table) * bs + 1
         window = self.windows[0]
         if window is not None:
-            num_nulls = manager.num_leading_null_blocks(request_id, num_skip_tokens)
+            num_nulls = manager.num_leading_null_blocks(request_id)
             window_touch_len = (num_nulls + 1) * bs + window
             if window_touch_len < touch_len:
                 touch_len = window_touch_len
         return touch_len
 
-    def num_seq_blocks(self, request_id: int, num_skip_tokens: int) -> int:
+    def num_seq_blocks(self, request_id: int) -> int:
         table = self.manager.req_to_blocks.get(request_id)
         if not table:
             return 0
-        return len(table) - self.manager.num_leading_null_blocks(request_id, num_skip_tokens)
+        return len(table) - self.manager.num_leading_null_blocks(request_id)

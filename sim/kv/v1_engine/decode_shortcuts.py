@@ -28,6 +28,7 @@ class DecodeShortcuts:
     block_size: int
     enable_caching: bool
     max_model_len: int | None
+    num_kv_cache_groups: int
     _req_to_skip_tokens: dict[int, int]
     _req_to_max_need_tokens: dict[int, int]
 
@@ -51,9 +52,7 @@ class DecodeShortcuts:
         if max_need_tokens is None:
             return None
         coordinator = self.coordinator
-        touch_len = coordinator.table_touch_len(
-            request_id, self._req_to_skip_tokens.get(request_id, 0)
-        )
+        touch_len = coordinator.table_touch_len(request_id)
         if touch_len is None:
             return None
         num_tokens = request.content.num_tokens
@@ -113,9 +112,12 @@ class DecodeShortcuts:
         need_tokens = self._req_to_max_need_tokens.get(request_id)
         if need_tokens is None:
             return 0
+        bs = self.block_size
         num_skip_tokens = self._req_to_skip_tokens[request_id]
-        num_table_blocks = -(-need_tokens // self.block_size)
-        footprint = 0
-        for manager in coordinator.managers:
-            footprint += num_table_blocks - manager.num_skipped_blocks(num_skip_tokens)
+        footprint = self.num_kv_cache_groups * -(-need_tokens // bs)
+        for window in coordinator.sliding_windows:
+            # floor(max(0, C - W + 1) / bs) blocks left this group's window.
+            num_skipped_tokens = num_skip_tokens - window + 1
+            if num_skipped_tokens > 0:
+                footprint -= num_skipped_tokens // bs
         return footprint if footprint > 0 else 0

@@ -155,7 +155,11 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         if num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("num_new_computed_tokens and num_lookahead_tokens must be >= 0")
         coordinator = self.coordinator
-        hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+        # Only a new request's first call can bring prefix hits.
+        if new_computed_block_ids or num_new_computed_tokens:
+            hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+        else:
+            hits = coordinator.no_hits
         request_id = request.seq_id
         num_skip_tokens = request.num_computed_tokens
 
@@ -191,9 +195,6 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
 
     def _resolve_hits(self, block_ids: list[int], num_new_computed_tokens: int) -> GroupBlocks:
         """The hit blocks of a flat id list, per group; checked against the token count."""
-        if not block_ids and not num_new_computed_tokens:
-            # fast path: every call but a new request's first has no hits.
-            return self.coordinator.no_hits
         if block_ids and not self.enable_caching:
             raise ValueError("new_computed_block_ids given but prefix caching is disabled")
         num_gpu_blocks = self.block_pool.num_gpu_blocks
@@ -261,8 +262,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
 
     def num_seq_blocks(self, seq_id: int) -> int:
         """Non-null blocks in the request's tables: each table's length less its leading
-        nulls (`SingleTypeManager.num_leading_null_blocks`, O(1) in the common case)."""
-        return self.coordinator.num_seq_blocks(seq_id, self._req_to_skip_tokens.get(seq_id, 0))
+        nulls (`SingleTypeManager.num_leading_null_blocks`, a kept count)."""
+        return self.coordinator.num_seq_blocks(seq_id)
 
     def group_num_held_blocks(self) -> list[int]:
         """Non-null blocks in each group's live tables (a prefix-shared block counts once per

@@ -93,33 +93,10 @@ class SingleTypeManager(abc.ABC):
         self.block_pool.free_blocks(reversed(table))
         self.num_cached_block.pop(request_id, None)
 
-    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
-        """Leading blocks no token after the first `num_computed_tokens` attends to (none for
-        full attention; see `SlidingWindowManager`)."""
-        return 0
-
-    def num_leading_null_blocks(self, request_id: int, num_skip_tokens: int) -> int:
+    def num_leading_null_blocks(self, request_id: int) -> int:
         """Null entries at the front of the request's table (kvsim's query, for the footprint
-        bound and the decode fast path).
-
-        A table's null entries are a prefix (skipped blocks, or the padding of a sliding-window
-        hit). fast path: after `remove_skipped_blocks(num_skip_tokens)` they end at
-        `num_skipped_blocks(num_skip_tokens)` unless a hit padded further; the two entries
-        around that index confirm the guess in O(1), otherwise a binary search decides
-        (`num_leading_nulls`). Example (bs=16, W=24, C=112): guess floor(89 / 16) = 5, so
-        ``table[4]`` null and ``table[5]`` not -> 5.
-        """
-        table = self.req_to_blocks.get(request_id)
-        if not table:
-            return 0
-        guess = self.num_skipped_blocks(num_skip_tokens)
-        if (
-            guess < len(table)
-            and not table[guess].is_null
-            and (guess == 0 or table[guess - 1].is_null)
-        ):
-            return guess
-        return num_leading_nulls(table)
+        bound and the decode fast path): none for full attention."""
+        return 0
 
     @abc.abstractmethod
     def find_longest_cache_hit(
@@ -180,12 +157,30 @@ class SlidingWindowManager(SingleTypeManager):
         #: no block of this group is ever cached (`reachable_block_mask`, all False). For
         #: W > 1 and one block size every block is reachable, as at 4ac7713.
         self._caches_nothing = only_reachable_cached and cdiv(sliding_window - 1, block_size) == 0
+        #: Per request with any: the null entries at the front of its table. Nulls are always
+        #: a prefix (a hit's padding, then the skipped blocks), so a count says where they end
+        #: and `num_leading_null_blocks` is a lookup, not a scan of the table.
+        self.req_to_num_null_blocks: dict[int, int] = {}
 
-    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
-        """``floor(max(0, C - W + 1) / bs)``: the blocks before the first useful one. Example
-        (bs=16, W=24, C=112): floor(89 / 16) = 5."""
-        num_skipped_tokens = num_computed_tokens - self.sliding_window + 1
-        return num_skipped_tokens // self.block_size if num_skipped_tokens > 0 else 0
+    def num_leading_null_blocks(self, request_id: int) -> int:
+        """The request's leading null entries. Example (bs=16, W=24): after
+        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5."""
+        return self.req_to_num_null_blocks.get(request_id, 0)
+
+    def save_new_computed_blocks(
+        self, request_id: int, new_computed_blocks: list[KVCacheBlock]
+    ) -> None:
+        is_new = request_id not in self.num_cached_block
+        super().save_new_computed_blocks(request_id, new_computed_blocks)
+        if is_new and new_computed_blocks:
+            # A hit's padding (`find_longest_cache_hit`) is a prefix of nulls.
+            num_nulls = num_leading_nulls(new_computed_blocks)
+            if num_nulls:
+                self.req_to_num_null_blocks[request_id] = num_nulls
+
+    def free(self, request_id: int) -> None:
+        super().free(request_id)
+        self.req_to_num_null_blocks.pop(request_id, None)
 
     def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
         if self._caches_nothing:
@@ -249,4 +244,6 @@ class SlidingWindowManager(SingleTypeManager):
                 break
             removed.append(table[index])
             table[index] = self.block_pool.null_block
+        # Everything before the first useful block is null now.
+        self.req_to_num_null_blocks[request_id] = first_useful_block
         self.block_pool.free_blocks(removed)
