@@ -250,7 +250,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return (blocks,)
 
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        self.manager.remove_skipped_blocks(request_id, num_computed_tokens)
+        if self.has_sliding_window:  # fast path: full attention skips nothing
+            self.manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
@@ -266,7 +267,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return -(-num_tokens // self.block_size) - len(table)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
-        self.manager.save_new_computed_blocks(request_id, hits[0])
+        manager = self.manager
+        # fast path: a running request without hits has nothing to save (most calls).
+        if hits[0] or request_id not in manager.num_cached_block:
+            manager.save_new_computed_blocks(request_id, hits[0])
 
     def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
         # fast path: the pool appends straight to the table and returns the ids it popped,
@@ -298,7 +302,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         touch_len = len(table) * bs + 1
         window = self.windows[0]
         if window is not None:
-            num_nulls = manager.num_leading_null_blocks(request_id)
+            num_nulls = manager.req_to_num_null_blocks.get(request_id, 0)
             window_touch_len = (num_nulls + 1) * bs + window
             if window_touch_len < touch_len:
                 touch_len = window_touch_len
@@ -308,4 +312,4 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         table = self.manager.req_to_blocks.get(request_id)
         if not table:
             return 0
-        return len(table) - self.manager.num_leading_null_blocks(request_id)
+        return len(table) - self.manager.req_to_num_null_blocks.get(request_id, 0)

@@ -28,6 +28,11 @@ class SingleTypeManager(abc.ABC):
         self.block_pool = block_pool
         self.block_size = block_size
         self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}
+        #: Per request with any: the null entries at the front of its table (only sliding
+        #: windows make them). Nulls are always a prefix (a hit's padding, then the skipped
+        #: blocks), so a count says where they end: `num_leading_null_blocks` is a lookup,
+        #: not a scan of the table.
+        self.req_to_num_null_blocks: dict[int, int] = {}
         #: Leading table entries already cached (only for requests that got their first
         #: allocation; upstream uses its presence to tell a new request from a running one).
         self.num_cached_block: dict[int, int] = {}
@@ -95,8 +100,9 @@ class SingleTypeManager(abc.ABC):
 
     def num_leading_null_blocks(self, request_id: int) -> int:
         """Null entries at the front of the request's table (kvsim's query, for the footprint
-        bound and the decode fast path): none for full attention."""
-        return 0
+        bound and the decode fast path). Example (bs=16, W=24): after
+        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5; full attention: 0."""
+        return self.req_to_num_null_blocks.get(request_id, 0)
 
     @abc.abstractmethod
     def find_longest_cache_hit(
@@ -157,15 +163,6 @@ class SlidingWindowManager(SingleTypeManager):
         #: no block of this group is ever cached (`reachable_block_mask`, all False). For
         #: W > 1 and one block size every block is reachable, as at 4ac7713.
         self._caches_nothing = only_reachable_cached and cdiv(sliding_window - 1, block_size) == 0
-        #: Per request with any: the null entries at the front of its table. Nulls are always
-        #: a prefix (a hit's padding, then the skipped blocks), so a count says where they end
-        #: and `num_leading_null_blocks` is a lookup, not a scan of the table.
-        self.req_to_num_null_blocks: dict[int, int] = {}
-
-    def num_leading_null_blocks(self, request_id: int) -> int:
-        """The request's leading null entries. Example (bs=16, W=24): after
-        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5."""
-        return self.req_to_num_null_blocks.get(request_id, 0)
 
     def save_new_computed_blocks(
         self, request_id: int, new_computed_blocks: list[KVCacheBlock]
@@ -229,13 +226,15 @@ class SlidingWindowManager(SingleTypeManager):
         floor(89 / 16) = 5: blocks 4..0 are freed.
         """
         first_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
-        table = self.req_to_blocks.setdefault(request_id, [])  # blocks_of, inlined (hot)
+        table = self.req_to_blocks.get(request_id)
+        if table is None:  # `blocks_of`, with get: no empty list is built per call
+            table = self.req_to_blocks[request_id] = []
         if first_useful_block > len(table):
             raise ValueError(
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "
                 f"{len(table)} blocks in its table"
             )
-        if first_useful_block <= 0 or table[first_useful_block - 1].is_null:
+        if first_useful_block <= self.req_to_num_null_blocks.get(request_id, 0):
             return  # nothing left the window since the last call (most calls)
         removed: list[KVCacheBlock] = []
         for index in range(first_useful_block - 1, -1, -1):
