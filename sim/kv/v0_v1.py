@@ -35,6 +35,7 @@ Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import cycle, groupby, islice
 from operator import attrgetter
@@ -128,15 +129,10 @@ class BlockSpaceManagerV1:
         alloc_cls = CachedBlockAllocator if self.enable_caching else UncachedBlockAllocator
         self.gpu_allocator: BlockAllocator = alloc_cls(Device.GPU, config.num_gpu_blocks)
         self.cpu_allocator: BlockAllocator = alloc_cls(Device.CPU, config.num_cpu_blocks)
-        #: The uncached GPU allocator's free list, bound once: its length is the free count,
-        #: read several times per engine step (the scheduler, and the auditor around every
-        #: call), so hot readers take ``len`` of it instead of a property call. None with
-        #: prefix caching, where the count is a sum (`CachedBlockAllocator.num_free_blocks`).
-        self._gpu_free_list: list[PhysicalBlock] | None = (
-            self.gpu_allocator.free_list
-            if isinstance(self.gpu_allocator, UncachedBlockAllocator)
-            else None
-        )
+        #: The GPU free count, read several times per engine step (the scheduler, and the
+        #: auditor around every call): the allocator's `count_free_blocks` (without caching
+        #: its free list's own `len`, no Python frame).
+        self._count_free_gpu_blocks: Callable[[], int] = self.gpu_allocator.count_free_blocks
         self.block_tables: dict[int, BlockTable] = {}
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
@@ -196,8 +192,7 @@ class BlockSpaceManagerV1:
         num_required = self.admission_blocks(seq_group)
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
-        free_list = self._gpu_free_list  # the free count without a property call (see init)
-        num_free = len(free_list) if free_list is not None else self.gpu_allocator.num_free_blocks
+        num_free = self._count_free_gpu_blocks()
         if num_free - num_required >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
@@ -264,10 +259,7 @@ class BlockSpaceManagerV1:
             num_running = 1 if seqs[0].status is SequenceStatus.RUNNING else 0
         else:
             num_running = seq_group.num_seqs(SequenceStatus.RUNNING)
-        free_list = self._gpu_free_list  # the free count without a property call (see init)
-        if free_list is not None:
-            return num_running <= len(free_list)
-        return num_running <= self.gpu_allocator.num_free_blocks
+        return num_running <= self._count_free_gpu_blocks()
 
     def _allocate_last_physical_block(self, seq: Sequence) -> PhysicalBlock:
         if not self.enable_caching:
@@ -491,10 +483,7 @@ class BlockSpaceManagerV1:
         return [b.block_id for b in self.block_tables[seq.seq_id]]
 
     def get_num_free_gpu_blocks(self) -> int:
-        free_list = self._gpu_free_list  # the free count without a property call (see init)
-        if free_list is not None:
-            return len(free_list)
-        return self.gpu_allocator.num_free_blocks
+        return self._count_free_gpu_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.cpu_allocator.num_free_blocks
@@ -545,10 +534,9 @@ class BlockSpaceManagerV1:
     # ----------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
         gpu = self.gpu_allocator  # positional: called several times per engine step
-        free_list = self._gpu_free_list  # the free count without a property call (see init)
         return PoolStats(
             self.num_total_gpu_blocks,
-            len(free_list) if free_list is not None else gpu.num_free_blocks,
+            self._count_free_gpu_blocks(),
             gpu.num_held_blocks,
             gpu.num_evictable_blocks,
         )

@@ -202,6 +202,10 @@ class UncachedBlockAllocator(_RefCounting):
         ]
         # A stack: allocate pops the end, free pushes it back (LIFO reuse).
         self._free_blocks = list(self._all_blocks)
+        # fast path: `count_free_blocks` as the free list's own `len`, a call without a Python
+        # frame (the free count is read several times per engine step). The list object is
+        # never replaced, so the bound `len` stays right.
+        self.count_free_blocks = self._free_blocks.__len__  # type: ignore[method-assign]
 
     #: Nothing is evictable without prefix caching (a constant, read by every `pool_stats`).
     num_evictable_blocks = 0
@@ -255,11 +259,9 @@ class UncachedBlockAllocator(_RefCounting):
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
 
-    @property
-    def free_list(self) -> list[PhysicalBlock]:
-        """The free list itself, bottom to top, so that a hot reader can bind it once and take
-        ``len(free_list)`` (= `num_free_blocks`) without a property call. Never change it."""
-        return self._free_blocks
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a plain call (the managers bind it once; see `__init__`)."""
+        return len(self._free_blocks)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
         return iter(self._all_blocks)
@@ -348,6 +350,10 @@ class CachedBlockAllocator(_RefCounting):
 
     @property
     def num_free_blocks(self) -> int:
+        return self.num_blocks - len(self._created) + len(self.evictor)
+
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a plain call, as `UncachedBlockAllocator.count_free_blocks`."""
         return self.num_blocks - len(self._created) + len(self.evictor)
 
     @property

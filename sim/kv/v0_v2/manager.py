@@ -149,14 +149,7 @@ class BlockSpaceManagerV2:
             num_lookahead_slots,
             seq.num_computed_tokens,
         )
-        # `self._gpu.clear_copy_on_writes()`, inlined: almost every append copies nothing, and
-        # then a new empty list is all the caller gets either way.
-        gpu = self._gpu
-        cows = gpu._copy_on_writes
-        if not cows:
-            return []
-        gpu._copy_on_writes = []
-        return cows
+        return self._gpu.clear_copy_on_writes()
 
     # -- decode fast path ----------------------------------------------------------------
     def decode_touch_len(self, seq: Sequence) -> int | None:
