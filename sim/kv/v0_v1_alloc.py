@@ -31,9 +31,6 @@ from sim.kv.types import DoubleFreeError, NoFreeBlocksError
 #: vLLM `block.py:L6 @fc93e56`: a block never accessed has last_accessed == -1.
 DEFAULT_LAST_ACCESSED_S = -1.0
 
-#: The hash an uncached block carries (vLLM uses -1 as "no hash" there).
-UNCACHED_BLOCK_HASH = -1
-
 OUT_OF_BLOCKS_MSG = "Out of memory! No free blocks are available."
 EVICTOR_EMPTY_MSG = "No usable cache memory left"
 
@@ -50,7 +47,9 @@ class PhysicalBlock:
 
     device: Device
     block_id: int
-    block_hash: int
+    #: The content hash of a cached block; None for a block of the uncached allocator
+    #: (vLLM stores -1 there).
+    block_hash: int | None
     num_hashed_tokens: int
     ref_count: int = 0
     last_accessed: float = DEFAULT_LAST_ACCESSED_S
@@ -91,8 +90,10 @@ class LRUEvictor:
         return len(self.hash_to_block)
 
     def add(self, block: PhysicalBlock) -> None:
-        assert block.block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
-        self.hash_to_block[block.block_hash] = block
+        block_hash = block.block_hash
+        assert block_hash is not None, f"{block} has no hash: it is not a cached block"
+        assert block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
+        self.hash_to_block[block_hash] = block
 
     def remove(self, block_hash: int) -> PhysicalBlock:
         if block_hash not in self.hash_to_block:
@@ -109,6 +110,7 @@ class LRUEvictor:
                 break
             if victim.num_hashed_tokens < block.num_hashed_tokens:
                 victim = block
+        assert victim.block_hash is not None  # `add` takes only hashed blocks
         del self.hash_to_block[victim.block_hash]
         victim.computed = False
         return victim
@@ -197,9 +199,7 @@ class UncachedBlockAllocator(_RefCounting):
         self.device = device
         self.num_blocks = num_blocks
         self.num_held_blocks = 0
-        self._all_blocks = [
-            PhysicalBlock(device, i, UNCACHED_BLOCK_HASH, 0) for i in range(num_blocks)
-        ]
+        self._all_blocks = [PhysicalBlock(device, i, None, 0) for i in range(num_blocks)]
         # A stack: allocate pops the end, free pushes it back (LIFO reuse).
         self._free_blocks = list(self._all_blocks)
         # fast path: `count_free_blocks` as the free list's own `len`, a call without a Python
@@ -327,6 +327,7 @@ class CachedBlockAllocator(_RefCounting):
     def free(self, block: PhysicalBlock) -> None:
         if self._drop(block):
             self.evictor.add(block)
+            assert block.block_hash is not None  # a cached allocator's block
             del self.hash_to_block[block.block_hash]
 
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
@@ -336,6 +337,7 @@ class CachedBlockAllocator(_RefCounting):
         hash_to_block = self.hash_to_block
         for block in self._released(blocks):
             evictor.add(block)
+            assert block.block_hash is not None  # a cached allocator's block
             del hash_to_block[block.block_hash]
 
     def contains_block(self, block_hash: int) -> bool:
@@ -344,6 +346,7 @@ class CachedBlockAllocator(_RefCounting):
     def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
         """Re-key a live block (promotion of a block that just became full)."""
         assert not self.contains_block(block_hash), f"hash {block_hash} already cached"
+        assert block.block_hash is not None  # a cached allocator's block
         del self.hash_to_block[block.block_hash]
         block.block_hash = block_hash
         self.hash_to_block[block_hash] = block
