@@ -213,3 +213,29 @@ def test_v0_v1_count_free_blocks_is_num_free_blocks(cls):
     assert alloc.count_free_blocks() == 0
     alloc.free(blocks[0])
     assert alloc.count_free_blocks() == alloc.num_free_blocks == 1
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-v2", "v0-fixed"])
+@pytest.mark.parametrize("caching", [False, True])
+def test_v0_pool_is_conserved_agrees_with_pool_stats(design, caching):
+    """The v0 managers' O(1) conservation check (what the auditor calls after every call)
+    against `pool_stats().is_conserved`, on a healthy pool and on one whose held count
+    drifted."""
+    from sim.kv.config import make_manager
+    from tests.kv_v0_helpers import admit, decode, group
+
+    m = make_manager(
+        design, KVCacheConfig(num_gpu_blocks=12, block_size=BS, enable_prefix_caching=caching)
+    )
+    groups = [admit(m, group(seq_id, 9)) for seq_id in (1, 2)]
+    for _ in range(5):
+        for g in groups:
+            decode(m, g.seqs[0])
+        assert m.pool_is_conserved() and m.pool_stats().is_conserved
+    m.free(groups[0].seqs[0])
+    assert m.pool_is_conserved() and m.pool_stats().is_conserved
+    if design == "v0-v1":
+        m.gpu_allocator.num_held_blocks += 1  # a bug: a block counted held twice
+    else:
+        m.block_allocator.gpu.refcounter.num_positive += 1
+    assert not m.pool_is_conserved() and not m.pool_stats().is_conserved

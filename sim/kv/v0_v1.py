@@ -541,6 +541,16 @@ class BlockSpaceManagerV1:
             gpu.num_evictable_blocks,
         )
 
+    def pool_is_conserved(self) -> bool:
+        """`pool_stats().is_conserved` without building the stats: the auditor asks after
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        gpu = self.gpu_allocator
+        num_free = self._count_free_gpu_blocks()
+        return (
+            num_free + gpu.num_held_blocks == self.num_total_gpu_blocks
+            and gpu.num_evictable_blocks <= num_free
+        )
+
     def block_refcounts(self) -> dict[int, int]:
         return {b.block_id: b.ref_count for b in self.gpu_allocator.blocks() if b.ref_count > 0}
 

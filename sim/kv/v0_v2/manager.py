@@ -304,6 +304,15 @@ class BlockSpaceManagerV2:
             self._gpu.num_evictable_blocks,
         )
 
+    def pool_is_conserved(self) -> bool:
+        """`pool_stats().is_conserved` without building the stats: the auditor asks after
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        num_free = self._count_free_gpu()
+        return (
+            num_free + self._gpu_refcounter.num_positive == self.num_total_gpu_blocks
+            and self._gpu.num_evictable_blocks <= num_free
+        )
+
     def block_refcounts(self) -> dict[int, int]:
         return self.block_allocator.gpu.refcounter.positive()
 
