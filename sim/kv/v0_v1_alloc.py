@@ -69,6 +69,10 @@ class PhysicalBlock:
         )
 
 
+#: A sequence's block table: its physical blocks in token order (a ring repeats them).
+BlockTable = list[PhysicalBlock]
+
+
 class LRUEvictor:
     """Freed cached blocks, keyed by hash in insertion order (vLLM `evictor_v1.LRUEvictor`).
 
