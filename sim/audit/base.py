@@ -41,6 +41,11 @@ class AuditorBase:
         self.inner = inner
         # Bound once: read after every call (None for a stand-in without it, as in tests).
         self._pool_stats: Callable[[], PoolStats] = getattr(inner, "pool_stats", None)  # type: ignore[assignment]
+        #: The conservation check after every call: the manager's own O(1) `pool_is_conserved`
+        #: where it has one (no `PoolStats` built per call), else `pool_stats().is_conserved`.
+        self._pool_is_conserved: Callable[[], bool] = (
+            getattr(inner, "pool_is_conserved", None) or self._stats_are_conserved
+        )
         self.policy = policy
         self.level = level
         self.violations: list[Violation] = []
@@ -91,15 +96,14 @@ class AuditorBase:
             self.num_calls -= 1
             self._after_call("query", None)
 
+    def _stats_are_conserved(self) -> bool:
+        return self._pool_stats().is_conserved
+
     def _after_call(self, call: str, request_id: int | None) -> None:
         """Invariants that hold after every call, whatever it was."""
         self.num_calls += 1
-        stats = self._pool_stats()
-        # `stats.is_conserved`, inlined: this runs after every call.
-        if (
-            stats.num_free + stats.num_held != stats.num_total
-            or stats.num_evictable > stats.num_free
-        ):
+        if not self._pool_is_conserved():
+            stats = self._pool_stats()  # read only to describe the violation
             self._record(
                 ViolationKind.CONSERVATION,
                 call,
@@ -109,7 +113,11 @@ class AuditorBase:
                 free_blocks=stats.num_free,
             )
         if self.level is AuditLevel.FULL:
-            self._check_refcounts(call, request_id, stats.num_held)
+            self._check_full(call, request_id)
+
+    def _check_full(self, call: str, request_id: int | None) -> None:
+        """The full level's walks after a call (refcounts and live tables)."""
+        self._check_refcounts(call, request_id, self._pool_stats().num_held)
 
     def _check_refcounts(self, call: str, request_id: int | None, num_held: int) -> None:
         refcounts = self.inner.block_refcounts()

@@ -31,9 +31,6 @@ from sim.kv.types import DoubleFreeError, NoFreeBlocksError
 #: vLLM `block.py:L6 @fc93e56`: a block never accessed has last_accessed == -1.
 DEFAULT_LAST_ACCESSED_S = -1.0
 
-#: The hash an uncached block carries (vLLM uses -1 as "no hash" there).
-UNCACHED_BLOCK_HASH = -1
-
 OUT_OF_BLOCKS_MSG = "Out of memory! No free blocks are available."
 EVICTOR_EMPTY_MSG = "No usable cache memory left"
 
@@ -50,7 +47,9 @@ class PhysicalBlock:
 
     device: Device
     block_id: int
-    block_hash: int
+    #: The content hash of a cached block; None for a block of the uncached allocator
+    #: (vLLM stores -1 there).
+    block_hash: int | None
     num_hashed_tokens: int
     ref_count: int = 0
     last_accessed: float = DEFAULT_LAST_ACCESSED_S
@@ -68,6 +67,10 @@ class PhysicalBlock:
             f"PhysicalBlock({self.device.value}:{self.block_id}, ref_count={self.ref_count}, "
             f"num_hashed_tokens={self.num_hashed_tokens}, computed={self.computed})"
         )
+
+
+#: A sequence's block table: its physical blocks in token order (a ring repeats them).
+BlockTable = list[PhysicalBlock]
 
 
 class LRUEvictor:
@@ -91,8 +94,10 @@ class LRUEvictor:
         return len(self.hash_to_block)
 
     def add(self, block: PhysicalBlock) -> None:
-        assert block.block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
-        self.hash_to_block[block.block_hash] = block
+        block_hash = block.block_hash
+        assert block_hash is not None, f"{block} has no hash: it is not a cached block"
+        assert block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
+        self.hash_to_block[block_hash] = block
 
     def remove(self, block_hash: int) -> PhysicalBlock:
         if block_hash not in self.hash_to_block:
@@ -109,6 +114,7 @@ class LRUEvictor:
                 break
             if victim.num_hashed_tokens < block.num_hashed_tokens:
                 victim = block
+        assert victim.block_hash is not None  # `add` takes only hashed blocks
         del self.hash_to_block[victim.block_hash]
         victim.computed = False
         return victim
@@ -197,11 +203,13 @@ class UncachedBlockAllocator(_RefCounting):
         self.device = device
         self.num_blocks = num_blocks
         self.num_held_blocks = 0
-        self._all_blocks = [
-            PhysicalBlock(device, i, UNCACHED_BLOCK_HASH, 0) for i in range(num_blocks)
-        ]
+        self._all_blocks = [PhysicalBlock(device, i, None, 0) for i in range(num_blocks)]
         # A stack: allocate pops the end, free pushes it back (LIFO reuse).
         self._free_blocks = list(self._all_blocks)
+        # fast path: `count_free_blocks` as the free list's own `len`, a call without a Python
+        # frame (the free count is read several times per engine step). The list object is
+        # never replaced, so the bound `len` stays right.
+        self.count_free_blocks = self._free_blocks.__len__  # type: ignore[method-assign]
 
     #: Nothing is evictable without prefix caching (a constant, read by every `pool_stats`).
     num_evictable_blocks = 0
@@ -255,11 +263,9 @@ class UncachedBlockAllocator(_RefCounting):
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
 
-    @property
-    def free_list(self) -> list[PhysicalBlock]:
-        """The free list itself, bottom to top, so that a hot reader can bind it once and take
-        ``len(free_list)`` (= `num_free_blocks`) without a property call. Never change it."""
-        return self._free_blocks
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a plain call (the managers bind it once; see `__init__`)."""
+        return len(self._free_blocks)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
         return iter(self._all_blocks)
@@ -325,6 +331,7 @@ class CachedBlockAllocator(_RefCounting):
     def free(self, block: PhysicalBlock) -> None:
         if self._drop(block):
             self.evictor.add(block)
+            assert block.block_hash is not None  # a cached allocator's block
             del self.hash_to_block[block.block_hash]
 
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
@@ -334,6 +341,7 @@ class CachedBlockAllocator(_RefCounting):
         hash_to_block = self.hash_to_block
         for block in self._released(blocks):
             evictor.add(block)
+            assert block.block_hash is not None  # a cached allocator's block
             del hash_to_block[block.block_hash]
 
     def contains_block(self, block_hash: int) -> bool:
@@ -342,12 +350,17 @@ class CachedBlockAllocator(_RefCounting):
     def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
         """Re-key a live block (promotion of a block that just became full)."""
         assert not self.contains_block(block_hash), f"hash {block_hash} already cached"
+        assert block.block_hash is not None  # a cached allocator's block
         del self.hash_to_block[block.block_hash]
         block.block_hash = block_hash
         self.hash_to_block[block_hash] = block
 
     @property
     def num_free_blocks(self) -> int:
+        return self.num_blocks - len(self._created) + len(self.evictor)
+
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a plain call, as `UncachedBlockAllocator.count_free_blocks`."""
         return self.num_blocks - len(self._created) + len(self.evictor)
 
     @property

@@ -26,7 +26,7 @@ class ReplicaView:
         # managers (V0, hybrid groups, real vLLM code) report no held blocks.
         pool = getattr(replica.manager, "block_pool", None)
         self._cached: dict | None = getattr(pool, "cached_block_hash_to_block", None)
-        if getattr(replica.manager, "coordinator", None) is not None:
+        if getattr(replica.manager, "num_kv_cache_groups", 1) > 1:
             self._cached = None
 
     @property

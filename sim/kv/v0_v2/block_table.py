@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sim.kv.types import ContentKey, EmptyAppendIndexError, NoFreeBlocksError, TokenContent, cdiv
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator
-from sim.kv.v0_v2.naive import Block
+from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
 
 
 def signed_cdiv(a: int, b: int) -> int:
@@ -155,26 +155,12 @@ class BlockTable:
             and num_lookahead_slots == 0
             and not self._uses_content_keys
         ):
-            # The commonest touch of a replay (a decode that crosses a block boundary, no
-            # prefix caching, no lookahead): `ensure_num_empty_slots(1)` then `_write_tokens`,
-            # inlined: pop one GPU id (`allocate_block_id`), build the block behind the full
-            # last block and write the token into it (the naive `append_tokens`). The new block
-            # is unshared (refcount 1), so no copy on write, unless the pool was corrupt.
+            # fast path: the commonest touch of a replay (a decode that crosses a block
+            # boundary, no prefix caching, no lookahead): `ensure_num_empty_slots(1)` then
+            # `_write_tokens` are one new block behind the full last block, holding the token.
             gpu = self._gpu
-            free_ids = gpu._free_block_ids  # type: ignore[union-attr]  # no caching: naive
-            if not free_ids:
-                raise NoFreeBlocksError()
-            block_id = free_ids.popleft()
-            refcounts = self._gpu_refcounts
-            count = refcounts[block_id] + 1
-            refcounts[block_id] = count
-            if count == 1:
-                gpu.refcounter.num_positive += 1
-            prev = blocks[-1]
-            block = Block(block_id, prev, 1, None, prev.num_tokens_total + 1)
-            blocks.append(block)
-            if count > 1:  # a free id still referenced: `append_tokens` would copy it
-                block.block_id = gpu.cow_block_if_not_appendable(block)
+            assert isinstance(gpu, NaiveBlockAllocator)  # no content keys: no caching
+            blocks.append(gpu.allocate_decode_block(blocks[-1]))
             self.num_full_slots = num_full_slots + 1
             self.has_decoded = True
             return

@@ -13,6 +13,7 @@ out gives it CPU absolute id 10, reported as the pair ``(0, 0)`` (GPU phys 0 -> 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 from sim.kv.types import ContentKey, NullBlockWriteError
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
@@ -38,8 +39,8 @@ class CpuGpuBlockAllocator:
         #: Each device's refcount dict (absolute id -> count), the same objects for the
         #: allocator's whole life: the block tables' decode queries read refcounts from them
         #: inline instead of calling `refcount` once per tail block.
-        self.gpu_refcounts: dict[int, int] = self.gpu.refcounter._refcounts
-        self.cpu_refcounts: dict[int, int] = self.cpu.refcounter._refcounts
+        self.gpu_refcounts: Mapping[int, int] = self.gpu.refcounts
+        self.cpu_refcounts: Mapping[int, int] = self.cpu.refcounts
 
     def device_allocator(self, device: Device) -> DeviceAllocator:
         return self.gpu if device is Device.GPU else self.cpu

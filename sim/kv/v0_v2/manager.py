@@ -149,14 +149,7 @@ class BlockSpaceManagerV2:
             num_lookahead_slots,
             seq.num_computed_tokens,
         )
-        # `self._gpu.clear_copy_on_writes()`, inlined: almost every append copies nothing, and
-        # then a new empty list is all the caller gets either way.
-        gpu = self._gpu
-        cows = gpu._copy_on_writes
-        if not cows:
-            return []
-        gpu._copy_on_writes = []
-        return cows
+        return self._gpu.clear_copy_on_writes()
 
     # -- decode fast path ----------------------------------------------------------------
     def decode_touch_len(self, seq: Sequence) -> int | None:
@@ -309,6 +302,15 @@ class BlockSpaceManagerV2:
             self._count_free_gpu(),
             self._gpu_refcounter.num_positive,
             self._gpu.num_evictable_blocks,
+        )
+
+    def pool_is_conserved(self) -> bool:
+        """`pool_stats().is_conserved` without building the stats: the auditor asks after
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        num_free = self._count_free_gpu()
+        return (
+            num_free + self._gpu_refcounter.num_positive == self.num_total_gpu_blocks
+            and self._gpu.num_evictable_blocks <= num_free
         )
 
     def block_refcounts(self) -> dict[int, int]:

@@ -21,7 +21,7 @@ them; real vLLM never does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sim.kv.types import ContentKey, DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
@@ -51,9 +51,10 @@ class RefCounter:
 
     __slots__ = ("_refcounts", "num_positive")
 
-    def __init__(self, block_ids: list[int]) -> None:
-        self._refcounts = dict.fromkeys(block_ids, 0)
-        self.num_positive = 0
+    def __init__(self, refcounts: dict[int, int]) -> None:
+        #: The owning allocator's dict (id -> count), shared: its bulk loops update it inline.
+        self._refcounts = refcounts
+        self.num_positive = sum(1 for count in refcounts.values() if count > 0)
 
     def incr(self, block_id: int) -> int:
         count = self._refcounts[block_id] + 1
@@ -103,12 +104,17 @@ class NaiveBlockAllocator:
         #: `num_free_blocks` as a call without a Python frame (the deque's own `len`): the
         #: managers read the free count several times per engine step.
         self.count_free_blocks: Callable[[], int] = self._free_block_ids.__len__
-        self.refcounter = RefCounter(block_ids)
-        #: The refcounter's dict, read and updated inline by the hot loops below (the
-        #: same object for the allocator's whole life).
-        self._refcounts = self.refcounter._refcounts
+        #: Id -> refcount, read and updated inline by the hot loops below and counted by
+        #: `refcounter` (the same dict for the allocator's whole life).
+        self._refcounts = dict.fromkeys(block_ids, 0)
+        self.refcounter = RefCounter(self._refcounts)
         self._copy_on_writes: list[tuple[int, int]] = []
         self.leaked_blocks: list[Block] = []
+
+    @property
+    def refcounts(self) -> Mapping[int, int]:
+        """Id -> refcount, live: block tables read refcounts here without a call per block."""
+        return self._refcounts
 
     # -- ids ---------------------------------------------------------------------------
     def allocate_block_id(self) -> int:
@@ -193,8 +199,35 @@ class NaiveBlockAllocator:
         return dst_id
 
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
-        cows, self._copy_on_writes = self._copy_on_writes, []
+        cows = self._copy_on_writes
+        if not cows:  # fast path: almost every append copies nothing
+            return []
+        self._copy_on_writes = []
         return cows
+
+    def allocate_decode_block(self, prev: Block) -> Block:
+        """`allocate_mutable_block(prev)` and `append_tokens(block, 1)`: a decode's token
+        crossing into a new block (the commonest allocation of a replay without caching).
+
+        fast path: the id is popped and counted here (`allocate_block_id`), not through the
+        refcounter's frames. The new block is unshared (refcount 1), so no copy on write,
+        unless the pool was corrupt (a free id still referenced): then it is copied, as
+        `append_tokens` would. Example (bs=16): prev holds 16 of 32 tokens total -> a block
+        with 1 token, 33 total.
+        """
+        free_ids = self._free_block_ids
+        if not free_ids:
+            raise NoFreeBlocksError()
+        block_id = free_ids.popleft()
+        refcounts = self._refcounts
+        count = refcounts[block_id] + 1
+        refcounts[block_id] = count
+        if count == 1:
+            self.refcounter.num_positive += 1
+        block = Block(block_id, prev, 1, None, prev.num_tokens_total + 1)
+        if count > 1:
+            block.block_id = self.cow_block_if_not_appendable(block)
+        return block
 
     def free(self, block: Block) -> None:
         self.free_block_id(block)

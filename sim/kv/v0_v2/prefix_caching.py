@@ -55,6 +55,8 @@ class PrefixCachingBlockAllocator:
         self.block_size = block_size
         self._hashless = NaiveBlockAllocator(block_ids, block_size)
         self.refcounter = self._hashless.refcounter
+        #: Id -> refcount, live (the hashless allocator's; see `NaiveBlockAllocator.refcounts`).
+        self.refcounts = self._hashless.refcounts
         self.all_block_ids = self._hashless.all_block_ids
         self._cached_blocks: dict[int, int] = {}
         self._trackers = {i: BlockTracker() for i in block_ids}
@@ -233,7 +235,10 @@ class PrefixCachingBlockAllocator:
         return dst_id
 
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
-        cows, self._copy_on_writes = self._copy_on_writes, []
+        cows = self._copy_on_writes
+        if not cows:  # fast path: almost every append copies nothing
+            return []
+        self._copy_on_writes = []
         return cows
 
     def fork(self, blocks: list[Block]) -> list[Block]:

@@ -1,21 +1,24 @@
 """Model of vLLM's V1-engine KV cache (`vllm/v1/core/*` @ 4ac7713, about v0.10.0), with the
-behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `releases`), and
-the hybrid allocator for models with full and sliding-window layers (`hybrid_manager`)."""
+behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `releases`): one
+`KVCacheManager` over a unitary or a hybrid coordinator (models with full and sliding-window
+layers), as upstream 0.11.0 has it."""
 
 from dataclasses import replace
 
 from sim.kv.config import KVCacheConfig
-from sim.kv.v1_engine.hybrid_manager import HybridKVCacheManager
 from sim.kv.v1_engine.manager import KVCacheManager
 
+#: The manager over a `HybridKVCacheCoordinator`: the same class (upstream has one manager).
+HybridKVCacheManager = KVCacheManager
 
-def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager | HybridKVCacheManager:
-    """The one-group manager, or the hybrid one when the config has several KV-cache groups
-    (as vLLM picks the unitary or the hybrid coordinator, `kv_cache_coordinator.py:L390-440
-    @0.11.0`). One explicit group is the one-group manager with that group's window."""
+
+def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager:
+    """The manager over the unitary coordinator, or over the hybrid one when the config has
+    several KV-cache groups (as `get_kv_cache_coordinator` picks, `kv_cache_coordinator.py:
+    L417-440 @0.11.0`). One explicit group is the unitary coordinator with that group's window."""
     groups = config.kv_cache_groups
     if len(groups) > 1:
-        return HybridKVCacheManager(config)
+        return KVCacheManager.hybrid(config)
     if groups:
         window = groups[0].sliding_window
         if config.sliding_window not in (None, window):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from sim.kv.types import BlockHash
 from sim.kv.v1_engine.free_order import AppendInFreeOrder, FreeOrder
-from sim.kv.v1_engine.free_queue import FreeBlockQueue
+from sim.kv.v1_engine.free_queue import FreeBlockQueue, FreeQueue, UncachedFreeBlockQueue
 
 NULL_BLOCK_ID = 0
 
@@ -63,7 +63,12 @@ class BlockPool:
         #: Where freed blocks re-enter the queue: the release's rule (`free_order.py`).
         self.free_order = free_order if free_order is not None else AppendInFreeOrder()
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_gpu_blocks)]
-        self.free_block_queue = FreeBlockQueue(range(num_gpu_blocks))
+        #: Without caching no block leaves the middle of the queue: a deque of ids does.
+        self.free_block_queue: FreeQueue = (
+            FreeBlockQueue(range(num_gpu_blocks))
+            if enable_caching
+            else UncachedFreeBlockQueue(range(num_gpu_blocks))
+        )
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
         (null_id,) = self.free_block_queue.popleft_n(1)
         assert null_id == NULL_BLOCK_ID
@@ -76,6 +81,8 @@ class BlockPool:
         self.num_held_blocks = 1
         #: Free blocks that still carry a hash (cached, evicted when popped).
         self.num_evictable_blocks = 0
+        #: The most blocks ever held at once, the null block included.
+        self.peak_num_held_blocks = 1
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
@@ -107,7 +114,7 @@ class BlockPool:
         if num_blocks == 1:
             # A decode crossing into a new block (most calls): the loop below for one block,
             # without `popleft_n`'s frame or a list built and thrown away.
-            block_id = queue.popitem(last=False)[0]
+            block_id = queue.popleft()
             block = self.blocks[block_id]
             assert block.ref_cnt == 0, f"free block {block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
@@ -115,6 +122,8 @@ class BlockPool:
                 self._evict_cached_block(block)
             block.ref_cnt = 1
             self.num_held_blocks += 1
+            if self.num_held_blocks > self.peak_num_held_blocks:
+                self.peak_num_held_blocks = self.num_held_blocks
             table.append(block)
             return [block_id]
         block_ids = queue.popleft_n(num_blocks)
@@ -127,6 +136,8 @@ class BlockPool:
                 self._evict_cached_block(block)
             block.ref_cnt = 1
         self.num_held_blocks += len(new_blocks)
+        if self.num_held_blocks > self.peak_num_held_blocks:
+            self.peak_num_held_blocks = self.num_held_blocks
         table.extend(new_blocks)
         return block_ids
 
@@ -146,6 +157,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block.block_id)
                 self.num_held_blocks += 1
+                if self.num_held_blocks > self.peak_num_held_blocks:
+                    self.peak_num_held_blocks = self.num_held_blocks
                 if block.block_hash is not None:
                     self.num_evictable_blocks -= 1
             block.ref_cnt += 1

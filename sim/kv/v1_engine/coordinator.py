@@ -1,40 +1,34 @@
-"""The V1 engine's hybrid coordinator: one block table per KV-cache group, one shared pool.
+"""The V1 engine's KV-cache coordinators: one block table per KV-cache group, one shared pool.
 
-Models `KVCacheCoordinator` and `HybridKVCacheCoordinator` (vLLM 0.11.0
-`vllm/v1/core/kv_cache_coordinator.py:L15-176, L252-387`; 4ac7713 matches, spec §6.4). The
-one-group case (the unitary and no-prefix-cache coordinators) is inlined in
-`sim.kv.v1_engine.manager.KVCacheManager`; this module is used only with two or more groups.
+Models `KVCacheCoordinator` and `UnitaryKVCacheCoordinator` (vLLM 0.11.0
+`vllm/v1/core/kv_cache_coordinator.py:L15-191, L226-265`; 4ac7713 matches, spec §6.4). The
+hybrid coordinator (two or more groups) is `hybrid_coordinator.HybridKVCacheCoordinator`;
+`make_coordinator` picks one as `get_kv_cache_coordinator` does (`L390-413`). kvsim has no
+separate no-prefix-cache coordinator (`L193-223`): with caching off the manager never asks
+for a hit, which is all that class changes.
 
 Each group has its own `SingleTypeManager` (full attention or sliding window) over the same
 `BlockPool`. Every per-request operation runs group by group in group-id order, so block ids
-are handed out to group 0 first (`allocate_new_blocks`, `L91-109`), and the count a step
-needs is the sum over groups (`get_num_blocks_to_allocate`, `L41-71`).
+are handed out to group 0 first (`allocate_new_blocks`, `L93-116`), and the count a step
+needs is the sum over groups (`get_num_blocks_to_allocate`, `L47-76`).
 
-Prefix caching keys a block by (hash, group id) (`kv_cache_utils.py:L40-60`): the same
-token prefix is cached once per group. kvsim keeps group 0's key the plain chained hash
-(as the one-group manager does) and keys group g > 0 by ``hash((h, g))``, an int as
-collision-free as the chain itself. A lookup over several groups of one type hits only if
-every group has the block (`block_pool.py:L163-186`).
+kvsim keeps each request's block hashes here (upstream: `Request.block_hashes`, read by the
+coordinator through the request), extended incrementally so a long decode never rehashes its
+history. Their shape is the coordinator's: one chain for one group; for several groups one
+key list per group (`hybrid_coordinator.group_block_hash`).
 
-The hybrid cache hit (`L330-387`) supports exactly two attention types, one of them full
-attention, and the group ids of the two types must not interleave (`L270-327`):
-
-1. the full-attention hit, at most `max_length` tokens;
-2. the other type's hit within that length;
-3. the full-attention hit truncated to the other type's length.
-
-Worked example (bs=4, W=8, group 0 sliding, group 1 full, max_length 15 -> 3 blocks): the
-full groups have h0, h1, h2 cached, the sliding group only h1 and h2 (h0 was freed when it
-left a window). Full hit: 3 blocks (12 tokens). Sliding hit within 12 tokens needs
-``cdiv(8 - 1, 4) = 2`` contiguous blocks: the scan from the right finds h2, h1 -> [NULL,
-b(h1), b(h2)]: 12 tokens. Both groups hit 3 blocks; the sliding group's first is the null
-block.
+Speed-ups live inside the methods they speed up, each under its name (`# fast path: ...`):
+the unitary coordinator's count and allocation without hits skip the per-group loop, and a
+sliding table's leading nulls are a kept count (`SlidingWindowManager.req_to_num_null_blocks`),
+not a scan.
 """
 
 from __future__ import annotations
 
-from sim.kv.config import KVCacheGroupSpec
-from sim.kv.types import BlockHash, cdiv
+import abc
+from typing import Generic, TypeVar
+
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
@@ -42,183 +36,280 @@ from sim.kv.v1_engine.single_type import (
     SlidingWindowManager,
 )
 
-#: Per-group lists, indexed by group id.
+#: Per-group lists, indexed by group id (upstream `tuple[list[KVCacheBlock], ...]`).
 GroupBlocks = tuple[list[KVCacheBlock], ...]
 
-
-def group_block_hash(block_hash: BlockHash, group_id: int) -> BlockHash:
-    """The cache key of a block of group `group_id` (group 0: the plain hash)."""
-    if group_id == 0:
-        return block_hash
-    return BlockHash(hash((block_hash, group_id)))
+#: A request's block hashes as a coordinator keeps them.
+HashesT = TypeVar("HashesT")
 
 
-class HybridCoordinator:
-    """Per-group managers over one pool; see the module docstring."""
+def make_single_type_manager(
+    block_pool: BlockPool,
+    block_size: int,
+    sliding_window: int | None,
+    *,
+    only_reachable_cached: bool,
+) -> SingleTypeManager:
+    """`get_manager_for_kv_cache_spec` (`single_type_kv_cache_manager.py @0.11.0`) for the two
+    attention types kvsim models."""
+    if sliding_window is None:
+        return FullAttentionManager(block_pool, block_size)
+    return SlidingWindowManager(
+        block_pool, block_size, sliding_window, only_reachable_cached=only_reachable_cached
+    )
+
+
+class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
+    """Per-group managers over one pool (`KVCacheCoordinator`, `L15-191`)."""
 
     def __init__(
         self,
         block_pool: BlockPool,
         block_size: int,
-        groups: tuple[KVCacheGroupSpec, ...],
+        windows: tuple[int | None, ...],
         *,
         only_reachable_cached: bool = False,
     ) -> None:
-        if len(groups) < 2:
-            raise ValueError(
-                f"the hybrid coordinator needs >= 2 KV-cache groups, got {len(groups)}"
-            )
         self.block_pool = block_pool
         self.block_size = block_size
-        self.groups = groups
+        #: Each group's sliding window in tokens (None: full attention), by group id.
+        self.windows = windows
+        self.has_sliding_window = any(window is not None for window in windows)
+        #: The sliding groups' windows, for the footprint bound.
+        self.sliding_windows = tuple(window for window in windows if window is not None)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
-            FullAttentionManager(block_pool, block_size)
-            if group.sliding_window is None
-            else SlidingWindowManager(
-                block_pool,
-                block_size,
-                group.sliding_window,
-                only_reachable_cached=only_reachable_cached,
+            make_single_type_manager(
+                block_pool, block_size, window, only_reachable_cached=only_reachable_cached
             )
-            for group in groups
+            for window in windows
         )
-        #: Per group: distinct blocks its live tables hold now, and the most ever. A block
-        #: belongs to one group while held and groups change the pool one at a time, so the
-        #: pool's held-count change during a group's operation is that group's change.
-        self.num_held_blocks = [0] * len(groups)
-        self.peak_held_blocks = [0] * len(groups)
-        self.full_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is None]
-        self.other_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is not None]
-        windows = {groups[i].sliding_window for i in self.other_group_ids}
-        # `verify_and_split_kv_cache_groups` asserts these (L270-327).
-        if not self.full_group_ids or len(windows) != 1:
-            raise ValueError(
-                "the hybrid coordinator supports full attention plus exactly one sliding "
-                f"window; got windows {[g.sliding_window for g in groups]}"
-            )
-        (other_window,) = windows
-        assert other_window is not None  # the other groups are the sliding ones
-        self.other_window: int = other_window
-        if max(self.full_group_ids) < min(self.other_group_ids):
-            self.full_attn_first = True
-        elif max(self.other_group_ids) < min(self.full_group_ids):
-            self.full_attn_first = False
-        else:
-            raise ValueError("full-attention and sliding-window group ids must not interleave")
+        #: Per request: its full blocks' hashes, extended as tokens are appended.
+        self.req_to_block_hashes: dict[int, HashesT] = {}
+        #: The hits of a call without any (read only: no caller mutates hit lists).
+        self.no_hits: GroupBlocks = tuple([] for _ in windows)
 
-    # ------------------------------------------------------------------------ cache hits
-    def _lookup(
-        self, group_ids: list[int], hashes: list[list[BlockHash]], index: int
-    ) -> list[KVCacheBlock] | None:
-        """The cached block of every group at `index`, or None if any group misses."""
-        found: list[KVCacheBlock] = []
-        for group_id in group_ids:
-            block = self.block_pool.get_cached_block(hashes[group_id][index])
-            if block is None:
-                return None
-            found.append(block)
-        return found
+    # ------------------------------------------------------------------- held blocks
+    @abc.abstractmethod
+    def group_peak_held_blocks(self) -> list[int]:
+        """Per group: the most blocks its tables ever held at once."""
 
-    def _full_hit(self, hashes: list[list[BlockHash]], max_length: int) -> list[list[KVCacheBlock]]:
-        """`FullAttentionManager.find_longest_cache_hit` over all full groups."""
-        hits: list[list[KVCacheBlock]] = [[] for _ in self.full_group_ids]
-        for index in range(max_length // self.block_size):
-            found = self._lookup(self.full_group_ids, hashes, index)
-            if found is None:
-                break
-            for group_hits, block in zip(hits, found, strict=True):
-                group_hits.append(block)
-        return hits
+    # ------------------------------------------------------------------------ hashing
+    @abc.abstractmethod
+    def block_hashes(self, request: Sequence, num_blocks: int) -> HashesT:
+        """The request's hashes, extended to at least `num_blocks` full blocks."""
 
-    def _sliding_hit(
-        self, hashes: list[list[BlockHash]], max_length: int
-    ) -> list[list[KVCacheBlock]]:
-        """`SlidingWindowManager.find_longest_cache_hit` over all sliding groups."""
-        num_contiguous_needed = cdiv(self.other_window - 1, self.block_size)
-        max_num_blocks = max_length // self.block_size
-        null = self.block_pool.null_block
-        hits = [[null] * max_num_blocks for _ in self.other_group_ids]
-        num_contiguous = 0
-        for index in range(max_num_blocks - 1, -1, -1):
-            found = self._lookup(self.other_group_ids, hashes, index)
-            if found is None:
-                num_contiguous = 0
-                continue
-            for group_hits, block in zip(hits, found, strict=True):
-                group_hits[index] = block
-            num_contiguous += 1
-            if num_contiguous >= num_contiguous_needed:
-                return [group_hits[: index + num_contiguous] for group_hits in hits]
-        return [group_hits[:num_contiguous] for group_hits in hits]
+    @abc.abstractmethod
+    def num_hashed_blocks(self, request_id: int) -> int | None:
+        """Full blocks hashed so far for the request; None when it has no hash list."""
 
-    def find_longest_cache_hit(
-        self, hashes: list[list[BlockHash]], max_length: int
-    ) -> tuple[GroupBlocks, int]:
-        """Per-group hit blocks and the hit length in tokens (the three steps above).
+    def free_block_hashes(self, request_id: int) -> None:
+        self.req_to_block_hashes.pop(request_id, None)
 
-        `hashes[g]` are group g's cache keys (`group_block_hash`) of the request's full blocks.
-        """
-        full_hits = self._full_hit(hashes, max_length)
-        hit_length = len(full_hits[0]) * self.block_size
-        other_hits = self._sliding_hit(hashes, hit_length)
-        num_hit_blocks = len(other_hits[0])
-        per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
-        for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
-            per_group[group_id] = group_hits[:num_hit_blocks]
-        for group_id, group_hits in zip(self.other_group_ids, other_hits, strict=True):
-            per_group[group_id] = group_hits
-        return tuple(per_group), num_hit_blocks * self.block_size
+    # ---------------------------------------------------------------------- cache hits
+    @abc.abstractmethod
+    def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
+        """Per-group hit blocks and the hit length in tokens (`L185-190`)."""
+
+    @abc.abstractmethod
+    def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
+        """A flat hit list (group 0's blocks, then group 1's...) as per-group lists; raises
+        ValueError when the list does not match `num_hit_tokens`."""
 
     # ------------------------------------------------------------------ per-group steps
-    def _count(self, group_id: int, num_held_before: int) -> None:
-        held = self.num_held_blocks[group_id] + self.block_pool.num_held_blocks - num_held_before
-        self.num_held_blocks[group_id] = held
-        if held > self.peak_held_blocks[group_id]:
-            self.peak_held_blocks[group_id] = held
-
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        for group_id, manager in enumerate(self.managers):
-            if isinstance(manager, SlidingWindowManager):
-                before = self.block_pool.num_held_blocks
-                manager.remove_skipped_blocks(request_id, num_computed_tokens)
-                self._count(group_id, before)
+        """`L163-174`: each group frees what left its window (full attention: nothing)."""
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
     ) -> int:
+        """`L47-76`: the sum over groups."""
         return sum(
             manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
             for manager, group_hits in zip(self.managers, hits, strict=True)
         )
 
     def touch(self, hits: GroupBlocks) -> None:
-        for group_id, group_hits in enumerate(hits):
-            before = self.block_pool.num_held_blocks
+        """Take a reference on every group's hits (upstream: the manager's
+        `block_pool.touch(new_computed_blocks.blocks)`, `kv_cache_manager.py:L270-272`)."""
+        for group_hits in hits:
             self.block_pool.touch(group_hits)
-            self._count(group_id, before)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
+        """`L78-91`."""
         for manager, group_hits in zip(self.managers, hits, strict=True):
             manager.save_new_computed_blocks(request_id, group_hits)
 
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
-        new_blocks = []
-        for group_id, manager in enumerate(self.managers):
-            before = self.block_pool.num_held_blocks
-            new_blocks.append(manager.allocate_new_blocks(request_id, num_tokens))
-            self._count(group_id, before)
-        return tuple(new_blocks)
+        """`L93-116`: every group's table grows to `cdiv(num_tokens, bs)` entries."""
+        return tuple(
+            manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers
+        )
 
-    def cache_blocks(self, request_id: int, hashes: list[list[BlockHash]], num_tokens: int) -> None:
-        for manager, group_hashes in zip(self.managers, hashes, strict=True):
-            manager.cache_blocks(request_id, group_hashes, num_tokens)
+    def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
+        """`allocate_new_blocks`, flat as ids (what `allocate_slots` answers)."""
+        return [
+            block.block_id
+            for group_blocks in self.allocate_new_blocks(request_id, num_tokens)
+            for block in group_blocks
+        ]
+
+    @abc.abstractmethod
+    def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
+        """`L118-129`: each group caches the blocks `num_tokens` tokens fill."""
 
     def free(self, request_id: int) -> None:
-        """Each group frees its table, tail first, in group-id order (`L127-135`)."""
-        for group_id, manager in enumerate(self.managers):
-            before = self.block_pool.num_held_blocks
+        """`L131-139`: each group frees its table, tail first, in group-id order."""
+        for manager in self.managers:
             manager.free(request_id)
-            self._count(group_id, before)
 
     def get_blocks(self, request_id: int) -> GroupBlocks:
+        """`L176-182`."""
         return tuple(manager.req_to_blocks.get(request_id) or [] for manager in self.managers)
+
+    # ------------------------------------------------------- kvsim's queries over tables
+    def num_cached_blocks(self, request_id: int) -> int:
+        """Leading table entries cached, the fewest over groups (equal in practice)."""
+        return min(manager.num_cached_block[request_id] for manager in self.managers)
+
+    def table_touch_len(self, request_id: int) -> int | None:
+        """The first decode length at which a group's table changes: a new block
+        (``len(table) * bs + 1``) or, per sliding group, a block leaving the window
+        (``(leading nulls + 1) * bs + W``). None when the request has not started (no
+        allocation yet).
+
+        Example (bs=16, one group, W=24): a table of 8 entries, 0..4 null -> min(129, 120) = 120.
+        """
+        tables = self.get_blocks(request_id)
+        if not tables[0] or request_id not in self.managers[0].num_cached_block:
+            return None
+        bs = self.block_size
+        touch_len = min(len(table) for table in tables) * bs + 1
+        for manager, window in zip(self.managers, self.windows, strict=True):
+            if window is not None:
+                num_nulls = manager.num_leading_null_blocks(request_id)
+                touch_len = min(touch_len, (num_nulls + 1) * bs + window)
+        return touch_len
+
+    def num_seq_blocks(self, request_id: int) -> int:
+        """Non-null blocks over all groups (null entries are a prefix of each table, and a
+        block is never in two of a request's tables)."""
+        total = 0
+        for manager in self.managers:
+            table = manager.req_to_blocks.get(request_id)
+            if table:
+                total += len(table) - manager.num_leading_null_blocks(request_id)
+        return total
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
+    """One KV-cache group: all layers full attention, or all sliding (`L226-265`)."""
+
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        sliding_window: int | None,
+        *,
+        only_reachable_cached: bool = False,
+    ) -> None:
+        super().__init__(
+            block_pool, block_size, (sliding_window,), only_reachable_cached=only_reachable_cached
+        )
+        (self.manager,) = self.managers
+
+    def group_peak_held_blocks(self) -> list[int]:
+        return [self.block_pool.peak_num_held_blocks - 1]
+
+    def block_hashes(self, request: Sequence, num_blocks: int) -> list[BlockHash]:
+        """Same values as `request.content.block_hashes(bs, n)` (parent of block 0 =
+        NONE_HASH), computed from the last hash kept."""
+        hashes = self.req_to_block_hashes.setdefault(request.seq_id, [])
+        parent = hashes[-1] if hashes else NONE_HASH
+        for index in range(len(hashes), num_blocks):
+            parent = chain_hash(parent, request.content.block_key(index, self.block_size))
+            hashes.append(BlockHash(parent))
+        return hashes
+
+    def num_hashed_blocks(self, request_id: int) -> int | None:
+        hashes = self.req_to_block_hashes.get(request_id)
+        return None if hashes is None else len(hashes)
+
+    def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
+        hashes = self.block_hashes(request, request.num_tokens // self.block_size)
+        hits = self.manager.find_longest_cache_hit(hashes, max_length)
+        return (hits,), len(hits) * self.block_size
+
+    def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
+        if num_hit_tokens != len(blocks) * self.block_size:
+            raise ValueError(
+                f"num_new_computed_tokens={num_hit_tokens} does not match "
+                f"{len(blocks)} hit blocks of {self.block_size} tokens"
+            )
+        return (blocks,)
+
+    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        if self.has_sliding_window:  # fast path: full attention skips nothing
+            self.manager.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def get_num_blocks_to_allocate(
+        self, request_id: int, num_tokens: int, hits: GroupBlocks
+    ) -> int:
+        if hits[0]:
+            return self.manager.get_num_blocks_to_allocate(request_id, num_tokens, hits[0])
+        # fast path: no hits (every call but a new request's first), so none is evictable and
+        # the count is `cdiv(num_tokens, bs) - len(table)` (`get_num_blocks_to_allocate`).
+        # `blocks_of`, with get: no empty list is built per call.
+        table = self.manager.req_to_blocks.get(request_id)
+        if table is None:
+            table = self.manager.req_to_blocks[request_id] = []
+        return -(-num_tokens // self.block_size) - len(table)
+
+    def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
+        manager = self.manager
+        # fast path: a running request without hits has nothing to save (most calls).
+        if hits[0] or request_id not in manager.num_cached_block:
+            manager.save_new_computed_blocks(request_id, hits[0])
+
+    def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
+        # fast path: the pool appends straight to the table and returns the ids it popped,
+        # with no per-group tuple and no second pass over the blocks.
+        table = self.manager.req_to_blocks[request_id]  # get_num_blocks_to_allocate made it
+        num_new_blocks = -(-num_tokens // self.block_size) - len(table)
+        if num_new_blocks <= 0:
+            return []
+        return self.block_pool.get_new_blocks_into(num_new_blocks, table)
+
+    def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
+        hashes = self.block_hashes(request, num_tokens // self.block_size)
+        self.manager.cache_blocks(request.seq_id, hashes, num_tokens)
+
+    def free(self, request_id: int) -> None:
+        self.manager.free(request_id)
+
+    def num_cached_blocks(self, request_id: int) -> int:
+        return self.manager.num_cached_block[request_id]
+
+    def table_touch_len(self, request_id: int) -> int | None:
+        # fast path: `KVCacheCoordinator.table_touch_len` for one table (called after every
+        # real decode call), with no per-group tuple.
+        manager = self.manager
+        table = manager.req_to_blocks.get(request_id)
+        if not table or request_id not in manager.num_cached_block:
+            return None
+        bs = self.block_size
+        touch_len = len(table) * bs + 1
+        window = self.windows[0]
+        if window is not None:
+            num_nulls = manager.req_to_num_null_blocks.get(request_id, 0)
+            window_touch_len = (num_nulls + 1) * bs + window
+            if window_touch_len < touch_len:
+                touch_len = window_touch_len
+        return touch_len
+
+    def num_seq_blocks(self, request_id: int) -> int:
+        table = self.manager.req_to_blocks.get(request_id)
+        if not table:
+            return 0
+        return len(table) - self.manager.req_to_num_null_blocks.get(request_id, 0)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
-from sim.kv.v1_engine.free_queue import FreeBlockQueue
+from sim.kv.v1_engine.free_queue import FreeQueue
 from sim.kv.v1_engine.releases import VllmRelease
 
 if TYPE_CHECKING:
@@ -37,27 +37,21 @@ class FreeOrder(abc.ABC):
     """Re-queues the blocks one `free_blocks` call released, in their eviction order."""
 
     @abc.abstractmethod
-    def requeue(
-        self, queue: FreeBlockQueue, released: list[KVCacheBlock], enable_caching: bool
-    ) -> None:
+    def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
         """Put `released` (refcount now 0, none null, in the caller's order) into `queue`."""
 
 
 class AppendInFreeOrder(FreeOrder):
     """4ac7713 / 0.11.0: all released blocks to the tail (LRU over every free block)."""
 
-    def requeue(
-        self, queue: FreeBlockQueue, released: list[KVCacheBlock], enable_caching: bool
-    ) -> None:
+    def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
         queue.append_n([block.block_id for block in released])
 
 
 class UncachedFirst(FreeOrder):
     """0.33.0: blocks without a hash to the head (reused first), cached ones to the tail."""
 
-    def requeue(
-        self, queue: FreeBlockQueue, released: list[KVCacheBlock], enable_caching: bool
-    ) -> None:
+    def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
         if not enable_caching:
             queue.prepend_n([block.block_id for block in released])
             return

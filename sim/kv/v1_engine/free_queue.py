@@ -17,9 +17,10 @@ head is the least recently freed block. Worked example (5 blocks)::
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from itertools import islice
+from typing import Protocol
 
 
 class FreeBlockQueue(OrderedDict[int, None]):
@@ -34,6 +35,10 @@ class FreeBlockQueue(OrderedDict[int, None]):
 
     def __init__(self, block_ids: Iterable[int]) -> None:
         super().__init__(dict.fromkeys(block_ids))
+
+    def popleft(self) -> int:
+        """Pop one id from the head (a decode crossing into a new block)."""
+        return self.popitem(False)[0]
 
     def popleft_n(self, num_blocks: int) -> list[int]:
         """Pop `num_blocks` ids from the head (the least recently freed first)."""
@@ -75,3 +80,55 @@ class FreeBlockQueue(OrderedDict[int, None]):
     def ids(self) -> list[int]:
         """All free ids, head first (O(n); for tests and audits)."""
         return list(self)
+
+
+class UncachedFreeBlockQueue(deque[int]):
+    """The free queue of a pool without prefix caching: a deque of ids.
+
+    Without caching nothing is ever taken out of the middle of the queue (only a prefix-cache
+    hit is, `BlockPool.touch`), so the head pops and the tail and head pushes of
+    `FreeBlockQueue` are all it needs, and a deque does them in C: freeing a request's table
+    is one `extend` or `extendleft`, not a dict insert (and a move) per block. Same order,
+    same ids as `FreeBlockQueue`; tests/test_kv_representation.py replays both side by side.
+    Example: ``UncachedFreeBlockQueue([3, 4]).prepend_n([2, 1])`` -> [2, 1, 3, 4].
+    """
+
+    __slots__ = ()
+
+    def popleft_n(self, num_blocks: int) -> list[int]:
+        if num_blocks > len(self):
+            raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self)}")
+        popleft = self.popleft
+        return [popleft() for _ in range(num_blocks)]
+
+    def remove(self, block_id: int) -> None:
+        raise ValueError(f"block {block_id}: a pool without prefix caching has no hits to touch")
+
+    def append_n(self, block_ids: Iterable[int]) -> None:
+        # No double-append check here: `BlockPool.free_blocks` refuses a block whose refcount
+        # is already 0, so a block is queued once per release.
+        self.extend(block_ids)
+
+    def prepend_n(self, block_ids: list[int]) -> None:
+        self.extendleft(reversed(block_ids))
+
+    def ids(self) -> list[int]:
+        return list(self)
+
+
+class FreeQueue(Protocol):
+    """What `BlockPool` and `FreeOrder` use of a free queue (either class above)."""
+
+    def __len__(self) -> int: ...
+
+    def popleft(self) -> int: ...
+
+    def popleft_n(self, num_blocks: int) -> list[int]: ...
+
+    def remove(self, block_id: int) -> None: ...
+
+    def append_n(self, block_ids: Iterable[int]) -> None: ...
+
+    def prepend_n(self, block_ids: list[int]) -> None: ...
+
+    def ids(self) -> list[int]: ...

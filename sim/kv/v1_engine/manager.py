@@ -1,17 +1,16 @@
 """The V1 engine's `KVCacheManager`: prefix-cache lookup, per-step slot allocation, free.
 
-Pinned per release by `config.vllm_pin` (`releases.py`): the free order of the block pool
-(`free_order.py`) and the full-sequence admission count (`admission.py`) differ by release;
-the rest follows 4ac7713, which 0.11.0 and 0.33.0 match for one KV group (docs/vllm-v1-changes.md).
-
-Models `KVCacheManager` (`vllm/v1/core/kv_cache_manager.py:L67-410 @4ac7713`) together with the
-unitary and no-prefix-cache coordinators (`kv_cache_coordinator.py:L14-236 @4ac7713`), for one
-KV group: full attention, or all layers sliding-window when `config.sliding_window` is set
-(spec §6.2-6.4). Several groups (a hybrid model): `hybrid_manager.HybridKVCacheManager`.
+Models `KVCacheManager` (vLLM 0.11.0 `vllm/v1/core/kv_cache_manager.py:L85-396`; for one KV
+group 4ac7713 `L67-410` matches, docs/vllm-v1-changes.md) over a `KVCacheCoordinator`, as
+upstream: `UnitaryKVCacheCoordinator` for one KV group (full attention, or all layers
+sliding-window when `config.sliding_window` is set, spec §6.2-6.4) and
+`HybridKVCacheCoordinator` for several (`coordinator.make_coordinator`). Pinned per release by
+`config.vllm_pin` (`releases.py`): the free order of the block pool (`free_order.py`) and the
+full-sequence admission count (`admission.py`) differ by release.
 
 There is no admission query. `allocate_slots` counts the blocks a step needs and takes them
 with the same arithmetic, and returns None (changing nothing but the sliding-window frees of
-step 1) when the free queue is short. Order of one call (spec §6.2):
+step 1) when the free queue is short. Order of one call (spec §6.2, `L193-304 @0.11.0`):
 
 1. `remove_skipped_blocks(req, C)` (SWA frees blocks outside the window; runs even on failure);
 2. `need = min(C + hits_tokens + n + lookahead, max_model_len)`;
@@ -28,34 +27,47 @@ Worked example (spec vector 6: 11 blocks, bs=16, W=16, no caching)::
                                           of the queue [10], then takes [10, 8]; free 0
     A (C=112, 113 tokens): allocate_slots(A, 1) -> frees 6 blocks, takes 1; A holds 2
 
-The request is a `Sequence`: its id is `seq_id`, its length `num_tokens`, and C is
-`num_computed_tokens`, which the scheduler advances after each step.
+Flat block ids at the API: with several groups, `get_computed_blocks`, `get_block_ids` and the
+ids `allocate_slots` returns list group 0's blocks, then group 1's, and so on (upstream returns
+`KVCacheBlocks`, one list per group). The request is a `Sequence`: its id is `seq_id`, its
+length `num_tokens`, and C is `num_computed_tokens`, which the scheduler advances.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.kv.config import KVCacheConfig
-from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash, num_leading_nulls
+from sim.kv.types import Sequence
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
-from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.block_pool import BlockPool
+from sim.kv.v1_engine.coordinator import (
+    GroupBlocks,
+    KVCacheCoordinator,
+    UnitaryKVCacheCoordinator,
+)
+from sim.kv.v1_engine.decode_shortcuts import DecodeShortcuts
 from sim.kv.v1_engine.free_order import free_order_for
+from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.releases import resolve_release
-from sim.kv.v1_engine.single_type import (
-    FullAttentionManager,
-    SingleTypeManager,
-    SlidingWindowManager,
-)
+from sim.kv.v1_engine.single_type import SingleTypeManager
 
 
-class KVCacheManager(PoolQueries):
-    """vLLM ~0.10 V1-engine KV cache manager over one KV group (see module docstring)."""
+class KVCacheManager(DecodeShortcuts, PoolQueries):
+    """vLLM's V1-engine KV cache manager over one coordinator (see module docstring).
 
-    def __init__(self, config: KVCacheConfig) -> None:
+    `KVCacheManager(config)` builds the unitary coordinator and refuses several groups;
+    `make_kv_cache_manager` (or `KVCacheManager.hybrid`) builds the hybrid one.
+    """
+
+    def __init__(self, config: KVCacheConfig, *, hybrid: bool = False) -> None:
         if config.max_model_len is not None and config.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {config.max_model_len}")
-        if config.kv_cache_groups:
+        if config.kv_cache_groups and not hybrid:
             raise ValueError("KV-cache groups given: build with make_kv_cache_manager")
+        if hybrid and config.sliding_window is not None:
+            raise ValueError("a hybrid config sets each group's window, not sliding_window")
         self.config = config
         self.block_size = config.block_size
         #: The V1 engine has no watermark (spec §6.1).
@@ -68,36 +80,45 @@ class KVCacheManager(PoolQueries):
         self.block_pool = BlockPool(
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
         )
-        self.single_type_manager: SingleTypeManager
-        if config.sliding_window is None:
-            self.single_type_manager = FullAttentionManager(self.block_pool, self.block_size)
+        only_reachable = self.vllm_release.caches_only_reachable_window_blocks
+        self.coordinator: KVCacheCoordinator[Any]
+        if hybrid:
+            self.coordinator = HybridKVCacheCoordinator(
+                self.block_pool,
+                self.block_size,
+                config.kv_cache_groups,
+                only_reachable_cached=only_reachable,
+            )
         else:
-            self.single_type_manager = SlidingWindowManager(
+            self.coordinator = UnitaryKVCacheCoordinator(
                 self.block_pool,
                 self.block_size,
                 config.sliding_window,
-                only_reachable_cached=self.vllm_release.caches_only_reachable_window_blocks,
+                only_reachable_cached=only_reachable,
             )
-        #: Chained hashes of each request's full blocks, extended as tokens are appended.
-        self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
-        # For the sliding-window footprint bound: the C of the last remove_skipped_blocks call
-        # and the largest slot count ever allocated, per request holding blocks.
+        #: KV-cache groups (one block table per group per request).
+        self.num_kv_cache_groups = len(self.coordinator.managers)
+        # For the sliding-window footprint bound and the decode shortcuts: the C of the last
+        # remove_skipped_blocks call and the largest slot count ever allocated, per request
+        # holding blocks.
         self._req_to_skip_tokens: dict[int, int] = {}
         self._req_to_max_need_tokens: dict[int, int] = {}
 
-    # ------------------------------------------------------------------------------ hashing
-    def _block_hashes(self, request: Sequence, num_blocks: int) -> list[BlockHash]:
-        """The request's hash list, extended to at least `num_blocks` full blocks.
+    @classmethod
+    def hybrid(cls, config: KVCacheConfig) -> KVCacheManager:
+        """The manager over `HybridKVCacheCoordinator` (two or more groups in the config)."""
+        return cls(config, hybrid=True)
 
-        Same values as `request.content.block_hashes(bs, n)` (parent of block 0 = NONE_HASH),
-        computed incrementally so a long decode does not rehash its whole history.
-        """
-        hashes = self.req_to_block_hashes.setdefault(request.seq_id, [])
-        parent = hashes[-1] if hashes else NONE_HASH
-        for index in range(len(hashes), num_blocks):
-            parent = chain_hash(parent, request.content.block_key(index, self.block_size))
-            hashes.append(BlockHash(parent))
-        return hashes
+    @property
+    def single_type_manager(self) -> SingleTypeManager:
+        """Group 0's manager (the only one with one group)."""
+        return self.coordinator.managers[0]
+
+    @property
+    def req_to_block_hashes(self) -> dict[int, Any]:
+        """Per request, its block hashes as the coordinator keeps them (one chain for one
+        group, one key list per group for several)."""
+        return self.coordinator.req_to_block_hashes
 
     # ------------------------------------------------------------------------------ V1 API
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
@@ -105,15 +126,15 @@ class KVCacheManager(PoolQueries):
 
         The last token is always recomputed (its logits are needed), so the hit covers at most
         `num_tokens - 1` tokens; hits are whole blocks, so a fully cached 64-token prompt
-        (bs=16) hits 3 blocks and recomputes the 4th (`kv_cache_manager.py:L144-193`).
-        Sliding-window hits may start with null blocks (id 0).
+        (bs=16) hits 3 blocks and recomputes the 4th (`L154-191 @0.11.0`). Sliding-window hits
+        may start with null blocks (id 0).
         """
         if not self.enable_caching:
             return [], 0
-        num_full_blocks = request.num_tokens // self.block_size
-        block_hashes = self._block_hashes(request, num_full_blocks)
-        hits = self.single_type_manager.find_longest_cache_hit(block_hashes, request.num_tokens - 1)
-        return [b.block_id for b in hits], len(hits) * self.block_size
+        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+            request, request.num_tokens - 1
+        )
+        return [block.block_id for group_hits in hits for block in group_hits], num_hit_tokens
 
     def allocate_slots(
         self,
@@ -133,34 +154,18 @@ class KVCacheManager(PoolQueries):
             raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
         if num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("num_new_computed_tokens and num_lookahead_tokens must be >= 0")
-        # Only a new request's first call can bring prefix hits; every other call skips the
-        # checks and the hit handling below (each is a no-op without hits).
+        coordinator = self.coordinator
+        # Only a new request's first call can bring prefix hits.
         if new_computed_block_ids or num_new_computed_tokens:
             hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
         else:
-            hits = None
+            hits = coordinator.no_hits
         request_id = request.seq_id
-        manager = self.single_type_manager
-        block_size = self.block_size
         num_skip_tokens = request.num_computed_tokens
-        # `blocks_of`, inlined (hot): get, not setdefault, so no list is built per call.
-        table = manager.req_to_blocks.get(request_id)
-        if table is None:
-            table = manager.req_to_blocks[request_id] = []
 
         # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
-        # stands even when the step then fails (`kv_cache_manager.py:L258-266`). Full
-        # attention skips nothing. With a window, `remove_skipped_blocks` runs only when it
-        # has work: a block left the window since the last call (the entry before the first
-        # useful block is not null yet), or C runs past the table (it raises). That is its
-        # own opening test, inlined here because most calls free nothing.
-        sliding_window = self.sliding_window
-        if sliding_window is not None:
-            first_useful_block = (num_skip_tokens - sliding_window + 1) // block_size
-            if first_useful_block > 0 and (
-                first_useful_block > len(table) or not table[first_useful_block - 1].is_null
-            ):
-                manager.remove_skipped_blocks(request_id, num_skip_tokens)
+        # stands even when the step then fails (`L247-254 @0.11.0`).
+        coordinator.remove_skipped_blocks(request_id, num_skip_tokens)
         self._req_to_skip_tokens[request_id] = num_skip_tokens
 
         # Steps 2-4: count and check with the arithmetic the allocation then uses.
@@ -168,235 +173,113 @@ class KVCacheManager(PoolQueries):
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
-        block_pool = self.block_pool
-        if hits:
-            num_blocks_to_allocate = manager.get_num_blocks_to_allocate(
-                request_id, num_tokens_need_slot, hits
-            )
-        else:
-            # `get_num_blocks_to_allocate` without hits (cdiv inlined).
-            num_blocks_to_allocate = -(-num_tokens_need_slot // block_size) - len(table)
-        if num_blocks_to_allocate > len(block_pool.free_block_queue):
+        num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, hits
+        )
+        if num_blocks_to_allocate > len(self.block_pool.free_block_queue):
             return None
-
-        if hits:
-            block_pool.touch(hits)
-            manager.save_new_computed_blocks(request_id, hits)
-            new_block_ids = [
-                b.block_id for b in manager.allocate_new_blocks(request_id, num_tokens_need_slot)
-            ]
-        else:
-            if request_id not in manager.num_cached_block:
-                # A new request without hits: touching none is a no-op; this starts the
-                # (empty) table and its cached count.
-                manager.save_new_computed_blocks(request_id, [])
-            if num_blocks_to_allocate > 0:
-                # `allocate_new_blocks` without hits: the table grows by exactly the count above.
-                new_block_ids = block_pool.get_new_blocks_into(num_blocks_to_allocate, table)
-            else:
-                new_block_ids = []
+        if hits[0]:
+            coordinator.touch(hits)
+        coordinator.save_new_computed_blocks(request_id, hits)
+        new_block_ids = coordinator.allocate_new_block_ids(request_id, num_tokens_need_slot)
         if num_tokens_need_slot > self._req_to_max_need_tokens.get(request_id, 0):
             self._req_to_max_need_tokens[request_id] = num_tokens_need_slot
 
         # Step 5: cache blocks that this step's scheduled tokens fill, but never lookahead
         # (draft) slots: the cap at num_tokens keeps unfinalised tokens out of the cache.
         if self.enable_caching:
-            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-            block_hashes = self._block_hashes(request, num_tokens_to_cache // block_size)
-            manager.cache_blocks(request_id, block_hashes, num_tokens_to_cache)
+            coordinator.cache_blocks(
+                request, min(num_computed_tokens + num_new_tokens, request.num_tokens)
+            )
         return new_block_ids
+
+    def _resolve_hits(self, block_ids: list[int], num_new_computed_tokens: int) -> GroupBlocks:
+        """The hit blocks of a flat id list, per group; checked against the token count."""
+        if block_ids and not self.enable_caching:
+            raise ValueError("new_computed_block_ids given but prefix caching is disabled")
+        num_gpu_blocks = self.block_pool.num_gpu_blocks
+        for block_id in block_ids:
+            if not 0 <= block_id < num_gpu_blocks:
+                raise ValueError(f"hit block id {block_id} outside 0..{num_gpu_blocks - 1}")
+        blocks = [self.block_pool.blocks[block_id] for block_id in block_ids]
+        return self.coordinator.split_hits(blocks, num_new_computed_tokens)
 
     def num_blocks_to_admit(
         self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
     ) -> int:
-        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`);
-        a pure query. Example (bs=16, no hits): a 200-token prompt needs 13."""
+        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`),
+        summed over groups as `get_num_blocks_to_allocate` sums them; a pure query.
+        Example (bs=16, one group, no hits): a 200-token prompt needs 13."""
         num_tokens = request.num_tokens
         if self.max_model_len is not None:
             num_tokens = min(num_tokens, self.max_model_len)
-        hits = [self.block_pool.blocks[i] for i in new_computed_block_ids]
-        return num_blocks_to_admit(
-            self.single_type_manager,
-            request.seq_id,
-            num_tokens,
-            hits,
-            request.num_computed_tokens + len(hits) * self.block_size,
-            self.sliding_window,
-            admission_cap_blocks(
-                self.sliding_window, self.block_size, max_in_flight_tokens, self.max_model_len
-            ),
+        num_groups = self.num_kv_cache_groups
+        hits = self._resolve_hits(
+            new_computed_block_ids, len(new_computed_block_ids) // num_groups * self.block_size
         )
-
-    def _resolve_hits(
-        self, block_ids: list[int], num_new_computed_tokens: int
-    ) -> list[KVCacheBlock]:
-        if block_ids and not self.enable_caching:
-            raise ValueError("new_computed_block_ids given but prefix caching is disabled")
-        if num_new_computed_tokens != len(block_ids) * self.block_size:
-            raise ValueError(
-                f"num_new_computed_tokens={num_new_computed_tokens} does not match "
-                f"{len(block_ids)} hit blocks of {self.block_size} tokens"
+        num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        total = 0
+        for manager, window, group_hits in zip(
+            self.coordinator.managers, self.coordinator.windows, hits, strict=True
+        ):
+            cap = admission_cap_blocks(
+                window, self.block_size, max_in_flight_tokens, self.max_model_len
             )
-        for block_id in block_ids:
-            if not 0 <= block_id < self.block_pool.num_gpu_blocks:
-                raise ValueError(
-                    f"hit block id {block_id} outside 0..{self.block_pool.num_gpu_blocks - 1}"
-                )
-        return [self.block_pool.blocks[block_id] for block_id in block_ids]
+            total += num_blocks_to_admit(
+                manager, request.seq_id, num_tokens, group_hits, num_computed, window, cap
+            )
+        return total
 
     def free(self, request: Sequence) -> None:
-        """Free the request's table in reverse order, so its tail is evicted first.
+        """Free every group's table (group-id order, each in reverse so its tail is evicted
+        first, `L306-314 @0.11.0`) and the request's counters.
 
         The request's block hashes are dropped too (upstream keeps them across preemption
         and drops them in `free_block_hashes` at finish); they are a pure function of the
         token content, so recomputing them later yields the same values.
         """
         request_id = request.seq_id
-        self.single_type_manager.free(request_id)
-        self.req_to_block_hashes.pop(request_id, None)  # `free_block_hashes`, inlined
+        self.coordinator.free(request_id)
+        self.coordinator.free_block_hashes(request_id)
         self._req_to_skip_tokens.pop(request_id, None)
         self._req_to_max_need_tokens.pop(request_id, None)
 
     def free_block_hashes(self, request: Sequence) -> None:
-        self.req_to_block_hashes.pop(request.seq_id, None)
-
-    def get_block_ids(self, request_id: int) -> list[int]:
-        return [b.block_id for b in self.single_type_manager.req_to_blocks.get(request_id, [])]
-
-    # --------------------------------------------------------------------- decode fast path
-    def decode_touch_len(self, request: Sequence) -> int | None:
-        """The first decode length X (``C = X - 1``) at which `allocate_slots(request, 1)` may
-        change anything; below it the call returns [] and changes nothing but the per-request
-        counters that `sync_decode` replays.
-
-        Touch points: ``len(table) * bs + 1`` (a new block); with a window, the first X whose
-        first useful block ``(X - W) // bs`` passes the leading null entries (a free); with
-        caching, ``(num_cached + 1) * bs`` (a block fills and is cached).
-
-        Example (bs=16, W=24, no caching): after the decode at X=113 the table has 8 entries,
-        0..4 null. Candidates 8*16 + 1 = 129 and (5 + 1)*16 + 24 = 120: decodes 114..119 are
-        quiet, 120 is returned (block 5 leaves the window). None when the request holds no
-        table or used lookahead slots.
-        """
-        request_id = request.seq_id
-        manager = self.single_type_manager
-        table = manager.req_to_blocks.get(request_id)
-        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
-        if not table or max_need_tokens is None or request_id not in manager.num_cached_block:
-            return None
-        num_tokens = request.content.num_tokens
-        if max_need_tokens > num_tokens:
-            return None  # lookahead slots: not a plain decode
-        bs = self.block_size
-        touch_len = len(table) * bs + 1
-        if self.enable_caching:
-            num_cached = manager.num_cached_block[request_id]
-            hashes = self.req_to_block_hashes.get(request_id)
-            if hashes is None or len(hashes) < num_cached or num_cached * bs > num_tokens:
-                return num_tokens
-            touch_len = min(touch_len, (num_cached + 1) * bs)
-        sliding_window = self.sliding_window
-        if sliding_window is not None:
-            # The leading-null count of `num_seq_blocks`, inlined (hot: after every real call).
-            num_leading_null = (
-                self._req_to_skip_tokens.get(request_id, 0) - sliding_window + 1
-            ) // bs
-            if num_leading_null < 0:
-                num_leading_null = 0
-            if not (
-                num_leading_null < len(table)
-                and not table[num_leading_null].is_null
-                and (num_leading_null == 0 or table[num_leading_null - 1].is_null)
-            ):
-                num_leading_null = num_leading_nulls(table)
-            window_touch_len = (num_leading_null + 1) * bs + sliding_window
-            if window_touch_len < touch_len:
-                touch_len = window_touch_len
-        return touch_len if touch_len > num_tokens else num_tokens
-
-    def sync_decode(self, request: Sequence) -> None:
-        """Replay the per-request counters of skipped quiet one-token steps.
-
-        A quiet step at C computed tokens sets the skip mark to C and the largest slot count to
-        ``min(C + 1, max_model_len)``; nothing else. The last real call covered ``T`` slots
-        (its largest slot count) and the scheduler advanced C to T; each skipped step advanced
-        C by one more. So with C now above T, the last skipped step ran at ``C - 1``.
-        Example (bs=16): last call at X=21 (T=21, skip 20), decodes 22..25 skipped, sync at
-        L=26 (C=25) -> T=25, skip 24. A no-op when ``C <= T`` (nothing was skipped, e.g.
-        between prefill chunks or after a failed call).
-        """
-        request_id = request.seq_id
-        max_need_tokens = self._req_to_max_need_tokens.get(request_id)
-        num_computed_tokens = request.num_computed_tokens
-        if max_need_tokens is None or num_computed_tokens <= max_need_tokens:
-            return
-        # T = max(T, min(C, max_model_len)), with conditionals rather than builtin calls (hot).
-        need_tokens = num_computed_tokens
-        if self.max_model_len is not None and self.max_model_len < need_tokens:
-            need_tokens = self.max_model_len
-        if need_tokens > max_need_tokens:
-            self._req_to_max_need_tokens[request_id] = need_tokens
-        self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
+        self.coordinator.free_block_hashes(request.seq_id)
 
     # ---------------------------------------------------------------------- introspection
+    def group_block_ids(self, request_id: int) -> tuple[list[int], ...]:
+        """The request's table in each group (null entries are block 0)."""
+        return tuple(
+            [block.block_id for block in table] for table in self.coordinator.get_blocks(request_id)
+        )
+
+    def get_block_ids(self, request_id: int) -> list[int]:
+        return [block_id for table in self.group_block_ids(request_id) for block_id in table]
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
         return self.get_block_ids(seq_id)
 
     def num_seq_blocks(self, seq_id: int) -> int:
-        """Non-null blocks in the table, in O(1) when the window's last cut is the boundary.
+        """Non-null blocks in the request's tables: each table's length less its leading
+        nulls (`SingleTypeManager.num_leading_null_blocks`, a kept count)."""
+        return self.coordinator.num_seq_blocks(seq_id)
 
-        A table never repeats a block and its null entries are a prefix (skipped blocks, or the
-        padding of a sliding-window cache hit), so this is ``len(table)`` less the leading
-        nulls, not a set. After `remove_skipped_blocks(C)` the nulls end at
-        ``(C - W + 1) // bs`` unless a cache hit padded further; the two entries around that
-        index confirm the guess, otherwise a binary search decides (`num_leading_nulls`). Full
-        attention never skips, so its guess is 0, confirmed by a non-null ``table[0]``.
-        `decode_touch_len` inlines the same count.
-        """
-        table = self.single_type_manager.req_to_blocks.get(seq_id)
-        if not table:
-            return 0
-        num_leading_null = 0
-        if self.sliding_window is not None:
-            num_leading_null = (
-                self._req_to_skip_tokens.get(seq_id, 0) - self.sliding_window + 1
-            ) // self.block_size
-            if num_leading_null < 0:
-                num_leading_null = 0
-        num_blocks = len(table)
-        if (
-            num_leading_null < num_blocks
-            and not table[num_leading_null].is_null
-            and (num_leading_null == 0 or table[num_leading_null - 1].is_null)
-        ):
-            return num_blocks - num_leading_null
-        return num_blocks - num_leading_nulls(table)
+    def group_num_held_blocks(self) -> list[int]:
+        """Non-null blocks in each group's live tables (a prefix-shared block counts once per
+        group that holds it, however many requests share it)."""
+        counts = []
+        for manager in self.coordinator.managers:
+            held: set[int] = set()
+            for table in manager.req_to_blocks.values():
+                held.update(block.block_id for block in table if not block.is_null)
+            counts.append(len(held))
+        return counts
 
-    def max_seq_footprint(self, seq: Sequence) -> int | None:
-        """Sliding window: the per-step live-block bound of spec §6.3; None for full attention.
-
-        Returns ``cdiv(T, bs) - floor(max(0, C - W + 1) / bs)`` where C is the
-        `num_computed_tokens` of the request's last `allocate_slots` call (what
-        `remove_skipped_blocks` used) and T the largest slot count it was ever given (its table
-        length in blocks is `cdiv(T, bs)`). It is exact after a step without prefix hits
-        (hits' null padding makes it loose). In decode (T = C + 1) it never exceeds
-        `cdiv(W - 1, bs) + 1`; e.g. bs=16, W=24, C=112: cdiv(113, 16) - floor(89 / 16) = 3.
-        A request that holds nothing gets 0.
-        """
-        sliding_window = self.sliding_window
-        if sliding_window is None:
-            return None
-        request_id = seq.seq_id
-        need_tokens = self._req_to_max_need_tokens.get(request_id)
-        if need_tokens is None:
-            return 0
-        # Read after every allocation that took blocks: cdiv and both max(0, .) inlined.
-        bs = self.block_size
-        num_skipped_tokens = self._req_to_skip_tokens[request_id] - sliding_window + 1
-        num_skipped_blocks = num_skipped_tokens // bs if num_skipped_tokens > 0 else 0
-        footprint = -(-need_tokens // bs) - num_skipped_blocks
-        return footprint if footprint > 0 else 0
+    def group_peak_held_blocks(self) -> list[int]:
+        """The most blocks each group's tables ever held at once (the summary's per-group
+        block counts)."""
+        return self.coordinator.group_peak_held_blocks()
 
     def recover_leaked_blocks(self) -> int:
         """Never leaks: a failed `allocate_slots` takes nothing."""

@@ -34,6 +34,16 @@ class PoolQueries:
             pool.num_evictable_blocks,
         )
 
+    def pool_is_conserved(self) -> bool:
+        """`pool_stats().is_conserved` without building the stats: the auditor asks after
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        pool = self.block_pool
+        num_free = len(pool.free_block_queue)
+        return (
+            num_free + pool.num_held_blocks == pool.num_gpu_blocks
+            and pool.num_evictable_blocks <= num_free
+        )
+
     def block_refcounts(self) -> dict[int, int]:
         """Block id -> refcount for held blocks; the null block (0) always reads 1."""
         return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 
-from sim.kv.types import BlockHash, cdiv
+from sim.kv.types import BlockHash, cdiv, num_leading_nulls
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 
 
@@ -28,6 +28,11 @@ class SingleTypeManager(abc.ABC):
         self.block_pool = block_pool
         self.block_size = block_size
         self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}
+        #: Per request with any: the null entries at the front of its table (only sliding
+        #: windows make them). Nulls are always a prefix (a hit's padding, then the skipped
+        #: blocks), so a count says where they end: `num_leading_null_blocks` is a lookup,
+        #: not a scan of the table.
+        self.req_to_num_null_blocks: dict[int, int] = {}
         #: Leading table entries already cached (only for requests that got their first
         #: allocation; upstream uses its presence to tell a new request from a running one).
         self.num_cached_block: dict[int, int] = {}
@@ -93,6 +98,12 @@ class SingleTypeManager(abc.ABC):
         self.block_pool.free_blocks(reversed(table))
         self.num_cached_block.pop(request_id, None)
 
+    def num_leading_null_blocks(self, request_id: int) -> int:
+        """Null entries at the front of the request's table (kvsim's query, for the footprint
+        bound and the decode fast path). Example (bs=16, W=24): after
+        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5; full attention: 0."""
+        return self.req_to_num_null_blocks.get(request_id, 0)
+
     @abc.abstractmethod
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
@@ -153,6 +164,21 @@ class SlidingWindowManager(SingleTypeManager):
         #: W > 1 and one block size every block is reachable, as at 4ac7713.
         self._caches_nothing = only_reachable_cached and cdiv(sliding_window - 1, block_size) == 0
 
+    def save_new_computed_blocks(
+        self, request_id: int, new_computed_blocks: list[KVCacheBlock]
+    ) -> None:
+        is_new = request_id not in self.num_cached_block
+        super().save_new_computed_blocks(request_id, new_computed_blocks)
+        if is_new and new_computed_blocks:
+            # A hit's padding (`find_longest_cache_hit`) is a prefix of nulls.
+            num_nulls = num_leading_nulls(new_computed_blocks)
+            if num_nulls:
+                self.req_to_num_null_blocks[request_id] = num_nulls
+
+    def free(self, request_id: int) -> None:
+        super().free(request_id)
+        self.req_to_num_null_blocks.pop(request_id, None)
+
     def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
         if self._caches_nothing:
             # The cached count still advances (upstream stores it after an all-False mask).
@@ -200,13 +226,15 @@ class SlidingWindowManager(SingleTypeManager):
         floor(89 / 16) = 5: blocks 4..0 are freed.
         """
         first_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
-        table = self.req_to_blocks.setdefault(request_id, [])  # blocks_of, inlined (hot)
+        table = self.req_to_blocks.get(request_id)
+        if table is None:  # `blocks_of`, with get: no empty list is built per call
+            table = self.req_to_blocks[request_id] = []
         if first_useful_block > len(table):
             raise ValueError(
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "
                 f"{len(table)} blocks in its table"
             )
-        if first_useful_block <= 0 or table[first_useful_block - 1].is_null:
+        if first_useful_block <= self.req_to_num_null_blocks.get(request_id, 0):
             return  # nothing left the window since the last call (most calls)
         removed: list[KVCacheBlock] = []
         for index in range(first_useful_block - 1, -1, -1):
@@ -215,4 +243,6 @@ class SlidingWindowManager(SingleTypeManager):
                 break
             removed.append(table[index])
             table[index] = self.block_pool.null_block
+        # Everything before the first useful block is null now.
+        self.req_to_num_null_blocks[request_id] = first_useful_block
         self.block_pool.free_blocks(removed)

@@ -1,0 +1,241 @@
+"""The V1 engine's hybrid coordinator: two or more KV-cache groups over one pool.
+
+Models `HybridKVCacheCoordinator` (vLLM 0.11.0 `vllm/v1/core/kv_cache_coordinator.py:L268-415`;
+4ac7713 matches, spec §6.4) on the shared `coordinator.KVCacheCoordinator`. The one-group case
+is `coordinator.UnitaryKVCacheCoordinator`.
+
+A request holds one block table per group; `allocate_slots` frees the blocks that left every
+sliding group's window, then needs the sum over groups of ``cdiv(T, bs) - len(table_g)``
+blocks (plus evictable hits), all or nothing. Worked example (bs=4, 9 blocks, group 0
+sliding W=4, group 1 full, no caching)::
+
+    A, 8 tokens: allocate_slots(A, 8)     -> group 0 [1, 2], group 1 [3, 4]; free 4
+    A (C=8, 9 tokens): allocate_slots(A, 1)
+        remove_skipped_blocks(8): first useful block (8 - 4 + 1) // 4 = 1, so group 0
+        frees block 1 (-> free queue tail) and its table is [NULL, 2];
+        then 1 new block per group: group 0 takes 5, group 1 takes 6; free 3 ([7, 8, 1])
+    B, 8 tokens: allocate_slots(B, 8)     -> needs 4 > 3: None
+    free(A)                               -> group 0 frees 5, 2; group 1 frees 6, 4, 3
+
+kvsim adds per-group held-block counts (the summary's per-group peaks): a block belongs to one
+group while held and groups change the pool one at a time, so the pool's held-count change
+during a group's operation is that group's change.
+
+Prefix caching keys a block by (hash, group id) (`kv_cache_utils.py:L40-60`): the same
+token prefix is cached once per group. kvsim keeps group 0's key the plain chained hash
+(as the one-group manager does) and keys group g > 0 by ``hash((h, g))``, an int as
+collision-free as the chain itself. A lookup over several groups of one type hits only if
+every group has the block (`block_pool.py:L163-186`).
+
+The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
+attention, and the group ids of the two types must not interleave (`L289-350`):
+
+1. the full-attention hit, at most `max_length` tokens;
+2. the other type's hit within that length;
+3. the full-attention hit truncated to the other type's length.
+
+Worked example (bs=4, W=8, group 0 sliding, group 1 full, max_length 15 -> 3 blocks): the
+full groups have h0, h1, h2 cached, the sliding group only h1 and h2 (h0 was freed when it
+left a window). Full hit: 3 blocks (12 tokens). Sliding hit within 12 tokens needs
+``cdiv(8 - 1, 4) = 2`` contiguous blocks: the scan from the right finds h2, h1 -> [NULL,
+b(h1), b(h2)]: 12 tokens. Both groups hit 3 blocks; the sliding group's first is the null
+block.
+"""
+
+from __future__ import annotations
+
+from sim.kv.config import KVCacheGroupSpec
+from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
+from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
+from sim.kv.v1_engine.single_type import SlidingWindowManager
+
+
+def group_block_hash(block_hash: BlockHash, group_id: int) -> BlockHash:
+    """The cache key of a block of group `group_id` (group 0: the plain hash)."""
+    if group_id == 0:
+        return block_hash
+    return BlockHash(hash((block_hash, group_id)))
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
+    """Per-group managers over one pool; see the module docstring."""
+
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        groups: tuple[KVCacheGroupSpec, ...],
+        *,
+        only_reachable_cached: bool = False,
+    ) -> None:
+        if len(groups) < 2:
+            raise ValueError(
+                f"the hybrid coordinator needs >= 2 KV-cache groups, got {len(groups)}"
+            )
+        super().__init__(
+            block_pool,
+            block_size,
+            tuple(group.sliding_window for group in groups),
+            only_reachable_cached=only_reachable_cached,
+        )
+        self.groups = groups
+        self.num_groups = len(groups)
+        #: Per group: distinct blocks its live tables hold now, and the most ever.
+        self.num_held_blocks = [0] * len(groups)
+        self.peak_held_blocks = [0] * len(groups)
+        self.full_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is None]
+        self.other_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is not None]
+        windows = {groups[i].sliding_window for i in self.other_group_ids}
+        # `verify_and_split_kv_cache_groups` asserts these (L289-350).
+        if not self.full_group_ids or len(windows) != 1:
+            raise ValueError(
+                "the hybrid coordinator supports full attention plus exactly one sliding "
+                f"window; got windows {[g.sliding_window for g in groups]}"
+            )
+        (other_window,) = windows
+        assert other_window is not None  # the other groups are the sliding ones
+        self.other_window: int = other_window
+        if max(self.full_group_ids) < min(self.other_group_ids):
+            self.full_attn_first = True
+        elif max(self.other_group_ids) < min(self.full_group_ids):
+            self.full_attn_first = False
+        else:
+            raise ValueError("full-attention and sliding-window group ids must not interleave")
+
+    def group_peak_held_blocks(self) -> list[int]:
+        return list(self.peak_held_blocks)
+
+    # ------------------------------------------------------------------------ hashing
+    def block_hashes(self, request: Sequence, num_blocks: int) -> list[list[BlockHash]]:
+        """Each group's keys, extended to at least `num_blocks` full blocks (group 0's are
+        the plain chain, as with one group)."""
+        per_group = self.req_to_block_hashes.setdefault(
+            request.seq_id, [[] for _ in range(self.num_groups)]
+        )
+        base = per_group[0]
+        parent = base[-1] if base else NONE_HASH
+        for index in range(len(base), num_blocks):
+            parent = chain_hash(parent, request.content.block_key(index, self.block_size))
+            base.append(parent)
+        for group_id in range(1, self.num_groups):
+            keys = per_group[group_id]
+            keys.extend(group_block_hash(h, group_id) for h in base[len(keys) :])
+        return per_group
+
+    def num_hashed_blocks(self, request_id: int) -> int | None:
+        hashes = self.req_to_block_hashes.get(request_id)
+        return None if hashes is None else len(hashes[0])
+
+    # ------------------------------------------------------------------------ cache hits
+    def _lookup(
+        self, group_ids: list[int], hashes: list[list[BlockHash]], index: int
+    ) -> list[KVCacheBlock] | None:
+        """The cached block of every group at `index`, or None if any group misses."""
+        found: list[KVCacheBlock] = []
+        for group_id in group_ids:
+            block = self.block_pool.get_cached_block(hashes[group_id][index])
+            if block is None:
+                return None
+            found.append(block)
+        return found
+
+    def _full_hit(self, hashes: list[list[BlockHash]], max_length: int) -> list[list[KVCacheBlock]]:
+        """`FullAttentionManager.find_longest_cache_hit` over all full groups."""
+        hits: list[list[KVCacheBlock]] = [[] for _ in self.full_group_ids]
+        for index in range(max_length // self.block_size):
+            found = self._lookup(self.full_group_ids, hashes, index)
+            if found is None:
+                break
+            for group_hits, block in zip(hits, found, strict=True):
+                group_hits.append(block)
+        return hits
+
+    def _sliding_hit(
+        self, hashes: list[list[BlockHash]], max_length: int
+    ) -> list[list[KVCacheBlock]]:
+        """`SlidingWindowManager.find_longest_cache_hit` over all sliding groups."""
+        num_contiguous_needed = cdiv(self.other_window - 1, self.block_size)
+        max_num_blocks = max_length // self.block_size
+        null = self.block_pool.null_block
+        hits = [[null] * max_num_blocks for _ in self.other_group_ids]
+        num_contiguous = 0
+        for index in range(max_num_blocks - 1, -1, -1):
+            found = self._lookup(self.other_group_ids, hashes, index)
+            if found is None:
+                num_contiguous = 0
+                continue
+            for group_hits, block in zip(hits, found, strict=True):
+                group_hits[index] = block
+            num_contiguous += 1
+            if num_contiguous >= num_contiguous_needed:
+                return [group_hits[: index + num_contiguous] for group_hits in hits]
+        return [group_hits[:num_contiguous] for group_hits in hits]
+
+    def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
+        """Per-group hit blocks and the hit length in tokens (the three steps above, `L352-415`),
+        over each group's cache keys (`group_block_hash`) of the request's full blocks."""
+        hashes = self.block_hashes(request, request.num_tokens // self.block_size)
+        full_hits = self._full_hit(hashes, max_length)
+        hit_length = len(full_hits[0]) * self.block_size
+        other_hits = self._sliding_hit(hashes, hit_length)
+        num_hit_blocks = len(other_hits[0])
+        per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
+        for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
+            per_group[group_id] = group_hits[:num_hit_blocks]
+        for group_id, group_hits in zip(self.other_group_ids, other_hits, strict=True):
+            per_group[group_id] = group_hits
+        return tuple(per_group), num_hit_blocks * self.block_size
+
+    def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
+        """A hit has the same number H of blocks in every group: ``num_groups * H`` ids."""
+        num_hit_blocks = num_hit_tokens // self.block_size
+        if num_hit_tokens % self.block_size or len(blocks) != num_hit_blocks * self.num_groups:
+            raise ValueError(
+                f"num_new_computed_tokens={num_hit_tokens} does not match "
+                f"{len(blocks)} hit blocks over {self.num_groups} groups of "
+                f"{self.block_size}-token blocks"
+            )
+        return tuple(
+            blocks[g * num_hit_blocks : (g + 1) * num_hit_blocks] for g in range(self.num_groups)
+        )
+
+    # ------------------------------------------------------------------ per-group steps
+    def _count(self, group_id: int, num_held_before: int) -> None:
+        held = self.num_held_blocks[group_id] + self.block_pool.num_held_blocks - num_held_before
+        self.num_held_blocks[group_id] = held
+        if held > self.peak_held_blocks[group_id]:
+            self.peak_held_blocks[group_id] = held
+
+    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        for group_id, manager in enumerate(self.managers):
+            if isinstance(manager, SlidingWindowManager):
+                before = self.block_pool.num_held_blocks
+                manager.remove_skipped_blocks(request_id, num_computed_tokens)
+                self._count(group_id, before)
+
+    def touch(self, hits: GroupBlocks) -> None:
+        for group_id, group_hits in enumerate(hits):
+            before = self.block_pool.num_held_blocks
+            self.block_pool.touch(group_hits)
+            self._count(group_id, before)
+
+    def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
+        new_blocks = []
+        for group_id, manager in enumerate(self.managers):
+            before = self.block_pool.num_held_blocks
+            new_blocks.append(manager.allocate_new_blocks(request_id, num_tokens))
+            self._count(group_id, before)
+        return tuple(new_blocks)
+
+    def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
+        hashes = self.block_hashes(request, num_tokens // self.block_size)
+        for manager, group_hashes in zip(self.managers, hashes, strict=True):
+            manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
+
+    def free(self, request_id: int) -> None:
+        """Each group frees its table, tail first, in group-id order (`L131-139`), counting each."""
+        for group_id, manager in enumerate(self.managers):
+            before = self.block_pool.num_held_blocks
+            manager.free(request_id)
+            self._count(group_id, before)
