@@ -26,8 +26,9 @@ import simpy
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv_events import TimedEvent, attach_streams
 from sim.latency.batch import BatchShape
-from sim.routing import ReplicaView, Router, make_policy
+from sim.routing import CacheIndex, ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.workload.request import RequestSpec
 
@@ -41,6 +42,10 @@ class EngineConfig:
     router: Router = Router.ROUND_ROBIN
     #: The prefix-cache-aware router's load term (blocks per outstanding request).
     router_load_weight: float = 1.0
+    #: How late KV events reach the router's cache index (`sim.routing.cache_index`).
+    router_staleness_s: float = 0.0
+    #: Record every replica's KV events for the `kv_events` table (`sim.kv_events`).
+    kv_events: bool = False
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
     #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
@@ -85,6 +90,9 @@ class RunRecords:
     stopped_early: str | None = None
     end_s: float = 0.0
     num_gpu_blocks: int = 0
+    #: Per replica, its KV events in order (None: a replica that emits none); None unless
+    #: `EngineConfig.kv_events`.
+    kv_events: list[list[TimedEvent] | None] | None = None
 
 
 class Replica:
@@ -164,15 +172,32 @@ class Engine:
         ]
         self._arrivals_done = False
         self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
-        self._views = [ReplicaView(r) for r in self.replicas]
+        # KV events: a stream per V1 replica feeding the router's index and/or the table.
+        reads_events = config.router.reads_kv_events
+        self._event_streams = (
+            attach_streams(
+                self.replicas, config.kv.block_size, self._now, reads_events, config.kv_events
+            )
+            if reads_events or config.kv_events
+            else []
+        )
+        self._cache_index = (
+            CacheIndex(self._event_streams, config.router_staleness_s) if reads_events else None
+        )
+        self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0
+
+    def _now(self) -> float:
+        return self.env.now
 
     def _clock(self) -> tuple[float, int]:
         return (self.env.now, self._current_step)
 
     # ------------------------------------------------------------------ processes
     def _route(self, request: Request) -> Replica:
+        if self._cache_index is not None:
+            self._cache_index.advance(self.env.now)
         return self.replicas[self._policy.choose(request, self._views)]
 
     def _arrivals(self):
@@ -381,6 +406,8 @@ class Engine:
         for replica in self.replicas:
             self._abort(replica.scheduler.unfinished(), reason)
             self.records.violations.extend(replica.manager.violations)
+        if self.config.kv_events:
+            self.records.kv_events = [s.history if s else None for s in self._event_streams]
         self.records.stopped_early = self._stop
         self.records.end_s = self.env.now
         self.records.requests.sort(key=lambda r: r.request_id)

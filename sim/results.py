@@ -4,7 +4,9 @@ Tables (each as Parquet and CSV):
 
 * ``requests``: one row per workload request, whatever happened to it;
 * ``steps``: one row per engine step (batch composition, blocks, queue lengths);
-* ``violations``: one row per auditor finding.
+* ``violations``: one row per auditor finding;
+* ``kv_events``: one row per block of each replica's KV cache events, only when the run
+  records them (`engine.kv_events`; layout in `sim.kv_events.table`).
 
 Latencies: TTFT = first token - arrival; TPOT = (finish - first token) / (generated - 1);
 end-to-end = finish - arrival; queueing = first scheduled - arrival.
@@ -131,6 +133,8 @@ class RunResult:
     violations: pd.DataFrame
     summary: dict
     inputs: dict = field(default_factory=dict)
+    #: None unless the run recorded KV events (`engine.kv_events`).
+    kv_events: pd.DataFrame | None = None
 
     @property
     def violation_kinds(self) -> set[str]:
@@ -183,7 +187,12 @@ def build_result(
     violations = violations_frame(records.violations)
     summary = summarize(records, requests, steps, violations)
     summary["step_time_band"] = step_time_band
-    return RunResult(requests, steps, violations, summary, inputs or {})
+    kv_events = None
+    if records.kv_events is not None:
+        from sim.kv_events import kv_events_frame
+
+        kv_events = kv_events_frame(records.kv_events)
+    return RunResult(requests, steps, violations, summary, inputs or {}, kv_events)
 
 
 def _json_default(value):
@@ -235,11 +244,14 @@ def write_tables(result: RunResult, out: Path) -> None:
     # threads at once (each file by one thread: the bytes do not depend on the schedule).
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = []
-        for name, frame in (
+        tables = [
             ("steps", result.steps),
             ("requests", result.requests),
             ("violations", result.violations),
-        ):
+        ]
+        if result.kv_events is not None:
+            tables.append(("kv_events", result.kv_events))
+        for name, frame in tables:
             jobs.append(pool.submit(_write_csv, frame, out / f"{name}.csv"))
             jobs.append(
                 pool.submit(

@@ -10,8 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.kv.protocol import PoolStats
+from sim.kv_events import KVEventStream
 from sim.overrides import apply_overrides
-from sim.routing import LeastKVUsage, LeastOutstanding, PrefixCacheAware, ReplicaView, RoundRobin
+from sim.routing import (
+    CacheIndex,
+    LeastKVUsage,
+    LeastOutstanding,
+    PrefixCacheAware,
+    ReplicaView,
+    RoundRobin,
+)
 from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
 
@@ -138,16 +146,24 @@ def test_prefix_aware_without_prefix_caching_routes_on_load_only():
 
 
 # ------------------------------------------------------------------ unit level, fake replicas
+def _index_holding(index: int, hashes) -> CacheIndex:
+    """A router index that has seen replica `index` store `hashes` (no other replica)."""
+    stream = KVEventStream(index, 16, lambda: 0.0, feed_router=True, keep_history=False)
+    for block_hash in hashes:
+        stream.stored([block_hash], None)
+    cache_index = CacheIndex([None] * index + [stream])
+    cache_index.advance(0.0)
+    return cache_index
+
+
 def _fake(index: int, outstanding: int, held: int = 0, total: int = 10, cached=None):
-    pool = SimpleNamespace(cached_block_hash_to_block=cached) if cached is not None else None
-    manager = SimpleNamespace(block_pool=pool)
     return ReplicaView(
         SimpleNamespace(
             index=index,
             outstanding=outstanding,
-            manager=manager,
             pool_stats=lambda: PoolStats(num_total=total, num_free=total - held, num_held=held),
-        )
+        ),
+        _index_holding(index, cached) if cached is not None else None,
     )
 
 

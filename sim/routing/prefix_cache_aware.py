@@ -2,8 +2,9 @@
 
 score(replica) = leading full prompt blocks the replica holds - load_weight * outstanding;
 the highest score wins, ties to the lowest index. This is the shape of llm-d's precise
-prefix-cache scorer combined with a load scorer; the held blocks come from `ReplicaView`
-(the replica's KV events, read with no staleness).
+prefix-cache scorer combined with a load scorer; the held blocks come from `ReplicaView`,
+i.e. the router's index of the replicas' KV events (`sim.routing.cache_index`), which sees
+them `engine.router_staleness_s` late.
 
 Example (block size 16, load_weight 1): a 64-token prompt whose first 3 blocks replica 1
 caches while replica 1 has 2 outstanding requests and replica 0 has none and caches nothing:
