@@ -19,6 +19,7 @@ from sim.routing import (
     PrefixCacheAware,
     ReplicaView,
     RoundRobin,
+    SessionAffinity,
 )
 from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
@@ -239,3 +240,65 @@ def test_prefix_aware_raises_the_hit_rate_on_the_mooncake_trace():
         requests = result.requests
         hit_rate[router] = requests["num_prefix_hit_tokens"].sum() / requests["prompt_tokens"].sum()
     assert hit_rate["prefix_cache_aware"] > hit_rate["round_robin"] + 0.005
+
+
+# ------------------------------------------------------------------ session affinity
+def _session_request(session_id):
+    return SimpleNamespace(session_id=session_id)
+
+
+def test_session_affinity_docstring_example():
+    policy = SessionAffinity()
+    views = [_fake(0, 0), _fake(1, 0)]
+    assert policy.choose(_session_request("s1"), views) == 0
+    views = [_fake(0, 1), _fake(1, 0)]
+    assert policy.choose(_session_request("s2"), views) == 1
+    views = [_fake(0, 5), _fake(1, 0)]  # replica 0 now busy: s1 sticks to it all the same
+    assert policy.choose(_session_request("s1"), views) == 0
+    assert policy.choose(_session_request("s2"), views) == 1
+
+
+@given(
+    sessions=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=30),
+    loads=st.lists(st.lists(st.integers(0, 6), min_size=3, max_size=3), min_size=30, max_size=30),
+)
+def test_session_affinity_is_sticky_and_falls_back_to_least_outstanding(sessions, loads):
+    policy = SessionAffinity()
+    first: dict[int, int] = {}
+    for session, load in zip(sessions, loads, strict=False):
+        views = [_fake(i, n) for i, n in enumerate(load)]
+        chosen = policy.choose(_session_request(session), views)
+        least = LeastOutstanding().choose(None, views)
+        if session is None or session not in first:
+            assert chosen == least
+            if session is not None:
+                first[session] = chosen
+        else:
+            assert chosen == first[session]
+
+
+def test_session_affinity_without_session_ids_is_least_outstanding():
+    # Requests have no `session_id` until sessions are modelled: every one falls back.
+    result = _routes("session_affinity", _PREFIXED, caching=True)
+    least = _routes("least_outstanding", _PREFIXED, caching=True)
+    assert list(result.requests["replica"]) == list(least.requests["replica"])
+
+
+def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monkeypatch):
+    import sim.engine
+    from sim.scheduler import Request
+
+    class _SessionRequest(Request):  # no __slots__: room for the attribute sessions will add
+        pass
+
+    def request_of(spec):
+        request = _SessionRequest.new(
+            spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens
+        )
+        request.session_id = spec.request_id % 2  # two sessions, alternating
+        return request
+
+    monkeypatch.setattr(sim.engine, "_request_of", request_of)
+    result = _routes("session_affinity", _PREFIXED, caching=True)
+    # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
+    assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]
