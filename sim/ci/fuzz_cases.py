@@ -10,7 +10,11 @@ What a case varies (all small, so a case runs in milliseconds with the full audi
 * scheduler: chunked prefill and its token budget, max_num_seqs, max_model_len, preemption
   mode (v0: auto / recompute / swap), FCFS or priority;
 * workload: 2..24 inline requests, bursty or spread arrivals, prompts up to a little over
-  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes.
+  max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes;
+* cluster (one case in `MULTI_REPLICA_SHARE`): 2..4 replicas, each with its own audited
+  manager, behind a router drawn from every `engine.router` (prefix-aware sometimes with a
+  stale event index), sometimes recording KV events. Drawn from a stream of its own, so the
+  rest of a case is the same with or without it.
 
 Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
 prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
@@ -28,6 +32,18 @@ from sim.scenario import Scenario, scenario_from_dict
 FUZZ_STEP_TIME = {
     "linear": {"fixed_s": 0.005, "per_prefill_token_s": 1e-4, "per_decode_seq_s": 1e-4}
 }
+
+
+#: The share of cases that run on several replicas behind a router (`_cluster`).
+MULTI_REPLICA_SHARE = 0.25
+#: Every `engine.router`: a multi-replica case draws one.
+FUZZ_ROUTERS = (
+    "round_robin",
+    "least_outstanding",
+    "least_kv_usage",
+    "prefix_cache_aware",
+    "session_affinity",
+)
 
 
 def case_seed(master_seed: int, index: int) -> int:
@@ -127,6 +143,23 @@ def _requests(rng: np.random.Generator, cache: dict, scheduler: dict) -> list[di
     return requests
 
 
+def _cluster(seed: int) -> dict:
+    """The engine keys of a multi-replica case, or {} for one replica.
+
+    A generator of its own (seeded with (seed, 1)): drawing the cluster changes none of the
+    case's other draws.
+    """
+    rng = np.random.default_rng([seed, 1])
+    if rng.random() >= MULTI_REPLICA_SHARE:
+        return {}
+    engine: dict = {"num_replicas": _int(rng, 2, 4), "router": str(rng.choice(FUZZ_ROUTERS))}
+    if engine["router"] == "prefix_cache_aware" and rng.random() < 0.5:
+        engine["router_staleness_s"] = float(rng.choice([0.005, 0.05]))
+    if rng.random() < 0.5:
+        engine["kv_events"] = True
+    return engine
+
+
 def sim_time_limit_s(requests: list[dict]) -> float:
     """A simulated-time cap: 3x the time to serve the requests one by one, plus the arrivals.
 
@@ -165,6 +198,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
             "audit_level": "full",
             "violation_policy": "record",
             "max_sim_time_s": sim_time_limit_s(requests),
+            **_cluster(seed),
         },
         "workload": {"kind": "inline", "requests": requests},
         "step_time": FUZZ_STEP_TIME,
