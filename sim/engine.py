@@ -172,17 +172,18 @@ class Engine:
         ]
         self._arrivals_done = False
         self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
-        # KV events: a stream per V1 replica feeding the router's index and/or the table.
-        reads_events = config.router.reads_kv_events
-        self._event_streams = (
-            attach_streams(
-                self.replicas, config.kv.block_size, self._now, reads_events, config.kv_events
-            )
-            if reads_events or config.kv_events
-            else []
-        )
+        # KV events: each V1 pool feeds the router's index and/or a recording stream.
         self._cache_index = (
-            CacheIndex(self._event_streams, config.router_staleness_s) if reads_events else None
+            CacheIndex(config.num_replicas, config.router_staleness_s, self._now)
+            if config.router.reads_kv_events
+            else None
+        )
+        self._event_streams = attach_streams(
+            self.replicas,
+            config.kv.block_size,
+            self._now,
+            self._cache_index.feeds if self._cache_index is not None else None,
+            config.kv_events,
         )
         self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
         self._stop: str | None = None

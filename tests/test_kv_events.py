@@ -41,11 +41,13 @@ class _DirectReadView(ReplicaView):
     """The reference: the held blocks read straight from the replica's V1 pool at routing time
     (what the router did before it consumed events). No real router can do this."""
 
+    def holds_block(self, block_hash):
+        return block_hash in self._replica.manager.block_pool.cached_block_hash_to_block
+
     def num_leading_blocks_held(self, block_hashes):
-        cached = self._replica.manager.block_pool.cached_block_hash_to_block
         held = 0
         for block_hash in block_hashes:
-            if block_hash not in cached:
+            if not self.holds_block(block_hash):
                 break
             held += 1
         return held
@@ -289,49 +291,64 @@ def test_v0_designs_emit_no_events():
 
 
 # ------------------------------------------------------------------ the router's index
-def _stream(replica: int = 0):
-    now = SimpleNamespace(t=0.0)
-    stream = KVEventStream(replica, 16, lambda: now.t, feed_router=True, keep_history=False)
-    return stream, now
-
-
 def test_cache_index_docstring_example_staleness():
-    stream, now = _stream()
-    index = CacheIndex([stream], staleness_s=1.0)
+    now = SimpleNamespace(t=0.0)
+    index = CacheIndex(1, staleness_s=1.0, clock=lambda: now.t)
     now.t = 2.0
-    stream.stored([101], None)
+    index.feeds[0].stored([101], None)
     index.advance(2.5)
-    assert index.num_leading_blocks_held(0, [101]) == 0
+    assert not index.holds(0, 101)
     index.advance(3.0)
     assert index.num_leading_blocks_held(0, [101]) == 1
 
 
+def test_a_stale_index_applies_events_in_order():
+    now = SimpleNamespace(t=0.0)
+    index = CacheIndex(1, staleness_s=0.5, clock=lambda: now.t)
+    feed = index.feeds[0]
+    feed.stored([1, 2], None)
+    now.t = 0.25
+    feed.removed(2)
+    now.t = 0.5
+    feed.cleared()
+    now.t = 0.75
+    feed.stored([3], None)
+    index.advance(0.5)  # only t = 0 delivered
+    assert index.num_leading_blocks_held(0, [1, 2]) == 2
+    index.advance(0.75)  # t = 0.25 too
+    assert index.num_leading_blocks_held(0, [1, 2]) == 1
+    index.advance(1.0)  # t = 0.5: cleared
+    assert index.num_hashes_held(0) == 0
+    index.advance(1.25)  # t = 0.75
+    assert index.holds(0, 3)
+
+
 def test_cache_index_keeps_a_hash_while_a_duplicate_survives():
-    stream, _ = _stream()
-    index = CacheIndex([stream])
-    stream.stored([7, 8], None)
-    stream.stored([7], None)  # a second block with hash 7
-    stream.removed(7)
-    index.advance(0.0)
+    index = CacheIndex(1)
+    feed = index.feeds[0]
+    feed.stored([7, 8], None)
+    feed.stored([7], None)  # a second block with hash 7
+    feed.removed(7)
     assert index.num_leading_blocks_held(0, [7, 8]) == 2
-    stream.removed(7)
-    index.advance(0.0)
+    feed.removed(7)
     assert index.num_leading_blocks_held(0, [7, 8]) == 0
     assert index.num_hashes_held(0) == 1
 
 
 def test_cache_index_all_blocks_cleared_empties_the_replica():
-    stream, _ = _stream()
-    index = CacheIndex([stream])
+    index = CacheIndex(1)
+    stream = KVEventStream(0, 16, lambda: 0.0, forward=index.feeds[0])
     stream.stored([1, 2], None)
     stream.cleared()
-    index.advance(0.0)
     assert index.num_hashes_held(0) == 0
+    assert [type(t.event) for t in stream.history] == [BlockStored, AllBlocksCleared]
 
 
 def test_negative_staleness_is_refused():
     with pytest.raises(ValueError, match="staleness_s"):
-        CacheIndex([], staleness_s=-1.0)
+        CacheIndex(1, staleness_s=-1.0)
+    with pytest.raises(ValueError, match="clock"):
+        CacheIndex(1, staleness_s=1.0)
 
 
 def test_an_index_that_never_catches_up_routes_on_load_only():

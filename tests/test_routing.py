@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.kv.protocol import PoolStats
-from sim.kv_events import KVEventStream
+from sim.kv.types import TokenContent
 from sim.overrides import apply_overrides
 from sim.routing import (
     CacheIndex,
@@ -21,6 +21,7 @@ from sim.routing import (
     RoundRobin,
     SessionAffinity,
 )
+from sim.routing.prefix_cache_aware import leading_blocks_held
 from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
 
@@ -149,11 +150,8 @@ def test_prefix_aware_without_prefix_caching_routes_on_load_only():
 # ------------------------------------------------------------------ unit level, fake replicas
 def _index_holding(index: int, hashes) -> CacheIndex:
     """A router index that has seen replica `index` store `hashes` (no other replica)."""
-    stream = KVEventStream(index, 16, lambda: 0.0, feed_router=True, keep_history=False)
-    for block_hash in hashes:
-        stream.stored([block_hash], None)
-    cache_index = CacheIndex([None] * index + [stream])
-    cache_index.advance(0.0)
+    cache_index = CacheIndex(index + 1)
+    cache_index.feeds[index].stored(list(hashes), None)
     return cache_index
 
 
@@ -169,7 +167,7 @@ def _fake(index: int, outstanding: int, held: int = 0, total: int = 10, cached=N
 
 
 def test_leading_blocks_stop_at_the_first_miss():
-    view = _fake(0, 0, cached={"h0": {}, "h2": {}})
+    view = _fake(0, 0, cached=["h0", "h2"])
     assert view.num_leading_blocks_held(["h0", "h1", "h2"]) == 1
     assert view.num_leading_blocks_held(["h1", "h2"]) == 0
 
@@ -184,9 +182,7 @@ def test_kv_usage_is_held_over_total():
 )
 def test_every_policy_returns_a_valid_deterministic_index(loads, helds):
     views = [_fake(i, n, held=helds[i]) for i, n in enumerate(loads)]
-    request = SimpleNamespace(
-        seq=SimpleNamespace(content=SimpleNamespace(num_tokens=0, block_hashes=lambda b, n: []))
-    )
+    request = SimpleNamespace(seq=SimpleNamespace(content=TokenContent.unique(1, 0)))
     for make in (LeastOutstanding, LeastKVUsage, lambda: PrefixCacheAware(16)):
         first = make().choose(request, views)
         assert 0 <= first < len(views)
@@ -201,13 +197,10 @@ def test_every_policy_returns_a_valid_deterministic_index(loads, helds):
 
 def test_prefix_aware_docstring_example():
     # Replica 1 caches the prompt's first 3 blocks and has 2 outstanding; replica 0 is idle.
-    hashes = ["a", "b", "c", "d"]
-    request = SimpleNamespace(
-        seq=SimpleNamespace(
-            content=SimpleNamespace(num_tokens=64, block_hashes=lambda b, n: hashes)
-        )
-    )
-    views = [_fake(0, 0, cached={}), _fake(1, 2, cached={"a": {}, "b": {}, "c": {}})]
+    content = TokenContent.unique(1, 64)
+    hashes = content.block_hashes(16, 4)
+    request = SimpleNamespace(seq=SimpleNamespace(content=content))
+    views = [_fake(0, 0, cached=[]), _fake(1, 2, cached=hashes[:3])]
     assert PrefixCacheAware(16, load_weight=1.0).choose(request, views) == 1
     assert PrefixCacheAware(16, load_weight=2.0).choose(request, views) == 0
 
@@ -302,3 +295,20 @@ def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monk
     result = _routes("session_affinity", _PREFIXED, caching=True)
     # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
     assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]
+
+
+@given(
+    prompt_blocks=st.integers(0, 8),
+    cached=st.lists(st.lists(st.integers(0, 7), max_size=8), min_size=1, max_size=4),
+)
+def test_lazy_leading_blocks_equal_the_full_hash_list(prompt_blocks, cached):
+    # The router hashes a prompt only while some replica still matches; the counts must be
+    # those of the whole hash list against each replica.
+    content = TokenContent.unique(3, prompt_blocks * 16 + 5)
+    hashes = content.block_hashes(16, prompt_blocks)
+    views = [
+        _fake(i, 0, cached=[hashes[b] for b in blocks if b < len(hashes)])
+        for i, blocks in enumerate(cached)
+    ]
+    expected = [view.num_leading_blocks_held(hashes) for view in views]
+    assert leading_blocks_held(content, 16, views) == expected

@@ -13,7 +13,7 @@ from sim.kv_events.events import (
     KVCacheEvent,
     TimedEvent,
 )
-from sim.kv_events.stream import KVEventStream, attach_streams
+from sim.kv_events.stream import KVEventSink, KVEventStream, attach_streams
 from sim.kv_events.table import KV_EVENT_COLUMNS, kv_events_frame
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "KVCacheEvent",
+    "KVEventSink",
     "KVEventStream",
     "TimedEvent",
     "attach_streams",

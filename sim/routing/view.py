@@ -41,6 +41,10 @@ class ReplicaView:
         stats = self._replica.pool_stats()
         return stats.num_held / stats.num_total if stats.num_total else 0.0
 
+    def holds_block(self, block_hash: BlockHash) -> bool:
+        """Whether the replica caches a block with `block_hash`, as far as its events say."""
+        return self._index is not None and self._index.holds(self._replica.index, block_hash)
+
     def num_leading_blocks_held(self, block_hashes: list[BlockHash]) -> int:
         """How many of `block_hashes` (a prompt's chained full-block hashes, in order) the
         replica holds in its prefix cache as far as its KV events say, counted from the first
