@@ -83,3 +83,19 @@ def test_fuzz_runs_cluster_cases_without_internal_errors():
     report = fuzz("v1-engine", master_seed=3, budget_s=None, max_cases=60)
     assert report.internal_error is None and report.inconsistency is None
     assert report.num_invalid_cases == 0
+
+
+def test_the_cross_check_compares_the_kv_events_too():
+    # The decode shortcuts must not change the events either: a case that records them has
+    # them among the tables the cross-check compares (and they agree).
+    from sim.ci.selfcheck import tables_of, without_shortcuts
+    from sim.runner import run
+
+    _, scenario = next(
+        (i, s)
+        for i, s in _multi("v1-engine", 40)
+        if s.engine.kv_events and s.cache.enable_prefix_caching
+    )
+    fast, slow = tables_of(run(scenario)), tables_of(run(without_shortcuts(scenario)))
+    assert "kv_events" in fast and fast["kv_events"].count("\n") > 1
+    assert fast == slow
