@@ -26,7 +26,7 @@ import simpy
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
-from sim.kv_events import TimedEvent, attach_streams
+from sim.kv_events import KVEventStream, attach_streams
 from sim.latency.batch import BatchShape
 from sim.routing import CacheIndex, ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
@@ -90,9 +90,9 @@ class RunRecords:
     stopped_early: str | None = None
     end_s: float = 0.0
     num_gpu_blocks: int = 0
-    #: Per replica, its KV events in order (None: a replica that emits none); None unless
-    #: `EngineConfig.kv_events`.
-    kv_events: list[list[TimedEvent] | None] | None = None
+    #: Per replica, the recorder of its KV events (None: a replica that emits none); None
+    #: unless `EngineConfig.kv_events`.
+    kv_events: list[KVEventStream | None] | None = None
 
 
 class Replica:
@@ -408,7 +408,7 @@ class Engine:
             self._abort(replica.scheduler.unfinished(), reason)
             self.records.violations.extend(replica.manager.violations)
         if self.config.kv_events:
-            self.records.kv_events = [s.history if s else None for s in self._event_streams]
+            self.records.kv_events = self._event_streams
         self.records.stopped_early = self._stop
         self.records.end_s = self.env.now
         self.records.requests.sort(key=lambda r: r.request_id)

@@ -25,7 +25,6 @@ from sim.kv_events import (
     KVEventStream,
     kv_events_frame,
 )
-from sim.kv_events.events import TimedEvent
 from sim.overrides import apply_overrides
 from sim.results import build_result, requests_frame, write_result
 from sim.routing import CacheIndex, ReplicaView, Router
@@ -220,11 +219,12 @@ def test_replaying_the_events_gives_the_pools_cache_map(seed):
     engine = _engine(case)
     records = engine.run()
     assert records.kv_events is not None
-    for replica, history in zip(engine.replicas, records.kv_events, strict=True):
+    for replica, stream in zip(engine.replicas, records.kv_events, strict=True):
         pool = replica.manager.block_pool
         if getattr(replica.manager, "coordinator", None) is not None:
-            assert history is None  # a hybrid replica emits nothing
+            assert stream is None  # a hybrid replica emits nothing
             continue
+        history = stream.events()
         expected = Counter({h: len(ids) for h, ids in pool.cached_block_hash_to_block.items()})
         assert _replayed(history) == expected
         times = [timed.time_s for timed in history]
@@ -269,16 +269,34 @@ def test_kv_events_table_is_written_only_when_enabled(tmp_path):
 
 
 def test_the_table_docstring_example():
-    history = [
-        TimedEvent(0.5, 0, BlockStored((11, 12), None, 32, 16)),
-        TimedEvent(0.9, 0, BlockRemoved((12,))),
-        TimedEvent(1.0, 0, AllBlocksCleared()),
-    ]
-    table = kv_events_frame([history, None])
+    now = SimpleNamespace(t=0.5)
+    stream = KVEventStream(0, 16, lambda: now.t)
+    stream.stored([11, 12], None)
+    now.t = 0.9
+    stream.removed(12)
+    now.t = 1.0
+    stream.cleared()
+    table = kv_events_frame([stream, None])
+    assert list(table.columns) == KV_EVENT_COLUMNS
     assert list(table["event"]) == [0, 0, 1, 2]
+    assert list(table["time_s"]) == [0.5, 0.5, 0.9, 1.0]
     assert list(table["kind"]) == ["BlockStored", "BlockStored", "BlockRemoved", "AllBlocksCleared"]
-    assert table["parent_block_hash"].tolist()[:2] == [pd.NA, 11]
-    assert table["block_hash"].isna().tolist() == [False, False, False, True]
+    assert table["block_hash"].tolist() == [11, 12, 12, pd.NA]
+    assert table["parent_block_hash"].tolist() == [pd.NA, 11, pd.NA, pd.NA]
+    assert table["num_tokens"].tolist() == [16, 16, pd.NA, pd.NA]
+    assert table["medium"].iloc[:3].tolist() == ["GPU"] * 3 and pd.isna(table["medium"].iloc[3])
+    assert table["lora_id"].isna().all()
+    # The recorder gives the same events back in vLLM's format.
+    assert [t.event for t in stream.events()] == [
+        BlockStored((11, 12), None, 32, 16),
+        BlockRemoved((12,)),
+        AllBlocksCleared(),
+    ]
+
+
+def test_an_empty_table_has_the_columns():
+    table = kv_events_frame([None, KVEventStream(1, 16, lambda: 0.0)])
+    assert list(table.columns) == KV_EVENT_COLUMNS and len(table) == 0
 
 
 def test_v0_designs_emit_no_events():
@@ -341,7 +359,7 @@ def test_cache_index_all_blocks_cleared_empties_the_replica():
     stream.stored([1, 2], None)
     stream.cleared()
     assert index.num_hashes_held(0) == 0
-    assert [type(t.event) for t in stream.history] == [BlockStored, AllBlocksCleared]
+    assert [type(t.event) for t in stream.events()] == [BlockStored, AllBlocksCleared]
 
 
 def test_negative_staleness_is_refused():

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pandas as pd
 
-from sim.kv_events.events import BlockRemoved, BlockStored, TimedEvent
+from sim.kv_events.events import MEDIUM_GPU
+from sim.kv_events.stream import EventKind, KVEventStream
 
 KV_EVENT_COLUMNS = [
     "replica",
@@ -38,86 +40,84 @@ KV_EVENT_COLUMNS = [
     "medium",
 ]
 
-BLOCK_STORED = "BlockStored"
-BLOCK_REMOVED = "BlockRemoved"
-ALL_BLOCKS_CLEARED = "AllBlocksCleared"
+#: The `kind` column's values: vLLM's event class names.
+KIND_NAMES = {
+    EventKind.BLOCK_STORED: "BlockStored",
+    EventKind.BLOCK_REMOVED: "BlockRemoved",
+    EventKind.ALL_BLOCKS_CLEARED: "AllBlocksCleared",
+}
 
 
-def kv_events_frame(histories: Iterable[list[TimedEvent] | None]) -> pd.DataFrame:
-    """The table of every replica's event history (replica by replica, each in order)."""
-    columns: dict[str, list] = {name: [] for name in KV_EVENT_COLUMNS}
-    replica_col = columns["replica"]
-    event_col = columns["event"]
-    time_col = columns["time_s"]
-    kind_col = columns["kind"]
-    hash_col = columns["block_hash"]
-    parent_col = columns["parent_block_hash"]
-    position_col = columns["position"]
-    tokens_col = columns["num_tokens"]
-    size_col = columns["block_size"]
-    medium_col = columns["medium"]
+def _ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
+    """A nullable int64 column: `values` where `present`, missing elsewhere."""
+    return pd.arrays.IntegerArray(values.astype(np.int64), ~present)
 
-    def row(replica, number, time_s, kind, block_hash, parent, position, tokens, size, medium):
-        replica_col.append(replica)
-        event_col.append(number)
-        time_col.append(time_s)
-        kind_col.append(kind)
-        hash_col.append(block_hash)
-        parent_col.append(parent)
-        position_col.append(position)
-        tokens_col.append(tokens)
-        size_col.append(size)
-        medium_col.append(medium)
 
-    for history in histories:
-        for number, timed in enumerate(history or ()):
-            event = timed.event
-            if isinstance(event, BlockStored):
-                parent = event.parent_block_hash
-                for position, block_hash in enumerate(event.block_hashes):
-                    row(
-                        timed.replica,
-                        number,
-                        timed.time_s,
-                        BLOCK_STORED,
-                        block_hash,
-                        parent,
-                        position,
-                        event.block_size,
-                        event.block_size,
-                        event.medium,
-                    )
-                    parent = block_hash
-            elif isinstance(event, BlockRemoved):
-                for position, block_hash in enumerate(event.block_hashes):
-                    row(
-                        timed.replica,
-                        number,
-                        timed.time_s,
-                        BLOCK_REMOVED,
-                        block_hash,
-                        None,
-                        position,
-                        None,
-                        None,
-                        event.medium,
-                    )
-            else:
-                row(timed.replica, number, timed.time_s, ALL_BLOCKS_CLEARED, *[None] * 6)
-    columns["lora_id"] = [None] * len(replica_col)  # kvsim models no LoRA adapters
+def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
+    """The table of every replica's recorded events (replica by replica, each in order)."""
+    parts: dict[str, list[np.ndarray]] = {
+        name: []
+        for name in (
+            "replica",
+            "event",
+            "time_s",
+            "kind",
+            "hash",
+            "parent",
+            "has_parent",
+            "position",
+            "block_size",
+        )
+    }
+    for stream in streams:
+        if stream is None:
+            continue
+        num_rows = len(stream.event)
+        parts["replica"].append(np.full(num_rows, stream.replica, dtype=np.int64))
+        parts["event"].append(np.frombuffer(stream.event, dtype=np.int64))
+        parts["time_s"].append(np.frombuffer(stream.time_s, dtype=np.float64))
+        parts["kind"].append(np.frombuffer(stream.kind, dtype=np.int8))
+        parts["hash"].append(np.frombuffer(stream.block_hash, dtype=np.int64))
+        parts["parent"].append(np.frombuffer(stream.parent_block_hash, dtype=np.int64))
+        parts["has_parent"].append(np.frombuffer(stream.has_parent, dtype=np.int8))
+        parts["position"].append(np.frombuffer(stream.position, dtype=np.int32))
+        parts["block_size"].append(np.full(num_rows, stream.block_size, dtype=np.int64))
+    empty = {
+        "replica": np.int64,
+        "event": np.int64,
+        "time_s": np.float64,
+        "kind": np.int8,
+        "hash": np.int64,
+        "parent": np.int64,
+        "has_parent": np.int8,
+        "position": np.int32,
+        "block_size": np.int64,
+    }
+    col = {
+        name: np.concatenate(arrays) if arrays else np.empty(0, dtype=empty[name])
+        for name, arrays in parts.items()
+    }
+    kind = col["kind"]
+    stored = kind == EventKind.BLOCK_STORED
+    has_block = kind != EventKind.ALL_BLOCKS_CLEARED
+    names = np.array([KIND_NAMES[k] for k in EventKind], dtype=object)
+    medium = np.full(len(kind), MEDIUM_GPU, dtype=object)
+    medium[~has_block] = None
+    num_rows = len(kind)
     return pd.DataFrame(
         {
-            "replica": pd.array(replica_col, dtype="int64"),
-            "event": pd.array(event_col, dtype="int64"),
-            "time_s": pd.array(time_col, dtype="float64"),
-            "kind": pd.array(kind_col, dtype="object"),
-            "block_hash": pd.array(hash_col, dtype="Int64"),
-            "parent_block_hash": pd.array(parent_col, dtype="Int64"),
-            "position": pd.array(position_col, dtype="Int64"),
-            "num_tokens": pd.array(tokens_col, dtype="Int64"),
-            "block_size": pd.array(size_col, dtype="Int64"),
-            "lora_id": pd.array(columns["lora_id"], dtype="Int64"),
-            "medium": pd.array(medium_col, dtype="object"),
+            "replica": col["replica"],
+            "event": col["event"],
+            "time_s": col["time_s"],
+            "kind": names[kind.astype(np.intp)] if num_rows else np.empty(0, dtype=object),
+            "block_hash": _ints(col["hash"], has_block),
+            "parent_block_hash": _ints(col["parent"], col["has_parent"].astype(bool)),
+            "position": _ints(col["position"], has_block),
+            "num_tokens": _ints(col["block_size"], stored),
+            "block_size": _ints(col["block_size"], stored),
+            # kvsim models no LoRA adapters.
+            "lora_id": _ints(np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=bool)),
+            "medium": medium,
         },
         columns=KV_EVENT_COLUMNS,
     )
