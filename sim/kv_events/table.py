@@ -50,7 +50,7 @@ KIND_NAMES = {
 
 def _ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
     """A nullable int64 column: `values` where `present`, missing elsewhere."""
-    return pd.arrays.IntegerArray(values.astype(np.int64), ~present)
+    return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~present)
 
 
 def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
@@ -100,16 +100,16 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
     kind = col["kind"]
     stored = kind == EventKind.BLOCK_STORED
     has_block = kind != EventKind.ALL_BLOCKS_CLEARED
-    names = np.array([KIND_NAMES[k] for k in EventKind], dtype=object)
-    medium = np.full(len(kind), MEDIUM_GPU, dtype=object)
-    medium[~has_block] = None
+    # Categoricals: two text columns of millions of rows would be millions of objects.
+    kinds = pd.Categorical.from_codes(kind, categories=[KIND_NAMES[k] for k in EventKind])
+    medium = pd.Categorical.from_codes(np.where(has_block, 0, -1), categories=[MEDIUM_GPU])
     num_rows = len(kind)
     return pd.DataFrame(
         {
             "replica": col["replica"],
             "event": col["event"],
             "time_s": col["time_s"],
-            "kind": names[kind.astype(np.intp)] if num_rows else np.empty(0, dtype=object),
+            "kind": kinds,
             "block_hash": _ints(col["hash"], has_block),
             "parent_block_hash": _ints(col["parent"], col["has_parent"].astype(bool)),
             "position": _ints(col["position"], has_block),
