@@ -35,6 +35,7 @@ from sim import records as records_module
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv_events import KVEventStream, attach_streams
 from sim.latency.batch import BatchShape
 from sim.records import (
     REQUEST_DTYPE,
@@ -45,7 +46,7 @@ from sim.records import (
     memory_sinks,
 )
 from sim.records import STEP_COLUMNS as STEP_COLUMNS  # re-exported: the steps table's columns
-from sim.routing import ReplicaView, Router, make_policy
+from sim.routing import CacheIndex, ReplicaView, Router, make_policy
 from sim.run_stats import RunStats
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.session_turns import SessionTurns
@@ -83,6 +84,10 @@ class EngineConfig:
     router: Router = Router.ROUND_ROBIN
     #: The prefix-cache-aware router's load term (blocks per outstanding request).
     router_load_weight: float = 1.0
+    #: How late KV events reach the router's cache index (`sim.routing.cache_index`).
+    router_staleness_s: float = 0.0
+    #: Record every replica's KV events for the `kv_events` table (`sim.kv_events`).
+    kv_events: bool = False
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
     #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
@@ -106,6 +111,9 @@ class RunRecords:
     stopped_early: str | None = None
     end_s: float = 0.0
     num_gpu_blocks: int = 0
+    #: Per replica, the recorder of its KV events (None: a replica that emits none); None
+    #: unless `EngineConfig.kv_events`.
+    kv_events: list[KVEventStream | None] | None = None
 
 
 class Replica:
@@ -241,16 +249,34 @@ class Engine:
         ]
         self._arrivals_done = False
         self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
-        self._views = [ReplicaView(r) for r in self.replicas]
+        # KV events: each V1 pool feeds the router's index and/or a recording stream.
+        self._cache_index = (
+            CacheIndex(config.num_replicas, config.router_staleness_s, self._now)
+            if config.router.reads_kv_events
+            else None
+        )
+        self._event_streams = attach_streams(
+            self.replicas,
+            config.kv.block_size,
+            self._now,
+            self._cache_index.feeds if self._cache_index is not None else None,
+            config.kv_events,
+        )
+        self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
         self._stop: str | None = None
         self._num_terminal = 0
         self._open_loop_done = False
+
+    def _now(self) -> float:
+        return self.env.now
 
     def _clock(self) -> tuple[float, int]:
         return (self.env.now, self._current_step)
 
     # ------------------------------------------------------------------ processes
     def _route(self, request: Request) -> Replica:
+        if self._cache_index is not None:
+            self._cache_index.advance(self.env.now)
         return self.replicas[self._policy.choose(request, self._views)]
 
     def _arrivals(self):
@@ -552,5 +578,7 @@ class Engine:
             self._rows.terminal(request)
         self._rows.close()
         self.records.steps.close()
+        if self.config.kv_events:
+            self.records.kv_events = self._event_streams
         self.records.stopped_early = self._stop
         self.records.end_s = self.env.now

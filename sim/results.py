@@ -4,7 +4,9 @@ Tables (each as Parquet and CSV):
 
 * ``requests``: one row per workload request, whatever happened to it;
 * ``steps``: one row per engine step (batch composition, blocks, queue lengths);
-* ``violations``: one row per auditor finding.
+* ``violations``: one row per auditor finding;
+* ``kv_events``: one row per block of each replica's KV cache events, only when the run
+  records them (`engine.kv_events`; layout in `sim.kv_events.table`).
 
 Latencies: TTFT = first token - arrival; TPOT = (finish - first token) / (generated - 1);
 end-to-end = finish - arrival; queueing = first scheduled - arrival.
@@ -40,7 +42,7 @@ VIOLATION_COLUMNS = [
     "recovered_blocks",
 ]
 #: The tables a run writes, each as `NAME.parquet` and `NAME.csv`.
-TABLES = ("steps", "requests", "violations", "sessions")
+TABLES = ("steps", "requests", "violations", "sessions", "kv_events")
 
 
 def requests_frame(records: RunRecords) -> pd.DataFrame:
@@ -83,6 +85,8 @@ class RunResult:
         self.tables_dir = tables_dir
         #: One row per session of a multi-turn workload (`sim.session_metrics`); None otherwise.
         self.sessions: pd.DataFrame | None = None
+        #: None unless the run recorded KV events (`engine.kv_events`).
+        self.kv_events: pd.DataFrame | None = None
 
     @property
     def requests(self) -> pd.DataFrame:
@@ -142,10 +146,16 @@ def build_result(
     summary = summarize(records, violations)
     summary["step_time_band"] = step_time_band
     if tables_dir is not None:
-        return RunResult(None, None, violations, summary, inputs, tables_dir=tables_dir)
-    requests = requests_frame(records)
-    steps = steps_frame(records)
-    return RunResult(requests, steps, violations, summary, inputs)
+        result = RunResult(None, None, violations, summary, inputs, tables_dir=tables_dir)
+    else:
+        result = RunResult(
+            requests_frame(records), steps_frame(records), violations, summary, inputs
+        )
+    if records.kv_events is not None:
+        from sim.kv_events import kv_events_frame
+
+        result.kv_events = kv_events_frame(records.kv_events)
+    return result
 
 
 def _json_default(value):
@@ -192,7 +202,7 @@ def write_tables(result: RunResult, out: Path) -> None:
             if name in streamed:
                 continue
             frame = getattr(result, name)
-            if frame is None:  # `sessions` of a workload without sessions
+            if frame is None:  # `sessions` / `kv_events` of a run without them
                 continue
             jobs.append(pool.submit(_write_csv, frame, out / f"{name}.csv"))
             jobs.append(

@@ -99,11 +99,19 @@ class SchedulerSection(_Closed):
 
 class EngineSection(_Closed):
     num_replicas: int = Field(default=1, ge=1)
-    router: Literal["round_robin", "least_outstanding", "least_kv_usage", "prefix_cache_aware"] = (
-        "round_robin"
-    )
+    router: Literal[
+        "round_robin",
+        "least_outstanding",
+        "least_kv_usage",
+        "prefix_cache_aware",
+        "session_affinity",
+    ] = "round_robin"
     #: prefix_cache_aware only: score = leading prompt blocks held - weight * outstanding.
     router_load_weight: float = Field(default=1.0, ge=0)
+    #: prefix_cache_aware only: seconds from a replica's KV event to the router seeing it.
+    router_staleness_s: float = Field(default=0.0, ge=0)
+    #: Write the replicas' KV cache events as the `kv_events` table (V1 engine only).
+    kv_events: bool = False
     #: record (carry on), stop (end where the real engine raises: an allocation that ran dry,
     #: a double free, ...) or stop_any (end at the first violation of any kind).
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD

@@ -10,8 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.kv.protocol import PoolStats
+from sim.kv.types import TokenContent
 from sim.overrides import apply_overrides
-from sim.routing import LeastKVUsage, LeastOutstanding, PrefixCacheAware, ReplicaView, RoundRobin
+from sim.routing import (
+    CacheIndex,
+    LeastKVUsage,
+    LeastOutstanding,
+    PrefixCacheAware,
+    ReplicaView,
+    RoundRobin,
+    SessionAffinity,
+)
+from sim.routing.prefix_cache_aware import leading_blocks_held
 from sim.runner import run
 from sim.scenario import load_scenario, scenario_from_dict
 
@@ -138,21 +148,26 @@ def test_prefix_aware_without_prefix_caching_routes_on_load_only():
 
 
 # ------------------------------------------------------------------ unit level, fake replicas
+def _index_holding(index: int, hashes) -> CacheIndex:
+    """A router index that has seen replica `index` store `hashes` (no other replica)."""
+    cache_index = CacheIndex(index + 1)
+    cache_index.feeds[index].stored(list(hashes), None)
+    return cache_index
+
+
 def _fake(index: int, outstanding: int, held: int = 0, total: int = 10, cached=None):
-    pool = SimpleNamespace(cached_block_hash_to_block=cached) if cached is not None else None
-    manager = SimpleNamespace(block_pool=pool)
     return ReplicaView(
         SimpleNamespace(
             index=index,
             outstanding=outstanding,
-            manager=manager,
             pool_stats=lambda: PoolStats(num_total=total, num_free=total - held, num_held=held),
-        )
+        ),
+        _index_holding(index, cached) if cached is not None else None,
     )
 
 
 def test_leading_blocks_stop_at_the_first_miss():
-    view = _fake(0, 0, cached={"h0": {}, "h2": {}})
+    view = _fake(0, 0, cached=["h0", "h2"])
     assert view.num_leading_blocks_held(["h0", "h1", "h2"]) == 1
     assert view.num_leading_blocks_held(["h1", "h2"]) == 0
 
@@ -167,9 +182,7 @@ def test_kv_usage_is_held_over_total():
 )
 def test_every_policy_returns_a_valid_deterministic_index(loads, helds):
     views = [_fake(i, n, held=helds[i]) for i, n in enumerate(loads)]
-    request = SimpleNamespace(
-        seq=SimpleNamespace(content=SimpleNamespace(num_tokens=0, block_hashes=lambda b, n: []))
-    )
+    request = SimpleNamespace(seq=SimpleNamespace(content=TokenContent.unique(1, 0)))
     for make in (LeastOutstanding, LeastKVUsage, lambda: PrefixCacheAware(16)):
         first = make().choose(request, views)
         assert 0 <= first < len(views)
@@ -184,13 +197,10 @@ def test_every_policy_returns_a_valid_deterministic_index(loads, helds):
 
 def test_prefix_aware_docstring_example():
     # Replica 1 caches the prompt's first 3 blocks and has 2 outstanding; replica 0 is idle.
-    hashes = ["a", "b", "c", "d"]
-    request = SimpleNamespace(
-        seq=SimpleNamespace(
-            content=SimpleNamespace(num_tokens=64, block_hashes=lambda b, n: hashes)
-        )
-    )
-    views = [_fake(0, 0, cached={}), _fake(1, 2, cached={"a": {}, "b": {}, "c": {}})]
+    content = TokenContent.unique(1, 64)
+    hashes = content.block_hashes(16, 4)
+    request = SimpleNamespace(seq=SimpleNamespace(content=content))
+    views = [_fake(0, 0, cached=[]), _fake(1, 2, cached=hashes[:3])]
     assert PrefixCacheAware(16, load_weight=1.0).choose(request, views) == 1
     assert PrefixCacheAware(16, load_weight=2.0).choose(request, views) == 0
 
@@ -223,3 +233,82 @@ def test_prefix_aware_raises_the_hit_rate_on_the_mooncake_trace():
         requests = result.requests
         hit_rate[router] = requests["num_prefix_hit_tokens"].sum() / requests["prompt_tokens"].sum()
     assert hit_rate["prefix_cache_aware"] > hit_rate["round_robin"] + 0.005
+
+
+# ------------------------------------------------------------------ session affinity
+def _session_request(session_id):
+    return SimpleNamespace(session_id=session_id)
+
+
+def test_session_affinity_docstring_example():
+    policy = SessionAffinity()
+    views = [_fake(0, 0), _fake(1, 0)]
+    assert policy.choose(_session_request("s1"), views) == 0
+    views = [_fake(0, 1), _fake(1, 0)]
+    assert policy.choose(_session_request("s2"), views) == 1
+    views = [_fake(0, 5), _fake(1, 0)]  # replica 0 now busy: s1 sticks to it all the same
+    assert policy.choose(_session_request("s1"), views) == 0
+    assert policy.choose(_session_request("s2"), views) == 1
+
+
+@given(
+    sessions=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=30),
+    loads=st.lists(st.lists(st.integers(0, 6), min_size=3, max_size=3), min_size=30, max_size=30),
+)
+def test_session_affinity_is_sticky_and_falls_back_to_least_outstanding(sessions, loads):
+    policy = SessionAffinity()
+    first: dict[int, int] = {}
+    for session, load in zip(sessions, loads, strict=False):
+        views = [_fake(i, n) for i, n in enumerate(load)]
+        chosen = policy.choose(_session_request(session), views)
+        least = LeastOutstanding().choose(None, views)
+        if session is None or session not in first:
+            assert chosen == least
+            if session is not None:
+                first[session] = chosen
+        else:
+            assert chosen == first[session]
+
+
+def test_session_affinity_without_session_ids_is_least_outstanding():
+    # Requests have no `session_id` until sessions are modelled: every one falls back.
+    result = _routes("session_affinity", _PREFIXED, caching=True)
+    least = _routes("least_outstanding", _PREFIXED, caching=True)
+    assert list(result.requests["replica"]) == list(least.requests["replica"])
+
+
+def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monkeypatch):
+    import sim.engine
+    from sim.scheduler import Request
+
+    class _SessionRequest(Request):  # no __slots__: room for the attribute sessions will add
+        pass
+
+    def request_of(spec):
+        request = _SessionRequest.new(
+            spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens
+        )
+        request.session_id = spec.request_id % 2  # two sessions, alternating
+        return request
+
+    monkeypatch.setattr(sim.engine, "_request_of", request_of)
+    result = _routes("session_affinity", _PREFIXED, caching=True)
+    # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
+    assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]
+
+
+@given(
+    prompt_blocks=st.integers(0, 8),
+    cached=st.lists(st.lists(st.integers(0, 7), max_size=8), min_size=1, max_size=4),
+)
+def test_lazy_leading_blocks_equal_the_full_hash_list(prompt_blocks, cached):
+    # The router hashes a prompt only while some replica still matches; the counts must be
+    # those of the whole hash list against each replica.
+    content = TokenContent.unique(3, prompt_blocks * 16 + 5)
+    hashes = content.block_hashes(16, prompt_blocks)
+    views = [
+        _fake(i, 0, cached=[hashes[b] for b in blocks if b < len(hashes)])
+        for i, blocks in enumerate(cached)
+    ]
+    expected = [view.num_leading_blocks_held(hashes) for view in views]
+    assert leading_blocks_held(content, 16, views) == expected

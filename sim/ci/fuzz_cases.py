@@ -14,7 +14,11 @@ What a case varies (all small, so a case runs in milliseconds with the full audi
   case in `SESSIONS_ONE_IN`, 1..4 closed-loop multi-turn sessions (`sim.workload.sessions`)
   whose growing prompts share the conversation so far and may outgrow max_model_len (which
   ends the session). Whether a case has sessions is drawn from a stream of its own, so the
-  other cases are the same as without sessions.
+  other cases are the same as without sessions;
+* cluster (one case in `MULTI_REPLICA_SHARE`): 2..4 replicas, each with its own audited
+  manager, behind a router drawn from every `engine.router` (prefix-aware sometimes with a
+  stale event index), sometimes recording KV events. Drawn from a stream of its own, so the
+  rest of a case is the same with or without it.
 
 Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
 prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
@@ -45,6 +49,16 @@ _SESSIONS_STREAM = 4
 #: Case seeds of past findings, kept as regression tests (tests/test_v0_fatal_manager_errors.py,
 #: tests/test_shrink.py, tests/test_fuzz.py, tests/test_engine.py).
 PINNED_INLINE_CASES = (673228719, 3212736091, 1562480905, 725510040, 23012616, 3644697408)
+#: The share of cases that run on several replicas behind a router (`_cluster`).
+MULTI_REPLICA_SHARE = 0.25
+#: Every `engine.router`: a multi-replica case draws one.
+FUZZ_ROUTERS = (
+    "round_robin",
+    "least_outstanding",
+    "least_kv_usage",
+    "prefix_cache_aware",
+    "session_affinity",
+)
 
 
 def case_seed(master_seed: int, index: int) -> int:
@@ -186,6 +200,23 @@ def _session_requests(workload: dict) -> list[dict]:
     ]
 
 
+def _cluster(seed: int) -> dict:
+    """The engine keys of a multi-replica case, or {} for one replica.
+
+    A generator of its own (seeded with (seed, 1)): drawing the cluster changes none of the
+    case's other draws.
+    """
+    rng = np.random.default_rng([seed, 1])
+    if rng.random() >= MULTI_REPLICA_SHARE:
+        return {}
+    engine: dict = {"num_replicas": _int(rng, 2, 4), "router": str(rng.choice(FUZZ_ROUTERS))}
+    if engine["router"] == "prefix_cache_aware" and rng.random() < 0.5:
+        engine["router_staleness_s"] = float(rng.choice([0.005, 0.05]))
+    if rng.random() < 0.5:
+        engine["kv_events"] = True
+    return engine
+
+
 def sim_time_limit_s(requests: list[dict]) -> float:
     """A simulated-time cap: 3x the time to serve the requests one by one, plus the arrivals.
 
@@ -230,6 +261,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
             "audit_level": "full",
             "violation_policy": "record",
             "max_sim_time_s": sim_time_limit_s(requests),
+            **_cluster(seed),
         },
         "workload": workload,
         "step_time": FUZZ_STEP_TIME,

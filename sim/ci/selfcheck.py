@@ -59,13 +59,16 @@ def tables_of(result: RunResult) -> dict[str, str]:
     violations without repeated reports, the summary without their count (see above)."""
     violations = result.violations.drop_duplicates(subset=REPORT_KEY, keep="first")
     summary = {k: v for k, v in result.summary.items() if k != "num_violations"}
-    return {
+    tables = {
         "requests": result.requests.to_csv(index=False),
         "steps": result.steps.to_csv(index=False),
         "violations": violations.to_csv(index=False),
         # NaN (an empty percentile) writes as NaN on both sides: equal text, equal values.
         "summary": json.dumps(summary, sort_keys=True),
     }
+    if result.kv_events is not None:  # recorded by the case (`engine.kv_events`)
+        tables["kv_events"] = result.kv_events.to_csv(index=False)
+    return tables
 
 
 def first_difference(expected: dict[str, str], actual: dict[str, str]) -> str | None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import enum
 
+from sim.routing.cache_index import CacheIndex
 from sim.routing.least_kv_usage import LeastKVUsage
 from sim.routing.least_outstanding import LeastOutstanding
 from sim.routing.prefix_cache_aware import PrefixCacheAware
 from sim.routing.round_robin import RoundRobin
+from sim.routing.session_affinity import SessionAffinity
 from sim.routing.view import ReplicaView, RoutingPolicy
 
 
@@ -20,6 +22,12 @@ class Router(enum.Enum):
     LEAST_OUTSTANDING = "least_outstanding"
     LEAST_KV_USAGE = "least_kv_usage"
     PREFIX_CACHE_AWARE = "prefix_cache_aware"
+    SESSION_AFFINITY = "session_affinity"
+
+    @property
+    def reads_kv_events(self) -> bool:
+        """Whether the policy routes on the replicas' KV events."""
+        return self is Router.PREFIX_CACHE_AWARE
 
 
 def make_policy(router: Router, block_size: int, load_weight: float = 1.0) -> RoutingPolicy:
@@ -30,10 +38,13 @@ def make_policy(router: Router, block_size: int, load_weight: float = 1.0) -> Ro
         return LeastOutstanding()
     if router is Router.LEAST_KV_USAGE:
         return LeastKVUsage()
+    if router is Router.SESSION_AFFINITY:
+        return SessionAffinity()
     return PrefixCacheAware(block_size, load_weight)
 
 
 __all__ = [
+    "CacheIndex",
     "LeastKVUsage",
     "LeastOutstanding",
     "PrefixCacheAware",
@@ -41,5 +52,6 @@ __all__ = [
     "RoundRobin",
     "Router",
     "RoutingPolicy",
+    "SessionAffinity",
     "make_policy",
 ]

@@ -2,8 +2,13 @@
 
 score(replica) = leading full prompt blocks the replica holds - load_weight * outstanding;
 the highest score wins, ties to the lowest index. This is the shape of llm-d's precise
-prefix-cache scorer combined with a load scorer; the held blocks come from `ReplicaView`
-(the replica's KV events, read with no staleness).
+prefix-cache scorer combined with a load scorer; the held blocks come from `ReplicaView`,
+i.e. the router's index of the replicas' KV events (`sim.routing.cache_index`), which sees
+them `engine.router_staleness_s` late.
+
+The prompt's chained block hashes are computed one block at a time and only while some
+replica still holds every block so far: a prompt that no replica caches costs one hash, not
+one per block.
 
 Example (block size 16, load_weight 1): a 64-token prompt whose first 3 blocks replica 1
 caches while replica 1 has 2 outstanding requests and replica 0 has none and caches nothing:
@@ -14,7 +19,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.kv.types import NONE_HASH, chain_hash
 from sim.routing.view import ReplicaView
+
+
+def leading_blocks_held(content: Any, block_size: int, replicas: list[ReplicaView]) -> list[int]:
+    """Per replica, how many of the prompt's leading full blocks it holds (until its first
+    miss); the same as `num_leading_blocks_held(content.block_hashes(...))` for each."""
+    held = [0] * len(replicas)
+    matching = list(range(len(replicas)))
+    parent = NONE_HASH
+    for block in range(content.num_tokens // block_size):
+        if not matching:
+            break
+        parent = chain_hash(parent, content.block_key(block, block_size))
+        matching = [i for i in matching if replicas[i].holds_block(parent)]
+        for i in matching:
+            held[i] += 1
+    return held
 
 
 class PrefixCacheAware:
@@ -25,13 +47,11 @@ class PrefixCacheAware:
         self.load_weight = load_weight
 
     def choose(self, request: Any, replicas: list[ReplicaView]) -> int:
-        prompt = request.seq.content
-        hashes = prompt.block_hashes(self.block_size, prompt.num_tokens // self.block_size)
+        held = leading_blocks_held(request.seq.content, self.block_size, replicas)
         best_index = 0
         best_score = float("-inf")
         for i, view in enumerate(replicas):
-            held = view.num_leading_blocks_held(hashes)
-            score = held - self.load_weight * view.num_outstanding
+            score = held[i] - self.load_weight * view.num_outstanding
             if score > best_score:  # strict: ties keep the lowest index
                 best_index, best_score = i, score
         return best_index

@@ -3,9 +3,9 @@
 A real router does not read a replica's scheduler: it sees load figures the replica reports
 (outstanding requests, KV usage) and, for cache-aware routing, which prompt blocks a replica
 holds, learned from the replica's KV cache events (blocks stored / removed, with their hashes).
-`ReplicaView` exposes exactly that, read-only. The held-hash set is read straight from the
-replica's V1 block pool at routing time: this equals consuming its KV events with no delay
-(no staleness is modelled yet).
+`ReplicaView` exposes exactly that, read-only: the held blocks come from the router's
+`CacheIndex`, which is built only from the events delivered so far (`sim.routing.cache_index`,
+with the configured staleness), never from the replica's pool.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sim.kv.types import BlockHash
+from sim.routing.cache_index import CacheIndex
 
 
 class ReplicaView:
     """Read-only load and cache figures of one replica, as a router would learn them."""
 
-    __slots__ = ("_replica", "_cached")
+    __slots__ = ("_replica", "_index")
 
-    def __init__(self, replica: Any) -> None:
+    def __init__(self, replica: Any, cache_index: CacheIndex | None = None) -> None:
         self._replica = replica
-        # Only the single-group V1 pool keys its cache by kvsim's chained hashes; other
-        # managers (V0, hybrid groups, real vLLM code) report no held blocks.
-        pool = getattr(replica.manager, "block_pool", None)
-        self._cached: dict | None = getattr(pool, "cached_block_hash_to_block", None)
-        if getattr(replica.manager, "num_kv_cache_groups", 1) > 1:
-            self._cached = None
+        #: None: no KV events reach the router (it sees no cached blocks).
+        self._index = cache_index
 
     @property
     def index(self) -> int:
@@ -44,21 +41,17 @@ class ReplicaView:
         stats = self._replica.pool_stats()
         return stats.num_held / stats.num_total if stats.num_total else 0.0
 
+    def holds_block(self, block_hash: BlockHash) -> bool:
+        """Whether the replica caches a block with `block_hash`, as far as its events say."""
+        return self._index is not None and self._index.holds(self._replica.index, block_hash)
+
     def num_leading_blocks_held(self, block_hashes: list[BlockHash]) -> int:
         """How many of `block_hashes` (a prompt's chained full-block hashes, in order) the
-        replica holds in its prefix cache, counted from the first until the first miss.
-
-        Example: hashes [h0, h1, h2] of a 48-token prompt (block size 16) on a replica that
-        caches h0 and h2 but not h1: the answer is 1 (h2 is unreachable without h1).
-        """
-        if not self._cached:
+        replica holds in its prefix cache as far as its KV events say, counted from the first
+        until the first miss (`CacheIndex.num_leading_blocks_held`)."""
+        if self._index is None:
             return 0
-        held = 0
-        for block_hash in block_hashes:
-            if block_hash not in self._cached:
-                break
-            held += 1
-        return held
+        return self._index.num_leading_blocks_held(self._replica.index, block_hashes)
 
 
 class RoutingPolicy(Protocol):

@@ -27,14 +27,23 @@ Worked example (5 blocks, caching on)::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sim.kv.types import BlockHash
 from sim.kv.v1_engine.free_order import AppendInFreeOrder, FreeOrder
 from sim.kv.v1_engine.free_queue import FreeBlockQueue, FreeQueue, UncachedFreeBlockQueue
 
 NULL_BLOCK_ID = 0
+
+
+class KVEventSink(Protocol):
+    """Receives the pool's KV cache events (`sim.kv_events`)."""
+
+    def stored(self, block_hashes: Sequence[BlockHash], parent: BlockHash | None) -> None: ...
+
+    def removed(self, block_hash: BlockHash) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +92,8 @@ class BlockPool:
         self.num_evictable_blocks = 0
         #: The most blocks ever held at once, the null block included.
         self.peak_num_held_blocks = 1
+        #: Where KV cache events go (`sim.kv_events.KVEventStream`); None: none are emitted.
+        self.event_sink: KVEventSink | None = None
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
@@ -147,6 +158,8 @@ class BlockPool:
         del blocks_by_id[block.block_id]
         if not blocks_by_id:
             del self.cached_block_hash_to_block[block.block_hash]
+        if self.event_sink is not None:  # vLLM 0.11.0 block_pool.py:L310-319
+            self.event_sink.removed(block.block_hash)
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -218,3 +231,7 @@ class BlockPool:
             block_hash = block_hashes[index]
             block.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
+        if self.event_sink is not None and num_full_blocks > num_cached_blocks:
+            # vLLM 0.11.0 block_pool.py:L235-255: one BlockStored for the newly full blocks.
+            parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
+            self.event_sink.stored(block_hashes[num_cached_blocks:num_full_blocks], parent)
