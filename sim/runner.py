@@ -76,7 +76,7 @@ def _kv_config(
 
     The V1 engine gives a model with both sliding-window and full layers (Gemma-2) the hybrid
     layout: `num_gpu_blocks` blocks of `group_size` layers, shared by the KV-cache groups, each
-    request holding one table per group (`sim.kv.v1_engine.hybrid_manager`). The manager gets
+    request holding one table per group (`sim.kv.v1_engine.hybrid_coordinator`). The manager gets
     vLLM's own block count and the groups (`inputs["kv_cache_groups"]`). Example: Gemma-2-9B,
     42 layers -> 2 groups of 21 layers; 20,000 blocks, which vLLM reports as
     20,000 // 2 * 16 = 160,000 tokens. A scenario that sets `cache.sliding_window` itself

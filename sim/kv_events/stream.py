@@ -176,7 +176,9 @@ def attach_streams(
     streams: list[KVEventStream | None] = []
     for i, replica in enumerate(replicas):
         pool = getattr(replica.manager, "block_pool", None)
-        hybrid = getattr(replica.manager, "coordinator", None) is not None
+        # Every V1 manager has a coordinator; a hybrid one has several KV-cache groups (vLLM
+        # turns the hybrid manager off when KV events are on, so kvsim emits none there).
+        hybrid = getattr(replica.manager, "num_kv_cache_groups", 1) > 1
         stream = None
         if isinstance(pool, BlockPool) and not hybrid:
             feed = feeds[i] if feeds is not None else None
