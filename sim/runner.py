@@ -206,7 +206,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     inputs["vllm_version"] = pin
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
-    if offload is not None:  # its stores follow every decode token: no decode fast path
+    if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
         scheduler_config = replace(scheduler_config, decode_fast_path=False, decode_cohort=False)
     too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks)
     if too_big is not None:  # refuse now: building the pool would eat all memory

@@ -71,7 +71,9 @@ def test_link_worked_example_and_queue_order():
     assert queue.submit(0.5, 10**9) == 2.0
 
 
-def _config(num_gpu_blocks: int, num_cpu_blocks: int | None, num_replicas: int = 1):
+def _config(
+    num_gpu_blocks: int, num_cpu_blocks: int | None, num_replicas: int = 1, fast_path: bool = False
+):
     connector = (
         OffloadingConfig(num_cpu_blocks, gpu_block_bytes=10**6, link=SLOW_LINK)
         if num_cpu_blocks
@@ -89,7 +91,7 @@ def _config(num_gpu_blocks: int, num_cpu_blocks: int | None, num_replicas: int =
         scheduler=SchedulerConfig(
             max_model_len=1024,
             enable_chunked_prefill=True,
-            decode_fast_path=num_cpu_blocks is None,
+            decode_fast_path=fast_path or num_cpu_blocks is None,  # as the runner sets it
             decode_cohort=num_cpu_blocks is None,
         ),
         num_replicas=num_replicas,
@@ -229,12 +231,13 @@ def test_cpu_offload_gib_sizes_the_tier_from_the_model_and_turns_off_the_decode_
     resolved = resolve(scenario_from_dict(_scenario(cpu_offload_gib=1)))
     assert resolved.inputs["kv_offload"]["num_cpu_blocks"] == 512
     assert resolved.engine.kv_connector.build(0, 16).tier.num_blocks == 512
-    assert not resolved.engine.scheduler.decode_fast_path
+    assert not resolved.engine.scheduler.decode_cohort
+    assert not resolved.engine.scheduler.decode_fast_path  # test_refused_store_retried_...
     wide = resolve(scenario_from_dict(_scenario(cpu_offload_gib=1, cpu_offload_block_size=32)))
     assert wide.inputs["kv_offload"]["num_cpu_blocks"] == 256
     off = resolve(scenario_from_dict(_scenario()))
     assert off.engine.kv_connector is None and "kv_offload" not in off.inputs
-    assert off.engine.scheduler.decode_fast_path
+    assert off.engine.scheduler.decode_fast_path and off.engine.scheduler.decode_cohort
 
 
 def test_cpu_offload_on_a_v0_design_is_a_one_line_input_error():
@@ -245,3 +248,19 @@ def test_cpu_offload_on_a_v0_design_is_a_one_line_input_error():
     data = _scenario(cpu_offload_gib=1, cpu_offload_block_size=24)
     with pytest.raises(ScenarioError, match=r"^cache.cpu_offload_block_size: 24"):
         resolve(scenario_from_dict(data))
+
+
+def test_refused_store_retried_on_quiet_decodes():
+    """Why offloading turns the decode fast path off. A 1-block CPU tier refuses request 0's
+    2-block store; upstream retries it on every step the request is scheduled, and the refusal
+    ends the step's stores (`break`), so request 1's block is never tried. The fast path skips
+    request 0's quiet decodes, so request 1's store would go through: a different CPU tier."""
+    specs = [RequestSpec(0, 0.0, 35, 17), RequestSpec(1, 0.0, 1, 16)]
+    tiers = []
+    for fast_path in (False, True):  # False: what the runner sets with offloading
+        engine = Engine(_config(30, 1, fast_path=fast_path), specs, STEP)
+        engine.run()
+        tiers.append(engine.replicas[0].scheduler.connector_hooks.connector.tier)
+    walk, fast = tiers
+    assert list(walk.blocks) == [] and walk.stats.num_refused_stores == 17  # one per step
+    assert len(fast.blocks) == 1 and fast.stats.num_refused_stores == 4

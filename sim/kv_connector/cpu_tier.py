@@ -21,7 +21,7 @@ slots; a load reads only ready blocks (every loaded block was stored).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -75,9 +75,10 @@ class LRUCpuTier:
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark as most recently used, the first block last (so it is evicted last)."""
-        for block_hash in reversed(list(block_hashes)):
-            if block_hash in self.blocks:
-                self.blocks.move_to_end(block_hash)
+        blocks = self.blocks
+        # The loop in C (map / filter drained by a zero-length deque): a running request
+        # touches its whole prefix on every step that stores a block.
+        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(list(block_hashes)))), 0)
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> int:
         """Pin the blocks for a load; returns how many."""

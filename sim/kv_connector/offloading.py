@@ -84,7 +84,7 @@ class OffloadStats:
 class OffloadingConnector:
     """One replica's CPU offloading connector (see module docstring)."""
 
-    #: Stores follow every computed block, decodes included: no decode fast path.
+    #: Stores (and retries of refused ones) follow every scheduled decode (see `KVConnector`).
     needs_every_step = True
 
     def __init__(self, config: OffloadingConfig, gpu_block_size: int) -> None:
