@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +16,7 @@ from sim.kv_connector.cpu_tier import NOT_READY, LRUCpuTier
 from sim.kv_connector.link import PCIE_GEN5_X16_GBPS, Link, TransferQueue, host_link
 from sim.kv_connector.offloading import OffloadingConfig
 from sim.latency.linear import LinearStepTime
+from sim.routing import ReplicaView
 from sim.runner import resolve
 from sim.scenario import ScenarioError, scenario_from_dict
 from sim.scheduler import SchedulerConfig
@@ -264,3 +266,23 @@ def test_refused_store_retried_on_quiet_decodes():
     walk, fast = tiers
     assert list(walk.blocks) == [] and walk.stats.num_refused_stores == 17  # one per step
     assert len(fast.blocks) == 1 and fast.stats.num_refused_stores == 4
+
+
+def _view(cpu_blocks: dict, factor: int = 1) -> ReplicaView:
+    connector = SimpleNamespace(tier=SimpleNamespace(blocks=cpu_blocks), block_size_factor=factor)
+    return ReplicaView(
+        SimpleNamespace(
+            manager=SimpleNamespace(block_pool=SimpleNamespace(cached_block_hash_to_block={"h0"})),
+            connector_hooks=SimpleNamespace(connector=connector),
+        )
+    )
+
+
+def test_the_router_sees_a_prefix_continue_in_the_cpu_tier():
+    """GPU holds h0; the CPU tier holds h1 (ready), h2 (its store still running), h3: the
+    prefix the replica can serve is h0, h1. With 32-token offloaded blocks (factor 2) the
+    tier's keys are not the router's 16-token block hashes: only the GPU counts."""
+    cpu = {"h1": 0, "h2": NOT_READY, "h3": 0}
+    assert _view(cpu).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 2
+    assert _view(cpu).num_leading_blocks_held(["h1", "h2"]) == 1  # GPU miss, CPU h1
+    assert _view(cpu, factor=2).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 1
