@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.audit import AuditLevel
+from sim.ci.fuzz_cases import generate_case
 from sim.engine import Engine, EngineConfig, RunRecords
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv.types import BlockHash, Segment
@@ -16,8 +18,9 @@ from sim.kv_connector.cpu_tier import NOT_READY, LRUCpuTier
 from sim.kv_connector.link import PCIE_GEN5_X16_GBPS, Link, TransferQueue, host_link
 from sim.kv_connector.offloading import OffloadingConfig
 from sim.latency.linear import LinearStepTime
+from sim.overrides import apply_overrides
 from sim.routing import ReplicaView
-from sim.runner import resolve
+from sim.runner import resolve, run
 from sim.scenario import ScenarioError, scenario_from_dict
 from sim.scheduler import SchedulerConfig
 from sim.workload.request import RequestSpec
@@ -98,6 +101,7 @@ def _config(
         ),
         num_replicas=num_replicas,
         kv_connector=connector,
+        audit_level=AuditLevel.FULL,  # refcounts and tables checked after every manager call
     )
 
 
@@ -188,8 +192,9 @@ def test_blocks_wait_for_their_store_and_return_to_the_pool():
     st.integers(1, 2),
 )
 def test_offloading_keeps_every_invariant(rows, num_gpu_blocks, num_cpu_blocks, num_replicas):
-    """Random workloads: the audit finds nothing, every request finishes, every GPU block
-    returns to the pool, and the CPU tier ends with no load pinning a block and no store
+    """Random workloads: the full audit (conservation and refcounts after every manager call,
+    so also while loads hold blocks and finished requests' blocks wait for their stores) finds
+    nothing, every request finishes, every GPU block returns to the pool, and the CPU tier ends with no load pinning a block and no store
     running (every request finished, so every store was reported)."""
     specs = []
     arrival = 0.0
@@ -286,3 +291,12 @@ def test_the_router_sees_a_prefix_continue_in_the_cpu_tier():
     assert _view(cpu).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 2
     assert _view(cpu).num_leading_blocks_held(["h1", "h2"]) == 1  # GPU miss, CPU h1
     assert _view(cpu, factor=2).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 1
+
+
+def test_fuzz_draws_offloading_cases_whose_violations_are_those_without_the_tier():
+    cases = [generate_case("v1-engine", seed) for seed in range(40)]
+    offloading = [case for case in cases if case.cache.cpu_offload_gib > 0]
+    assert 3 <= len(offloading) < len(cases)
+    for case in offloading[:4]:
+        without = apply_overrides(case, {"cache.cpu_offload_gib": 0.0})
+        assert run(case).violation_kinds == run(without).violation_kinds
