@@ -17,6 +17,34 @@ in `--grid` whose TTFT p90 meets `--slo-ttft-p90-s` (">N": none did). Not p99: t
 longest prompts (p99 85k tokens) take seconds to prefill alone, so its TTFT p99 stays near
 10 s at any replica count (8 replicas, round robin: 10.3 s) and measures prompt length, not
 capacity.
+
+Result (2026-12-01, 2 shared cores, ~25 min; the default arguments; kvsim's numbers, not a
+measurement of real GPUs):
+
+| router | CPU tier GiB/GPU | prefix hit rate | prefill tokens | TTFT p50 s | TTFT p90 s | TTFT p99 s | GPUs needed |
+|---|---|---|---|---|---|---|---|
+| round_robin | 0 | 5.2% | 26.01 M | 1.05 | 8.07 | 14.88 | 6 |
+| round_robin | 256 | 10.4% | 24.58 M | 0.90 | 7.24 | 14.63 | 6 |
+| prefix_cache_aware | 0 | 7.7% | 25.34 M | 0.97 | 5.16 | 13.78 | 5 |
+| prefix_cache_aware | 256 | 25.4% | 20.46 M | 0.68 | 3.85 | 12.45 | 4 |
+
+TTFT p90 s (prefix hit rate) by replica count:
+
+| router | CPU tier GiB/GPU | 4 GPUs | 5 GPUs | 6 GPUs | 8 GPUs |
+|---|---|---|---|---|---|
+| round_robin | 0 | 8.07 (5%) | 5.41 (5%) | 4.07 (5%) | 2.83 (6%) |
+| round_robin | 256 | 7.24 (10%) | 5.05 (9%) | 3.86 (9%) | 2.81 (8%) |
+| prefix_cache_aware | 0 | 5.16 (8%) | 3.68 (10%) | 2.68 (13%) | 1.99 (17%) |
+| prefix_cache_aware | 256 | 3.85 (25%) | 2.73 (27%) | 2.24 (28%) | 1.69 (29%) |
+
+The ceiling: an unbounded cache that sees every request reuses 29.4% of these 2,000 prompts'
+tokens (each prompt's leading `hash_ids` seen before, x 512 tokens; 37.4% over the whole
+trace). Round robin spreads a conversation's turns over the replicas, so each GPU cache sees a
+quarter of its reuse and evicts it before the next turn; a CPU tier keeps more of it (5% -> 10%)
+but more replicas split it further. Prefix-aware routing sends turns where their prefix is, and
+with a CPU tier the router can see (vLLM reports offloaded blocks as KV events with medium CPU)
+the cluster reaches 25-29%, near the ceiling. Wall time per run: 23-47 s without a tier,
+73-109 s with one (the decode fast path is off).
 """
 
 from __future__ import annotations
@@ -81,7 +109,7 @@ def main() -> None:
     parser.add_argument("--first-n", type=int, default=2000)
     parser.add_argument("--replicas", type=int, default=4, help="the acceptance table's count")
     parser.add_argument("--cpu-offload-gib", type=float, default=256.0)
-    parser.add_argument("--slo-ttft-p90-s", type=float, default=2.0)
+    parser.add_argument("--slo-ttft-p90-s", type=float, default=5.0)
     parser.add_argument("--grid", type=str, default="3,4,5,6", help="replica counts searched")
     args = parser.parse_args()
     grid = sorted({int(x) for x in args.grid.split(",")} | {args.replicas})
