@@ -21,7 +21,7 @@ How the V1 scheduler calls it (`vllm/v1/core/sched/scheduler.py @0.11.0`, mirror
 4. `build_connector_meta(scheduler_output)` at the end of `schedule()` (L604-607): the step's
    stores.
 5. a finishing request: `request_finished(request, block_ids)` -> (delay_free_blocks, params)
-   before its blocks are freed (`_free_request`, L1145-1158); delayed blocks are freed when
+   before its blocks are freed (`_free_request`, L1147-1160); delayed blocks are freed when
    `finished_sending` names it (`_update_from_kv_xfer_finished`, L1270-1296).
 
 Upstream's `(None, False)` ("ask again later") is `ExternalMatch.retry_later()` here; the

@@ -1,6 +1,6 @@
 """The CPU tier of vLLM 0.11.0's KV offloading: an LRU set of block hashes over a fixed pool.
 
-Models `LRUOffloadingManager` (`vllm/v1/kv_offload/lru_manager.py:L13-137 @0.11.0`) over
+Models `LRUOffloadingManager` (`vllm/v1/kv_offload/lru_manager.py:L13-132 @0.11.0`) over
 `CPUBackend` (`vllm/v1/kv_offload/backends/cpu.py`): `num_blocks` slots of the offloaded block
 size, keyed by block hash. A block's `ref_cnt` is -1 while its store runs (not ready: lookups
 stop at it and it cannot be evicted), then the number of loads reading it. Eviction takes the

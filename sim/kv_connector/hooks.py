@@ -4,7 +4,7 @@
 calls its connector (line numbers in `sim.kv_connector.base`). They hold what the upstream
 scheduler holds for it: the ids whose loads finished (`finished_recving_kv_req_ids`, L135), the
 finished requests whose blocks wait for their stores (`_free_request` with
-`delay_free_blocks`, L1145-1158), and the finished ids the worker has not yet been told of.
+`delay_free_blocks`, L1147-1160), and the finished ids the worker has not yet been told of.
 
 With `NoConnector` every hook returns at once (`enabled` False), so the scheduler's decisions
 are those of a scheduler without the seam.
@@ -114,7 +114,7 @@ class ConnectorHooks:
             self.connector.wait_for_save(end_s)
 
     def free_finished(self, request: Request) -> None:
-        """`_free_request` (L1145-1158): free the request's blocks, unless the connector keeps
+        """`_free_request` (L1147-1160): free the request's blocks, unless the connector keeps
         them until its stores finish."""
         if not self.enabled:
             self.kv_cache_manager.free(request.seq)

@@ -8,19 +8,19 @@ slots; `sim.kv_connector.cpu_tier`).
 
 - **What is stored**: full blocks of `offloaded_block_size` tokens (a multiple of the GPU
   block size, `spec.py:L32-36`; the default is the GPU block size), keyed by the hash of their
-  last GPU block (`_get_block_hashes`, L139-148): prompt and generated tokens alike.
+  last GPU block (`_get_block_hashes`, L144-154): prompt and generated tokens alike.
 - **When**: every step, for each scheduled request, the blocks its computed tokens fill for
-  the first time (`_get_reqs_to_store`, L232-300) are given CPU slots at the end of
+  the first time (`_get_reqs_to_store`, L249-316) are given CPU slots at the end of
   `schedule()`; the worker copies them after the step's forward pass (`wait_for_save`,
-  L71-75). A store that cannot evict enough stops the step's stores (`break`, L263-266).
+  L74-78). A store that cannot evict enough stops the step's stores (`break`, L279-282).
 - **When stored blocks count**: only when the worker reports the request's stores done, which
-  it does once the request has finished (`get_finished`, L427-468); until then the blocks are
+  it does once the request has finished (`get_finished`, L428-468); until then the blocks are
   not ready, neither hit nor evictable, and the request's GPU blocks are kept
-  (`request_finished` -> delay_free_blocks, L344-364).
+  (`request_finished` -> delay_free_blocks, L344-365).
 - **Loads**: a waiting request whose GPU prefix hit stops short is looked up block by block
-  beyond it (`get_num_new_matched_tokens`, L150-194, after touching all its blocks); a hit of
+  beyond it (`get_num_new_matched_tokens`, L156-205, after touching all its blocks); a hit of
   at least one offloaded block is loaded asynchronously into freshly allocated GPU blocks
-  (`update_state_after_alloc`, L196-230) and the request waits in WAITING_FOR_REMOTE_KVS.
+  (`update_state_after_alloc`, L207-247) and the request waits in WAITING_FOR_REMOTE_KVS.
 
 Times: a load starts when it is allocated (the step's `start_load_kv`); stores start when the
 step ends; each direction is one ordered queue (`sim.kv_connector.link`). Transfer bytes are

@@ -7,7 +7,7 @@ holds, learned from the replica's KV cache events (blocks stored / removed, with
 replica's V1 block pool at routing time: this equals consuming its KV events with no delay
 (no staleness is modelled yet). With CPU offloading (`sim.kv_connector`) the replica's events
 also name the blocks its CPU tier holds (vLLM 0.11.0's connector emits them with medium CPU,
-`offloading_connector.py:L366-382`); a prefix continues there after the GPU's leading blocks,
+`offloading_connector.py:L367-384`); a prefix continues there after the GPU's leading blocks,
 as the connector's lookup does, and both count alike.
 """
 
