@@ -8,6 +8,7 @@ asynchronously in a fixed time (the request waits, the replica sleeps until the 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from sim.engine import Engine, EngineConfig, RunRecords
 from sim.kv.config import Design, KVCacheConfig
@@ -21,6 +22,7 @@ from sim.kv_connector.base import (
     TransferReport,
 )
 from sim.latency.linear import LinearStepTime
+from sim.results import requests_frame, steps_frame
 from sim.scheduler import SchedulerConfig
 from sim.scheduler.request import Request, StepPlan
 from sim.workload.request import RequestSpec
@@ -122,7 +124,17 @@ class _Build:
         return self.connector
 
 
-def _run(specs, connector=None, num_gpu_blocks=64, caching=True) -> tuple[Engine, RunRecords]:
+def _tables(records: RunRecords) -> SimpleNamespace:
+    """The run's tables as rows: requests as named tuples (in id order), steps as tuples."""
+    return SimpleNamespace(
+        requests=list(requests_frame(records).itertuples(index=False)),
+        steps=list(steps_frame(records).itertuples(index=False, name=None)),
+        violations=records.violations,
+        end_s=records.end_s,
+    )
+
+
+def _run(specs, connector=None, num_gpu_blocks=64, caching=True) -> tuple[Engine, SimpleNamespace]:
     config = EngineConfig(
         design=Design.V1_ENGINE,
         kv=KVCacheConfig(
@@ -136,7 +148,7 @@ def _run(specs, connector=None, num_gpu_blocks=64, caching=True) -> tuple[Engine
         kv_connector=_Build(connector) if connector is not None else None,
     )
     engine = Engine(config, specs, STEP)
-    return engine, engine.run()
+    return engine, _tables(engine.run())
 
 
 def _shared_prefix_specs(n: int) -> list[RequestSpec]:
@@ -177,7 +189,7 @@ def test_an_async_load_delays_the_first_token_by_the_load_time():
     _, loaded = _run(spec, FixedLoadConnector(num_tokens=48, load_s=0.5))
     assert math.isclose(plain.requests[0].first_token_s, 0.0114)
     request = loaded.requests[0]
-    assert request.state.value == "finished"
+    assert request.state == "finished"
     assert math.isclose(request.first_token_s, 0.5066)
     assert request.num_prefix_hit_tokens == 48
     assert not loaded.violations
@@ -191,7 +203,7 @@ def test_a_replica_waiting_only_for_a_load_does_not_stall():
     specs = [RequestSpec(0, 0.0, 40, 2), RequestSpec(1, 0.0, 40, 2)]
     _, records = _run(specs, FixedLoadConnector(num_tokens=32, load_s=1.0))
     assert not records.violations
-    assert [r.state.value for r in records.requests] == ["finished", "finished"]
+    assert [r.state for r in records.requests] == ["finished", "finished"]
     assert all(r.first_token_s > 1.0 for r in records.requests)
 
 
