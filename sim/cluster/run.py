@@ -1,0 +1,241 @@
+"""Run a disaggregated scenario: resolve each pool as its own scenario, run, build tables.
+
+Each pool is the scenario with the pool's `gpu`, `tp` and `replicas` in place of `hardware:`
+and `engine.num_replicas`, resolved by `sim.runner.resolve` exactly as a co-located run is, so
+its KV pool is derived from its own GPU (`cache.num_gpu_blocks: derive`) and its step time
+from its own GPU and TP. The link's KV bytes come from the model's geometry at the scenario's
+block size and KV dtype (`sim.memory.block_bytes`, all heads: the ranks' shards summed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.catalog import get_model
+from sim.cluster.config import ClusterMode, ClusterSection, PoolSection
+from sim.cluster.disagg import DisaggEngine, DisaggRecords
+from sim.cluster.links import get_link
+from sim.kv.config import Design
+from sim.memory import block_bytes
+from sim.results import RunResult, build_result
+from sim.runner import resolve
+from sim.scenario import Scenario, ScenarioError, load_scenario
+
+#: The client's view of each request in a disaggregated run (`DisaggResult.requests`).
+CLIENT_COLUMNS = [
+    "request_id",
+    "prefill_replica",
+    "decode_replica",
+    "arrival_s",
+    "prompt_tokens",
+    "max_tokens",
+    "generated_tokens",
+    "prefill_done_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "first_token_s",
+    "finish_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "kv_bytes",
+    "transfer_s",
+    "state",
+    "reason",
+]
+
+
+@dataclass
+class DisaggResult:
+    """A disaggregated run: each pool's own tables, the transfers and the client's view."""
+
+    prefill: RunResult
+    decode: RunResult
+    transfers: pd.DataFrame
+    requests: pd.DataFrame
+    summary: dict
+    inputs: dict
+
+
+def pool_scenario(scenario: Scenario, pool: PoolSection) -> Scenario:
+    """The scenario one pool runs: its GPU, TP and replica count, co-located inside."""
+    hardware = scenario.hardware.model_copy(
+        update={
+            "gpu": pool.gpu if pool.gpu is not None else scenario.hardware.gpu,
+            "tensor_parallel_size": pool.tp or scenario.hardware.tensor_parallel_size,
+        }
+    )
+    engine_update: dict = {"num_replicas": pool.replicas}
+    if pool.router is not None:
+        engine_update["router"] = pool.router
+    engine = scenario.engine.model_copy(update=engine_update)
+    return scenario.model_copy(
+        update={"hardware": hardware, "engine": engine, "cluster": ClusterSection()}
+    )
+
+
+def num_gpus(scenario: Scenario) -> int:
+    """GPUs the scenario uses: replicas x TP, summed over the pools when disaggregated."""
+    cluster = scenario.cluster
+    tp = scenario.hardware.tensor_parallel_size
+    if cluster.mode is ClusterMode.CO_LOCATED:
+        return scenario.engine.num_replicas * tp
+    return sum(p.replicas * (p.tp or tp) for p in (cluster.prefill, cluster.decode))
+
+
+def run_disaggregated(
+    scenario: Scenario | str | Path, base_dir: str | Path | None = None
+) -> DisaggResult:
+    """Run a scenario whose `cluster.mode` is disaggregated."""
+    if not isinstance(scenario, Scenario):
+        path = Path(scenario)
+        scenario = load_scenario(path)
+        base_dir = base_dir or path.parent
+    base_dir = base_dir or "."
+    cluster = scenario.cluster
+    if cluster.mode is not ClusterMode.DISAGGREGATED:
+        raise ScenarioError("cluster.mode: run_disaggregated needs mode 'disaggregated'")
+    if scenario.scheduler.design is not Design.V1_ENGINE:
+        raise ScenarioError(
+            "cluster.mode: disaggregated serving models vLLM's V1 engine (NIXL connector); "
+            "set scheduler.design: v1-engine"
+        )
+    if scenario.model is None:
+        raise ScenarioError("cluster.mode: disaggregated needs a model (the KV bytes to send)")
+    prefill = resolve(pool_scenario(scenario, cluster.prefill), base_dir)
+    decode = resolve(pool_scenario(scenario, cluster.decode), base_dir)
+    link = get_link(cluster.link)
+    kv_dtype = None if scenario.cache.kv_cache_dtype == "auto" else scenario.cache.kv_cache_dtype
+    one_block_bytes = block_bytes(
+        get_model(scenario.model), block_size=scenario.cache.block_size, kv_dtype=kv_dtype
+    )
+    tp = scenario.hardware.tensor_parallel_size
+    num_streams = min(cluster.prefill.tp or tp, cluster.decode.tp or tp)
+    engine = DisaggEngine(
+        (prefill.engine, prefill.step_time),
+        (decode.engine, decode.step_time),
+        prefill.workload.requests,
+        link,
+        one_block_bytes,
+        num_streams,
+    )
+    records = engine.run()
+    inputs = {
+        "scenario": scenario.name,
+        "cluster": cluster.model_dump(mode="json"),
+        "link": link.model_dump(mode="json"),
+        "kv_block_bytes": one_block_bytes,
+        "num_streams": num_streams,
+        "num_gpus": num_gpus(scenario),
+        "prefill": prefill.inputs,
+        "decode": decode.inputs,
+    }
+    return build_disagg_result(records, inputs)
+
+
+def transfers_frame(records: DisaggRecords) -> pd.DataFrame:
+    rows = [
+        (
+            t.request_id,
+            t.prefill_replica,
+            t.decode_replica,
+            t.num_blocks,
+            t.num_bytes,
+            t.start_s,
+            t.end_s,
+            t.end_s - t.start_s,
+        )
+        for t in records.transfers
+    ]
+    columns = [
+        "request_id",
+        "prefill_replica",
+        "decode_replica",
+        "num_blocks",
+        "num_bytes",
+        "start_s",
+        "end_s",
+        "duration_s",
+    ]
+    frame = pd.DataFrame.from_records(rows, columns=columns)
+    return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+def client_frame(prefill: RunResult, decode: RunResult, transfers: pd.DataFrame) -> pd.DataFrame:
+    """One row per workload request: its end state is the decode side's if it got there."""
+    p = prefill.requests.set_index("request_id")
+    d = decode.requests.set_index("request_id")
+    t = transfers.set_index("request_id")
+    rows = []
+    for request_id, pre in p.iterrows():
+        dec = d.loc[request_id] if request_id in d.index else None
+        xfer = t.loc[request_id] if request_id in t.index else None
+        end = dec if dec is not None else pre
+        first_token_s = dec["first_token_s"] if dec is not None else math.nan
+        ttft = first_token_s - pre["arrival_s"]
+        rows.append(
+            (
+                request_id,
+                pre["replica"],
+                dec["replica"] if dec is not None else -1,
+                pre["arrival_s"],
+                pre["prompt_tokens"],
+                dec["max_tokens"] if dec is not None else math.nan,
+                dec["generated_tokens"] if dec is not None else 0,
+                pre["finish_s"] if pre["state"] == "finished" else math.nan,
+                xfer["start_s"] if xfer is not None else math.nan,
+                xfer["end_s"] if xfer is not None else math.nan,
+                first_token_s,
+                end["finish_s"],
+                ttft,
+                dec["tpot_s"] if dec is not None else math.nan,
+                end["finish_s"] - pre["arrival_s"] if end["state"] == "finished" else math.nan,
+                xfer["num_bytes"] if xfer is not None else 0,
+                xfer["duration_s"] if xfer is not None else math.nan,
+                end["state"],
+                end["reason"],
+            )
+        )
+    return pd.DataFrame.from_records(rows, columns=CLIENT_COLUMNS)
+
+
+def _pct(series: pd.Series, q: float) -> float:
+    values = series.dropna().to_numpy()
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def build_disagg_result(records: DisaggRecords, inputs: dict) -> DisaggResult:
+    prefill = build_result(records.prefill)
+    decode = build_result(records.decode)
+    transfers = transfers_frame(records)
+    requests = client_frame(prefill, decode, transfers)
+    finished = requests[requests["state"] == "finished"]
+    end_s = max(records.prefill.end_s, records.decode.end_s)
+    counts = requests["state"].value_counts().to_dict()
+    share = finished["transfer_s"] / finished["ttft_s"]
+    summary = {
+        "num_requests": int(len(requests)),
+        "states": {k: int(counts.get(k, 0)) for k in ("finished", "ignored", "failed", "aborted")},
+        "num_violations": int(len(prefill.violations) + len(decode.violations)),
+        "simulated_s": float(end_s),
+        "throughput_req_per_s": float(len(finished) / end_s) if end_s > 0 else 0.0,
+        "throughput_tok_per_s": float(finished["generated_tokens"].sum() / end_s)
+        if end_s > 0
+        else 0.0,
+        "ttft_p50_s": _pct(finished["ttft_s"], 50),
+        "ttft_p99_s": _pct(finished["ttft_s"], 99),
+        "tpot_p50_s": _pct(finished["tpot_s"], 50),
+        "tpot_p99_s": _pct(finished["tpot_s"], 99),
+        "e2e_p50_s": _pct(finished["e2e_s"], 50),
+        "e2e_p99_s": _pct(finished["e2e_s"], 99),
+        "kv_bytes_mean": float(finished["kv_bytes"].mean()) if len(finished) else math.nan,
+        "transfer_s_mean": float(finished["transfer_s"].mean()) if len(finished) else math.nan,
+        "transfer_s_p99": _pct(finished["transfer_s"], 99),
+        "transfer_share_of_ttft_mean": float(share.mean()) if len(share) else math.nan,
+    }
+    return DisaggResult(prefill, decode, transfers, requests, summary, inputs)
