@@ -1,0 +1,104 @@
+"""Disaggregated vs co-located serving on one workload and the same GPUs: where P/D pays.
+
+    python benchmarks/disagg_crossover.py [--requests N] [--rates 4,8,12] [--gpus 4]
+
+Llama-3.1-8B on H100-SXM (TP 1), vLLM 0.11.0's V1 engine with its OpenAI-server defaults
+on a >= 70 GiB GPU (max_num_batched_tokens 8192, max_num_seqs 1024: arg_utils.py:L1605-1614
+@0.11.0), chunked prefill on; Poisson arrivals, prompts lognormal (mean 2,048, CV 0.5),
+outputs lognormal (mean 256, CV 0.5); KV over RDMA 400 Gb/s (`sim/data/links.yaml`).
+Shapes on `--gpus` GPUs: all co-located, and every P+D split. Prints one table per rate
+sweep (TTFT/TPOT p50/p99, throughput, KV transfer cost) and, per shape, the highest rate
+meeting the SLO (TTFT p99 <= 2 s, TPOT p99 <= 25 ms by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from sim.cluster.compare import Slo, at_rate, cluster_metrics, max_rate_meeting_slo
+from sim.scenario import Scenario, scenario_from_dict
+
+
+def base_scenario(num_requests: int, gpus: int, split: tuple[int, int] | None) -> Scenario:
+    data: dict = {
+        "name": "disagg-crossover",
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm"},
+        "cache": {"block_size": 16},
+        "scheduler": {
+            "design": "v1-engine",
+            "vllm_version": "0.11.0",
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 8192,
+            "max_num_seqs": 1024,
+        },
+        "engine": {"num_replicas": gpus, "router": "least_outstanding"},
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": num_requests,
+            "seed": 7,
+            "arrival": {"process": "poisson", "rate_per_s": 1.0},
+            "lengths": {
+                "prompt": {"kind": "lognormal", "mean": 2048, "cv": 0.5, "max_tokens": 16000},
+                "output": {"kind": "lognormal", "mean": 256, "cv": 0.5, "max_tokens": 2048},
+            },
+        },
+    }
+    if split is not None:
+        data["cluster"] = {
+            "mode": "disaggregated",
+            "prefill": {"replicas": split[0], "router": "least_outstanding"},
+            "decode": {"replicas": split[1], "router": "least_outstanding"},
+            "link": "rdma-400g",
+        }
+    return scenario_from_dict(data, "disagg_crossover")
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:8.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument("--rates", default="4,8,12,16,20,24")
+    parser.add_argument("--ttft-p99-s", type=float, default=2.0)
+    parser.add_argument("--tpot-p99-s", type=float, default=0.025)
+    args = parser.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    slo = Slo(args.ttft_p99_s, args.tpot_p99_s)
+    splits: list[tuple[int, int] | None] = [None] + [
+        (p, args.gpus - p) for p in range(1, args.gpus)
+    ]
+    print(
+        f"{'rate/s':>6} {'shape':>14} {'TTFT p50':>8} {'TTFT p99':>8} {'TPOT p50':>8} "
+        f"{'TPOT p99':>8} {'tok/s':>7} {'done':>5} {'KV MB/req':>9} {'xfer ms':>7} "
+        f"{'xfer/TTFT':>9} {'SLO':>3}"
+    )
+    by_shape: dict[str, list[dict]] = {}
+    for rate in rates:
+        for split in splits:
+            row = cluster_metrics(at_rate(base_scenario(args.requests, args.gpus, split), rate))
+            row["rate_per_s"] = rate
+            by_shape.setdefault(row["shape"], []).append(row)
+            kv_mb = row["kv_bytes_mean"] / 1e6
+            share = row["transfer_share_of_ttft_mean"]
+            meets = "yes" if max_rate_meeting_slo([row], slo) is not None else "no"
+            print(
+                f"{rate:6.1f} {row['shape']:>14} {_ms(row['ttft_p50_s'])} {_ms(row['ttft_p99_s'])} "
+                f"{_ms(row['tpot_p50_s'])} {_ms(row['tpot_p99_s'])} "
+                f"{row['throughput_tok_per_s']:7.0f} {row['num_finished']:5d} "
+                f"{'-' if math.isnan(kv_mb) else f'{kv_mb:9.1f}':>9} "
+                f"{_ms(row['transfer_s_mean']):>7} "
+                f"{'-' if math.isnan(share) else f'{share:9.1%}':>9} {meets:>3}"
+            )
+    print(f"\nSLO: TTFT p99 <= {slo.ttft_p99_s} s, TPOT p99 <= {slo.tpot_p99_s * 1e3:.0f} ms")
+    for shape, rows in by_shape.items():
+        best = max_rate_meeting_slo(rows, slo)
+        print(f"  {shape:>14}: highest rate meeting the SLO: {best if best else 'none'} req/s")
+
+
+if __name__ == "__main__":
+    main()
