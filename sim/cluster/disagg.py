@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.audit.liveness import NoProgress, Stall, diagnose
 from sim.cluster.links import LinkSpec, kv_transfer_bytes, transfer_time_s
 from sim.cluster.pd_connector import DecodeAdmission, HeldUntilSent
 from sim.engine import EngineConfig, Replica, RunRecords, batch_shape
@@ -302,6 +303,9 @@ class DisaggEngine:
         """Abort what a replica that can never progress again holds or waits for; a decode
         request still waiting for blocks releases its prefill blocks (the sender's abort)."""
         pending_set = set(admission.pending) if admission is not None else set()
+        replica.manager.record_no_progress(
+            diagnose(replica.scheduler, replica.manager, Stall.STALLED)
+        )
         reason = (
             f"stalled on the {pool.name} pool: nothing running and no waiting request can be "
             f"admitted ({replica.pool_stats().num_free} free blocks)"
@@ -350,6 +354,55 @@ class DisaggEngine:
             )
         )
 
+    def _deadlock(self) -> None:
+        """Every process sleeps but requests remain: the pools wait on each other.
+
+        Example (one decode replica of 28 blocks): two requests hold 27 blocks for their
+        received prompts, behind a preempted one that needs 11 at the head of the waiting
+        queue; the prefill replica holds its blocks for three prompts the decode replica
+        cannot allocate, so its own queue cannot move either. vLLM 0.11.0 orders its queues
+        the same way and would hang; kvsim records `no_progress` on each stuck decode
+        replica and aborts what is left.
+        """
+        stuck = [
+            request
+            for pool in (self.prefill, self.decode)
+            for replica in pool.replicas
+            for request in replica.scheduler.unfinished()
+            if not request.state.is_terminal
+        ]
+        stuck += [request for a in self.admission for request in a.pending]
+        if not stuck:
+            return
+        held = ", ".join(
+            f"prefill {i}: {h.num_held_requests} requests' blocks"
+            for i, h in enumerate(self.held)
+            if h.num_held_requests
+        )
+        for replica, admission in zip(self.decode.replicas, self.admission, strict=True):
+            if not replica.scheduler.has_unfinished() and not admission.pending:
+                continue
+            diagnosis = diagnose(replica.scheduler, replica.manager, Stall.STALLED)
+            message = (
+                f"no progress (P/D deadlock): decode replica {replica.index} holds "
+                f"{_held_blocks(replica)} blocks, {len(admission.pending)} handed-off requests "
+                f"wait for blocks, and the prefill pool holds blocks for KV not yet sent "
+                f"({held or 'none'}). {diagnosis.message}"
+            )
+            replica.manager.record_no_progress(
+                NoProgress(
+                    diagnosis.head_request_id,
+                    diagnosis.needed_blocks,
+                    diagnosis.free_blocks,
+                    message,
+                )
+            )
+        reason = "deadlock: the prefill and decode pools wait on each other"
+        for request in stuck:
+            request.finish(RequestState.ABORTED, reason, self.env.now)
+        for admission in self.admission:
+            admission.pending.clear()
+
     # ------------------------------------------------------------------ run
     def run(self) -> DisaggRecords:
         self.env.process(self._arrivals())
@@ -357,15 +410,18 @@ class DisaggEngine:
             for replica in pool.replicas:
                 self.env.process(self._replica_loop(pool, replica))
         self.env.run()
+        self._deadlock()
         for pool in (self.prefill, self.decode):
             for replica in pool.replicas:
-                for request in replica.scheduler.unfinished():
-                    if not request.state.is_terminal:
-                        request.finish(RequestState.ABORTED, "run ended", self.env.now)
                 pool.records.violations.extend(replica.manager.violations)
             pool.records.end_s = self.env.now
             pool.records.requests.sort(key=lambda r: r.request_id)
         return self.records
+
+
+def _held_blocks(replica: Replica) -> int:
+    stats = replica.pool_stats()
+    return stats.num_total - stats.num_free
 
 
 def _wake(replica: Replica) -> None:

@@ -53,6 +53,12 @@ class HeldUntilSent:
         self._held: dict[int, Sequence] = {}
 
     def free(self, seq: Sequence) -> None:
+        # Only a finished prefill (its one token sampled) waits for the transfer; a request
+        # preempted or failed before its token frees at once, as without a connector
+        # (`request_finished` is called for finished requests only).
+        if seq.output_len == 0:
+            self.manager.free(seq)
+            return
         self._held[seq.seq_id] = seq
 
     def release(self, request_id: int) -> None:

@@ -88,18 +88,12 @@ def num_gpus(scenario: Scenario) -> int:
     return sum(p.replicas * (p.tp or tp) for p in (cluster.prefill, cluster.decode))
 
 
-def run_disaggregated(
-    scenario: Scenario | str | Path, base_dir: str | Path | None = None
-) -> DisaggResult:
-    """Run a scenario whose `cluster.mode` is disaggregated."""
-    if not isinstance(scenario, Scenario):
-        path = Path(scenario)
-        scenario = load_scenario(path)
-        base_dir = base_dir or path.parent
-    base_dir = base_dir or "."
+def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[DisaggEngine, dict]:
+    """The engine of a disaggregated scenario, and the run's inputs (both pools' resolution,
+    the link, the KV bytes per block, the parallel streams)."""
     cluster = scenario.cluster
     if cluster.mode is not ClusterMode.DISAGGREGATED:
-        raise ScenarioError("cluster.mode: run_disaggregated needs mode 'disaggregated'")
+        raise ScenarioError("cluster.mode: a disaggregated run needs mode 'disaggregated'")
     if scenario.scheduler.design is not Design.V1_ENGINE:
         raise ScenarioError(
             "cluster.mode: disaggregated serving models vLLM's V1 engine (NIXL connector); "
@@ -124,7 +118,6 @@ def run_disaggregated(
         one_block_bytes,
         num_streams,
     )
-    records = engine.run()
     inputs = {
         "scenario": scenario.name,
         "cluster": cluster.model_dump(mode="json"),
@@ -135,7 +128,19 @@ def run_disaggregated(
         "prefill": prefill.inputs,
         "decode": decode.inputs,
     }
-    return build_disagg_result(records, inputs)
+    return engine, inputs
+
+
+def run_disaggregated(
+    scenario: Scenario | str | Path, base_dir: str | Path | None = None
+) -> DisaggResult:
+    """Run a scenario whose `cluster.mode` is disaggregated."""
+    if not isinstance(scenario, Scenario):
+        path = Path(scenario)
+        scenario = load_scenario(path)
+        base_dir = base_dir or path.parent
+    engine, inputs = build_engine(scenario, base_dir or ".")
+    return build_disagg_result(engine.run(), inputs)
 
 
 def transfers_frame(records: DisaggRecords) -> pd.DataFrame:
