@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.cluster.links import get_link
 from sim.errors import InputError
@@ -49,13 +49,14 @@ class ClusterSection(BaseModel):
     decode: PoolSection = PoolSection()
     link: str | dict[str, Any] = "rdma-400g"
 
-    @model_validator(mode="after")
-    def _known_link(self) -> ClusterSection:
+    @field_validator("link")
+    @classmethod
+    def _known_link(cls, link: str | dict[str, Any]) -> str | dict[str, Any]:
         try:
-            get_link(self.link)
+            get_link(link)
         except InputError as error:
             raise ValueError(str(error)) from None
-        return self
+        return link
 
     @property
     def num_gpus(self) -> int | None:

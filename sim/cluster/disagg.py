@@ -404,11 +404,15 @@ class DisaggEngine:
             admission.pending.clear()
 
     # ------------------------------------------------------------------ run
-    def run(self) -> DisaggRecords:
+    def start(self) -> None:
+        """Register the processes (`run` does; a test may then step `env` itself)."""
         self.env.process(self._arrivals())
         for pool in (self.prefill, self.decode):
             for replica in pool.replicas:
                 self.env.process(self._replica_loop(pool, replica))
+
+    def run(self) -> DisaggRecords:
+        self.start()
         self.env.run()
         self._deadlock()
         for pool in (self.prefill, self.decode):

@@ -1,0 +1,377 @@
+"""Prefill/decode disaggregation (`sim.cluster`): link arithmetic, the NIXL-style hand-off,
+accounting on both sides, the audit, invariants over random workloads and fuzz cases."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.catalog import get_model
+from sim.ci.fuzz_cases import generate_disagg_case
+from sim.cluster.links import get_link, kv_transfer_bytes, link_names, transfer_time_s
+from sim.cluster.run import build_disagg_result, build_engine, run_disaggregated
+from sim.errors import InputError
+from sim.kv.types import TokenContent
+from sim.memory import block_bytes
+from sim.runner import run
+from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scheduler import Request
+
+ROOT = Path(__file__).resolve().parents[1]
+LINEAR = {"linear": {"fixed_s": 0.01}}
+TERMINAL = {"finished", "ignored", "failed", "aborted"}
+ONE = [{"arrival_s": 0.0, "prompt_tokens": 8, "output_tokens": 2}]
+
+
+def _scenario(requests: list[dict], **cluster) -> dict:
+    return {
+        "name": "pd-test",
+        "model": "llama-3.1-8b",
+        "cache": {"block_size": 16, "num_gpu_blocks": 40, "num_cpu_blocks": 0},
+        "scheduler": {"design": "v1-engine", "vllm_version": "0.11.0", "max_model_len": 512},
+        "engine": {"audit_level": "full"},
+        "cluster": {"mode": "disaggregated", **cluster},
+        "workload": {"kind": "inline", "requests": requests},
+        "step_time": LINEAR,
+    }
+
+
+# ---------------------------------------------------------------- link arithmetic
+def test_transfer_time_worked_example():
+    """Llama-3.1-8B bf16, bs 16, a 2,000-token prompt over rdma-400g (the links.py example)."""
+    one_block = block_bytes(get_model("llama-3.1-8b"), block_size=16)
+    assert one_block == 2 * 32 * 8 * 128 * 2 * 16 == 2_097_152
+    num_bytes = kv_transfer_bytes(2000, 16, one_block)
+    assert num_bytes == 125 * 2_097_152 == 262_144_000
+    link = get_link("rdma-400g")
+    assert link.effective_Bps == pytest.approx(400e9 / 8 * 0.9)
+    assert transfer_time_s(num_bytes, link) == pytest.approx(262_144_000 / 45e9 + 20e-6)
+    assert transfer_time_s(num_bytes, link) == pytest.approx(5.845e-3, abs=1e-6)
+    assert transfer_time_s(num_bytes, link, 2) == pytest.approx(2.933e-3, abs=1e-6)
+
+
+def test_partial_last_block_moves_whole():
+    assert kv_transfer_bytes(17, 16, 100) == 200
+    assert kv_transfer_bytes(16, 16, 100) == 100
+
+
+def test_every_catalog_link_names_a_source_listed_in_the_file():
+    text = (ROOT / "sim" / "data" / "links.yaml").read_text()
+    for name in link_names():
+        assert f"[{get_link(name).source}]" in text
+
+
+def test_unknown_link_is_one_line_input_error():
+    with pytest.raises(ScenarioError, match=r"cluster\.link: .*unknown link 'ib-9000'"):
+        scenario_from_dict(_scenario(ONE, link="ib-9000"), "s.yaml")
+    with pytest.raises(InputError, match="link.efficiency"):
+        get_link({"bandwidth_Gbps": 100, "efficiency": 2, "latency_us": 0})
+
+
+def test_disaggregated_scenario_is_refused_by_the_co_located_runner():
+    scenario = scenario_from_dict(
+        _scenario([{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2}])
+    )
+    with pytest.raises(ScenarioError, match="kvsim disagg"):
+        run(scenario)
+
+
+def test_co_located_tables_unchanged_by_an_explicit_default_cluster():
+    base = {
+        "name": "co",
+        "model": None,
+        "cache": {"block_size": 16, "num_gpu_blocks": 30, "num_cpu_blocks": 0},
+        "scheduler": {"design": "v1-engine", "max_model_len": 256},
+        "engine": {"num_replicas": 2},
+        "workload": {
+            "kind": "inline",
+            "requests": [
+                {"arrival_s": 0.001 * i, "prompt_tokens": 20 + 7 * i, "output_tokens": 5 + i}
+                for i in range(12)
+            ],
+        },
+        "step_time": {"linear": {"fixed_s": 0.01, "per_prefill_token_s": 1e-4}},
+    }
+    plain = run(scenario_from_dict(base))
+    explicit = run(scenario_from_dict({**base, "cluster": {"mode": "co-located"}}))
+    assert plain.requests.equals(explicit.requests)
+    assert plain.steps.equals(explicit.steps)
+
+
+# ---------------------------------------------------------------- the hand-off
+def test_decode_admission_waits_for_the_transfer():
+    """One 40-token request, 4 output tokens, 10 ms steps, a link of 0.1 s latency at 1 GB/s.
+
+    prefill step 0 -> 0.01 s (its one token); decode allocates 3 blocks at 0.01 s; transfer
+    3 x 2,097,152 B / 1e9 B/s + 0.1 s = 0.106291456 s, done at 0.116291456 s; the decode
+    step that computes the last prompt token starts then and samples the first token at
+    0.126291456 s; three more decode steps finish at 0.156291456 s.
+    """
+    link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 100_000}
+    scenario = scenario_from_dict(
+        _scenario([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 4}], link=link)
+    )
+    result = run_disaggregated(scenario)
+    transfer = result.transfers.iloc[0]
+    assert transfer["num_blocks"] == 3 and transfer["num_bytes"] == 3 * 2_097_152
+    assert transfer["start_s"] == pytest.approx(0.01)
+    assert transfer["end_s"] == pytest.approx(0.116291456)
+    steps = result.decode.steps
+    assert steps["start_s"].iloc[0] == pytest.approx(transfer["end_s"])
+    # The first decode step computes only the last prompt token (39 already received).
+    assert steps["num_prefill_tokens"].iloc[0] == 1
+    assert steps["num_context_tokens"].iloc[0] == 39
+    row = result.requests.iloc[0]
+    assert row["ttft_s"] == pytest.approx(0.126291456)
+    assert row["finish_s"] == pytest.approx(0.156291456)
+    assert row["tpot_s"] == pytest.approx(0.01)
+    assert row["generated_tokens"] == 4 and row["state"] == "finished"
+    assert result.summary["transfer_share_of_ttft_mean"] == pytest.approx(0.106291456 / 0.126291456)
+
+
+def test_prefill_blocks_are_held_until_the_kv_is_sent():
+    """The prefill step's row shows the 3 blocks still held (+ the null block); they are
+    free once the transfer is done."""
+    link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 100_000}
+    scenario = scenario_from_dict(
+        _scenario([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 4}], link=link)
+    )
+    engine, _ = build_engine(scenario)
+    hold = engine.held[0]
+    engine.start()
+    engine.env.run(until=0.05)  # prefill done at 0.01 s, transfer until 0.116 s
+    prefill = engine.prefill.replicas[0]
+    assert hold.num_held_requests == 1
+    assert prefill.pool_stats().num_total - prefill.pool_stats().num_free == 1 + 3
+    engine.env.run()
+    assert hold.num_held_requests == 0
+    assert prefill.pool_stats().num_total - prefill.pool_stats().num_free == 1
+
+
+def test_decode_admission_allocates_the_prompt_and_readies_it_one_token_short():
+    scenario = scenario_from_dict(_scenario(ONE))
+    engine, _ = build_engine(scenario)
+    admission = engine.admission[0]
+    manager = engine.decode.replicas[0].manager
+    free_before = manager.num_free_blocks
+    requests = [Request.new(i, 0.0, TokenContent.unique(i, n), 4) for i, n in ((7, 40), (8, 32))]
+    for request in requests:
+        admission.add(request)
+    admitted, failed = admission.admit()
+    assert admitted == requests and failed == []
+    assert manager.num_free_blocks == free_before - 3 - 2
+    for request in requests:
+        admission.kv_received(request)
+    # min(3 x 16, 40) - 1 = 39; a whole-block prompt: min(2 x 16, 32) - 1 = 31.
+    assert [r.seq.num_computed_tokens for r in requests] == [39, 31]
+
+
+def test_decode_admission_stops_at_the_first_refusal():
+    scenario = scenario_from_dict(_scenario(ONE))
+    engine, _ = build_engine(scenario)
+    admission = engine.admission[0]
+    big = Request.new(1, 0.0, TokenContent.unique(1, 16 * 30), 4)  # 30 of 39 usable blocks
+    huge = Request.new(2, 0.0, TokenContent.unique(2, 16 * 10), 4)  # 10 > the 9 left
+    small = Request.new(3, 0.0, TokenContent.unique(3, 8), 4)
+    for request in (big, huge, small):
+        admission.add(request)
+    admitted, _ = admission.admit()
+    assert admitted == [big]
+    assert list(admission.pending) == [huge, small]  # head-of-line, as vLLM's waiting loop
+
+
+def test_hold_of_a_preempted_prefill_frees_at_once():
+    """Regression: the delayed free held the blocks of a prefill preempted before its token,
+    which then deadlocked its replica (fuzz case seed 2)."""
+    scenario = scenario_from_dict(_scenario(ONE))
+    engine, _ = build_engine(scenario)
+    hold = engine.held[0]
+    manager = hold.manager
+    free_before = manager.num_free_blocks
+    request = Request.new(5, 0.0, TokenContent.unique(5, 40), 1)
+    manager.allocate_slots(request.seq, 40)
+    hold.free(request.seq)  # preempted: no token yet
+    assert hold.num_held_requests == 0 and manager.num_free_blocks == free_before
+
+
+# ---------------------------------------------------------------- accounting and audit
+def _check_invariants(engine, result) -> None:
+    """Both sides account for every request; times are ordered; the audit finds at most a
+    P/D deadlock, and only with aborted requests; a run with no abort frees every block."""
+    specs = {s.request_id: s for s in engine.specs}
+    client = result.requests
+    assert sorted(client["request_id"]) == sorted(specs)
+    assert set(client["state"]) <= TERMINAL
+    assert set(result.prefill.requests["state"]) <= TERMINAL
+    assert set(result.decode.requests["state"]) <= TERMINAL
+    handed_off = set(result.prefill.requests.query("state == 'finished'")["request_id"])
+    assert set(result.decode.requests["request_id"]) == handed_off
+    assert (result.prefill.requests["generated_tokens"] <= 1).all()
+    kinds = set(result.prefill.violations["kind"]) | set(result.decode.violations["kind"])
+    aborted = (client["state"] == "aborted").any()
+    assert kinds <= {"no_progress"}
+    assert bool(kinds) == bool(aborted)
+    done = client[client["state"] == "finished"]
+    for row in done.itertuples():
+        assert row.generated_tokens == specs[row.request_id].output_tokens or (
+            row.prompt_tokens + row.generated_tokens >= engine.decode.config.scheduler.max_model_len
+        )
+        assert row.arrival_s <= row.prefill_done_s <= row.transfer_start_s
+        assert row.transfer_start_s < row.transfer_end_s <= row.first_token_s <= row.finish_s
+        assert row.kv_bytes == kv_transfer_bytes(row.prompt_tokens, 16, engine.block_bytes) or (
+            engine.decode.config.kv.block_size != 16
+        )
+    if not aborted:
+        for pool in (engine.prefill, engine.decode):
+            for replica in pool.replicas:
+                stats = replica.pool_stats()
+                assert stats.num_total - stats.num_free <= 1  # the null block
+        assert all(h.num_held_requests == 0 for h in engine.held)
+
+
+def test_every_request_accounted_for_and_audit_clean_on_a_normal_workload():
+    scenario = scenario_from_dict(
+        {
+            "name": "pd-normal",
+            "model": "llama-3.1-8b",
+            "hardware": {"gpu": "h100-sxm"},
+            "scheduler": {
+                "design": "v1-engine",
+                "vllm_version": "0.11.0",
+                "enable_chunked_prefill": True,
+            },
+            "engine": {"audit_level": "full"},
+            "cluster": {
+                "mode": "disaggregated",
+                "prefill": {"replicas": 1},
+                "decode": {"replicas": 2},
+                "link": "rdma-400g",
+            },
+            "workload": {
+                "kind": "synthetic",
+                "num_requests": 150,
+                "seed": 3,
+                "arrival": {"process": "poisson", "rate_per_s": 10},
+                "lengths": {
+                    "prompt": {"kind": "lognormal", "mean": 1500, "cv": 0.8, "max_tokens": 8000},
+                    "output": {"kind": "lognormal", "mean": 150, "cv": 0.8, "max_tokens": 800},
+                },
+            },
+        }
+    )
+    engine, inputs = build_engine(scenario)
+    result = build_disagg_result(engine.run(), inputs)
+    assert result.summary["states"]["finished"] == 150
+    assert result.summary["num_violations"] == 0
+    assert len(result.transfers) == 150
+    assert set(result.decode.requests["replica"]) == {0, 1}
+    _check_invariants(engine, result)
+
+
+def test_decode_pool_too_small_for_a_prompt_aborts_it_and_frees_the_prefill_blocks():
+    """A decode pool (40 blocks) smaller than one prompt (700 tokens, 44 blocks) that the
+    prefill pool (80 blocks) ran: it is aborted with `no_progress`, and the prefill replica's
+    held blocks are released. (vLLM refuses to start such a decode engine, as `resolve`
+    does; the engine is built by hand here to reach the stall path.)"""
+    data = _scenario(
+        [
+            {"arrival_s": 0.0, "prompt_tokens": 30, "output_tokens": 4},
+            {"arrival_s": 0.0, "prompt_tokens": 700, "output_tokens": 4},
+        ]
+    )
+    data["scheduler"]["max_model_len"] = 1024
+    data["cache"]["num_gpu_blocks"] = 80
+    engine, inputs = build_engine(scenario_from_dict(data))
+    # Shrink the decode pool alone: its own (audited) manager over 40 blocks.
+    from dataclasses import replace
+
+    from sim.cluster.disagg import DisaggEngine
+
+    decode_config = replace(
+        engine.decode.config, kv=replace(engine.decode.config.kv, num_gpu_blocks=40)
+    )
+    engine = DisaggEngine(
+        (engine.prefill.config, engine.prefill.step_time),
+        (decode_config, engine.decode.step_time),
+        engine.specs,
+        engine.link,
+        engine.block_bytes,
+    )
+    result = build_disagg_result(engine.run(), inputs)
+    states = dict(zip(result.requests["request_id"], result.requests["state"], strict=True))
+    assert states == {0: "finished", 1: "aborted"}
+    assert set(result.decode.violations["kind"]) == {"no_progress"}
+    assert engine.held[0].num_held_requests == 0
+    _check_invariants(engine, result)
+
+
+_request = st.fixed_dictionaries(
+    {
+        "gap_s": st.sampled_from([0.0, 0.001, 0.02, 0.1]),
+        "prompt_tokens": st.integers(1, 200),
+        "output_tokens": st.integers(1, 40),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=st.lists(_request, min_size=1, max_size=16),
+    num_prefill=st.integers(1, 2),
+    num_decode=st.integers(1, 2),
+    num_gpu_blocks=st.integers(16, 60),
+    latency_us=st.sampled_from([0, 500, 30_000]),
+    chunked=st.booleans(),
+)
+def test_invariants_over_random_workloads(
+    requests, num_prefill, num_decode, num_gpu_blocks, latency_us, chunked
+):
+    arrival_s = 0.0
+    inline = []
+    for r in requests:
+        arrival_s += r["gap_s"]
+        inline.append(
+            {
+                "arrival_s": round(arrival_s, 6),
+                "prompt_tokens": r["prompt_tokens"],
+                "output_tokens": r["output_tokens"],
+            }
+        )
+    data = _scenario(
+        inline,
+        prefill={"replicas": num_prefill},
+        decode={"replicas": num_decode},
+        link={"bandwidth_Gbps": 100, "efficiency": 0.8, "latency_us": latency_us},
+    )
+    data["cache"]["num_gpu_blocks"] = num_gpu_blocks
+    data["scheduler"]["max_model_len"] = 16 * (num_gpu_blocks - 2)
+    data["scheduler"]["enable_chunked_prefill"] = chunked
+    engine, inputs = build_engine(scenario_from_dict(data))
+    _check_invariants(engine, build_disagg_result(engine.run(), inputs))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_fuzz_disaggregated_cases_keep_the_invariants(seed):
+    scenario = generate_disagg_case(seed)
+    assert scenario.cluster.mode.value == "disaggregated"
+    engine, inputs = build_engine(scenario)
+    result = build_disagg_result(engine.run(), inputs)
+    block_size = scenario.cache.block_size
+    if block_size == 16:
+        _check_invariants(engine, result)
+    else:  # same checks; the KV bytes use the case's block size
+        assert all(
+            row.kv_bytes == kv_transfer_bytes(row.prompt_tokens, block_size, engine.block_bytes)
+            for row in result.requests.itertuples()
+            if row.state == "finished"
+        )
+        _check_invariants(engine, result)
+
+
+def test_fuzz_disaggregated_case_is_a_pure_function_of_its_seed():
+    assert generate_disagg_case(11) == generate_disagg_case(11)
+    assert not math.isnan(generate_disagg_case(11).cache.block_size)
