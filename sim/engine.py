@@ -26,6 +26,8 @@ import simpy
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv_connector.base import KVConnectorConfig
+from sim.kv_connector.hooks import ConnectorHooks
 from sim.latency.batch import BatchShape
 from sim.routing import ReplicaView, Router, make_policy
 from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
@@ -48,6 +50,8 @@ class EngineConfig:
     #: Builds the block manager instead of kvsim's model, e.g. vLLM's real code
     #: (`sim.vllm_real`): called as `factory(design, kv_config)`.
     manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
+    #: A V1 KV connector per replica (`sim.kv_connector`), e.g. CPU offloading; None: none.
+    kv_connector: KVConnectorConfig | None = None
 
 
 #: One row per scheduler call that ran a batch or changed the queues. A call that ran nothing
@@ -105,7 +109,14 @@ class Replica:
         )
         if config.design.api == "v1":
             self.manager: AuditedV0Manager | AuditedV1Manager = AuditedV1Manager(manager, **kwargs)
-            self.scheduler: V0Scheduler | V1Scheduler = V1Scheduler(config.scheduler, self.manager)
+            connector = (
+                config.kv_connector.build(index, config.kv.block_size)
+                if config.kv_connector is not None
+                else None
+            )
+            self.scheduler: V0Scheduler | V1Scheduler = V1Scheduler(
+                config.scheduler, self.manager, connector
+            )
         else:
             self.manager = AuditedV0Manager(manager, **kwargs)
             self.scheduler = V0Scheduler(config.scheduler, self.manager)
@@ -118,6 +129,15 @@ class Replica:
         self.num_steps = 0
         self.outstanding = 0
         self.wakeup: simpy.Event | None = None
+        #: The scheduler's KV-connector side when a connector is configured, else None.
+        self.connector_hooks: ConnectorHooks | None = None
+        if isinstance(self.scheduler, V1Scheduler) and self.scheduler.connector_hooks.enabled:
+            self.connector_hooks = self.scheduler.connector_hooks
+
+    def next_kv_transfer_s(self) -> float | None:
+        """When the next KV transfer in flight completes (None: none, or no connector)."""
+        hooks = self.connector_hooks
+        return None if hooks is None else hooks.next_completion_s()
 
 
 def _request_of(spec: RequestSpec) -> Request:
@@ -206,6 +226,14 @@ class Engine:
         for replica in self.replicas:
             self._wake(replica)
 
+    def _idle(self, replica: Replica, transfer_s: float | None) -> simpy.Event:
+        """What an idle replica waits for: the next arrival, or the next KV transfer's
+        completion if one is in flight (whichever comes first)."""
+        replica.wakeup = self.env.event()
+        if transfer_s is None:
+            return replica.wakeup
+        return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
+
     def _wake(self, replica: Replica) -> None:
         if replica.wakeup is not None and not replica.wakeup.triggered:
             replica.wakeup.succeed()
@@ -226,10 +254,12 @@ class Engine:
         empty_streak = 0
         while self._stop is None:
             if not scheduler.has_unfinished():
-                if self._arrivals_done:
+                transfer_s = replica.next_kv_transfer_s()
+                if self._arrivals_done and transfer_s is None:
                     return
-                replica.wakeup = self.env.event()
-                yield replica.wakeup
+                yield self._idle(replica, transfer_s)
+                if replica.connector_hooks is not None:
+                    replica.connector_hooks.poll(env.now)  # frees blocks kept for stores
                 continue
             self._current_step = replica.num_steps
             plan = scheduler.schedule(self.env.now)
@@ -263,9 +293,11 @@ class Engine:
                         "livelock: steps keep preempting without running anything",
                     )
                     return
-                if not self._arrivals_done:
-                    replica.wakeup = self.env.event()
-                    yield replica.wakeup
+                transfer_s = replica.next_kv_transfer_s()
+                if not self._arrivals_done or transfer_s is not None:
+                    # Waiting for an arrival, or for a KV transfer that lets a parked request
+                    # (or freed blocks) make progress: not a stall.
+                    yield self._idle(replica, transfer_s)
                     continue
                 self._no_progress(replica, Stall.STALLED)
                 self._abort(

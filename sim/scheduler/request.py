@@ -18,6 +18,9 @@ class RequestState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
+    #: V1 with a KV connector: blocks allocated, waiting in `waiting` for an async KV load
+    #: (vLLM's `RequestStatus.WAITING_FOR_REMOTE_KVS`; `sim.kv_connector`).
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     #: Generated all its output tokens (or hit max_model_len).
     FINISHED = "finished"
     #: Rejected by the scheduler (prompt too long, admission NEVER), as vLLM's FINISHED_IGNORED.

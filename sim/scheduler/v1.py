@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 from sim.audit import AuditedV1Manager, AuditError
 from sim.kv.types import SequenceStatus
+from sim.kv_connector.base import KVConnector, MatchStatus, NoConnector
+from sim.kv_connector.hooks import ConnectorHooks
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import FastPathScheduler, add_quiet_decode, apply_quiet_decodes
@@ -44,7 +46,12 @@ class V1Scheduler(FastPathScheduler):
     #: turn it off to show that the skip changes no result.
     skip_repeated_later = True
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: AuditedV1Manager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: AuditedV1Manager,
+        kv_connector: KVConnector | None = None,
+    ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.token_budget = config.token_budget("v1")
@@ -78,6 +85,8 @@ class V1Scheduler(FastPathScheduler):
         self._next_key = 0
         #: `long_prefill_token_threshold` as it applies in the current step (`schedule`).
         self._step_threshold = config.long_prefill_token_threshold
+        #: The KV connector's scheduler side (`sim.kv_connector`); no-ops without one.
+        self.connector_hooks = ConnectorHooks(kv_connector or NoConnector(), kv_cache_manager)
 
     # ------------------------------------------------------------------ queues
     def use_exact_arrival_times(self) -> bool:
@@ -420,22 +429,45 @@ class V1Scheduler(FastPathScheduler):
                 break
             request = self.waiting[0]
             seq = request.seq
+            hooks = self.connector_hooks
+            # KV connector: a request whose load runs stays parked (0.11.0 L342-353).
+            if request.state is RequestState.WAITING_FOR_REMOTE_KVS:
+                if not hooks.update_waiting_for_remote_kv(request):
+                    skipped.append(self.waiting.popleft())
+                    if self._ties is not None:
+                        self._ties.skip(request)
+                    continue
+                request.state = RequestState.WAITING
             if seq.num_computed_tokens == 0 and self._prefix_hits_possible:
                 hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
             else:  # (without prefix caching the lookup is a pure ([], 0))
                 hit_block_ids, num_computed = [], seq.num_computed_tokens
-            num_new = seq.num_tokens - num_computed
-            threshold = self._step_threshold
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if not self.config.enable_chunked_prefill and num_new > budget:
-                if not self.release_policies.oversized_prompt.skips_to_next:
-                    break
-                skipped.append(self.waiting.popleft())
-                if self._ties is not None:
-                    self._ties.skip(request)
-                continue
-            num_new = min(num_new, budget)
+            num_external = 0
+            load_async = False
+            if hooks.enabled and seq.num_computed_tokens == 0:
+                # Tokens the connector holds beyond the local hit (0.11.0 L386-402).
+                match = hooks.get_num_new_matched_tokens(request, num_computed)
+                if match.status is MatchStatus.RETRY_LATER:
+                    skipped.append(self.waiting.popleft())
+                    if self._ties is not None:
+                        self._ties.skip(request)
+                    continue
+                num_external, load_async = match.num_external_tokens, match.load_async
+            if load_async:
+                num_new = 0  # loading: no new work until the load completes (L414-417)
+            else:
+                num_new = seq.num_tokens - num_computed - num_external
+                threshold = self._step_threshold
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if not self.config.enable_chunked_prefill and num_new > budget:
+                    if not self.release_policies.oversized_prompt.skips_to_next:
+                        break
+                    skipped.append(self.waiting.popleft())
+                    if self._ties is not None:
+                        self._ties.skip(request)
+                    continue
+                num_new = min(num_new, budget)
             num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
             # Without prefix hits, `allocate_slots` for a waiting request is None exactly when
             # the blocks for its `num_new` tokens exceed the free ones: monotone in both. So
@@ -447,6 +479,7 @@ class V1Scheduler(FastPathScheduler):
             if (
                 not self._prefix_hits_possible
                 and self.skip_repeated_later
+                and not hooks.enabled
                 and later_key == self._later_key
                 and num_new >= self._later_num_new
                 and free <= self._later_free
@@ -457,7 +490,11 @@ class V1Scheduler(FastPathScheduler):
                     self.kv_cache_manager, seq, hit_block_ids if num_new_hit else []
                 ):
                     blocks = self.kv_cache_manager.allocate_slots(
-                        seq, num_new, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
+                        seq,
+                        num_new + num_external,
+                        num_new_hit,
+                        hit_block_ids,
+                        self.config.num_lookahead_slots,
                     )
                 else:
                     blocks = None  # 0.33.0's full-sequence gate: refused like allocate_slots
@@ -470,6 +507,15 @@ class V1Scheduler(FastPathScheduler):
             if blocks is None:
                 self._later_key, self._later_num_new, self._later_free = later_key, num_new, free
                 break
+            if hooks.enabled:  # (0.11.0 L489-504)
+                hooks.update_state_after_alloc(request, num_new_hit, num_external, now_s)
+                if load_async:
+                    skipped.append(self.waiting.popleft())
+                    if self._ties is not None:
+                        self._ties.skip(request)
+                    request.state = RequestState.WAITING_FOR_REMOTE_KVS
+                    continue
+                num_computed += num_external
             self.waiting.popleft()
             if self._ties is not None:
                 self._ties.pop()
@@ -495,6 +541,7 @@ class V1Scheduler(FastPathScheduler):
 
     def schedule(self, now_s: float) -> StepPlan:
         plan = StepPlan()
+        self.connector_hooks.poll(now_s)  # the transfers the last step's worker reported
         self._step_threshold = self.config.long_prefill_token_threshold
         if self.release_policies.lone_request_ignores_threshold and self.num_unfinished() <= 1:
             self._step_threshold = 0  # 0.33.0: nobody to starve (`v1_release`)
@@ -513,6 +560,7 @@ class V1Scheduler(FastPathScheduler):
             work.request.seq.num_computed_tokens += work.num_tokens
         for request in plan.quiet:
             request.seq.num_computed_tokens += 1
+        self.connector_hooks.build_connector_meta(plan, now_s)  # (0.11.0 L604-607)
         if self._ties is not None and self._ties.error is not None:
             plan.fatal_error = self._ties.error  # the real engine died in this call or before
         return plan
@@ -522,6 +570,7 @@ class V1Scheduler(FastPathScheduler):
         finished: list[Request] = []
         running = RequestState.RUNNING
         max_model_len = self.config.max_model_len
+        self.connector_hooks.wait_for_save(now_s)  # the step's stores start as it ends
         for work in plan.scheduled:
             request = work.request
             if request.state is not running:
@@ -540,7 +589,7 @@ class V1Scheduler(FastPathScheduler):
             else:
                 continue
             self._sync(request)
-            self.kv_cache_manager.free(seq)
+            self.connector_hooks.free_finished(request)  # `_free_request` (0.11.0 L1145-1158)
             finish(request, reason, now_s)
             finished.append(request)
         apply_quiet_decodes(plan.quiet, now_s, advance_computed=False)

@@ -1,0 +1,1 @@
+"""KV connectors for the V1 engine: the scheduler-side seam (`base`, `hooks`) and CPU offloading."""
