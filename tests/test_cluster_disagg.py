@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from sim.catalog import get_model
 from sim.ci.fuzz_cases import generate_disagg_case
 from sim.cluster.links import get_link, kv_transfer_bytes, link_names, transfer_time_s
+from sim.cluster.pd_connector import DecodeSide, PrefillSide, TransferLedger
 from sim.cluster.run import build_disagg_result, build_engine, run_disaggregated
 from sim.errors import InputError
 from sim.kv.types import TokenContent
 from sim.memory import block_bytes
 from sim.runner import run
 from sim.scenario import ScenarioError, scenario_from_dict
-from sim.scheduler import Request
+from sim.scheduler import Request, RequestState
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = {"linear": {"fixed_s": 0.01}}
@@ -133,69 +134,73 @@ def test_decode_admission_waits_for_the_transfer():
     assert result.summary["transfer_share_of_ttft_mean"] == pytest.approx(0.106291456 / 0.126291456)
 
 
-def test_prefill_blocks_are_held_until_the_kv_is_sent():
-    """The prefill step's row shows the 3 blocks still held (+ the null block); they are
-    free once the transfer is done."""
+def test_prefill_blocks_are_held_until_the_kv_is_sent_and_decode_waits_for_them():
+    """At 0.05 s (prefill done at 0.01 s, read until 0.116 s) the prefill replica keeps the
+    request's 3 blocks (+ the null block) and the decode replica holds 3 blocks for it in
+    WAITING_FOR_REMOTE_KVS; after the read the prefill blocks are free."""
     link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 100_000}
     scenario = scenario_from_dict(
         _scenario([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 4}], link=link)
     )
     engine, _ = build_engine(scenario)
-    hold = engine.held[0]
     engine.start()
-    engine.env.run(until=0.05)  # prefill done at 0.01 s, transfer until 0.116 s
-    prefill = engine.prefill.replicas[0]
-    assert hold.num_held_requests == 1
-    assert prefill.pool_stats().num_total - prefill.pool_stats().num_free == 1 + 3
+    engine.env.run(until=0.05)
+    prefill, decode = engine.prefill.replicas[0], engine.decode.replicas[0]
+    assert list(engine.hooks(prefill).delayed_free) == [0]
+    assert _used(prefill) == 1 + 3
+    (waiting,) = decode.scheduler.waiting
+    assert waiting.state is RequestState.WAITING_FOR_REMOTE_KVS
+    assert waiting.seq.num_computed_tokens == 0 and _used(decode) == 1 + 3
+    engine.env.run(until=0.12)  # the read is done; the decode step is running
+    assert not engine.hooks(prefill).delayed_free and _used(prefill) == 1
+    assert waiting.state is RequestState.RUNNING
     engine.env.run()
-    assert hold.num_held_requests == 0
-    assert prefill.pool_stats().num_total - prefill.pool_stats().num_free == 1
 
 
-def test_decode_admission_allocates_the_prompt_and_readies_it_one_token_short():
-    scenario = scenario_from_dict(_scenario(ONE))
-    engine, _ = build_engine(scenario)
-    admission = engine.admission[0]
-    manager = engine.decode.replicas[0].manager
-    free_before = manager.num_free_blocks
-    requests = [Request.new(i, 0.0, TokenContent.unique(i, n), 4) for i, n in ((7, 40), (8, 32))]
-    for request in requests:
-        admission.add(request)
-    admitted, failed = admission.admit()
-    assert admitted == requests and failed == []
-    assert manager.num_free_blocks == free_before - 3 - 2
-    for request in requests:
-        admission.kv_received(request)
-    # min(3 x 16, 40) - 1 = 39; a whole-block prompt: min(2 x 16, 32) - 1 = 31.
-    assert [r.seq.num_computed_tokens for r in requests] == [39, 31]
+def _used(replica) -> int:
+    stats = replica.pool_stats()
+    return stats.num_total - stats.num_free
 
 
-def test_decode_admission_stops_at_the_first_refusal():
-    scenario = scenario_from_dict(_scenario(ONE))
-    engine, _ = build_engine(scenario)
-    admission = engine.admission[0]
-    big = Request.new(1, 0.0, TokenContent.unique(1, 16 * 30), 4)  # 30 of 39 usable blocks
-    huge = Request.new(2, 0.0, TokenContent.unique(2, 16 * 10), 4)  # 10 > the 9 left
-    small = Request.new(3, 0.0, TokenContent.unique(3, 8), 4)
-    for request in (big, huge, small):
-        admission.add(request)
-    admitted, _ = admission.admit()
-    assert admitted == [big]
-    assert list(admission.pending) == [huge, small]  # head-of-line, as vLLM's waiting loop
+def _ledger(block_size: int = 16) -> TransferLedger:
+    return TransferLedger(get_link("rdma-400g"), block_size, 2_097_152)
 
 
-def test_hold_of_a_preempted_prefill_frees_at_once():
-    """Regression: the delayed free held the blocks of a prefill preempted before its token,
-    which then deadlocked its replica (fuzz case seed 2)."""
-    scenario = scenario_from_dict(_scenario(ONE))
-    engine, _ = build_engine(scenario)
-    hold = engine.held[0]
-    manager = hold.manager
-    free_before = manager.num_free_blocks
-    request = Request.new(5, 0.0, TokenContent.unique(5, 40), 1)
-    manager.allocate_slots(request.seq, 40)
-    hold.free(request.seq)  # preempted: no token yet
-    assert hold.num_held_requests == 0 and manager.num_free_blocks == free_before
+def test_decode_side_matches_the_remote_prompt_once():
+    """`get_num_new_matched_tokens`: prompt - local hit, async, for a handed-off request;
+    nothing once its read has started (NIXL sets do_remote_prefill False)."""
+    ledger = _ledger()
+    side = DecodeSide(ledger, 0)
+    request = Request.new(7, 0.0, TokenContent.unique(7, 100), 4)
+    assert side.get_num_new_matched_tokens(request, 0).num_external_tokens == 0
+    ledger.hand_off(7, prefill_index=1)
+    match = side.get_num_new_matched_tokens(request, 32)
+    assert (match.num_external_tokens, match.load_async) == (68, True)
+    # 7 blocks for 100 tokens, the first 2 a local hit: 5 are read.
+    side.update_state_after_alloc(request, list(range(1, 8)), 32, 68, now_s=1.0)
+    (transfer,) = ledger.transfers
+    assert (transfer.prefill_replica, transfer.decode_replica, transfer.num_blocks) == (1, 0, 5)
+    assert transfer.end_s == pytest.approx(1.0 + 20e-6 + 5 * 2_097_152 / 45e9)
+    assert side.next_completion_s() == transfer.end_s
+    assert side.get_num_new_matched_tokens(request, 0).num_external_tokens == 0
+    assert side.get_finished(set(), 1.0).finished_recving == frozenset()
+    assert side.get_finished(set(), transfer.end_s).finished_recving == {7}
+
+
+def test_prefill_side_keeps_blocks_until_the_read_is_done():
+    ledger = _ledger()
+    side = PrefillSide(ledger, 1)
+    request = Request.new(7, 0.0, TokenContent.unique(7, 40), 1)
+    outcome = side.request_finished(request, [4, 5, 6])
+    assert outcome.delay_free_blocks
+    assert outcome.kv_transfer_params["remote_block_ids"] == [4, 5, 6]
+    assert side.next_completion_s() is None  # not read yet: no time known
+    ledger.hand_off(7, prefill_index=1)
+    end_s = ledger.start_read(7, decode_index=0, num_blocks=3, now_s=2.0)
+    assert side.next_completion_s() == end_s
+    assert side.get_finished({7}, end_s - 1e-9).finished_sending == frozenset()
+    assert side.get_finished(set(), end_s).finished_sending == {7}
+    assert not side.request_finished(request, []).delay_free_blocks
 
 
 # ---------------------------------------------------------------- accounting and audit
@@ -203,6 +208,7 @@ def _check_invariants(engine, result) -> None:
     """Both sides account for every request; times are ordered; the audit finds at most a
     P/D deadlock, and only with aborted requests; a run with no abort frees every block."""
     specs = {s.request_id: s for s in engine.specs}
+    block_size = engine.decode.config.kv.block_size
     client = result.requests
     assert sorted(client["request_id"]) == sorted(specs)
     assert set(client["state"]) <= TERMINAL
@@ -222,15 +228,17 @@ def _check_invariants(engine, result) -> None:
         )
         assert row.arrival_s <= row.prefill_done_s <= row.transfer_start_s
         assert row.transfer_start_s < row.transfer_end_s <= row.first_token_s <= row.finish_s
-        assert row.kv_bytes == kv_transfer_bytes(row.prompt_tokens, 16, engine.block_bytes) or (
-            engine.decode.config.kv.block_size != 16
-        )
+        # The whole prompt moves, less the blocks the decode side already held (a prefix hit).
+        whole = kv_transfer_bytes(row.prompt_tokens, block_size, engine.block_bytes)
+        if engine.decode.config.kv.enable_prefix_caching:
+            assert 0 < row.kv_bytes <= whole
+        else:
+            assert row.kv_bytes == whole
     if not aborted:
         for pool in (engine.prefill, engine.decode):
             for replica in pool.replicas:
-                stats = replica.pool_stats()
-                assert stats.num_total - stats.num_free <= 1  # the null block
-        assert all(h.num_held_requests == 0 for h in engine.held)
+                assert _used(replica) <= 1  # the null block
+        assert not any(engine.hooks(r).delayed_free for r in engine.prefill.replicas)
 
 
 def test_every_request_accounted_for_and_audit_clean_on_a_normal_workload():
@@ -305,7 +313,7 @@ def test_decode_pool_too_small_for_a_prompt_aborts_it_and_frees_the_prefill_bloc
     states = dict(zip(result.requests["request_id"], result.requests["state"], strict=True))
     assert states == {0: "finished", 1: "aborted"}
     assert set(result.decode.violations["kind"]) == {"no_progress"}
-    assert engine.held[0].num_held_requests == 0
+    assert not engine.hooks(engine.prefill.replicas[0]).delayed_free
     _check_invariants(engine, result)
 
 
@@ -359,19 +367,32 @@ def test_fuzz_disaggregated_cases_keep_the_invariants(seed):
     scenario = generate_disagg_case(seed)
     assert scenario.cluster.mode.value == "disaggregated"
     engine, inputs = build_engine(scenario)
-    result = build_disagg_result(engine.run(), inputs)
-    block_size = scenario.cache.block_size
-    if block_size == 16:
-        _check_invariants(engine, result)
-    else:  # same checks; the KV bytes use the case's block size
-        assert all(
-            row.kv_bytes == kv_transfer_bytes(row.prompt_tokens, block_size, engine.block_bytes)
-            for row in result.requests.itertuples()
-            if row.state == "finished"
-        )
-        _check_invariants(engine, result)
+    _check_invariants(engine, build_disagg_result(engine.run(), inputs))
 
 
 def test_fuzz_disaggregated_case_is_a_pure_function_of_its_seed():
     assert generate_disagg_case(11) == generate_disagg_case(11)
     assert not math.isnan(generate_disagg_case(11).cache.block_size)
+
+
+def test_hold_of_a_preempted_prefill_frees_at_once():
+    """Regression: kvsim's first P/D hold (before the connector seam) kept the blocks of a
+    prefill preempted before its token, deadlocking its replica (fuzz case seed 2). Two
+    150-token prompts prefill in 32-token chunks on 12 blocks: the second is preempted,
+    frees at once, and both finish; only finished prefills were kept for their reads."""
+    requests = [{"arrival_s": 0.0, "prompt_tokens": 150, "output_tokens": 3}] * 2
+    data = _scenario(requests)
+    data["cache"]["num_gpu_blocks"] = 12
+    data["scheduler"].update(
+        {
+            "max_model_len": 160,
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 64,
+            "long_prefill_token_threshold": 32,
+        }
+    )
+    engine, inputs = build_engine(scenario_from_dict(data))
+    result = build_disagg_result(engine.run(), inputs)
+    assert result.prefill.steps["num_preempted"].sum() >= 1
+    assert list(result.requests["state"]) == ["finished", "finished"]
+    _check_invariants(engine, result)

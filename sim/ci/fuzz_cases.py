@@ -200,7 +200,8 @@ def generate_disagg_case(seed: int) -> Scenario:
         "seed": seed,
         "model": "llama-3.1-8b",
         "cache": {**cache, "num_cpu_blocks": 0},
-        "scheduler": scheduler,
+        # The NIXL connector's flow as vLLM 0.11.0 has it (`sim.cluster.pd_connector`).
+        "scheduler": {**scheduler, "vllm_version": "0.11.0"},
         "engine": {"audit_level": "full", "violation_policy": "record"},
         "cluster": {
             "mode": "disaggregated",
