@@ -202,7 +202,13 @@ def generate_disagg_case(seed: int) -> Scenario:
         "cache": {**cache, "num_cpu_blocks": 0},
         # The NIXL connector's flow as vLLM 0.11.0 has it (`sim.cluster.pd_connector`).
         "scheduler": {**scheduler, "vllm_version": "0.11.0"},
-        "engine": {"audit_level": "full", "violation_policy": "record"},
+        "engine": {
+            "audit_level": "full",
+            "violation_policy": "record",
+            # A prompt of max_model_len tokens never takes its token (as in vLLM): cut off.
+            # Each request may also wait for one transfer of up to 50 ms.
+            "max_sim_time_s": round(sim_time_limit_s(requests) + 0.05 * len(requests), 6),
+        },
         "cluster": {
             "mode": "disaggregated",
             "prefill": {"replicas": _int(rng, 1, 2)},

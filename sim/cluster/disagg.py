@@ -105,6 +105,8 @@ class DisaggEngine:
         self.records = DisaggRecords(self.prefill.records, self.decode.records)
         self._spec_of = {spec.request_id: spec for spec in self.specs}
         self._arrivals_done = False
+        #: Why the run ends early (the simulated-time limit), once it does.
+        self._stop: str | None = None
 
     def _pool(self, name: str, config: EngineConfig, step_time) -> _Pool:
         window = getattr(step_time, "decode_window", None)
@@ -136,6 +138,8 @@ class DisaggEngine:
             delay = spec.arrival_s - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
+            if self._stop is not None:
+                break
             # The proxy asks the prefill engine for one token (max_tokens=1).
             request = Request.new(
                 spec.request_id, spec.arrival_s, spec.prompt_content(), 1, spec.priority
@@ -196,7 +200,8 @@ class DisaggEngine:
         predict_s = pool.step_time.predict_s  # type: ignore[attr-defined]
         is_prefill = pool is self.prefill
         empty_streak = 0
-        while True:
+        max_sim_time_s = pool.config.max_sim_time_s
+        while self._stop is None:
             if not scheduler.has_unfinished():
                 if not self._may_get_work(pool, replica):
                     self._prefill_idle(pool)
@@ -234,6 +239,12 @@ class DisaggEngine:
             if is_prefill:
                 for request in finished:
                     self._handoff(request)
+            if max_sim_time_s is not None and env.now >= max_sim_time_s:
+                # A livelock the real engine would share (e.g. a prompt of max_model_len
+                # tokens that can never take its token) is cut off, as `sim.engine` does.
+                self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
+                for other in self.prefill.replicas + self.decode.replicas:
+                    _wake(other)
 
     def _may_get_work(self, pool: _Pool, replica: Replica) -> bool:
         """Whether something still to come could give this replica work or free its blocks."""
@@ -269,6 +280,28 @@ class DisaggEngine:
                 request.finish(RequestState.ABORTED, reason, self.env.now)
                 self.ledger.give_up(request.request_id, self.env.now)
 
+    def _unfinished(self) -> list[Request]:
+        return [
+            request
+            for pool in (self.prefill, self.decode)
+            for replica in pool.replicas
+            for request in replica.scheduler.unfinished()
+            if not request.state.is_terminal
+        ]
+
+    def _abort_all(self, reason: str) -> None:
+        """The run stopped early: every request not yet terminal is aborted, and the
+        requests that never arrived are accounted for too (as `sim.engine` does)."""
+        self._abort(self._unfinished(), reason)
+        arrived = {r.request_id for r in self.prefill.records.requests}
+        for spec in self.specs:
+            if spec.request_id not in arrived:
+                request = Request.new(
+                    spec.request_id, spec.arrival_s, spec.prompt_content(), 1, spec.priority
+                )
+                request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
+                self.prefill.records.requests.append(request)
+
     def _deadlock(self) -> None:
         """Every process sleeps but requests remain: the pools wait on each other.
 
@@ -279,13 +312,7 @@ class DisaggEngine:
         the same way and would hang; kvsim records `no_progress` on each stuck decode
         replica and aborts what is left.
         """
-        stuck = [
-            request
-            for pool in (self.prefill, self.decode)
-            for replica in pool.replicas
-            for request in replica.scheduler.unfinished()
-            if not request.state.is_terminal
-        ]
+        stuck = self._unfinished()
         if not stuck:
             return
         num_kept = sum(len(self.hooks(r).delayed_free) for r in self.prefill.replicas)
@@ -355,11 +382,15 @@ class DisaggEngine:
     def run(self) -> DisaggRecords:
         self.start()
         self.env.run()
-        self._deadlock()
+        if self._stop is not None:
+            self._abort_all(self._stop)
+        else:
+            self._deadlock()
         for pool in (self.prefill, self.decode):
             for replica in pool.replicas:
                 pool.records.violations.extend(replica.manager.violations)
             pool.records.end_s = self.env.now
+            pool.records.stopped_early = self._stop
             pool.records.requests.sort(key=lambda r: r.request_id)
         self.records.transfers = list(self.ledger.transfers)
         return self.records

@@ -227,6 +227,7 @@ def build_disagg_result(records: DisaggRecords, inputs: dict) -> DisaggResult:
         "num_requests": int(len(requests)),
         "states": {k: int(counts.get(k, 0)) for k in ("finished", "ignored", "failed", "aborted")},
         "num_violations": int(len(prefill.violations) + len(decode.violations)),
+        "stopped_early": records.prefill.stopped_early,
         "simulated_s": float(end_s),
         "throughput_req_per_s": float(len(finished) / end_s) if end_s > 0 else 0.0,
         "throughput_tok_per_s": float(finished["generated_tokens"].sum() / end_s)
