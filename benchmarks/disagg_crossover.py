@@ -1,14 +1,16 @@
 """Disaggregated vs co-located serving on one workload and the same GPUs: where P/D pays.
 
-    python benchmarks/disagg_crossover.py [--requests N] [--rates 4,8,12] [--gpus 4]
+    python benchmarks/disagg_crossover.py [--requests N] [--rates 8,16] [--gpus 4] [--link NAME]
 
 Llama-3.1-8B on H100-SXM (TP 1), vLLM 0.11.0's V1 engine with its OpenAI-server defaults
 on a >= 70 GiB GPU (max_num_batched_tokens 8192, max_num_seqs 1024: arg_utils.py:L1605-1614
 @0.11.0), chunked prefill on; Poisson arrivals, prompts lognormal (mean 2,048, CV 0.5),
 outputs lognormal (mean 256, CV 0.5); KV over RDMA 400 Gb/s (`sim/data/links.yaml`).
-Shapes on `--gpus` GPUs: all co-located, and every P+D split. Prints one table per rate
-sweep (TTFT/TPOT p50/p99, throughput, KV transfer cost) and, per shape, the highest rate
-meeting the SLO (TTFT p99 <= 2 s, TPOT p99 <= 25 ms by default).
+Shapes on `--gpus` GPUs: all co-located, and every P+D split. Prints one table over the rate
+sweep (TTFT/TPOT p50/p99, throughput, KV transfer cost: MB and ms per request, share of TTFT)
+and, per shape and SLO, the highest rate below which every swept rate meets it. Default SLOs:
+TTFT p99 <= 1 s with TPOT p99 <= 15 ms (tight) and <= 50 ms (loose); `--slo TTFT_S,TPOT_S`
+(repeatable) replaces them. The SLO column of the table is the first SLO's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from sim.cluster.compare import Slo, at_rate, cluster_metrics, max_rate_meeting_
 from sim.scenario import Scenario, scenario_from_dict
 
 
-def base_scenario(num_requests: int, gpus: int, split: tuple[int, int] | None) -> Scenario:
+def base_scenario(
+    num_requests: int, gpus: int, split: tuple[int, int] | None, link: str = "rdma-400g"
+) -> Scenario:
     data: dict = {
         "name": "disagg-crossover",
         "model": "llama-3.1-8b",
@@ -50,7 +54,7 @@ def base_scenario(num_requests: int, gpus: int, split: tuple[int, int] | None) -
             "mode": "disaggregated",
             "prefill": {"replicas": split[0], "router": "least_outstanding"},
             "decode": {"replicas": split[1], "router": "least_outstanding"},
-            "link": "rdma-400g",
+            "link": link,
         }
     return scenario_from_dict(data, "disagg_crossover")
 
@@ -63,12 +67,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--rates", default="4,8,12,16,20,24")
-    parser.add_argument("--ttft-p99-s", type=float, default=2.0)
-    parser.add_argument("--tpot-p99-s", type=float, default=0.025)
+    parser.add_argument("--rates", default="8,12,16,20,24,28,32,36,40")
+    parser.add_argument("--link", default="rdma-400g", help="a sim/data/links.yaml name")
+    parser.add_argument("--slo", action="append", help="TTFT_P99_S,TPOT_P99_S (repeatable)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    slo = Slo(args.ttft_p99_s, args.tpot_p99_s)
+    slos = [Slo(*map(float, text.split(","))) for text in args.slo or ["1.0,0.015", "1.0,0.05"]]
+    slo = slos[0]
     splits: list[tuple[int, int] | None] = [None] + [
         (p, args.gpus - p) for p in range(1, args.gpus)
     ]
@@ -80,7 +85,9 @@ def main() -> None:
     by_shape: dict[str, list[dict]] = {}
     for rate in rates:
         for split in splits:
-            row = cluster_metrics(at_rate(base_scenario(args.requests, args.gpus, split), rate))
+            row = cluster_metrics(
+                at_rate(base_scenario(args.requests, args.gpus, split, args.link), rate)
+            )
             row["rate_per_s"] = rate
             by_shape.setdefault(row["shape"], []).append(row)
             kv_mb = row["kv_bytes_mean"] / 1e6
@@ -94,10 +101,11 @@ def main() -> None:
                 f"{_ms(row['transfer_s_mean']):>7} "
                 f"{'-' if math.isnan(share) else f'{share:9.1%}':>9} {meets:>3}"
             )
-    print(f"\nSLO: TTFT p99 <= {slo.ttft_p99_s} s, TPOT p99 <= {slo.tpot_p99_s * 1e3:.0f} ms")
-    for shape, rows in by_shape.items():
-        best = max_rate_meeting_slo(rows, slo)
-        print(f"  {shape:>14}: highest rate meeting the SLO: {best if best else 'none'} req/s")
+    for slo in slos:
+        print(f"\nSLO: TTFT p99 <= {slo.ttft_p99_s} s, TPOT p99 <= {slo.tpot_p99_s * 1e3:.0f} ms")
+        for shape, rows in by_shape.items():
+            best = max_rate_meeting_slo(rows, slo)
+            print(f"  {shape:>14}: highest rate meeting the SLO: {best if best else 'none'} req/s")
 
 
 if __name__ == "__main__":
