@@ -12,14 +12,17 @@ from hypothesis import strategies as st
 
 from sim.catalog import get_model
 from sim.ci.fuzz_cases import generate_disagg_case
+from sim.cluster.capacity import gpus_needed
+from sim.cluster.compare import Slo
 from sim.cluster.links import get_link, kv_transfer_bytes, link_names, transfer_time_s
 from sim.cluster.pd_connector import DecodeSide, PrefillSide, TransferLedger
 from sim.cluster.run import build_disagg_result, build_engine, run_disaggregated
 from sim.errors import InputError
 from sim.kv.types import TokenContent
 from sim.memory import block_bytes
+from sim.overrides import apply_overrides
 from sim.runner import run
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Request, RequestState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -398,3 +401,72 @@ def test_hold_of_a_preempted_prefill_frees_at_once():
     assert result.prefill.steps["num_preempted"].sum() >= 1
     assert list(result.requests["state"]) == ["finished", "finished"]
     _check_invariants(engine, result)
+
+
+# ---------------------------------------------------------------- cluster capacity
+def _capacity_scenario() -> Scenario:
+    """A synthetic load that one replica cannot serve within the SLO but two can."""
+    return scenario_from_dict(
+        {
+            "name": "pd-capacity",
+            "model": "llama-3.1-8b",
+            "cache": {"block_size": 16, "num_gpu_blocks": 200, "num_cpu_blocks": 0},
+            "scheduler": {
+                "design": "v1-engine",
+                "vllm_version": "0.11.0",
+                "max_model_len": 2048,
+                "enable_chunked_prefill": True,
+            },
+            "workload": {
+                "kind": "synthetic",
+                "num_requests": 60,
+                "seed": 1,
+                "arrival": {"process": "poisson", "rate_per_s": 1.0},
+                "lengths": {
+                    "prompt": {"kind": "uniform", "min_tokens": 100, "max_tokens": 400},
+                    "output": {"kind": "uniform", "min_tokens": 10, "max_tokens": 40},
+                },
+            },
+            "step_time": {
+                "linear": {"fixed_s": 0.01, "per_prefill_token_s": 5e-5, "per_decode_seq_s": 1e-4}
+            },
+        }
+    )
+
+
+def test_cluster_capacity_answers_the_smallest_passing_shape_per_mode():
+    slo = Slo(ttft_p99_s=0.5, tpot_p99_s=0.03)
+    table, answers = gpus_needed(_capacity_scenario(), 40.0, slo, max_gpus=4)
+    assert list(table["num_gpus"]) == sorted(table["num_gpus"])
+    for answer in answers:
+        rows = table[table["mode"] == answer.mode]
+        passing = rows[rows["meets_slo"]]
+        if answer.num_gpus is None:
+            assert passing.empty
+            continue
+        assert answer.num_gpus == passing["num_gpus"].min()
+        assert answer.shape in set(passing["shape"])
+        # Every smaller cluster of that mode was tried and missed the SLO.
+        smaller = rows[rows["num_gpus"] < answer.num_gpus]
+        assert not smaller["meets_slo"].any()
+        fewest = 1 if answer.mode == "co-located" else 2  # a P+D split needs 2 replicas
+        assert set(range(fewest, answer.num_gpus)) <= set(smaller["num_gpus"])
+    # The load is more than one replica serves within the SLO.
+    assert answers[0].num_gpus is None or answers[0].num_gpus >= 2
+
+
+def test_cluster_capacity_needs_a_synthetic_workload():
+    scenario = scenario_from_dict(_scenario(ONE))
+    with pytest.raises(InputError, match="synthetic"):
+        gpus_needed(scenario, 10.0, Slo(1.0, 0.05), max_gpus=2)
+
+
+def test_bundled_disaggregated_scenario_runs_clean():
+    scenario = apply_overrides(
+        load_scenario(ROOT / "scenarios" / "pd_disagg_llama8b_h100.yaml"),
+        {"workload.num_requests": 80},
+    )
+    result = run_disaggregated(scenario)
+    assert result.summary["states"]["finished"] == 80
+    assert result.summary["num_violations"] == 0
+    assert result.inputs["num_gpus"] == 4

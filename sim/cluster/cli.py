@@ -16,6 +16,8 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from sim.errors import InputError
+
 
 def _clean(value):
     return None if isinstance(value, float) and math.isnan(value) else value
@@ -72,3 +74,36 @@ def register(app: typer.Typer) -> None:
         for key, value in summary.items():
             console.print(f"{key:30} {value}", highlight=False)
         console.print(f"wrote {out_dir}", highlight=False)
+
+    @app.command("cluster-capacity")
+    def cluster_capacity(
+        scenario: Annotated[Path, typer.Argument(help="A scenario with a synthetic workload.")],
+        rate: Annotated[float, typer.Option("--rate", help="Target arrival rate (req/s).")],
+        ttft_p99_s: Annotated[float, typer.Option("--ttft-p99-s", help="TTFT p99 limit (s).")],
+        tpot_p99_s: Annotated[float, typer.Option("--tpot-p99-s", help="TPOT p99 limit (s).")],
+        max_gpus: Annotated[int, typer.Option("--max-gpus", help="Largest cluster tried.")] = 8,
+    ) -> None:
+        """How many GPUs, co-located or prefill/decode disaggregated, meet the SLO at a rate."""
+        from sim.cli import console
+        from sim.cluster.capacity import gpus_needed
+        from sim.cluster.compare import Slo
+        from sim.scenario import load_scenario
+
+        if ttft_p99_s <= 0 or tpot_p99_s <= 0:
+            raise InputError("--ttft-p99-s and --tpot-p99-s must be positive")
+        table, answers = gpus_needed(
+            load_scenario(scenario),
+            rate,
+            Slo(ttft_p99_s, tpot_p99_s),
+            max_gpus,
+            str(scenario.parent),
+        )
+        columns = ["num_gpus", "shape", "ttft_p99_s", "tpot_p99_s", "throughput_tok_per_s"]
+        console.print(table[columns + ["meets_slo"]].to_string(index=False), highlight=False)
+        for answer in answers:
+            said = (
+                f"{answer.num_gpus} GPUs ({answer.shape})"
+                if answer.num_gpus is not None
+                else f"none up to {max_gpus} GPUs"
+            )
+            console.print(f"{answer.mode}: {said}", highlight=False)
