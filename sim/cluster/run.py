@@ -172,41 +172,48 @@ def transfers_frame(records: DisaggRecords) -> pd.DataFrame:
 
 
 def client_frame(prefill: RunResult, decode: RunResult, transfers: pd.DataFrame) -> pd.DataFrame:
-    """One row per workload request: its end state is the decode side's if it got there."""
-    p = prefill.requests.set_index("request_id")
-    d = decode.requests.set_index("request_id")
-    t = transfers.set_index("request_id")
-    rows = []
-    for request_id, pre in p.iterrows():
-        dec = d.loc[request_id] if request_id in d.index else None
-        xfer = t.loc[request_id] if request_id in t.index else None
-        end = dec if dec is not None else pre
-        first_token_s = dec["first_token_s"] if dec is not None else math.nan
-        ttft = first_token_s - pre["arrival_s"]
-        rows.append(
-            (
-                request_id,
-                pre["replica"],
-                dec["replica"] if dec is not None else -1,
-                pre["arrival_s"],
-                pre["prompt_tokens"],
-                dec["max_tokens"] if dec is not None else math.nan,
-                dec["generated_tokens"] if dec is not None else 0,
-                pre["finish_s"] if pre["state"] == "finished" else math.nan,
-                xfer["start_s"] if xfer is not None else math.nan,
-                xfer["end_s"] if xfer is not None else math.nan,
-                first_token_s,
-                end["finish_s"],
-                ttft,
-                dec["tpot_s"] if dec is not None else math.nan,
-                end["finish_s"] - pre["arrival_s"] if end["state"] == "finished" else math.nan,
-                xfer["num_bytes"] if xfer is not None else 0,
-                xfer["duration_s"] if xfer is not None else math.nan,
-                end["state"],
-                end["reason"],
-            )
-        )
-    return pd.DataFrame.from_records(rows, columns=CLIENT_COLUMNS)
+    """One row per workload request, as the client sees it: TTFT from its arrival to the
+    decode side's first token; its end state is the decode side's if it got there, else the
+    prefill side's (e.g. ignored, or aborted before its prefill finished)."""
+    p = prefill.requests.rename(
+        columns={"replica": "prefill_replica", "state": "p_state", "reason": "p_reason"}
+    )
+    p = p.assign(prefill_done_s=p["finish_s"].where(p["p_state"] == "finished"))
+    p = p[["request_id", "prefill_replica", "arrival_s", "prompt_tokens", "prefill_done_s"]]
+    p = p.join(prefill.requests[["state", "reason", "finish_s"]].add_prefix("p_"))
+    d = decode.requests[
+        [
+            "request_id",
+            "replica",
+            "max_tokens",
+            "generated_tokens",
+            "first_token_s",
+            "finish_s",
+            "tpot_s",
+            "state",
+            "reason",
+        ]
+    ].rename(columns={"replica": "decode_replica"})
+    t = transfers[["request_id", "start_s", "end_s", "num_bytes", "duration_s"]].rename(
+        columns={
+            "start_s": "transfer_start_s",
+            "end_s": "transfer_end_s",
+            "num_bytes": "kv_bytes",
+            "duration_s": "transfer_s",
+        }
+    )
+    frame = p.merge(d, on="request_id", how="left").merge(t, on="request_id", how="left")
+    reached = frame["state"].notna()
+    frame["decode_replica"] = frame["decode_replica"].fillna(-1).astype("int64")
+    frame["generated_tokens"] = frame["generated_tokens"].fillna(0).astype("int64")
+    frame["kv_bytes"] = frame["kv_bytes"].fillna(0).astype("int64")
+    frame["finish_s"] = frame["finish_s"].where(reached, frame["p_finish_s"])
+    frame["state"] = frame["state"].where(reached, frame["p_state"])
+    frame["reason"] = frame["reason"].where(reached, frame["p_reason"])
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
+    frame["e2e_s"] = (frame["finish_s"] - frame["arrival_s"]).where(frame["state"] == "finished")
+    frame = frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+    return frame[CLIENT_COLUMNS]
 
 
 def _pct(series: pd.Series, q: float) -> float:
