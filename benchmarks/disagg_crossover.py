@@ -22,15 +22,17 @@ expect the gain where TPOT is tight and the transfer cheap next to TTFT.
 What kvsim finds (1,000 requests, 4 GPUs, rdma-400g; `python benchmarks/disagg_crossover.py`):
 co-located TPOT p99 grows with load (9.6 ms at 8 req/s, 17.4 at 24, 49.1 at 40: chunked
 prefills share steps with decodes) while the decode pool's stays flat (2P+2D: 8.8 -> 13.6 ->
-21.5 ms); the KV read is 280 MB and 6.3 ms per request, 5-7% of TTFT. Under TPOT p99 <= 15 ms
-2P+2D serves 24 req/s against co-located's 20 (+20%), the crossover at about 20 req/s; under a
-loose TPOT p99 <= 50 ms co-located serves 40 req/s against 2P+2D's 32 (a prefill pool of 2
-GPUs saturates first; TTFT p99 1.1 s at 36 req/s). 1P+3D and 3P+1D lose at every rate (the
-prefill or the decode pool saturates). So kvsim agrees in sign and shape (disaggregation pays
-only under a tight TPOT SLO and with the right split); the size is far below DistServe's
-headline 7.4x, whose setup (per-phase parallelism search, its own models, baselines and SLOs)
-differs, and here the co-located baseline already uses chunked prefill (8,192-token budget).
-Over TCP at 25 GbE (`--link tcp-25g`) the read takes 128 ms, 50-57% of 2P+2D's TTFT.
+21.5 ms); the KV read is 280 MB and 6.3 ms per request, 7% of 2P+2D's TTFT at 8 req/s, less
+as queueing grows (0.9% at 40). Under TPOT p99 <= 15 ms 2P+2D serves 24 req/s against
+co-located's 20 (+20%), the crossover at about 20 req/s; under a loose TPOT p99 <= 50 ms
+co-located serves 40 req/s against 2P+2D's 32 (a prefill pool of 2 GPUs saturates first:
+TTFT p99 1.1 s at 36 req/s). 1P+3D and 3P+1D serve less than co-located under either SLO
+(the prefill or the decode pool saturates). So kvsim agrees in sign and shape:
+disaggregation pays only under a tight TPOT SLO and with the right split. The size is far
+below DistServe's headline 7.4x, whose setup (per-phase parallelism search, its own models,
+baselines and SLOs) differs; here the co-located baseline already uses chunked prefill
+(8,192-token budget). Over TCP at 25 GbE (`--link tcp-25g`) the read takes 128 ms, 50-57% of
+2P+2D's TTFT.
 """
 
 from __future__ import annotations
