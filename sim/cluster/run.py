@@ -252,3 +252,13 @@ def build_disagg_result(records: DisaggRecords, inputs: dict) -> DisaggResult:
         "transfer_share_of_ttft_mean": float(share.mean()) if len(share) else math.nan,
     }
     return DisaggResult(prefill, decode, transfers, requests, summary, inputs)
+
+
+def combined_result(result: DisaggResult) -> RunResult:
+    """One `RunResult` for tools that read a run's violations and summary (`kvsim check`):
+    both pools' violations (prefill first), the client's requests, the decode pool's steps,
+    and the pools' vLLM version."""
+    violations = pd.concat([result.prefill.violations, result.decode.violations], ignore_index=True)
+    summary = {**result.summary, "fatal_error": None}
+    inputs = {**result.inputs, "vllm_version": result.inputs["prefill"].get("vllm_version")}
+    return RunResult(result.requests, result.decode.steps, violations, summary, inputs)
