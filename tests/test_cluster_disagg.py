@@ -470,3 +470,21 @@ def test_bundled_disaggregated_scenario_runs_clean():
     assert result.summary["states"]["finished"] == 80
     assert result.summary["num_violations"] == 0
     assert result.inputs["num_gpus"] == 4
+
+
+def test_tensor_parallel_pools_read_over_min_tp_streams():
+    """Each rank reads its shard over its own link: prefill tp 4 and decode tp 2 move the
+    same bytes over min(4, 2) = 2 streams, so the read (less latency) takes half as long."""
+    link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 1000}
+    one = [{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 4}]
+    single = run_disaggregated(scenario_from_dict(_scenario(one, link=link)))
+    split = run_disaggregated(
+        scenario_from_dict(
+            _scenario(one, link=link, prefill={"tp": 4}, decode={"tp": 2, "replicas": 2})
+        )
+    )
+    assert split.inputs["num_streams"] == 2 and split.inputs["num_gpus"] == 4 + 2 * 2
+    (a,), (b,) = single.transfers.itertuples(), split.transfers.itertuples()
+    assert a.num_bytes == b.num_bytes == 3 * 2_097_152
+    assert a.duration_s - 1e-3 == pytest.approx(3 * 2_097_152 / 1e9)
+    assert b.duration_s - 1e-3 == pytest.approx((a.duration_s - 1e-3) / 2)
