@@ -8,7 +8,7 @@ token budget, the step-time model, and the workload source.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from sim.engine import Engine, EngineConfig, Router
 from sim.errors import InputError
 from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
+from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import (
     LinearStepTime,
     StepTimeConfig,
@@ -211,6 +212,9 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": pin})
     inputs["vllm_version"] = pin
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
+    offload = offloading_config(scenario, model, kv, inputs)
+    if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
+        scheduler_config = replace(scheduler_config, decode_fast_path=False, decode_cohort=False)
     too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks)
     if too_big is not None:  # refuse now: building the pool would eat all memory
         raise ScenarioError(f"cache.num_gpu_blocks: {too_big}")
@@ -233,6 +237,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         violation_policy=scenario.engine.violation_policy,
         audit_level=AuditLevel(scenario.engine.audit_level),
         max_sim_time_s=scenario.engine.max_sim_time_s,
+        kv_connector=offload,
     )
     return ResolvedRun(scenario, engine, workload, step_time, inputs)
 

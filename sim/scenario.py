@@ -56,6 +56,10 @@ class CacheSection(_Closed):
     watermark: float = Field(default=0.01, ge=0, lt=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
+    #: V1 engine: host memory (GiB per GPU) for vLLM's CPU KV offloading connector; 0: off.
+    cpu_offload_gib: float = Field(default=0.0, ge=0)
+    #: Tokens per offloaded block (a multiple of block_size); None: block_size.
+    cpu_offload_block_size: int | None = Field(default=None, ge=1)
 
 
 class SchedulerSection(_Closed):

@@ -12,6 +12,11 @@ What a case varies (all small, so a case runs in milliseconds with the full audi
 * workload: 2..24 inline requests, bursty or spread arrivals, prompts up to a little over
   max_model_len (some get ignored), outputs up to 3 blocks, shared prefixes.
 
+V1-engine cases with one full-attention KV group also draw, from their own stream (so every
+other draw of a case seed is unchanged), a CPU offloading tier of 1..100 blocks
+(`sim.kv_connector`; it needs a model for the KV bytes, so such a case names Llama-3.1-8B,
+which changes nothing else with the given pool and linear step times).
+
 Only combinations the real engine accepts are drawn: on v0 designs a sliding window excludes
 prefix caching and chunked prefill (vLLM 0.5.4 raises for both, spec section 1), and the
 V1 engine only recomputes.
@@ -144,6 +149,25 @@ def sim_time_limit_s(requests: list[dict]) -> float:
     return round(3 * num_steps * step_s + last_arrival_s + 1.0, 6)
 
 
+#: Llama-3.1-8B bf16: KV bytes per token of one block (2 MiB for 16 tokens).
+_OFFLOAD_MODEL = "llama-3.1-8b"
+_OFFLOAD_BYTES_PER_TOKEN = 131072
+
+
+def _offload(seed: int, design: Design, cache: dict) -> float:
+    """GiB of CPU offloading for a case (0: none), drawn from a stream of its own.
+
+    Example: block size 16 and a 10-block tier: 10 * 16 * 131072 / 2**30 = 0.01953125 GiB.
+    """
+    if design is not Design.V1_ENGINE or cache["sliding_window"] is not None:
+        return 0.0
+    rng = np.random.default_rng([seed, 1])
+    if rng.random() >= 0.4:
+        return 0.0
+    num_cpu_blocks = _int(rng, 1, 100)
+    return num_cpu_blocks * cache["block_size"] * _OFFLOAD_BYTES_PER_TOKEN / 2**30
+
+
 def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
     """The valid scenario that case seed `seed` stands for on `design` (a pure function).
 
@@ -154,11 +178,16 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
     rng = np.random.default_rng(seed)
     cache, scheduler = _cache_and_scheduler(rng, design, allow_swap)
     requests = _requests(rng, cache, scheduler)
+    model = None
+    offload_gib = _offload(seed, design, cache)
+    if offload_gib:
+        cache["cpu_offload_gib"] = offload_gib
+        model = _OFFLOAD_MODEL
     data = {
         "name": f"fuzz-{design.value}-{seed}",
         "description": f"kvsim fuzz case seed {seed} on {design.value}",
         "seed": seed,
-        "model": None,
+        "model": model,
         "cache": cache,
         "scheduler": scheduler,
         "engine": {

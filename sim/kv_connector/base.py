@@ -105,9 +105,12 @@ NOTHING_FINISHED = TransferReport()
 class KVConnector(Protocol):
     """A scheduler-side KV connector with a simulated worker side (see module docstring).
 
-    Times are simulated seconds. A connector that changes what a step computes or stores per
-    decode token sets `needs_every_step`: the runner then turns the decode fast path and
-    cohort off, so every scheduled token reaches `build_connector_meta`.
+    Times are simulated seconds. A connector that must see every scheduled decode in
+    `build_connector_meta` sets `needs_every_step`: the runner then turns the decode fast path
+    and cohort off (their decodes have no entry in `plan.scheduled`). The offloading connector
+    does: a block-filling decode always calls the manager with prefix caching on, but a store
+    the CPU tier refused is retried on every later step of its request, quiet ones included,
+    and that retry decides whether other requests' stores in the step are tried at all.
     """
 
     needs_every_step: bool

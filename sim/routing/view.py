@@ -5,7 +5,10 @@ A real router does not read a replica's scheduler: it sees load figures the repl
 holds, learned from the replica's KV cache events (blocks stored / removed, with their hashes).
 `ReplicaView` exposes exactly that, read-only. The held-hash set is read straight from the
 replica's V1 block pool at routing time: this equals consuming its KV events with no delay
-(no staleness is modelled yet).
+(no staleness is modelled yet). With CPU offloading (`sim.kv_connector`) the replica's events
+also name the blocks its CPU tier holds (vLLM 0.11.0's connector emits them with medium CPU,
+`offloading_connector.py:L366-382`); a prefix continues there after the GPU's leading blocks,
+as the connector's lookup does, and both count alike.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from sim.kv.types import BlockHash
 class ReplicaView:
     """Read-only load and cache figures of one replica, as a router would learn them."""
 
-    __slots__ = ("_replica", "_cached")
+    __slots__ = ("_replica", "_cached", "_cpu_blocks")
 
     def __init__(self, replica: Any) -> None:
         self._replica = replica
@@ -28,6 +31,12 @@ class ReplicaView:
         self._cached: dict | None = getattr(pool, "cached_block_hash_to_block", None)
         if getattr(replica.manager, "coordinator", None) is not None:
             self._cached = None
+        # A CPU tier keyed by the same hashes (offloaded block = one GPU block): hash -> ref_cnt.
+        connector = getattr(getattr(replica, "connector_hooks", None), "connector", None)
+        tier = getattr(connector, "tier", None)
+        self._cpu_blocks: dict | None = None
+        if tier is not None and getattr(connector, "block_size_factor", 0) == 1:
+            self._cpu_blocks = tier.blocks
 
     @property
     def index(self) -> int:
@@ -51,13 +60,19 @@ class ReplicaView:
         Example: hashes [h0, h1, h2] of a 48-token prompt (block size 16) on a replica that
         caches h0 and h2 but not h1: the answer is 1 (h2 is unreachable without h1).
         """
-        if not self._cached:
-            return 0
         held = 0
-        for block_hash in block_hashes:
-            if block_hash not in self._cached:
-                break
-            held += 1
+        if self._cached:
+            for block_hash in block_hashes:
+                if block_hash not in self._cached:
+                    break
+                held += 1
+        cpu_blocks = self._cpu_blocks
+        if cpu_blocks:
+            # Then the CPU tier's ready blocks (ref_cnt >= 0; -1 while a store runs).
+            for block_hash in block_hashes[held:]:
+                if cpu_blocks.get(block_hash, -1) < 0:
+                    break
+                held += 1
         return held
 
 

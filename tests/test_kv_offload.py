@@ -1,0 +1,302 @@
+"""CPU KV offloading (`sim.kv_connector.offloading`, vLLM 0.11.0's OffloadingConnector)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.audit import AuditLevel
+from sim.ci.fuzz_cases import generate_case
+from sim.engine import Engine, EngineConfig, RunRecords
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.types import BlockHash, Segment
+from sim.kv_connector.cpu_tier import NOT_READY, LRUCpuTier
+from sim.kv_connector.link import PCIE_GEN5_X16_GBPS, Link, TransferQueue, host_link
+from sim.kv_connector.offloading import OffloadingConfig
+from sim.latency.linear import LinearStepTime
+from sim.overrides import apply_overrides
+from sim.routing import ReplicaView
+from sim.runner import resolve, run
+from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scheduler import SchedulerConfig
+from sim.workload.request import RequestSpec
+
+STEP = LinearStepTime(fixed_s=0.005, per_prefill_token_s=0.0001, per_decode_seq_s=0.0001)
+#: 1 ms per block of 1 MB plus 1 ms per transfer: easy arithmetic.
+SLOW_LINK = Link("test", bandwidth_GBps=1.0, efficiency=1.0, latency_s=0.001)
+
+
+def _h(*values: int) -> list[BlockHash]:
+    return [BlockHash(v) for v in values]
+
+
+def test_cpu_tier_worked_example():
+    tier = LRUCpuTier(2)
+    a, b, c, d = _h(1, 2, 3, 4)
+    plan = tier.prepare_store([a, b])
+    assert plan is not None and plan.block_hashes_to_store == [a, b]
+    assert tier.lookup([a]) == 0  # not ready while the store runs
+    tier.complete_store([a, b])
+    assert tier.lookup([a, b, c]) == 2
+    tier.touch([a])
+    plan = tier.prepare_store([c])
+    assert plan is not None and plan.block_hashes_evicted == [b]
+    assert (tier.lookup([a]), tier.lookup([b])) == (1, 0)
+    tier.prepare_load([a])
+    assert tier.prepare_store([d]) is None  # a is being read, c's store is running
+    assert tier.stats.num_refused_stores == 1
+    tier.complete_load([a])
+    plan = tier.prepare_store([d])
+    assert plan is not None and plan.block_hashes_evicted == [a]
+
+
+def test_cpu_tier_refuses_to_load_a_block_never_stored():
+    tier = LRUCpuTier(4)
+    tier.prepare_store(_h(1))
+    try:
+        tier.prepare_load(_h(1))  # stored but not complete
+    except AssertionError as error:
+        assert "invariant" in str(error)
+    else:
+        raise AssertionError("loading a block whose store is running must fail")
+
+
+def test_link_worked_example_and_queue_order():
+    link = host_link("h100-sxm")
+    assert link.bandwidth_GBps == PCIE_GEN5_X16_GBPS
+    # 10 Llama-3.1-8B bf16 blocks (2 MiB each): 10 us + 20,971,520 / 50.4e9 s.
+    assert math.isclose(link.transfer_s(10 * 2_097_152), 10e-6 + 416.1e-6, rel_tol=1e-4)
+    assert host_link("l4").name == "pcie-gen4-x16"
+    queue = TransferQueue(Link("1s", bandwidth_GBps=1.0, efficiency=1.0, latency_s=0.0))
+    assert queue.submit(0.0, 10**9) == 1.0
+    assert queue.submit(0.5, 10**9) == 2.0
+
+
+def _config(
+    num_gpu_blocks: int, num_cpu_blocks: int | None, num_replicas: int = 1, fast_path: bool = False
+):
+    connector = (
+        OffloadingConfig(num_cpu_blocks, gpu_block_bytes=10**6, link=SLOW_LINK)
+        if num_cpu_blocks
+        else None
+    )
+    return EngineConfig(
+        design=Design.V1_ENGINE,
+        kv=KVCacheConfig(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=16,
+            enable_prefix_caching=True,
+            max_model_len=1024,
+            vllm_pin="0.11.0",
+        ),
+        scheduler=SchedulerConfig(
+            max_model_len=1024,
+            enable_chunked_prefill=True,
+            decode_fast_path=fast_path or num_cpu_blocks is None,  # as the runner sets it
+            decode_cohort=num_cpu_blocks is None,
+        ),
+        num_replicas=num_replicas,
+        kv_connector=connector,
+        audit_level=AuditLevel.FULL,  # refcounts and tables checked after every manager call
+    )
+
+
+def _run(specs, num_gpu_blocks: int, num_cpu_blocks: int | None) -> tuple[Engine, RunRecords]:
+    engine = Engine(_config(num_gpu_blocks, num_cpu_blocks), specs, STEP)
+    return engine, engine.run()
+
+
+def _prefill_tokens(records: RunRecords) -> int:
+    return sum(row[5] for row in records.steps)
+
+
+def test_a_cpu_tier_raises_hits_and_cuts_prefill_when_the_gpu_cache_is_too_small():
+    """A 256-token system prompt (16 blocks) recurs every fourth request; the three between
+    are unique 256-token prompts. 40 GPU blocks cannot keep the shared prefix through three
+    unique prompts; a 200-block CPU tier can."""
+    shared = (Segment(7, 256),)
+    specs = []
+    for i in range(16):
+        prefix = shared if i % 4 == 0 else ()
+        specs.append(RequestSpec(i, 1.0 * i, 256 + 16, 2, prefix=prefix))
+    _, plain = _run(specs, 40, None)
+    engine, offload = _run(specs, 40, 200)
+    assert not plain.violations and not offload.violations
+    hits_plain = sum(r.num_prefix_hit_tokens for r in plain.requests)
+    hits_offload = sum(r.num_prefix_hit_tokens for r in offload.requests)
+    assert hits_plain == 0  # every shared prefix was evicted before it recurred
+    assert hits_offload == 3 * 256  # requests 4, 8 and 12 load the prefix back
+    assert _prefill_tokens(offload) == _prefill_tokens(plain) - 3 * 256
+    connector = engine.replicas[0].scheduler.connector_hooks.connector
+    assert connector.stats.num_loaded_tokens == 3 * 256
+
+
+def test_a_load_delays_the_first_token_by_the_transfer_time():
+    """Request 0 (64 tokens, 1 output) fills 4 blocks, which are stored to the CPU tier.
+    Request 1 (160 unique tokens) then needs 10 of the 11 usable GPU blocks and evicts three of
+    request 0's from the GPU (its tail first: vLLM frees a table in reverse), leaving its first
+    block cached. Request 2 repeats request 0's prompt at t = 10 s: GPU hit 1 block (16
+    tokens), CPU hit the next 3 (48 tokens): a load of 3 blocks of 1 MB over a 1 GB/s link
+    with 1 ms latency = 0.001 + 0.003 = 0.004 s. Its 64 tokens are then all computed, so the
+    last is recomputed: one prefill step of 1 token = 0.005 + 0.0001 = 0.0051 s. TTFT 0.0091 s
+    (without the tier it would prefill 48 tokens: 0.005 + 0.0048 = 0.0098 s)."""
+    prompt = (Segment(3, 64),)
+    specs = [
+        RequestSpec(0, 0.0, 64, 1, prefix=prompt),
+        RequestSpec(1, 1.0, 160, 1),
+        RequestSpec(2, 10.0, 64, 1, prefix=prompt),
+    ]
+    _, plain = _run(specs, 12, None)
+    engine, offload = _run(specs, 12, 100)
+    ttft_plain = plain.requests[2].first_token_s - 10.0
+    ttft_offload = offload.requests[2].first_token_s - 10.0
+    assert plain.requests[2].num_prefix_hit_tokens == 16
+    assert math.isclose(ttft_plain, 0.0098)
+    assert math.isclose(ttft_offload, 0.0091)
+    assert offload.requests[2].num_prefix_hit_tokens == 63
+    connector = engine.replicas[0].scheduler.connector_hooks.connector
+    assert connector.stats.loaded_tokens_by_request == {2: 48}
+
+
+def test_blocks_wait_for_their_store_and_return_to_the_pool():
+    """A finished request's blocks stay held until its stores complete, then are all freed;
+    the CPU tier then holds its 4 blocks, ready."""
+    engine, records = _run([RequestSpec(0, 0.0, 64, 1)], 12, 100)
+    # Prefill ends at 0.0114 s; the 4-block store takes 0.001 + 0.004 s.
+    assert math.isclose(records.requests[0].finish_s, 0.0114)
+    assert math.isclose(records.end_s, 0.0114 + 0.005)
+    replica = engine.replicas[0]
+    assert replica.manager.num_free_blocks == 11
+    tier = replica.scheduler.connector_hooks.connector.tier
+    assert list(tier.blocks.values()) == [0, 0, 0, 0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # shared prefix id (0: none)
+            st.integers(1, 200),  # prompt tokens beyond the prefix
+            st.integers(1, 12),  # output tokens
+            st.floats(0.0, 0.2),  # gap to the previous arrival
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(27, 60),  # the longest request (3 * 64 + 200 + 12 tokens) fits in 26 blocks
+    st.integers(1, 120),  # small tiers refuse stores; large ones serve loads
+    st.integers(1, 2),
+)
+def test_offloading_keeps_every_invariant(rows, num_gpu_blocks, num_cpu_blocks, num_replicas):
+    """Random workloads: the full audit (conservation and refcounts after every manager call,
+    so also while loads hold blocks and finished requests' blocks wait for their stores) finds
+    nothing, every request finishes, every GPU block returns to the pool, and the CPU tier ends with no load pinning a block and no store
+    running (every request finished, so every store was reported)."""
+    specs = []
+    arrival = 0.0
+    for i, (prefix_id, extra, output, gap) in enumerate(rows):
+        arrival += gap
+        prefix = (Segment(100 + prefix_id, 64 * prefix_id),) if prefix_id else ()
+        specs.append(RequestSpec(i, arrival, 64 * prefix_id + extra, output, prefix=prefix))
+    config = _config(num_gpu_blocks, num_cpu_blocks, num_replicas)
+    engine = Engine(config, specs, STEP)
+    records = engine.run()
+    assert not records.violations
+    assert len(records.requests) == len(specs)
+    assert all(r.state.value == "finished" for r in records.requests)
+    for replica in engine.replicas:
+        assert replica.manager.num_free_blocks == num_gpu_blocks - 1
+        connector = replica.scheduler.connector_hooks.connector
+        tier = connector.tier
+        assert len(tier.blocks) <= tier.num_blocks
+        assert all(ref_cnt == 0 for ref_cnt in tier.blocks.values())
+        assert NOT_READY not in tier.blocks.values()
+        assert connector.next_completion_s() is None
+
+
+def _scenario(**cache) -> dict:
+    return {
+        "name": "offload",
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm"},
+        "cache": {"block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True, **cache},
+        "scheduler": {"design": "v1-engine", "max_model_len": 512},
+        "workload": {
+            "kind": "inline",
+            "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 4}],
+        },
+        "step_time": {"linear": {"fixed_s": 0.005}},
+    }
+
+
+def test_cpu_offload_gib_sizes_the_tier_from_the_model_and_turns_off_the_decode_fast_path():
+    # Llama-3.1-8B bf16: 2 MiB a 16-token block; 1 GiB = 512 blocks; 32-token blocks: 256.
+    resolved = resolve(scenario_from_dict(_scenario(cpu_offload_gib=1)))
+    assert resolved.inputs["kv_offload"]["num_cpu_blocks"] == 512
+    assert resolved.engine.kv_connector.build(0, 16).tier.num_blocks == 512
+    assert not resolved.engine.scheduler.decode_cohort
+    assert not resolved.engine.scheduler.decode_fast_path  # test_refused_store_retried_...
+    wide = resolve(scenario_from_dict(_scenario(cpu_offload_gib=1, cpu_offload_block_size=32)))
+    assert wide.inputs["kv_offload"]["num_cpu_blocks"] == 256
+    off = resolve(scenario_from_dict(_scenario()))
+    assert off.engine.kv_connector is None and "kv_offload" not in off.inputs
+    assert off.engine.scheduler.decode_fast_path and off.engine.scheduler.decode_cohort
+
+
+def test_cpu_offload_on_a_v0_design_is_a_one_line_input_error():
+    data = _scenario(cpu_offload_gib=1)
+    data["scheduler"]["design"] = "v0-v2"
+    with pytest.raises(ScenarioError, match=r"^cache.cpu_offload_gib: .*v1-engine"):
+        resolve(scenario_from_dict(data))
+    data = _scenario(cpu_offload_gib=1, cpu_offload_block_size=24)
+    with pytest.raises(ScenarioError, match=r"^cache.cpu_offload_block_size: 24"):
+        resolve(scenario_from_dict(data))
+
+
+def test_refused_store_retried_on_quiet_decodes():
+    """Why offloading turns the decode fast path off. A 1-block CPU tier refuses request 0's
+    2-block store; upstream retries it on every step the request is scheduled, and the refusal
+    ends the step's stores (`break`), so request 1's block is never tried. The fast path skips
+    request 0's quiet decodes, so request 1's store would go through: a different CPU tier."""
+    specs = [RequestSpec(0, 0.0, 35, 17), RequestSpec(1, 0.0, 1, 16)]
+    tiers = []
+    for fast_path in (False, True):  # False: what the runner sets with offloading
+        engine = Engine(_config(30, 1, fast_path=fast_path), specs, STEP)
+        engine.run()
+        tiers.append(engine.replicas[0].scheduler.connector_hooks.connector.tier)
+    walk, fast = tiers
+    assert list(walk.blocks) == [] and walk.stats.num_refused_stores == 17  # one per step
+    assert len(fast.blocks) == 1 and fast.stats.num_refused_stores == 4
+
+
+def _view(cpu_blocks: dict, factor: int = 1) -> ReplicaView:
+    connector = SimpleNamespace(tier=SimpleNamespace(blocks=cpu_blocks), block_size_factor=factor)
+    return ReplicaView(
+        SimpleNamespace(
+            manager=SimpleNamespace(block_pool=SimpleNamespace(cached_block_hash_to_block={"h0"})),
+            connector_hooks=SimpleNamespace(connector=connector),
+        )
+    )
+
+
+def test_the_router_sees_a_prefix_continue_in_the_cpu_tier():
+    """GPU holds h0; the CPU tier holds h1 (ready), h2 (its store still running), h3: the
+    prefix the replica can serve is h0, h1. With 32-token offloaded blocks (factor 2) the
+    tier's keys are not the router's 16-token block hashes: only the GPU counts."""
+    cpu = {"h1": 0, "h2": NOT_READY, "h3": 0}
+    assert _view(cpu).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 2
+    assert _view(cpu).num_leading_blocks_held(["h1", "h2"]) == 1  # GPU miss, CPU h1
+    assert _view(cpu, factor=2).num_leading_blocks_held(["h0", "h1", "h2", "h3"]) == 1
+
+
+def test_fuzz_draws_offloading_cases_whose_violations_are_those_without_the_tier():
+    cases = [generate_case("v1-engine", seed) for seed in range(40)]
+    offloading = [case for case in cases if case.cache.cpu_offload_gib > 0]
+    assert 3 <= len(offloading) < len(cases)
+    for case in offloading[:4]:
+        without = apply_overrides(case, {"cache.cpu_offload_gib": 0.0})
+        assert run(case).violation_kinds == run(without).violation_kinds
