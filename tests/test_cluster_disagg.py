@@ -488,3 +488,10 @@ def test_tensor_parallel_pools_read_over_min_tp_streams():
     assert a.num_bytes == b.num_bytes == 3 * 2_097_152
     assert a.duration_s - 1e-3 == pytest.approx(3 * 2_097_152 / 1e9)
     assert b.duration_s - 1e-3 == pytest.approx((a.duration_s - 1e-3) / 2)
+
+
+def test_cpu_offload_with_disaggregation_is_refused_as_input():
+    data = _scenario(ONE)
+    data["cache"]["cpu_offload_gib"] = 8
+    with pytest.raises(ScenarioError, match="cache.cpu_offload_gib"):
+        build_engine(scenario_from_dict(data))

@@ -101,6 +101,11 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
         )
     if scenario.model is None:
         raise ScenarioError("cluster.mode: disaggregated needs a model (the KV bytes to send)")
+    if scenario.cache.cpu_offload_gib > 0:
+        # One connector per replica: vLLM 0.11.0 would need a MultiConnector for both.
+        raise ScenarioError(
+            "cache.cpu_offload_gib: a CPU tier is not modelled with disaggregation (set 0)"
+        )
     prefill = resolve(pool_scenario(scenario, cluster.prefill), base_dir)
     decode = resolve(pool_scenario(scenario, cluster.decode), base_dir)
     link = get_link(cluster.link)
