@@ -495,3 +495,48 @@ def test_cpu_offload_with_disaggregation_is_refused_as_input():
     data["cache"]["cpu_offload_gib"] = 8
     with pytest.raises(ScenarioError, match="cache.cpu_offload_gib"):
         build_engine(scenario_from_dict(data))
+
+
+# ---------------------------------------------------------------- command line
+def test_kvsim_disagg_writes_the_tables_and_refuses_a_co_located_scenario(tmp_path):
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+    from sim.scenario import scenario_to_yaml
+
+    cli = CliRunner()
+    link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 100_000}
+    path = tmp_path / "pd.yaml"
+    path.write_text(
+        scenario_to_yaml(
+            scenario_from_dict(
+                _scenario([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 4}], link=link)
+            )
+        )
+    )
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["disagg", str(path), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "decode_requests.csv",
+            "decode_steps.csv",
+            "prefill_requests.csv",
+            "prefill_steps.csv",
+            "requests.csv",
+            "summary.json",
+            "transfers.csv",
+            "violations.csv",
+        ]
+    )
+    assert '"ttft_p50_s": 0.126291456' in result.output
+    co_located = tmp_path / "co.yaml"
+    co_located.write_text(scenario_to_yaml(scenario_from_dict({**_scenario(ONE), "cluster": {}})))
+    refused = cli.invoke(app, ["disagg", str(co_located)])
+    assert refused.exit_code == 2
+    assert "mode 'disaggregated'" in refused.output
+    bad_rate = cli.invoke(
+        app,
+        ["cluster-capacity", str(path), "--rate", "5", "--ttft-p99-s", "0", "--tpot-p99-s", "1"],
+    )
+    assert bad_rate.exit_code == 2
