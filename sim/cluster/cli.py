@@ -23,6 +23,15 @@ def _clean(value):
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+def _shown(value) -> str:
+    """A summary value for people: 4 significant digits, a dict as key=value pairs."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def disagg(
@@ -72,8 +81,8 @@ def register(app: typer.Typer) -> None:
             console.print_json(json.dumps(summary, sort_keys=True))
             return
         for key, value in summary.items():
-            console.print(f"{key:30} {value}", highlight=False)
-        console.print(f"wrote {out_dir}", highlight=False)
+            console.print(f"{key:30} {_shown(value)}", highlight=False)
+        console.print(f"outputs written to {out_dir}", highlight=False)
 
     @app.command("cluster-capacity")
     def cluster_capacity(
