@@ -435,6 +435,7 @@ def _register_optional_commands() -> None:
         "sim.calibrate_cli",
         "sim.step_cli",
         "sim.vllm_real.cli",
+        "sim.cluster.cli",
     ):
         try:
             module = importlib.import_module(module_name)

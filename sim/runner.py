@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
+from sim.cluster.config import ClusterMode
 from sim.engine import Engine, EngineConfig, Router
 from sim.errors import InputError
 from sim.host_memory import check_pool_fits
@@ -175,6 +176,12 @@ def _kv_config(
 def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     """Every number the run will use, from a validated scenario."""
     base_dir = Path(base_dir)
+    if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
+        # Two pools and a link: `sim.cluster.run` resolves each pool through here.
+        raise ScenarioError(
+            "cluster.mode: a disaggregated scenario runs with `kvsim disagg` "
+            "(sim.cluster.run.run_disaggregated), not as one co-located engine"
+        )
     inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
     model = _model(scenario)
     sched = scenario.scheduler

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
+from sim.cluster.config import ClusterSection
 from sim.errors import InputError
 from sim.kv.config import Design
 from sim.kv.v0_versions import resolve_v0_version
@@ -161,6 +162,8 @@ class Scenario(_Closed):
     cache: CacheSection = CacheSection()
     scheduler: SchedulerSection = SchedulerSection()
     engine: EngineSection = EngineSection()
+    #: Co-located (default) or prefill/decode disaggregated pools (`sim.cluster.config`).
+    cluster: ClusterSection = ClusterSection()
     workload: WorkloadConfig
     #: None: the measured default. Else {measured: {...}}, {roofline: {...}}, {calibrated: PROFILE}
     #: or {linear: {...}}.

@@ -297,3 +297,51 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
         "expect": {"violations": "none"},
     }
     return scenario_from_dict(data, f"fuzz case {seed}")
+
+
+def generate_disagg_case(seed: int) -> Scenario:
+    """A disaggregated (prefill/decode) V1-engine case for `seed` (a pure function of it).
+
+    The cache, scheduler and requests are drawn as for a v1-engine case; then 1-2 prefill and
+    1-2 decode replicas and a link: a catalog link, or one whose latency (up to 50 ms) is long
+    next to a step, so transfers overlap steps and each other. The model is only there for
+    the KV bytes a transfer moves (the step time stays the fuzzer's linear one).
+
+    A case may end in `no_progress` (and aborted requests): with pools this small the decode
+    replica's blocks, allocated for prompts still in transfer, can starve its own running
+    requests while the prefill pool holds blocks for KV it cannot send, a deadlock vLLM
+    0.11.0's queue order shares (`sim.cluster.disagg.DisaggEngine._deadlock`). Any other
+    violation is a finding.
+    """
+    rng = np.random.default_rng(seed)
+    cache, scheduler = _cache_and_scheduler(rng, Design.V1_ENGINE, allow_swap=False)
+    requests = _requests(rng, cache, scheduler)
+    if rng.random() < 0.5:
+        link: str | dict = str(rng.choice(["nvlink-4", "rdma-400g", "tcp-25g"]))
+    else:
+        link = {"bandwidth_Gbps": 100.0, "efficiency": 0.5, "latency_us": _int(rng, 0, 50_000)}
+    data = {
+        "name": f"fuzz-disagg-{seed}",
+        "description": f"kvsim fuzz case seed {seed}, disaggregated",
+        "seed": seed,
+        "model": "llama-3.1-8b",
+        "cache": {**cache, "num_cpu_blocks": 0},
+        # The NIXL connector's flow as vLLM 0.11.0 has it (`sim.cluster.pd_connector`).
+        "scheduler": {**scheduler, "vllm_version": "0.11.0"},
+        "engine": {
+            "audit_level": "full",
+            "violation_policy": "record",
+            # A prompt of max_model_len tokens never takes its token (as in vLLM): cut off.
+            # Each request may also wait for one transfer of up to 50 ms.
+            "max_sim_time_s": round(sim_time_limit_s(requests) + 0.05 * len(requests), 6),
+        },
+        "cluster": {
+            "mode": "disaggregated",
+            "prefill": {"replicas": _int(rng, 1, 2)},
+            "decode": {"replicas": _int(rng, 1, 2)},
+            "link": link,
+        },
+        "workload": {"kind": "inline", "requests": requests},
+        "step_time": FUZZ_STEP_TIME,
+    }
+    return scenario_from_dict(data, f"fuzz disaggregated case {seed}")

@@ -1,0 +1,118 @@
+"""`kvsim disagg SCENARIO`: run a disaggregated (prefill/decode) scenario and write its tables.
+
+Writes, into `--out` (default runs/<name>): `requests.csv` (the client's view: one row per
+request, TTFT from arrival to the decode side's first token, the transfer's bytes and time),
+`transfers.csv`, `prefill_requests.csv`, `prefill_steps.csv`, `decode_requests.csv`,
+`decode_steps.csv`, `violations.csv` (both pools, with a `pool` column) and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+
+from sim.errors import InputError
+
+
+def _clean(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _shown(value) -> str:
+    """A summary value for people: 4 significant digits, a dict as key=value pairs."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def disagg(
+        scenario: Annotated[
+            Path, typer.Argument(help="A scenario with cluster.mode: disaggregated.")
+        ],
+        out: Annotated[
+            Path | None, typer.Option("--out", "-o", help="Output folder (default runs/<name>).")
+        ] = None,
+        json_out: Annotated[
+            bool, typer.Option("--json", help="Print the summary as JSON.")
+        ] = False,
+    ) -> None:
+        """Run prefill/decode disaggregated serving: two pools joined by a KV link."""
+        from sim.cli import console
+        from sim.cluster.run import run_disaggregated
+        from sim.outdir import staged_folder
+        from sim.scenario import load_scenario
+
+        scenario_obj = load_scenario(scenario)
+        result = run_disaggregated(scenario_obj, scenario.parent)
+        out_dir = out or Path("runs") / scenario_obj.name
+        violations = pd.concat(
+            [
+                result.prefill.violations.assign(pool="prefill"),
+                result.decode.violations.assign(pool="decode"),
+            ],
+            ignore_index=True,
+        )
+        summary = {k: _clean(v) for k, v in result.summary.items()}
+        with staged_folder(out_dir) as staging:
+            for name, frame in (
+                ("requests", result.requests),
+                ("transfers", result.transfers),
+                ("prefill_requests", result.prefill.requests),
+                ("prefill_steps", result.prefill.steps),
+                ("decode_requests", result.decode.requests),
+                ("decode_steps", result.decode.steps),
+                ("violations", violations),
+            ):
+                frame.to_csv(staging / f"{name}.csv", index=False)
+            (staging / "summary.json").write_text(
+                json.dumps({"summary": summary, "inputs": result.inputs}, indent=2, sort_keys=True)
+                + "\n"
+            )
+        if json_out:
+            console.print_json(json.dumps(summary, sort_keys=True))
+            return
+        for key, value in summary.items():
+            console.print(f"{key:30} {_shown(value)}", highlight=False)
+        console.print(f"outputs written to {out_dir}", highlight=False)
+
+    @app.command("cluster-capacity")
+    def cluster_capacity(
+        scenario: Annotated[Path, typer.Argument(help="A scenario with a synthetic workload.")],
+        rate: Annotated[float, typer.Option("--rate", help="Target arrival rate (req/s).")],
+        ttft_p99_s: Annotated[float, typer.Option("--ttft-p99-s", help="TTFT p99 limit (s).")],
+        tpot_p99_s: Annotated[float, typer.Option("--tpot-p99-s", help="TPOT p99 limit (s).")],
+        max_gpus: Annotated[int, typer.Option("--max-gpus", help="Largest cluster tried.")] = 8,
+    ) -> None:
+        """How many GPUs, co-located or prefill/decode disaggregated, meet the SLO at a rate."""
+        from sim.cli import console
+        from sim.cluster.capacity import gpus_needed
+        from sim.cluster.compare import Slo
+        from sim.scenario import load_scenario
+
+        if ttft_p99_s <= 0 or tpot_p99_s <= 0:
+            raise InputError("--ttft-p99-s and --tpot-p99-s must be positive")
+        table, answers = gpus_needed(
+            load_scenario(scenario),
+            rate,
+            Slo(ttft_p99_s, tpot_p99_s),
+            max_gpus,
+            str(scenario.parent),
+        )
+        columns = ["num_gpus", "shape", "ttft_p99_s", "tpot_p99_s", "throughput_tok_per_s"]
+        console.print(table[columns + ["meets_slo"]].to_string(index=False), highlight=False)
+        for answer in answers:
+            said = (
+                f"{answer.num_gpus} GPUs ({answer.shape})"
+                if answer.num_gpus is not None
+                else f"none up to {max_gpus} GPUs"
+            )
+            console.print(f"{answer.mode}: {said}", highlight=False)
