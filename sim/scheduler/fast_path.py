@@ -94,11 +94,6 @@ class DecodeShortcuts:
             for request in self.cohort.release_all():
                 self.outsiders[request] = None
 
-    def join_cohort(self, cohort: DecodeCohort) -> None:
-        """After a step: every running decode that has a quiet stretch ahead joins."""
-        if self.outsiders:
-            cohort.join_outsiders(self.outsiders, self.event_len)
-
     def event_len(self, request: Request) -> int | None:
         """The first length at which a running decode is not quiet; None: never a member."""
         raise NotImplementedError

@@ -95,16 +95,17 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
             prefills = self._schedule_prefills(budget, plan, now_s, chunking=False)
         if not prefills and self.config.policy is Policy.PRIORITY:
             self._schedule_priority_preemption(budget, plan, now_s)
-        running = RunningOutputs(RunningWalk.NONE)
+        if prefills:
+            self._requeue(prefills, RunningOutputs(RunningWalk.NONE), ())
+            return
+        running = self._running_phase(budget, plan, now_s, chunking=False)
         swapped_in: Sequence[Request] = ()
-        if not prefills:
-            running = self._running_phase(budget, plan, now_s, chunking=False)
-            if self.swapped and not running.preempted and not running.swapped_out:
-                try:
-                    swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
-                except _FatalError:
-                    self._requeue(prefills, running, ())
-                    raise
+        if self.swapped and not running.preempted and not running.swapped_out:
+            try:
+                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
+            except _FatalError:
+                self._requeue(prefills, running, ())
+                raise
         self._requeue(prefills, running, swapped_in)
 
     def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
@@ -128,11 +129,14 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
         ones to the front of `waiting` (`extendleft` reverses: the earliest-preempted ends up
         first, spec 5.3), the swapped-out ones to `swapped`, and to `running` the new
         prefills, the kept ones and the swapped-in ones, in that order."""
-        self.waiting.extendleft(running.preempted)
-        self.swapped.extend(running.swapped_out)
+        if running.preempted:
+            self.waiting.extendleft(running.preempted)
+        if running.swapped_out:
+            self.swapped.extend(running.swapped_out)
         if running.walk is RunningWalk.LAZY:
             assert self.shortcuts is not None  # only the shortcuts' lazy step is LAZY
-            self.shortcuts.requeue_lazy(prefills, running.prefill, swapped_in)
+            if prefills or running.prefill or swapped_in:
+                self.shortcuts.requeue_lazy(prefills, running.prefill, swapped_in)
             return
         if running.walk is RunningWalk.NONE:
             self._append_running(prefills)
@@ -182,7 +186,8 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
                 break
             finish(request, reason, now_s)
             finished.append(request)
-        self._free_finished_seq_groups(finished)
+        if finished:
+            self._free_finished_seq_groups(finished)
         if self.shortcuts is not None:
             self.shortcuts.after_update(plan, finished, now_s)
         return finished

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.audit import AuditedV0Manager, AuditError
@@ -45,17 +45,26 @@ class RunningWalk(enum.Enum):
     LAZY = "lazy"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RunningOutputs:
     """What the running phase returns (`SchedulerRunningOutputs`, L172-205): the requests kept
     running (prefill stage and decodes, in queue order each), those preempted by recompute and
     those swapped out (in preemption order)."""
 
     walk: RunningWalk
-    prefill: list[Request] = field(default_factory=list)
-    decode: list[Request] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    swapped_out: list[Request] = field(default_factory=list)
+    prefill: list[Request]
+    decode: list[Request]
+    preempted: list[Request]
+    swapped_out: list[Request]
+
+    def __init__(self, walk: RunningWalk) -> None:
+        # Written out (dataclass(init=False)): one per engine step, and the generated
+        # __init__ with four factories costs twice as much.
+        self.walk = walk
+        self.prefill = []
+        self.decode = []
+        self.preempted = []
+        self.swapped_out = []
 
     @property
     def kept(self) -> list[Request]:
@@ -87,6 +96,9 @@ class V0SchedulerBase(FastPathScheduler):
         self.swapped: deque[Request] = deque()
         self.num_cumulative_preemption = 0
         self._init_fast_path(config, block_manager)
+        # Bound once: the auditor passes this pure query through `__getattr__`, which would
+        # cost a failed lookup on each of the several calls per step.
+        self._num_free_gpu_blocks: Callable[[], int] = block_manager.get_num_free_gpu_blocks
         #: The decode shortcuts (`sim.scheduler.fast_path`); None: every call is made.
         #: (`V0Scheduler` sets it up when the fast path is on.)
         self.shortcuts: V0DecodeShortcuts | None = None

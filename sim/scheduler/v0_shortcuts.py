@@ -12,7 +12,7 @@ takes upstream's turn (`_schedule_running_request`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim.audit import AuditError
@@ -40,11 +40,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
         super().__init__()
         self.scheduler = scheduler
         self.max_model_len = scheduler.config.max_model_len
-        # Bound once: the auditor passes this pure query through `__getattr__`, which would
-        # cost a failed lookup on each of the several calls per step.
-        self._num_free_gpu_blocks: Callable[[], int] = (
-            scheduler.block_manager.get_num_free_gpu_blocks
-        )
+        self._num_free_gpu_blocks = scheduler._num_free_gpu_blocks
         #: Free blocks as of the walk's last real call (`_walk_request`'s quiet test).
         self._walk_free = 0
         # Order keys of `running` under a cohort (`Request.order_key`): the next one at the
@@ -342,7 +338,8 @@ class V0DecodeShortcuts(DecodeShortcuts):
             cohort.tick(now_s)
         for request in finished:
             self.outsiders.pop(request, None)
-        self.join_cohort(cohort)
+        if self.outsiders:  # every running decode with a quiet stretch ahead joins
+            cohort.join_outsiders(self.outsiders, self.event_len)
 
 
 def _order_key(request: Request) -> int:

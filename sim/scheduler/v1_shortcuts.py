@@ -243,7 +243,8 @@ class V1DecodeShortcuts(DecodeShortcuts):
             cohort.tick(now_s)
         for request in finished:
             del self.outsiders[request]
-        self.join_cohort(cohort)
+        if self.outsiders:
+            cohort.join_outsiders(self.outsiders, self.event_len)
 
 
 def _order_key(request: Request) -> int:
