@@ -19,16 +19,19 @@ The seam. Each scheduler has a faithful running phase, `_schedule_running`, that
 upstream's and contains no shortcut. The layer is a strategy object, `scheduler.shortcuts`
 (`V0DecodeShortcuts` in `sim.scheduler.v0_shortcuts`, `V1DecodeShortcuts` in
 `sim.scheduler.v1_shortcuts`, both `DecodeShortcuts` below), that replaces only the running
-phase (`shortcuts.schedule_running`): it runs the cohort's lazy step when it can, and otherwise
-the faithful loop with a per-request step that answers quiet decodes itself and hands every
-other request to the faithful per-request step. Around it the faithful code has three kinds of
-calls, each a named method:
+phase: the scheduler's `running_phase` (typed `RunningPhase` in `v0_running` / `v1_running`)
+is `_schedule_running` with the layer off and `shortcuts.schedule_running` with it on. That
+runs the cohort's lazy step when it can, and otherwise upstream's loop with its own turn for
+each request: a quiet decode is answered without a manager call, every other request takes
+upstream's turn (`_schedule_running_request`). Outside the running phase the faithful code
+calls the layer only through named methods:
 
 * `_sync(request)` before a real manager call on a request (the manager catches up; a no-op
   for a request whose decodes were never skipped),
 * `_refresh_touch(request)` after one (asks `decode_touch_len`; nothing when the layer is off),
-* `shortcuts.<event>(...)` where a request enters or leaves `running`, and after a step's
-  outputs were applied (`after_update`): the cohort's bookkeeping.
+* `shortcuts.<event>(...)` where a request enters or leaves `running` (`join_running`,
+  `leave_running`), and after a step's outputs were applied (`after_update`: the quiet
+  decodes' tokens and the cohort's bookkeeping).
 
 The manager-side protocol is `DecodeFastPath` (`decode_touch_len`, `sync_decode`); the layer is
 on only when the manager has both (`fast_path_enabled`).

@@ -22,7 +22,7 @@ undercount) fails that request and the run carries on; the engine ends the run i
 auditor's stop policy. A failed swap or free ends the run under every policy (see `_die`).
 
 The decode shortcuts (`sim.scheduler.fast_path`, `sim.scheduler.v0_shortcuts`) replace only
-the running phase, through `_run_running_phase`.
+the running phase: `running_phase` is one or the other.
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.audit import AuditedV0Manager, AuditError
-from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.fast_path import fast_path_enabled
 from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, StepPlan
 from sim.scheduler.v0_base import SWAP_SPACE_ERROR, RunningOutputs, RunningWalk, _die, _FatalError
 from sim.scheduler.v0_prefills import V0PrefillsPhase
-from sim.scheduler.v0_running import V0RunningPhase
+from sim.scheduler.v0_running import RunningPhase, V0RunningPhase
 from sim.scheduler.v0_shortcuts import V0DecodeShortcuts
 from sim.scheduler.v0_swapped import V0SwappedPhase
 
@@ -49,8 +48,12 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
 
     def __init__(self, config: SchedulerConfig, block_manager: AuditedV0Manager) -> None:
         super().__init__(config, block_manager)
+        #: The running phase (the seam): upstream's `_schedule_running`, or the decode
+        #: shortcuts' in its place (`sim.scheduler.fast_path`).
+        self.running_phase: RunningPhase = self._schedule_running
         if fast_path_enabled(config, block_manager):
             self.shortcuts = V0DecodeShortcuts(self)
+            self.running_phase = self.shortcuts.schedule_running
 
     def use_decode_cohort(self, window: int | None) -> bool:
         """Keep steady decodes in a `DecodeCohort` (see `sim.scheduler.cohort`): a decode step
@@ -76,15 +79,6 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
             pass  # plan.fatal_error says why; the engine ends the run
         return plan
 
-    def _running_phase(
-        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
-    ) -> RunningOutputs:
-        """The running phase: upstream's `_schedule_running`, or the decode shortcuts' in its
-        place (the layer's one seam, `sim.scheduler.fast_path`)."""
-        if self.shortcuts is not None:
-            return self.shortcuts.schedule_running(budget, plan, now_s, chunking)
-        return self._schedule_running(budget, plan, now_s, chunking)
-
     def _schedule_default(self, plan: StepPlan, now_s: float) -> None:
         """`_schedule_default` (L757-839)."""
         budget = self._new_budget()
@@ -98,7 +92,7 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
         if prefills:
             self._requeue(prefills, RunningOutputs(RunningWalk.NONE), ())
             return
-        running = self._running_phase(budget, plan, now_s, chunking=False)
+        running = self.running_phase(budget, plan, now_s, chunking=False)
         swapped_in: Sequence[Request] = ()
         if self.swapped and not running.preempted and not running.swapped_out:
             try:
@@ -111,7 +105,7 @@ class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
     def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
         """`_schedule_chunked_prefill` (L841-918)."""
         budget = self._new_budget()
-        running = self._running_phase(budget, plan, now_s, chunking=True)
+        running = self.running_phase(budget, plan, now_s, chunking=True)
         swapped_in: Sequence[Request] = ()
         if not running.preempted and not running.swapped_out:
             try:

@@ -171,7 +171,6 @@ class V0SchedulerBase(FastPathScheduler):
         if self.shortcuts is not None:
             self.shortcuts.leave_running(request)
         self._sync(request)
-        request.touch_len = None
         try:
             return self._preempt_as(mode, request, plan)
         except AuditError as error:

@@ -10,6 +10,7 @@ for every request they do not answer themselves.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from sim.audit import AuditError
 from sim.scheduler.budget import SchedulingBudget
@@ -27,6 +28,15 @@ from sim.scheduler.v0_base import (
 RequestStep = Callable[
     [Request, SchedulingBudget, StepPlan, float, bool, RunningOutputs], RunningStep
 ]
+
+
+class RunningPhase(Protocol):
+    """The seam: a running phase, upstream's (`V0RunningPhase._schedule_running`) or the
+    decode shortcuts' (`V0DecodeShortcuts.schedule_running`)."""
+
+    def __call__(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> RunningOutputs: ...
 
 
 class V0RunningPhase(V0SchedulerBase):

@@ -297,8 +297,10 @@ class V0DecodeShortcuts(DecodeShortcuts):
                 self.outsiders[request] = None
 
     def leave_running(self, request: Request) -> None:
-        """`request` is being preempted (it is a walked request, so not a member)."""
+        """`request` is being preempted (a walked request, so not a member): its touch
+        length ends with its table."""
         self.outsiders.pop(request, None)
+        request.touch_len = None
 
     def remove_running(self, request: Request) -> None:
         """Take a request the lazy step ended or scheduled as a prefill out of `running`."""

@@ -38,7 +38,7 @@ from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.priority_ties import HeapTieMirror
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
 from sim.scheduler.v1_release import policies_for
-from sim.scheduler.v1_running import V1RunningPhase
+from sim.scheduler.v1_running import RunningPhase, V1RunningPhase
 from sim.scheduler.v1_shortcuts import V1DecodeShortcuts
 
 
@@ -71,8 +71,12 @@ class V1Scheduler(V1RunningPhase):
         self._init_fast_path(config, kv_cache_manager)
         #: The decode shortcuts (`sim.scheduler.fast_path`); None: every call is made.
         self.shortcuts: V1DecodeShortcuts | None = None
+        #: The running phase (the seam): upstream's loop, or the decode shortcuts' in its
+        #: place (`sim.scheduler.fast_path`).
+        self.running_phase: RunningPhase = self._schedule_running
         if fast_path_enabled(config, kv_cache_manager):
             self.shortcuts = V1DecodeShortcuts(self)
+            self.running_phase = self.shortcuts.schedule_running
         # Prefix-cache hits can only happen with caching on (a manager that does not say is
         # taken to have it). Without them the waiting phase can skip known refusals.
         self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
@@ -234,12 +238,7 @@ class V1Scheduler(V1RunningPhase):
         self._step_threshold = self.config.long_prefill_token_threshold
         if self.release_policies.lone_request_ignores_threshold and self.num_unfinished() <= 1:
             self._step_threshold = 0  # 0.33.0: nobody to starve (`v1_release`)
-        # The running phase: upstream's loop, or the decode shortcuts' in its place (the
-        # layer's one seam, `sim.scheduler.fast_path`).
-        if self.shortcuts is not None:
-            budget = self.shortcuts.schedule_running(plan, self.token_budget, now_s)
-        else:
-            budget = self._schedule_running(plan, self.token_budget, now_s)
+        budget = self.running_phase(plan, self.token_budget, now_s)
         if plan.num_preempted == 0:
             self._schedule_waiting(plan, budget, now_s)
         self._update_after_schedule(plan)

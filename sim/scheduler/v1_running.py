@@ -16,7 +16,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sim.audit import AuditedV1Manager, AuditError
 from sim.kv.types import SequenceStatus
@@ -68,6 +68,13 @@ _TURN_OF = {
 
 #: One request's turn: (request, budget, plan, now_s) -> its outcome.
 RequestTurn = Callable[[Request, int, StepPlan, float], RunningTurn]
+
+
+class RunningPhase(Protocol):
+    """The seam: a running phase, upstream's (`V1RunningPhase._schedule_running`) or the
+    decode shortcuts' (`V1DecodeShortcuts.schedule_running`); returns the budget left."""
+
+    def __call__(self, plan: StepPlan, budget: int, now_s: float) -> int: ...
 
 
 class V1RunningPhase(FastPathScheduler):
@@ -175,7 +182,6 @@ class V1RunningPhase(FastPathScheduler):
         if self.shortcuts is not None:
             self.shortcuts.leave_running(victim)
         self._sync(victim)
-        victim.touch_len = None
         self.kv_cache_manager.free(victim.seq)
         victim.state = RequestState.WAITING
         victim.seq.status = SequenceStatus.PREEMPTED

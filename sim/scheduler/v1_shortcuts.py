@@ -226,11 +226,13 @@ class V1DecodeShortcuts(DecodeShortcuts):
                 self.outsiders[request] = None
 
     def leave_running(self, request: Request) -> None:
-        """`request` leaves `running` (preempted or failed): a member leaves the cohort."""
+        """`request` leaves `running` (preempted or failed): a member leaves the cohort, and
+        its touch length ends with its table."""
         if self.cohort is not None:
             if request.cohort_clock >= 0:
                 self.cohort.leave(request)
             self.outsiders.pop(request, None)
+        request.touch_len = None
 
     def after_update(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
         """After `update_from_output`: the quiet decodes get their tokens, the members theirs
