@@ -29,6 +29,7 @@ SHORTCUT_NAMES = {
     "touch_len",
     "needs_sync",
     "cohort",
+    "membership",
     "cohort_clock",
     "cohort_event",
     "cohort_tokens",

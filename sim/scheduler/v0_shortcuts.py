@@ -19,8 +19,10 @@ from sim.audit import AuditError
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.fast_path import DecodeShortcuts, add_quiet_decode, apply_quiet_decodes
-from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+from sim.scheduler.request import Membership, Request, RequestState, ScheduledWork, StepPlan
 from sim.scheduler.v0_base import RunningOutputs, RunningStep, RunningWalk
+
+MEMBER = Membership.MEMBER
 
 if TYPE_CHECKING:
     from sim.scheduler.v0 import V0Scheduler
@@ -150,7 +152,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
                 return LazyStep.MUST_WALK
         manager = sched.block_manager
         for request in explicit:
-            if request.cohort_clock >= 0:
+            if request.membership is MEMBER:
                 self._touch_member(cohort, request, budget, plan, now_s)
                 continue
             seq = request.seq

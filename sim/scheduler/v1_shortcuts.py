@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.fast_path import DecodeShortcuts, add_quiet_decode, apply_quiet_decodes
-from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
+from sim.scheduler.request import Membership, Request, RequestState, ScheduledWork, StepPlan
 from sim.scheduler.v1_running import Allocation, RunningTurn, TurnOutcome
+
+MEMBER = Membership.MEMBER
 
 if TYPE_CHECKING:
     from sim.scheduler.v1 import V1Scheduler
@@ -131,7 +133,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
         demands = []
         for request in explicit:
             seq = request.seq
-            if request.cohort_clock >= 0:
+            if request.membership is MEMBER:
                 quiet_flags.append(False)
                 demands.append(0)  # counted with the members
                 continue
@@ -166,7 +168,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
             if request.state is not running:
                 continue  # preempted earlier in this walk
             computed = request.seq.num_computed_tokens
-            if request.cohort_clock >= 0:
+            if request.membership is MEMBER:
                 # A due member whose decode needs the manager: upstream's turn, written out.
                 sched._sync(request)
                 allocation = sched._allocate_running(request, 1, plan, now_s)
@@ -229,7 +231,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
         """`request` leaves `running` (preempted or failed): a member leaves the cohort, and
         its touch length ends with its table."""
         if self.cohort is not None:
-            if request.cohort_clock >= 0:
+            if request.membership is MEMBER:
                 self.cohort.leave(request)
             self.outsiders.pop(request, None)
         request.touch_len = None
