@@ -11,7 +11,6 @@ takes upstream's turn (`_schedule_running_request`).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -26,13 +25,6 @@ MEMBER = Membership.MEMBER
 
 if TYPE_CHECKING:
     from sim.scheduler.v0 import V0Scheduler
-
-
-class LazyStep(enum.Enum):
-    """Whether the cohort's lazy step ran, or the step must walk every request."""
-
-    RAN = "ran"
-    MUST_WALK = "must_walk"
 
 
 class V0DecodeShortcuts(DecodeShortcuts):
@@ -54,13 +46,17 @@ class V0DecodeShortcuts(DecodeShortcuts):
     def schedule_running(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
     ) -> RunningOutputs:
-        """The running phase in place of `_schedule_running` (same results, fewer calls)."""
-        cohort = self.cohort
-        if cohort is not None:
-            outputs = RunningOutputs(RunningWalk.LAZY)
-            if self._lazy_step(cohort, budget, plan, now_s, chunking, outputs) is LazyStep.RAN:
-                return outputs
-            self.materialize()
+        """The running phase in place of `_schedule_running` (same results, fewer calls):
+        the cohort's lazy step when there is a cohort and it can, else the walk."""
+        if self.cohort is None:
+            return self._walk(budget, plan, now_s, chunking)
+        return self._lazy_step(self.cohort, budget, plan, now_s, chunking)
+
+    def _walk(
+        self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
+    ) -> RunningOutputs:
+        """Upstream's loop over every request, each with `_walk_request`'s turn."""
+        self.materialize()
         self._walk_free = self._num_free_gpu_blocks()
         return self.scheduler._schedule_running(budget, plan, now_s, chunking, self._walk_request)
 
@@ -108,15 +104,14 @@ class V0DecodeShortcuts(DecodeShortcuts):
         plan: StepPlan,
         now_s: float,
         chunking: bool,
-        outputs: RunningOutputs,
-    ) -> LazyStep:
+    ) -> RunningOutputs:
         """The running phase visiting only the outsiders and the members whose event is due,
         in queue order; the other members decode in bulk (`plan.bulk`). The scheduled
         prefill-stage requests leave `running` (into `outputs.prefill`, to go in front).
 
-        MUST_WALK (nothing has changed then) when the pool is so low that a call may fail or
-        leave no free block for a quiet decode (the walk's `free >= 1` test), or when the
-        token budget would not cover every request.
+        It walks instead (`_walk`; nothing has changed before) when the pool is so low that
+        a call may fail or leave no free block for a quiet decode (the walk's `free >= 1`
+        test), or when the token budget would not cover every request.
 
         A due member that finishes in this step leaves the cohort; one whose decode needs the
         manager (it reached `touch_len`) gets its calls here and stays, filed under its next
@@ -134,7 +129,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
             else:
                 touched.append(request)
         if not touched and not self.outsiders:
-            return self._bulk_only(cohort, budget, plan, chunking)
+            return self._bulk_only(cohort, budget, plan, now_s, chunking)
         explicit = [*self.outsiders, *touched]
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
@@ -142,14 +137,15 @@ class V0DecodeShortcuts(DecodeShortcuts):
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
         # holds and at least one block stays free for the quiet decodes after it.
         if self._num_free_gpu_blocks() < 2 * len(explicit) + 2:
-            return LazyStep.MUST_WALK
+            return self._walk(budget, plan, now_s, chunking)
         if chunking:
             demand = len(cohort)  # the touched members included
             for request in self.outsiders:
                 seq = request.seq
                 demand += seq.num_tokens - seq.num_computed_tokens if request.is_prefill else 1
             if demand > budget.remaining_token_budget():
-                return LazyStep.MUST_WALK
+                return self._walk(budget, plan, now_s, chunking)
+        outputs = RunningOutputs(RunningWalk.LAZY)
         manager = sched.block_manager
         for request in explicit:
             if request.membership is MEMBER:
@@ -193,19 +189,24 @@ class V0DecodeShortcuts(DecodeShortcuts):
             if chunking:
                 budget.add_num_seqs(request.request_id, request.group.get_max_num_running_seqs())
         self._count_members(cohort, budget, plan, chunking)
-        return LazyStep.RAN
+        return outputs
 
     def _bulk_only(
-        self, cohort: DecodeCohort, budget: SchedulingBudget, plan: StepPlan, chunking: bool
-    ) -> LazyStep:
+        self,
+        cohort: DecodeCohort,
+        budget: SchedulingBudget,
+        plan: StepPlan,
+        now_s: float,
+        chunking: bool,
+    ) -> RunningOutputs:
         """The lazy step of a step with nothing but members (about half of a replay's steps):
         each quiet, if one block is free and the budget covers them."""
         if self._num_free_gpu_blocks() < 2:
-            return LazyStep.MUST_WALK
+            return self._walk(budget, plan, now_s, chunking)
         if chunking and len(cohort) > budget.remaining_token_budget():
-            return LazyStep.MUST_WALK
+            return self._walk(budget, plan, now_s, chunking)
         self._count_members(cohort, budget, plan, chunking)
-        return LazyStep.RAN
+        return _LAZY_NOTHING
 
     @staticmethod
     def _count_members(
@@ -334,7 +335,8 @@ class V0DecodeShortcuts(DecodeShortcuts):
     def after_update(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
         """After `update`: the quiet decodes get their tokens, the members theirs (`tick`),
         the finished requests leave, and the running decodes with a quiet stretch join."""
-        apply_quiet_decodes(plan.quiet, now_s, advance_computed=True)
+        if plan.quiet:
+            apply_quiet_decodes(plan.quiet, now_s, advance_computed=True)
         cohort = self.cohort
         if cohort is None:
             return
@@ -344,6 +346,10 @@ class V0DecodeShortcuts(DecodeShortcuts):
             self.outsiders.pop(request, None)
         if self.outsiders:  # every running decode with a quiet stretch ahead joins
             cohort.join_outsiders(self.outsiders, self.event_len)
+
+
+#: The outputs of a lazy step that scheduled no request on its own: read, never written.
+_LAZY_NOTHING = RunningOutputs(RunningWalk.LAZY)
 
 
 def _order_key(request: Request) -> int:

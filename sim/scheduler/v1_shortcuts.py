@@ -10,9 +10,8 @@ every other request takes upstream's turn (`_schedule_running_request`).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.fast_path import DecodeShortcuts, add_quiet_decode, apply_quiet_decodes
@@ -23,19 +22,6 @@ MEMBER = Membership.MEMBER
 
 if TYPE_CHECKING:
     from sim.scheduler.v1 import V1Scheduler
-
-
-class LazyStep(enum.Enum):
-    """Whether the cohort's lazy step ran, or the step must walk every request."""
-
-    RAN = "ran"
-    MUST_WALK = "must_walk"
-
-
-class LazyResult(NamedTuple):
-    step: LazyStep
-    #: The token budget left after the lazy step (the budget given, when MUST_WALK).
-    budget_left: int
 
 
 _QUIET_TURN = RunningTurn(TurnOutcome.SCHEDULED, 1)
@@ -53,14 +39,16 @@ class V1DecodeShortcuts(DecodeShortcuts):
 
     # ------------------------------------------------------------------ running, the seam
     def schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> int:
-        """The running phase in place of the running loop (same results, fewer calls);
-        returns the token budget left."""
-        cohort = self.cohort
-        if cohort is not None:
-            lazy = self._lazy_step(cohort, plan, budget, now_s)
-            if lazy.step is LazyStep.RAN:
-                return lazy.budget_left
-            self.materialize()
+        """The running phase in place of the running loop (same results, fewer calls): the
+        cohort's lazy step when there is a cohort and it can, else the walk. Returns the token
+        budget left."""
+        if self.cohort is None:
+            return self._walk(plan, budget, now_s)
+        return self._lazy_step(self.cohort, plan, budget, now_s)
+
+    def _walk(self, plan: StepPlan, budget: int, now_s: float) -> int:
+        """Upstream's loop over every request, each with `_walk_turn`'s turn."""
+        self.materialize()
         return self.scheduler._schedule_running(plan, budget, now_s, self._walk_turn)
 
     def _walk_turn(
@@ -90,9 +78,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
         )
 
     # ------------------------------------------------------------------ the cohort's lazy step
-    def _lazy_step(
-        self, cohort: DecodeCohort, plan: StepPlan, budget: int, now_s: float
-    ) -> LazyResult:
+    def _lazy_step(self, cohort: DecodeCohort, plan: StepPlan, budget: int, now_s: float) -> int:
         """The running loop visiting only the outsiders and the members whose event is due,
         in queue order; the other members decode in bulk (`plan.bulk`).
 
@@ -100,9 +86,9 @@ class V1DecodeShortcuts(DecodeShortcuts):
         demand fits the budget, nothing is cut off. Otherwise the budget runs out somewhere;
         that is still exact lazily when it runs out after the last member (the usual case: a
         long prefill admitted last takes what remains), so the members' tokens are counted
-        just before the first request behind them. Else this is MUST_WALK (nothing changed
-        yet) and the full walk decides who is cut off. A preemption victim (the last running
-        request) that is a member leaves the cohort first.
+        just before the first request behind them. Else (nothing has changed yet) the walk
+        decides who is cut off (`_walk`). A preemption victim (the last running request) that
+        is a member leaves the cohort first. Returns the token budget left.
         """
         sched = self.scheduler
         max_model_len = self.max_model_len
@@ -120,10 +106,10 @@ class V1DecodeShortcuts(DecodeShortcuts):
         if not touched and not self.outsiders:
             # Half the steps of a replay: nothing but members, one token each.
             if members > budget:
-                return LazyResult(LazyStep.MUST_WALK, budget)  # the walk decides who is cut off
+                return self._walk(plan, budget, now_s)  # the walk decides who is cut off
             if members:
                 plan.bulk = cohort.bulk()
-            return LazyResult(LazyStep.RAN, budget - members)
+            return budget - members
         explicit = [*self.outsiders, *touched]
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
@@ -154,7 +140,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
                 d for r, d in zip(explicit, demands, strict=True) if r.order_key < members_key
             )
             if ahead + members > budget:
-                return LazyResult(LazyStep.MUST_WALK, budget)
+                return self._walk(plan, budget, now_s)
         elif members:
             members_key = explicit[-1].order_key + 1 if explicit else 0  # count them at the end
         members_counted = not members
@@ -200,7 +186,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
             budget -= len(cohort)
         if len(cohort):
             plan.bulk = cohort.bulk()
-        return LazyResult(LazyStep.RAN, budget)
+        return budget
 
     # ------------------------------------------------------------------ the queues' events
     def use_cohort(self, window: int | None) -> None:
@@ -239,7 +225,8 @@ class V1DecodeShortcuts(DecodeShortcuts):
     def after_update(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
         """After `update_from_output`: the quiet decodes get their tokens, the members theirs
         (`tick`), the finished requests leave, and the decodes with a quiet stretch join."""
-        apply_quiet_decodes(plan.quiet, now_s, advance_computed=False)
+        if plan.quiet:
+            apply_quiet_decodes(plan.quiet, now_s, advance_computed=False)
         cohort = self.cohort
         if cohort is None:
             return
