@@ -68,9 +68,9 @@ class V0RunningPhase(V0SchedulerBase):
         chunking: bool,
         outputs: RunningOutputs,
     ) -> RunningStep:
-        """The loop body of L430-514 for the head of `running`: preempt from the tail until
-        `can_append_slots` holds (L445-483), then `_append_slots` and record the work
-        (L484-511)."""
+        """The loop body (L446-506) for the head of `running`: preempt from the tail until
+        `can_append_slots` holds (L454-483), then `_append_slots` and record the work
+        (L484-506)."""
         num_tokens = self._num_new_tokens(request, budget, chunking)
         if num_tokens == 0:
             return RunningStep.NO_TOKENS
