@@ -30,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.latency.batch import DecodeBulk
-from sim.scheduler.request import Request
+from sim.scheduler.request import Membership, Request
+
+MEMBER = Membership.MEMBER
 
 
 class DecodeCohort:
@@ -57,7 +59,7 @@ class DecodeCohort:
         return len(self._members)
 
     def __contains__(self, request: Request) -> bool:
-        return request.cohort_clock >= 0
+        return request.membership is MEMBER
 
     # ------------------------------------------------------------------ membership
     def join(self, request: Request, event_len: int) -> bool:
@@ -70,6 +72,7 @@ class DecodeCohort:
             return False
         clock = self.clock
         event = clock + event_len - num_tokens
+        request.membership = MEMBER
         request.cohort_clock = clock
         request.cohort_tokens = num_tokens
         request.cohort_event = event
@@ -105,7 +108,7 @@ class DecodeCohort:
         base_clock = request.cohort_clock
         delta = self.clock - base_clock
         del self._members[request]
-        request.cohort_clock = -1
+        request.membership = Membership.OUTSIDE
         base_context = request.cohort_tokens - 1
         context = base_context + delta
         self._context_sum -= context
@@ -132,7 +135,7 @@ class DecodeCohort:
         clock = self.clock
         last_tick_s = self.last_tick_s
         for request in bucket:
-            if request.cohort_clock >= 0 and request.cohort_event == clock:
+            if request.membership is MEMBER and request.cohort_event == clock:
                 # Append its skipped tokens and restart its count from now. Its context, so the
                 # sums and the clock at which it reaches the window, do not change.
                 delta = clock - request.cohort_clock
@@ -145,7 +148,7 @@ class DecodeCohort:
                     request.cohort_tokens += delta
                 # A member that left and rejoined under the same clock is in the bucket twice:
                 # the mark makes the second entry stale (`refile` sets a real event again).
-                request.cohort_event = -1
+                request.cohort_event = None
                 due.append(request)
         return due
 

@@ -1,71 +1,105 @@
-"""The decode fast path both schedulers share.
+"""The decode shortcuts: one opt-in layer over the faithful running phases of both schedulers.
 
-Most decode steps change nothing in the KV pool: the token lands in a block that has room. A
-manager that implements `decode_touch_len` / `sync_decode` (`sim.kv.protocol.DecodeFastPath`)
-says, after each real call, at which sequence length the next decode must call it again; until
-then the scheduler skips the call (the step is "quiet") and lets the manager catch up with
-`sync_decode` before its next real call. Results are identical with the fast path off
-(`scheduler.decode_fast_path: false`; see tests/test_engine.py and test_decode_fast_path.py).
+Most decode steps change nothing in the KV pool: the token lands in a block that has room. The
+layer has two levels, both exact (the steps and requests tables are the same with them off:
+tests/test_decode_fast_path.py, tests/test_decode_cohort.py, tests/test_engine.py):
 
-Example (bs=16, full attention): a request admitted with a 20-token prompt holds 2 blocks
-(32 slots); decodes at lengths 21..32 are quiet; the decode at length 33 needs a third block
-and calls the manager.
+* **the fast path** (`scheduler.decode_fast_path`, on by default). A manager that implements
+  `sim.kv.protocol.DecodeFastPath` says, after each real call, at which sequence length the
+  next decode must call it again (`decode_touch_len`); until then a decode is *quiet*: the
+  scheduler skips the call and lets the manager catch up (`sync_decode`) before its next real
+  call on that sequence. Example (bs=16, full attention): a request admitted with a 20-token
+  prompt holds 2 blocks (32 slots); decodes at lengths 21..32 are quiet; the decode at length
+  33 needs a third block and calls the manager.
+* **the decode cohort** (`scheduler.decode_cohort`, on by default, needs the fast path and
+  FCFS): quiet decodes are not even visited (`sim.scheduler.cohort`), so a decode step costs
+  what changes in it, not the batch size.
 
-The engine goes one step further with a decode cohort (`sim.scheduler.cohort`): quiet decodes
-are then not even visited; this module's per-request quiet path remains for steps that must
-walk every request, and for schedulers used without a cohort.
+The seam. Each scheduler has a faithful running phase, `_schedule_running`, that reads like
+upstream's and contains no shortcut. The layer is a strategy object, `scheduler.shortcuts`
+(`V0DecodeShortcuts` in `sim.scheduler.v0_shortcuts`, `V1DecodeShortcuts` in
+`sim.scheduler.v1_shortcuts`, both `DecodeShortcuts` below), that replaces only the running
+phase: the scheduler's `running_phase` (typed `RunningPhase` in `v0_running` / `v1_running`)
+is `_schedule_running` with the layer off and `shortcuts.schedule_running` with it on. That
+runs the cohort's lazy step when it can, and otherwise upstream's loop with its own turn for
+each request: a quiet decode is answered without a manager call, every other request takes
+upstream's turn (`_schedule_running_request`). Outside the running phase the faithful code
+calls the layer only through named methods:
+
+* `_sync(request)` before a real manager call on a request (the manager catches up; a no-op
+  for a request whose decodes were never skipped),
+* `_refresh_touch(request)` after one (asks `decode_touch_len`; nothing when the layer is off),
+* `shortcuts.<event>(...)` where a request enters or leaves `running` (`join_running`,
+  `leave_running`), and after a step's outputs were applied (`after_update`: the quiet
+  decodes' tokens and the cohort's bookkeeping).
+
+The manager-side protocol is `DecodeFastPath` (`decode_touch_len`, `sync_decode`); the layer is
+on only when the manager has both (`fast_path_enabled`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sim.audit.base import AuditorBase
+from sim.kv.types import Sequence
 from sim.scheduler.cohort import DecodeCohort
 from sim.scheduler.config import SchedulerConfig
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 
 
 class FastPathScheduler:
-    """What both schedulers share around the fast path and the decode cohort: the bound
-    manager calls, the sync before a real call and the touch refresh after it, and the
-    cohort's outsider bookkeeping. A scheduler supplies `_event_len` (its quiet rules)."""
+    """What both schedulers share with the layer: the manager's catch-up before a real call
+    and the touch length after it (the two seam calls in the faithful phases), and the layer
+    itself when it is on."""
 
     _fast_path: bool
-    _cohort: DecodeCohort | None
-    _outsiders: dict[Request, None]
+    _touch_len_of: Callable[[Sequence], int | None]
+    _sync_decode: Callable[[Sequence], None]
 
     def _init_fast_path(self, config: SchedulerConfig, manager: AuditorBase) -> None:
         self._fast_path = fast_path_enabled(config, manager)
-        # The fast-path calls, bound once (they run on every touched decode).
-        self._touch_len_of = manager.decode_touch_len if self._fast_path else None
-        self._sync_decode = manager.sync_decode if self._fast_path else None
-        #: The decode cohort (`use_decode_cohort`); None: every step walks `running`.
-        self._cohort = None
-        #: With a cohort: the running requests that are not members, in no particular order.
-        self._outsiders = {}
-
-    def materialize(self) -> None:
-        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
-        if self._cohort is not None:
-            for request in self._cohort.release_all():
-                self._outsiders[request] = None
-
-    def _join_cohort(self) -> None:
-        """After a step: every running decode that has a quiet stretch ahead joins."""
-        if self._outsiders:
-            self._cohort.join_outsiders(self._outsiders, self._event_len)
-
-    def _event_len(self, request: Request) -> int | None:
-        raise NotImplementedError
+        if self._fast_path:
+            # Bound once: they run on every touched decode, and the auditor's properties
+            # would look the inner method up again on each read.
+            self._touch_len_of = manager.decode_touch_len
+            self._sync_decode = manager.sync_decode
+        else:
+            self._touch_len_of = _never_quiet
+            self._sync_decode = _nothing_skipped
 
     def _refresh_touch(self, request: Request) -> None:
         """After a real call: ask the manager when the next decode must call it again."""
-        request.touch_len = self._touch_len_of(request.seq) if self._fast_path else None
+        if self._fast_path:
+            request.touch_len = self._touch_len_of(request.seq)
 
     def _sync(self, request: Request) -> None:
         """Before a real call: let the manager catch up on the decodes it did not see."""
-        if request.needs_sync:  # only ever set with the fast path on
+        if request.needs_sync:  # only ever set by the layer
             request.needs_sync = False
             self._sync_decode(request.seq)
+
+
+class DecodeShortcuts:
+    """The layer's state shared by both engines: the cohort (once `use_cohort` was called)
+    and, with a cohort, the running requests that are not members ("outsiders", in no
+    particular order). A scheduler's subclass supplies `event_len` (its quiet rules)."""
+
+    def __init__(self) -> None:
+        #: The decode cohort; None: every step walks `running` (the fast path alone).
+        self.cohort: DecodeCohort | None = None
+        #: With a cohort: the running requests that are not members, as an ordered set.
+        self.outsiders: dict[Request, None] = {}
+
+    def materialize(self) -> None:
+        """Bring every member's tokens and timestamps up to date (they become outsiders)."""
+        if self.cohort is not None:
+            for request in self.cohort.release_all():
+                self.outsiders[request] = None
+
+    def event_len(self, request: Request) -> int | None:
+        """The first length at which a running decode is not quiet; None: never a member."""
+        raise NotImplementedError
 
 
 def fast_path_enabled(config: SchedulerConfig, manager: object) -> bool:
@@ -76,6 +110,14 @@ def fast_path_enabled(config: SchedulerConfig, manager: object) -> bool:
         and callable(getattr(manager, "decode_touch_len", None))
         and callable(getattr(manager, "sync_decode", None))
     )
+
+
+def _never_quiet(seq: Sequence) -> int | None:
+    return None
+
+
+def _nothing_skipped(seq: Sequence) -> None:
+    raise AssertionError(f"kvsim: sync_decode for seq {seq.seq_id} with the fast path off")
 
 
 def add_quiet_decode(request: Request, plan: StepPlan, finish_len: int) -> None:

@@ -38,6 +38,14 @@ class RequestState(enum.Enum):
 _TERMINAL = {RequestState.FINISHED, RequestState.IGNORED, RequestState.FAILED, RequestState.ABORTED}
 
 
+class Membership(enum.Enum):
+    """Whether a running decode is a member of its scheduler's decode cohort
+    (`sim.scheduler.cohort`): its tokens then advance without it being visited."""
+
+    OUTSIDE = "outside"
+    MEMBER = "member"
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """A request as the engine sees it: the sequence, its group, timestamps and counters.
@@ -69,11 +77,12 @@ class Request:
     needs_sync: bool = False
     #: Position in its scheduler's running queue (smaller runs first); see `sim.scheduler.cohort`.
     order_key: int = 0
-    #: Decode cohort membership: the clock it joined at (-1: not a member), its tokens then,
-    #: and the clock of its next event.
-    cohort_clock: int = -1
+    #: Decode cohort membership; while a member: the clock its token count was taken at, the
+    #: count then, and the clock of its next event (None: not filed, a stale entry).
+    membership: Membership = Membership.OUTSIDE
+    cohort_clock: int = 0
     cohort_tokens: int = 0
-    cohort_event: int = 0
+    cohort_event: int | None = None
     #: The session and turn (1, 2, ...) of a multi-turn workload (`sim.workload.sessions`);
     #: None otherwise. A session-affinity router reads `session_id`.
     session_id: int | None = None
