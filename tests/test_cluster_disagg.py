@@ -220,6 +220,7 @@ def _check_invariants(engine, result) -> None:
     handed_off = set(result.prefill.requests.query("state == 'finished'")["request_id"])
     assert set(result.decode.requests["request_id"]) == handed_off
     assert (result.prefill.requests["generated_tokens"] <= 1).all()
+    _check_pool_tables(result)
     kinds = set(result.prefill.violations["kind"]) | set(result.decode.violations["kind"])
     aborted = (client["state"] == "aborted").any()
     assert kinds <= {"no_progress"}
@@ -244,6 +245,43 @@ def _check_invariants(engine, result) -> None:
             for replica in pool.replicas:
                 assert _used(replica) <= 1  # the null block
         assert not any(engine.hooks(r).delayed_free for r in engine.prefill.replicas)
+
+
+def _check_pool_tables(result) -> None:
+    """Each pool's `requests` table is in `request_id` order (rows are written as requests
+    end, `sim.records.RequestRows`), and its summary, gathered from the table's chunks as they
+    were written, counts the same rows and states as the table."""
+    for pool in (result.prefill, result.decode):
+        ids = pool.requests["request_id"]
+        assert ids.is_monotonic_increasing and ids.is_unique
+        assert pool.summary["num_requests"] == len(pool.requests)
+        counts = pool.requests["state"].value_counts().to_dict()
+        assert {k: v for k, v in pool.summary["states"].items() if v} == counts
+        assert pool.summary["num_steps"] == len(pool.steps)
+
+
+def test_disagg_on_columnar_records():
+    """Regression (`ColumnarTable has no attribute sort`): the pools write their tables
+    through the columnar records. Two prefill replicas (round robin): request 0's prompt of
+    400 tokens takes 7 chunks of 64, request 1's of 8 tokens one step, so request 1 reaches
+    the decode pool first; the decode pool's table is still in id order, and each pool's
+    summary counts its table's rows."""
+    data = _scenario(
+        [
+            {"arrival_s": 0.0, "prompt_tokens": 400, "output_tokens": 3},
+            {"arrival_s": 0.0, "prompt_tokens": 8, "output_tokens": 3},
+        ],
+        prefill={"replicas": 2},
+    )
+    data["scheduler"] |= {"enable_chunked_prefill": True, "max_num_batched_tokens": 64}
+    engine, inputs = build_engine(scenario_from_dict(data))
+    records = engine.run()
+    assert records.handoff_s[1] < records.handoff_s[0]
+    result = build_disagg_result(records, inputs)
+    assert list(result.decode.requests["request_id"]) == [0, 1]
+    assert list(result.requests["state"]) == ["finished", "finished"]
+    assert result.prefill.summary["num_steps"] == 7 + 1
+    _check_pool_tables(result)
 
 
 def test_every_request_accounted_for_and_audit_clean_on_a_normal_workload():

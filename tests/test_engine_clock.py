@@ -21,18 +21,19 @@ from hypothesis import strategies as st
 
 import sim.engine
 import sim.runner
+from sim.cluster.config import ClusterMode
 from sim.engine import Clock, Engine
 from sim.results import build_result
 from sim.runner import builtin_scenario_path, resolve, run
-from sim.scenario import scenario_from_dict
+from sim.scenario import load_scenario, scenario_from_dict
 from tests.test_decode_cohort import DESIGNS, replay_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Every bundled co-located scenario (a disaggregated one runs in `sim.cluster`'s own loop).
+# A disaggregated scenario runs on `sim.cluster.disagg`'s own loop, not on this engine's.
 SCENARIOS = [
     path
     for path in sorted((ROOT / "scenarios").glob("*.yaml"))
-    if "mode: disaggregated" not in path.read_text(encoding="utf-8")
+    if load_scenario(path).cluster.mode is ClusterMode.CO_LOCATED
 ] + [builtin_scenario_path()]
 
 

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
 
 from sim.errors import InputError
@@ -46,6 +45,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Run prefill/decode disaggregated serving: two pools joined by a KV link."""
+        import pandas as pd  # here, not at the top: `kvsim --help` stays light
+
         from sim.cli import console
         from sim.cluster.run import run_disaggregated
         from sim.outdir import staged_folder

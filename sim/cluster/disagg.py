@@ -36,10 +36,12 @@ from sim.cluster.pd_connector import (
     Transfer,
     TransferLedger,
 )
-from sim.engine import EngineConfig, Replica, RunRecords, batch_shape
+from sim.engine import EngineConfig, Replica, RunRecords, batch_shape, in_arrival_order
 from sim.kv_connector.hooks import ConnectorHooks
 from sim.latency.batch import BatchShape
+from sim.records import REQUEST_DTYPE, STEP_DTYPE, ColumnarTable, RequestRows, memory_sinks
 from sim.routing import ReplicaView, RoutingPolicy, make_policy
+from sim.run_stats import RunStats
 from sim.scheduler import Request, RequestState, StepPlan
 from sim.workload.request import RequestSpec
 
@@ -62,6 +64,8 @@ class _Pool:
     step_time: object
     replicas: list[Replica]
     records: RunRecords
+    #: The `requests` table's row writer: rows in `request_id` order (`sim.records`).
+    rows: RequestRows
     policy: RoutingPolicy
     views: list[ReplicaView]
 
@@ -83,8 +87,11 @@ class DisaggEngine:
                 raise ValueError(f"{name} pool: disaggregation models the V1 engine only")
         if prefill[0].kv.block_size != decode[0].kv.block_size:
             raise ValueError("the prefill and decode pools must share one block size")
+        # Every step yields its timeout (no `sim.engine.Clock.advance_to` shortcut): the two
+        # pools' loops are this module's own.
         self.env = simpy.Environment()
-        self.specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+        ordered, _, ids_ascending = in_arrival_order(specs)
+        self.specs = list(ordered)
         self.link = link
         self.block_bytes = block_bytes
         self.num_streams = num_streams
@@ -96,27 +103,45 @@ class DisaggEngine:
             num_streams,
             on_send_scheduled=lambda index: _wake(self.prefill.replicas[index]),
         )
+        # The prefill pool's requests arrive in the workload's order; the decode pool's come
+        # in prefill-finish order, so its rows wait for `close()` to sort them.
         self.prefill = self._pool(
-            "prefill", replace(prefill[0], kv_connector=PrefillSideConfig(self.ledger)), prefill[1]
+            "prefill",
+            replace(prefill[0], kv_connector=PrefillSideConfig(self.ledger)),
+            prefill[1],
+            ids_ascending,
         )
         self.decode = self._pool(
-            "decode", replace(decode[0], kv_connector=DecodeSideConfig(self.ledger)), decode[1]
+            "decode",
+            replace(decode[0], kv_connector=DecodeSideConfig(self.ledger)),
+            decode[1],
+            False,
         )
         self.records = DisaggRecords(self.prefill.records, self.decode.records)
         self._spec_of = {spec.request_id: spec for spec in self.specs}
         self._arrivals_done = False
+        #: How many of `specs` (in order) have arrived at the prefill pool.
+        self._num_arrived = 0
         #: Why the run ends early (the simulated-time limit), once it does.
         self._stop: str | None = None
 
-    def _pool(self, name: str, config: EngineConfig, step_time) -> _Pool:
+    def _pool(self, name: str, config: EngineConfig, step_time, ids_ascending: bool) -> _Pool:
         window = getattr(step_time, "decode_window", None)
         replicas = [Replica(i, config, self._clock, window) for i in range(config.num_replicas)]
+        sinks = memory_sinks()
+        num_gpu_blocks = config.kv.num_gpu_blocks
+        stats = RunStats(num_gpu_blocks, spill_to_file=sinks.spill_to_file)
+        requests = ColumnarTable(REQUEST_DTYPE, sinks.requests)
+        steps = ColumnarTable(STEP_DTYPE, sinks.steps)
+        requests.listeners.append(stats.on_requests)
+        steps.listeners.append(stats.on_steps)
         return _Pool(
             name,
             config,
             step_time,
             replicas,
-            RunRecords(num_gpu_blocks=config.kv.num_gpu_blocks),
+            RunRecords(requests, steps, stats, num_gpu_blocks=num_gpu_blocks),
+            RequestRows(requests, ids_ascending),
             make_policy(config.router, config.kv.block_size, config.router_load_weight),
             [ReplicaView(r) for r in replicas],
         )
@@ -144,7 +169,8 @@ class DisaggEngine:
             request = Request.new(
                 spec.request_id, spec.arrival_s, spec.prompt_content(), 1, spec.priority
             )
-            pool.records.requests.append(request)
+            self._num_arrived += 1
+            pool.rows.arrived(request.request_id)
             replica = pool.replicas[pool.policy.choose(request, pool.views)]
             request.replica = replica.index
             if request.prompt_tokens > max_model_len:
@@ -155,6 +181,7 @@ class DisaggEngine:
                     f"({max_model_len})",
                     self.env.now,
                 )
+                pool.rows.terminal(request)
                 continue
             replica.outstanding += 1
             replica.scheduler.add_request(request)
@@ -175,7 +202,7 @@ class DisaggEngine:
             spec.output_tokens,
             spec.priority,
         )
-        pool.records.requests.append(request)
+        pool.rows.arrived(request.request_id)
         replica = pool.replicas[pool.policy.choose(request, pool.views)]
         request.replica = replica.index
         self.ledger.hand_off(request.request_id, done.replica)
@@ -214,6 +241,8 @@ class DisaggEngine:
             plan = scheduler.schedule(env.now)
             ended = len(plan.ignored) + len(plan.failed)
             replica.outstanding -= ended
+            for request in plan.ignored + plan.failed:
+                pool.rows.terminal(request)
             if plan.is_empty:
                 if (ended or plan.num_preempted) and empty_streak <= 8 + 2 * len(scheduler.running):
                     empty_streak += 1
@@ -234,6 +263,8 @@ class DisaggEngine:
             yield env.timeout(duration_s)
             finished = scheduler.update(plan, env.now)
             replica.outstanding -= len(finished)
+            for request in finished:
+                pool.rows.terminal(request)
             self._record_step(pool, replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
             if is_prefill:
@@ -272,35 +303,40 @@ class DisaggEngine:
             f"stalled on the {pool.name} pool: nothing running and no waiting request can be "
             f"admitted ({replica.pool_stats().num_free} free blocks)"
         )
-        self._abort(list(replica.scheduler.unfinished()), reason)
+        self._abort(pool, list(replica.scheduler.unfinished()), reason)
 
-    def _abort(self, requests: list[Request], reason: str) -> None:
+    def _abort(self, pool: _Pool, requests: list[Request], reason: str) -> None:
         for request in requests:
             if not request.state.is_terminal:
                 request.finish(RequestState.ABORTED, reason, self.env.now)
                 self.ledger.give_up(request.request_id, self.env.now)
+                pool.rows.terminal(request)
 
-    def _unfinished(self) -> list[Request]:
+    def _unfinished(self, pool: _Pool) -> list[Request]:
         return [
             request
-            for pool in (self.prefill, self.decode)
             for replica in pool.replicas
             for request in replica.scheduler.unfinished()
             if not request.state.is_terminal
         ]
 
+    def _abort_unfinished(self, reason: str) -> None:
+        """Abort what both pools hold, prefill first (the ledger gives up each one)."""
+        for pool in (self.prefill, self.decode):
+            self._abort(pool, self._unfinished(pool), reason)
+
     def _abort_all(self, reason: str) -> None:
         """The run stopped early: every request not yet terminal is aborted, and the
         requests that never arrived are accounted for too (as `sim.engine` does)."""
-        self._abort(self._unfinished(), reason)
-        arrived = {r.request_id for r in self.prefill.records.requests}
-        for spec in self.specs:
-            if spec.request_id not in arrived:
-                request = Request.new(
-                    spec.request_id, spec.arrival_s, spec.prompt_content(), 1, spec.priority
-                )
-                request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
-                self.prefill.records.requests.append(request)
+        self._abort_unfinished(reason)
+        rows = self.prefill.rows
+        for spec in self.specs[self._num_arrived :]:
+            request = Request.new(
+                spec.request_id, spec.arrival_s, spec.prompt_content(), 1, spec.priority
+            )
+            request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
+            rows.arrived(spec.request_id)
+            rows.terminal(request)
 
     def _deadlock(self) -> None:
         """Every process sleeps but requests remain: the pools wait on each other.
@@ -312,8 +348,7 @@ class DisaggEngine:
         the same way and would hang; kvsim records `no_progress` on each stuck decode
         replica and aborts what is left.
         """
-        stuck = self._unfinished()
-        if not stuck:
+        if not any(self._unfinished(pool) for pool in (self.prefill, self.decode)):
             return
         num_kept = sum(len(self.hooks(r).delayed_free) for r in self.prefill.replicas)
         for replica in self.decode.replicas:
@@ -333,7 +368,7 @@ class DisaggEngine:
                     message,
                 )
             )
-        self._abort(stuck, "deadlock: the prefill and decode pools wait on each other")
+        self._abort_unfinished("deadlock: the prefill and decode pools wait on each other")
 
     def _record_step(
         self,
@@ -391,7 +426,8 @@ class DisaggEngine:
                 pool.records.violations.extend(replica.manager.violations)
             pool.records.end_s = self.env.now
             pool.records.stopped_early = self._stop
-            pool.records.requests.sort(key=lambda r: r.request_id)
+            pool.rows.close()
+            pool.records.steps.close()
         self.records.transfers = list(self.ledger.transfers)
         return self.records
 
