@@ -7,6 +7,8 @@ read them before it consumed events), which the event-fed router must equal at s
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,3 +268,14 @@ def test_without_offloading_no_cpu_events():
     scenario = apply_overrides(_offloading(), {"cache.cpu_offload_gib": 0.0})
     table = run(scenario, base_dir=ROOT).kv_events
     assert len(table) > 0 and set(table["medium"].dropna()) == {"GPU"}
+
+
+def test_cpu_tier_events_import_no_pandas():
+    # The tier's medium lives in `sim.kv_connector.cpu_tier`, not in `sim.kv_events` (whose
+    # package loads the table, i.e. pandas): the tier and the router's index stay light.
+    code = (
+        "import sys; import sim.kv_connector.offloading, sim.routing; "
+        "print('pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

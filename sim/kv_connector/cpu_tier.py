@@ -35,7 +35,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sim.kv.types import BlockHash
-from sim.kv_events.events import MEDIUM_CPU
+
+#: The medium of the tier's KV events (`vllm/v1/kv_offload/mediums.py:L35-39 @0.11.0`). Defined
+#: here, not in `sim.kv_events` (which re-exports it), so that the tier and the router's index
+#: import no pandas.
+MEDIUM_CPU = "CPU"
 
 #: `ref_cnt` of a block whose store has not completed (`backend.py:L25-33`).
 NOT_READY = -1

@@ -36,10 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.kv.types import BlockHash
+from sim.kv_connector.cpu_tier import MEDIUM_CPU as MEDIUM_CPU  # the CPU tier's, re-exported
 
 MEDIUM_GPU = "GPU"
-#: The CPU tier of KV offloading (`vllm/v1/kv_offload/mediums.py:L35-39`).
-MEDIUM_CPU = "CPU"
 
 
 @dataclass(frozen=True, slots=True)

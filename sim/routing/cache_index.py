@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from sim.kv.types import BlockHash
-from sim.kv_events.events import MEDIUM_CPU
+from sim.kv_connector.cpu_tier import MEDIUM_CPU
 
 
 class _Op(enum.Enum):
