@@ -271,7 +271,9 @@ class Engine:
         self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
         # KV events: each V1 pool feeds the router's index and/or a recording stream.
         self._cache_index = (
-            CacheIndex(config.num_replicas, config.router_staleness_s, self._now)
+            CacheIndex(
+                config.num_replicas, config.router_staleness_s, self._now, config.kv.block_size
+            )
             if config.router.reads_kv_events
             else None
         )

@@ -188,11 +188,19 @@ def test_event_fed_router_equals_direct_read_through_evictions():
 
 
 # ------------------------------------------------------------------ the events themselves
-def _replayed(history) -> Counter:
-    """Block hash -> cached copies, replaying a replica's events from the start."""
+def _tier(replica):
+    """The replica's CPU offloading tier, or None."""
+    hooks = replica.connector_hooks
+    return getattr(hooks.connector, "tier", None) if hooks is not None else None
+
+
+def _replayed(history, medium: str = "GPU") -> Counter:
+    """Block hash -> cached copies in `medium`, replaying a replica's events from the start."""
     held: Counter = Counter()
     for timed in history:
         event = timed.event
+        if getattr(event, "medium", "GPU") != medium:
+            continue
         if isinstance(event, BlockStored):
             held.update(event.block_hashes)
         elif isinstance(event, BlockRemoved):
@@ -205,7 +213,8 @@ def _replayed(history) -> Counter:
 @pytest.mark.parametrize("seed", range(12))
 def test_replaying_the_events_gives_the_pools_cache_map(seed):
     # Fuzz cases on the V1 engine (prefix caching on, 2 replicas): at the end of the run, each
-    # replica's events add up to exactly the blocks its pool has cached, duplicates counted.
+    # replica's events add up to exactly the blocks its pool has cached, duplicates counted,
+    # and its CPU events (when the case offloads) to the CPU tier's ready blocks.
     case = generate_case("v1-engine", seed)
     case = apply_overrides(
         case,
@@ -227,6 +236,11 @@ def test_replaying_the_events_gives_the_pools_cache_map(seed):
         history = stream.events()
         expected = Counter({h: len(ids) for h, ids in pool.cached_block_hash_to_block.items()})
         assert _replayed(history) == expected
+        tier = _tier(replica)
+        ready = Counter(
+            {h: 1 for h, ref_cnt in tier.blocks.items() if ref_cnt >= 0} if tier else {}
+        )
+        assert _replayed(history, "CPU") == ready
         times = [timed.time_s for timed in history]
         assert times == sorted(times)
 

@@ -45,7 +45,7 @@ def _h(*values: int) -> list[BlockHash]:
 
 
 def test_cpu_tier_worked_example():
-    tier = LRUCpuTier(2)
+    tier = LRUCpuTier(2, block_size=16)
     a, b, c, d = _h(1, 2, 3, 4)
     plan = tier.prepare_store([a, b])
     assert plan is not None and plan.block_hashes_to_store == [a, b]
@@ -65,7 +65,7 @@ def test_cpu_tier_worked_example():
 
 
 def test_cpu_tier_refuses_to_load_a_block_never_stored():
-    tier = LRUCpuTier(4)
+    tier = LRUCpuTier(4, block_size=16)
     tier.prepare_store(_h(1))
     try:
         tier.prepare_load(_h(1))  # stored but not complete

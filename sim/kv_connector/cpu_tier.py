@@ -15,6 +15,14 @@ Worked example (2 slots)::
     prepare_load([a]); prepare_store([d]) -> None (a is being read, c's store is running)
     complete_load([a]); prepare_store([d]) -> evicts a
 
+KV events (vLLM 0.11.0 `lru_manager.py`, with `kv_events_config.enable_kv_cache_events`,
+`cpu.py:L37-46`): when `event_sink` is set, the tier reports the blocks a `prepare_store` evicts
+as one removal (L84-89) and the blocks a `complete_store` makes ready as one store (L108-127),
+both with medium "CPU" (`mediums.py:L35-39`) and the offloaded block size. A block is reported
+stored only once its copy is done, so the events name exactly the ready blocks (those
+`lookup` can hit). In the example above: stored [a, b] at `complete_store([a, b])`, removed
+[b] at `prepare_store([c])`, removed [a] at the last `prepare_store([d])`.
+
 Invariants, checked on every change (an internal error, not user input): no more blocks than
 slots; a load reads only ready blocks (every loaded block was stored).
 """
@@ -22,13 +30,29 @@ slots; a load reads only ready blocks (every loaded block was stored).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sim.kv.types import BlockHash
 
+#: The medium of the tier's KV events (`vllm/v1/kv_offload/mediums.py:L35-39 @0.11.0`). Defined
+#: here, not in `sim.kv_events` (which re-exports it), so that the tier and the router's index
+#: import no pandas.
+MEDIUM_CPU = "CPU"
+
 #: `ref_cnt` of a block whose store has not completed (`backend.py:L25-33`).
 NOT_READY = -1
+
+
+class TierEventSink(Protocol):
+    """Receives the tier's KV events (`sim.kv_events`): the same sink as the GPU pool's."""
+
+    def tier_stored(
+        self, block_hashes: Sequence[BlockHash], medium: str, block_size: int
+    ) -> None: ...
+
+    def tier_removed(self, block_hashes: Sequence[BlockHash], medium: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +75,14 @@ class TierStats:
 class LRUCpuTier:
     """CPU-memory blocks keyed by hash, evicted least recently used (see module docstring)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0:
             raise ValueError(f"the CPU tier needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
+        #: Tokens per block (the offloaded block size), reported with stored blocks.
+        self.block_size = block_size
+        #: Where the KV events go; None: no one consumes or records them.
+        self.event_sink: TierEventSink | None = None
         #: hash -> ref_cnt, least recently used first.
         self.blocks: OrderedDict[BlockHash, int] = OrderedDict()
         self.stats = TierStats()
@@ -118,6 +146,8 @@ class LRUCpuTier:
                 return None
         for block_hash in evicted:
             del self.blocks[block_hash]
+        if evicted and self.event_sink is not None:  # lru_manager.py:L84-89
+            self.event_sink.tier_removed(evicted, MEDIUM_CPU)
         for block_hash in to_store:
             self.blocks[block_hash] = NOT_READY
         if len(self.blocks) > self.num_blocks:
@@ -131,6 +161,10 @@ class LRUCpuTier:
 
     def complete_store(self, block_hashes: Iterable[BlockHash]) -> None:
         """The copies are done: the blocks become ready (lookups can hit them)."""
+        ready: list[BlockHash] = []
         for block_hash in block_hashes:
             if self.blocks[block_hash] == NOT_READY:
                 self.blocks[block_hash] = 0
+                ready.append(block_hash)
+        if ready and self.event_sink is not None:  # lru_manager.py:L122-127
+            self.event_sink.tier_stored(ready, MEDIUM_CPU, self.block_size)

@@ -98,7 +98,7 @@ class OffloadingConnector:
         self.gpu_block_size = gpu_block_size
         self.offloaded_block_size = offloaded
         self.block_size_factor = offloaded // gpu_block_size
-        self.tier = LRUCpuTier(config.num_cpu_blocks)
+        self.tier = LRUCpuTier(config.num_cpu_blocks, offloaded)
         self.h2d = TransferQueue(config.link)  # loads
         self.d2h = TransferQueue(config.link)  # stores
         self.stats = OffloadStats()

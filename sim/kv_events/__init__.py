@@ -6,6 +6,7 @@ table), `table` that table's layout.
 """
 
 from sim.kv_events.events import (
+    MEDIUM_CPU,
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -18,6 +19,7 @@ from sim.kv_events.table import KV_EVENT_COLUMNS, kv_events_frame
 
 __all__ = [
     "KV_EVENT_COLUMNS",
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
     "AllBlocksCleared",
     "BlockRemoved",

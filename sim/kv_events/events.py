@@ -12,7 +12,12 @@ L24-32; `scheduler.py:L609-623` takes the block pool's queue once per `schedule(
   event per block (`_maybe_evict_cached_block`, L286-320, the event at L310-319).
 * `AllBlocksCleared()`: the whole prefix cache was reset (`reset_prefix_cache`, L355-383, the event at L380-381).
 
-`medium` is "GPU" for the block pool (`MEDIUM_GPU`, L44). kvsim differs in three ways:
+`medium` is "GPU" for the block pool (`MEDIUM_GPU`, L44). With CPU offloading the connector
+adds the CPU tier's events to the same batch (`scheduler.py:L612-618`; the connector's
+`take_events`, `offloading_connector.py:L367-384 @0.11.0`): a `BlockStored` with medium "CPU",
+no parent, no token ids and the offloaded block size for the blocks whose copy to the CPU
+completed, and a `BlockRemoved` with medium "CPU" for the blocks evicted from the CPU tier to
+make room for a store (`sim.kv_connector.cpu_tier`). kvsim differs in three ways:
 
 * **Hashes** are kvsim's chained block hashes (`sim.kv.types.chain_hash`), not vLLM's
   sha256/cbor digests: the same chain structure (a block's hash covers its parent's), other
@@ -31,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.kv.types import BlockHash
+from sim.kv_connector.cpu_tier import MEDIUM_CPU as MEDIUM_CPU  # the CPU tier's, re-exported
 
 MEDIUM_GPU = "GPU"
 

@@ -11,6 +11,11 @@ blocks and `removed` when it evicts a cached block, where vLLM's pool queues its
   simulated time, as rows of the `kv_events` table and forwards the call to the router's
   feed, if any.
 
+With CPU offloading (`sim.kv_connector.offloading`) the replica's CPU tier writes to the same
+sink (`tier_stored` / `tier_removed`, medium "CPU"), as vLLM's scheduler publishes the
+connector's events in the pool's batch (`sim.kv_events.events`); without offloading no CPU
+event exists.
+
 Only the single-group V1 pool emits: vLLM 0.11.0 turns the hybrid KV cache manager off when
 KV events are on (`vllm/config/__init__.py:L509-511`), and kvsim models no such fallback, so
 a hybrid replica (and every v0 design) emits nothing.
@@ -25,6 +30,8 @@ from typing import Any, Protocol
 
 from sim.kv.types import BlockHash
 from sim.kv_events.events import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -45,8 +52,21 @@ class KVEventSink(Protocol):
         ...
 
     def cleared(self) -> None:
-        """The whole prefix cache was dropped."""
+        """The whole (GPU) prefix cache was dropped."""
         ...
+
+    def tier_stored(self, block_hashes: Sequence[BlockHash], medium: str, block_size: int) -> None:
+        """An offloading tier's copies of `block_hashes` completed (blocks of `block_size`
+        tokens, not necessarily one chain: vLLM sends no parent)."""
+        ...
+
+    def tier_removed(self, block_hashes: Sequence[BlockHash], medium: str) -> None:
+        """An offloading tier evicted `block_hashes`."""
+        ...
+
+
+#: The `medium` codes of the recorded rows (index into this tuple).
+MEDIA = (MEDIUM_GPU, MEDIUM_CPU)
 
 
 class EventKind(enum.IntEnum):
@@ -68,6 +88,7 @@ class KVEventStream:
     __slots__ = (
         "replica",
         "block_size",
+        "tier_block_size",
         "_clock",
         "forward",
         "num_events",
@@ -78,6 +99,7 @@ class KVEventStream:
         "parent_block_hash",
         "has_parent",
         "position",
+        "medium",
     )
 
     def __init__(
@@ -89,6 +111,8 @@ class KVEventStream:
     ) -> None:
         self.replica = replica
         self.block_size = block_size
+        #: The offloading tier's block size, once it has reported a store (None: no CPU rows).
+        self.tier_block_size: int | None = None
         self._clock = clock
         self.forward = forward
         self.num_events = 0
@@ -100,9 +124,17 @@ class KVEventStream:
         self.parent_block_hash = array("q")
         self.has_parent = array("b")
         self.position = array("i")
+        #: Index into `MEDIA`: 0 (GPU) for the pool's rows, 1 (CPU) for the tier's.
+        self.medium = array("b")
 
     def _row(
-        self, time_s: float, kind: EventKind, block_hash: int, parent: int | None, position: int
+        self,
+        time_s: float,
+        kind: EventKind,
+        block_hash: int,
+        parent: int | None,
+        position: int,
+        medium: int = 0,
     ) -> None:
         self.time_s.append(time_s)
         self.event.append(self.num_events)
@@ -111,6 +143,7 @@ class KVEventStream:
         self.parent_block_hash.append(0 if parent is None else parent)
         self.has_parent.append(parent is not None)
         self.position.append(position)
+        self.medium.append(medium)
 
     def stored(self, block_hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:
         time_s = self._clock()
@@ -134,6 +167,27 @@ class KVEventStream:
         if self.forward is not None:
             self.forward.cleared()
 
+    def tier_stored(self, block_hashes: Sequence[BlockHash], medium: str, block_size: int) -> None:
+        if self.tier_block_size not in (None, block_size):
+            raise AssertionError(f"tier block size changed: {self.tier_block_size} -> {block_size}")
+        self.tier_block_size = block_size
+        self._tier_rows(EventKind.BLOCK_STORED, block_hashes, medium)
+        if self.forward is not None:
+            self.forward.tier_stored(block_hashes, medium, block_size)
+
+    def tier_removed(self, block_hashes: Sequence[BlockHash], medium: str) -> None:
+        self._tier_rows(EventKind.BLOCK_REMOVED, block_hashes, medium)
+        if self.forward is not None:
+            self.forward.tier_removed(block_hashes, medium)
+
+    def _tier_rows(self, kind: EventKind, block_hashes: Sequence[BlockHash], medium: str) -> None:
+        """One event of an offloading tier: a row per block, none with a parent."""
+        time_s = self._clock()
+        code = MEDIA.index(medium)
+        for position, block_hash in enumerate(block_hashes):
+            self._row(time_s, kind, block_hash, None, position, code)
+        self.num_events += 1
+
     def events(self) -> list[TimedEvent]:
         """The recorded events in vLLM's format, in order."""
         out: list[TimedEvent] = []
@@ -145,12 +199,18 @@ class KVEventStream:
                 end += 1
             kind = EventKind(self.kind[row])
             hashes = tuple(BlockHash(h) for h in self.block_hash[row:end])
+            medium = MEDIA[self.medium[row]]
+            block_size = self.block_size
+            if medium != MEDIUM_GPU:
+                assert self.tier_block_size is not None
+                block_size = self.tier_block_size
             event: KVCacheEvent
             if kind is EventKind.BLOCK_STORED:
                 parent = BlockHash(self.parent_block_hash[row]) if self.has_parent[row] else None
-                event = BlockStored(hashes, parent, len(hashes) * self.block_size, self.block_size)
+                num_tokens = len(hashes) * block_size
+                event = BlockStored(hashes, parent, num_tokens, block_size, medium=medium)
             elif kind is EventKind.BLOCK_REMOVED:
-                event = BlockRemoved(hashes)
+                event = BlockRemoved(hashes, medium)
             else:
                 event = AllBlocksCleared()
             out.append(TimedEvent(self.time_s[row], self.replica, event))
@@ -165,8 +225,9 @@ def attach_streams(
     feeds: Sequence[KVEventSink] | None,
     record: bool,
 ) -> list[KVEventStream | None]:
-    """Connect each replica's single-group V1 pool to `feeds[i]` (the router's feed, if a
-    router consumes events) and, with `record`, to a recording `KVEventStream`.
+    """Connect each replica's single-group V1 pool, and its CPU offloading tier if any, to
+    `feeds[i]` (the router's feed, if a router consumes events) and, with `record`, to a
+    recording `KVEventStream`.
 
     Returns the recording streams (None for a replica that emits nothing, or without
     `record`).
@@ -184,6 +245,19 @@ def attach_streams(
             feed = feeds[i] if feeds is not None else None
             if record:
                 stream = KVEventStream(replica.index, block_size, clock, feed)
-            pool.event_sink = stream if stream is not None else feed
+            sink = stream if stream is not None else feed
+            pool.event_sink = sink
+            tier = _offloading_tier(replica)
+            if tier is not None:
+                tier.event_sink = sink
         streams.append(stream)
     return streams
+
+
+def _offloading_tier(replica: Any) -> Any:
+    """The replica's CPU offloading tier (`LRUCpuTier`), or None without offloading."""
+    from sim.kv_connector.cpu_tier import LRUCpuTier
+
+    hooks = getattr(replica, "connector_hooks", None)
+    tier = getattr(getattr(hooks, "connector", None), "tier", None)
+    return tier if isinstance(tier, LRUCpuTier) else None

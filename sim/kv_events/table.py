@@ -23,8 +23,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from sim.kv_events.events import MEDIUM_GPU
-from sim.kv_events.stream import EventKind, KVEventStream
+from sim.kv_events.stream import MEDIA, EventKind, KVEventStream
 
 KV_EVENT_COLUMNS = [
     "replica",
@@ -67,6 +66,7 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
             "has_parent",
             "position",
             "block_size",
+            "medium",
         )
     }
     for stream in streams:
@@ -81,7 +81,12 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
         parts["parent"].append(np.frombuffer(stream.parent_block_hash, dtype=np.int64))
         parts["has_parent"].append(np.frombuffer(stream.has_parent, dtype=np.int8))
         parts["position"].append(np.frombuffer(stream.position, dtype=np.int32))
-        parts["block_size"].append(np.full(num_rows, stream.block_size, dtype=np.int64))
+        medium = np.frombuffer(stream.medium, dtype=np.int8)
+        parts["medium"].append(medium)
+        tier_block_size = stream.tier_block_size or 0
+        parts["block_size"].append(
+            np.where(medium == 0, stream.block_size, tier_block_size).astype(np.int64)
+        )
     empty = {
         "replica": np.int64,
         "event": np.int64,
@@ -92,6 +97,7 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
         "has_parent": np.int8,
         "position": np.int32,
         "block_size": np.int64,
+        "medium": np.int8,
     }
     col = {
         name: np.concatenate(arrays) if arrays else np.empty(0, dtype=empty[name])
@@ -102,7 +108,9 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
     has_block = kind != EventKind.ALL_BLOCKS_CLEARED
     # Categoricals: two text columns of millions of rows would be millions of objects.
     kinds = pd.Categorical.from_codes(kind, categories=[KIND_NAMES[k] for k in EventKind])
-    medium = pd.Categorical.from_codes(np.where(has_block, 0, -1), categories=[MEDIUM_GPU])
+    medium = pd.Categorical.from_codes(
+        np.where(has_block, col["medium"], -1), categories=list(MEDIA)
+    )
     num_rows = len(kind)
     return pd.DataFrame(
         {

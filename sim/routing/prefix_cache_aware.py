@@ -8,7 +8,9 @@ them `engine.router_staleness_s` late.
 
 The prompt's chained block hashes are computed one block at a time and only while some
 replica still holds every block so far: a prompt that no replica caches costs one hash, not
-one per block.
+one per block. A replica's held prefix continues in its CPU tier after its GPU's leading
+blocks (`CacheIndex.num_leading_blocks_held`): once a block is found only in the CPU tier,
+that replica's next blocks are looked up there alone, as the offloading connector does.
 
 Example (block size 16, load_weight 1): a 64-token prompt whose first 3 blocks replica 1
 caches while replica 1 has 2 outstanding requests and replica 0 has none and caches nothing:
@@ -28,12 +30,22 @@ def leading_blocks_held(content: Any, block_size: int, replicas: list[ReplicaVie
     miss); the same as `num_leading_blocks_held(content.block_hashes(...))` for each."""
     held = [0] * len(replicas)
     matching = list(range(len(replicas)))
+    #: Replicas whose prefix has left the GPU and continues in the CPU tier.
+    on_cpu = [False] * len(replicas)
     parent = NONE_HASH
     for block in range(content.num_tokens // block_size):
         if not matching:
             break
         parent = chain_hash(parent, content.block_key(block, block_size))
-        matching = [i for i in matching if replicas[i].holds_block(parent)]
+        still = []
+        for i in matching:
+            view = replicas[i]
+            if not on_cpu[i] and view.holds_block(parent):
+                still.append(i)
+            elif view.holds_cpu_block(parent):
+                on_cpu[i] = True
+                still.append(i)
+        matching = still
         for i in matching:
             held[i] += 1
     return held

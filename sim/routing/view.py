@@ -5,7 +5,9 @@ A real router does not read a replica's scheduler: it sees load figures the repl
 holds, learned from the replica's KV cache events (blocks stored / removed, with their hashes).
 `ReplicaView` exposes exactly that, read-only: the held blocks come from the router's
 `CacheIndex`, which is built only from the events delivered so far (`sim.routing.cache_index`,
-with the configured staleness), never from the replica's pool.
+with the configured staleness), never from the replica's pool. With CPU offloading the
+events also name the CPU tier's blocks, and a prompt's held prefix continues there after the
+GPU's leading blocks (`CacheIndex.num_leading_blocks_held`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class ReplicaView:
     def holds_block(self, block_hash: BlockHash) -> bool:
         """Whether the replica caches a block with `block_hash`, as far as its events say."""
         return self._index is not None and self._index.holds(self._replica.index, block_hash)
+
+    def holds_cpu_block(self, block_hash: BlockHash) -> bool:
+        """Whether the replica's CPU tier holds a block with `block_hash` that can continue a
+        GPU prefix, as far as its events say (`CacheIndex.holds_in_cpu`)."""
+        return self._index is not None and self._index.holds_in_cpu(self._replica.index, block_hash)
 
     def num_leading_blocks_held(self, block_hashes: list[BlockHash]) -> int:
         """How many of `block_hashes` (a prompt's chained full-block hashes, in order) the
