@@ -48,6 +48,9 @@ class AuditorBase:
         )
         self.policy = policy
         self.level = level
+        #: `level is AuditLevel.FULL`, read once: the after-call checks test it on every call
+        #: (~600 k calls per Azure replay), and the enum-member lookup costs ~100 ns each.
+        self._full = level is AuditLevel.FULL
         self.violations: list[Violation] = []
         #: The first violation whose call raised to the caller (where the real engine raises).
         self.first_raised: Violation | None = None
@@ -92,7 +95,7 @@ class AuditorBase:
         """After an admission query (can_allocate, can_append_slots, can_swap_*): queries change
         no state, so the cheap level checks nothing more; the full level checks everything."""
         self.num_calls += 1
-        if self.level is AuditLevel.FULL:
+        if self._full:
             self.num_calls -= 1
             self._after_call("query", None)
 
@@ -112,7 +115,7 @@ class AuditorBase:
                 f"(evictable {stats.num_evictable})",
                 free_blocks=stats.num_free,
             )
-        if self.level is AuditLevel.FULL:
+        if self._full:
             self._check_full(call, request_id)
 
     def _check_full(self, call: str, request_id: int | None) -> None:

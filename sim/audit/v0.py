@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
+from sim.audit.base import _MANAGER_ERRORS, AuditorBase
 from sim.audit.violations import Violation, ViolationKind, ViolationPolicy
 from sim.kv.protocol import V0BlockManager
 from sim.kv.types import (
@@ -202,7 +202,7 @@ class AuditedV0Manager(AuditorBase):
             raise self._manager_error("append_slots", rid, exc) from None
         # The cheap level checks the footprint only when the call took blocks (a footprint
         # grows only by allocation); the full level checks it after every call.
-        if rid is not None and (self.level is AuditLevel.FULL or self._free() < free_before):
+        if rid is not None and (self._full or self._free() < free_before):
             self._check_footprint("append_slots", rid, seq)
         self._after_call("append_slots", rid)
         return cows

