@@ -24,20 +24,15 @@ plus its think time: the hook `_turns_ended` schedules it, or ends the session.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass, field
-from itertools import chain, pairwise
-from typing import Any
+from collections.abc import Callable, Iterable, Sized
+from itertools import chain
 
 import simpy
 
 from sim import records as records_module
-from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
+from sim.audit import ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
-from sim.kv.config import Design, KVCacheConfig, make_manager
-from sim.kv_connector.base import KVConnectorConfig
-from sim.kv_connector.hooks import ConnectorHooks
-from sim.kv_events import KVEventStream, attach_streams
+from sim.kv_events import attach_streams
 from sim.latency.batch import BatchShape
 from sim.records import (
     REQUEST_DTYPE,
@@ -48,165 +43,20 @@ from sim.records import (
     memory_sinks,
 )
 from sim.records import STEP_COLUMNS as STEP_COLUMNS  # re-exported: the steps table's columns
-from sim.routing import CacheIndex, ReplicaView, Router, make_policy
+from sim.replica import (  # re-exported: the engine's parts live in sim.replica
+    Clock as Clock,
+)
+from sim.replica import EngineConfig as EngineConfig
+from sim.replica import Replica as Replica
+from sim.replica import RunRecords as RunRecords
+from sim.replica import batch_shape as batch_shape
+from sim.replica import in_arrival_order as in_arrival_order
+from sim.replica import request_of
+from sim.routing import CacheIndex, ReplicaView, make_policy
 from sim.run_stats import RunStats
-from sim.scheduler import Request, RequestState, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
+from sim.scheduler import Request, RequestState, StepPlan
 from sim.session_turns import SessionTurns
 from sim.workload.request import RequestSpec
-
-
-class Clock(simpy.Environment):
-    """SimPy's environment, plus a clock that the running process may move forward itself.
-
-    SimPy moves `now` only by popping the next event. A replica whose step ends at `t`
-    strictly before the next scheduled event (`peek()`) would yield a timeout that is then the
-    first event, pops at `t` and resumes that same replica, with no other process run in
-    between; `advance_to(t)` gives the same `now` (the same float: `now + dt`, as
-    `Environment.schedule` computes it) without the event. At a tie (`t == peek()`) the
-    replica must yield: the event already scheduled at `t` runs first.
-
-    Example: steps of 10 ms from 0.0 with the next arrival at 0.025: steps end at 0.01 and
-    0.02 by `advance_to`; the step ending at 0.03 yields, and the arrival runs at 0.025 first.
-    """
-
-    def advance_to(self, time_s: float) -> None:
-        if not self.now <= time_s < self.peek():
-            raise ValueError(
-                f"cannot advance the clock to {time_s}: now {self.now}, next event {self.peek()}"
-            )
-        self._now = time_s
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    design: Design
-    kv: KVCacheConfig
-    scheduler: SchedulerConfig
-    num_replicas: int = 1
-    router: Router = Router.ROUND_ROBIN
-    #: The prefix-cache-aware router's load term (blocks per outstanding request).
-    router_load_weight: float = 1.0
-    #: How late KV events reach the router's cache index (`sim.routing.cache_index`).
-    router_staleness_s: float = 0.0
-    #: Record every replica's KV events for the `kv_events` table (`sim.kv_events`).
-    kv_events: bool = False
-    violation_policy: ViolationPolicy = ViolationPolicy.RECORD
-    audit_level: AuditLevel = AuditLevel.CHEAP
-    #: Simulated-time limit; requests unfinished by then are aborted. None: run to completion.
-    max_sim_time_s: float | None = None
-    #: Builds the block manager instead of kvsim's model, e.g. vLLM's real code
-    #: (`sim.vllm_real`): called as `factory(design, kv_config)`.
-    manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
-    #: A V1 KV connector per replica (`sim.kv_connector`), e.g. CPU offloading; None: none.
-    kv_connector: KVConnectorConfig | None = None
-
-
-@dataclass(slots=True)
-class RunRecords:
-    """The records of one run: the `requests` and `steps` tables (columnar, in their sinks),
-    the summary statistics gathered from them, and the violations; `sim.results` turns them
-    into DataFrames and a summary."""
-
-    requests: ColumnarTable
-    steps: ColumnarTable
-    stats: RunStats
-    violations: list = field(default_factory=list)
-    fatal_error: str | None = None
-    stopped_early: str | None = None
-    end_s: float = 0.0
-    num_gpu_blocks: int = 0
-    #: Per replica, the recorder of its KV events (None: a replica that emits none); None
-    #: unless `EngineConfig.kv_events`.
-    kv_events: list[KVEventStream | None] | None = None
-
-
-class Replica:
-    """One engine instance: an audited manager and a scheduler."""
-
-    def __init__(
-        self,
-        index: int,
-        config: EngineConfig,
-        clock: Callable[[], tuple[float, int]],
-        decode_window: int | None = None,
-    ) -> None:
-        self.index = index
-        factory = config.manager_factory or make_manager
-        manager: Any = factory(config.design, config.kv)
-        kwargs: dict[str, Any] = dict(
-            policy=config.violation_policy, level=config.audit_level, clock=clock
-        )
-        if config.design.api == "v1":
-            self.manager: AuditedV0Manager | AuditedV1Manager = AuditedV1Manager(manager, **kwargs)
-            connector = (
-                config.kv_connector.build(index, config.kv.block_size)
-                if config.kv_connector is not None
-                else None
-            )
-            self.scheduler: V0Scheduler | V1Scheduler = V1Scheduler(
-                config.scheduler, self.manager, connector
-            )
-        else:
-            self.manager = AuditedV0Manager(manager, **kwargs)
-            self.scheduler = V0Scheduler(config.scheduler, self.manager)
-        if config.scheduler.decode_cohort:
-            # The cohort sums decode contexts capped at the step-time model's attention window.
-            self.scheduler.use_decode_cohort(decode_window)
-        # Bound once: the auditor passes read-only queries through `__getattr__`, which would
-        # cost a failed lookup on every step.
-        self.pool_stats = self.manager.pool_stats
-        self.num_steps = 0
-        self.outstanding = 0
-        self.wakeup: simpy.Event | None = None
-        #: The scheduler's KV-connector side when a connector is configured, else None.
-        self.connector_hooks: ConnectorHooks | None = None
-        if isinstance(self.scheduler, V1Scheduler) and self.scheduler.connector_hooks.enabled:
-            self.connector_hooks = self.scheduler.connector_hooks
-
-    def next_kv_transfer_s(self) -> float | None:
-        """When the next KV transfer in flight completes (None: none, or no connector)."""
-        hooks = self.connector_hooks
-        return None if hooks is None else hooks.next_completion_s()
-
-
-def in_arrival_order(specs: Iterable[RequestSpec]) -> tuple[Iterator[RequestSpec], int, bool]:
-    """The specs by (arrival, id), their number, and whether their ids then ascend.
-
-    A source that says it is `in_arrival_order` (a lazy synthetic workload,
-    `sim.workload.synthetic.LazySpecs`) with ids ascending is consumed as it is, one spec at a
-    time, so a multi-million-request workload is never all in memory; anything else is sorted.
-    """
-    if getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized):
-        return iter(specs), len(specs), True
-    ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-    ascending = all(a.request_id < b.request_id for a, b in pairwise(ordered))
-    return iter(ordered), len(ordered), ascending
-
-
-def _request_of(spec: RequestSpec, arrival_s: float | None = None) -> Request:
-    """The request of `spec`, arriving at `arrival_s` (default: the spec's own arrival)."""
-    arrival_s = spec.arrival_s if arrival_s is None else arrival_s
-    request = Request.new(
-        spec.request_id, arrival_s, spec.prompt_content(), spec.output_tokens, spec.priority
-    )
-    if spec.session_id is not None:
-        request.session_id, request.turn = spec.session_id, spec.turn
-    return request
-
-
-def batch_shape(plan: StepPlan) -> BatchShape:
-    works = plan.scheduled
-    if not works:  # the common step: the cohort and maybe a few quiet decodes
-        return BatchShape(tuple(plan.quiet_contexts), (), plan.bulk)
-    decodes = []
-    chunks = []
-    for work in works:
-        if work.is_prefill:
-            chunks.append((work.num_context_tokens, work.num_tokens))
-        else:
-            decodes.append(work.num_context_tokens)
-    decodes += plan.quiet_contexts
-    return BatchShape(tuple(decodes), tuple(chunks), plan.bulk)
 
 
 class Engine:
@@ -310,7 +160,7 @@ class Engine:
             if self._stop is not None:
                 break
             self._next_spec = None
-            self._arrive(_request_of(spec))
+            self._arrive(request_of(spec))
         self._open_loop_done = True
         self._check_arrivals_done()
 
@@ -356,7 +206,7 @@ class Engine:
             if end.next_turn is not None:
                 self.env.process(self._next_turn(end.next_turn, end.at_s))
             for spec in end.cancelled:
-                never = _request_of(spec)  # at its planned (lower-bound) arrival
+                never = request_of(spec)  # at its planned (lower-bound) arrival
                 never.finish(
                     RequestState.ABORTED,
                     f"never arrived: its session ended at turn {request.turn} "
@@ -372,7 +222,7 @@ class Engine:
         assert self._turns is not None
         self._turns.arrived()
         if self._stop is None:
-            self._arrive(_request_of(spec, self.env.now))
+            self._arrive(request_of(spec, self.env.now))
         else:  # it never arrives (recorded at the end of the run)
             self._turns_not_arrived.append(spec)
         self._check_arrivals_done()
@@ -606,7 +456,7 @@ class Engine:
             never_arrived = chain((self._next_spec,), never_arrived)
             self._next_spec = None
         for spec in chain(never_arrived, self._turns_not_arrived):
-            request = _request_of(spec)
+            request = request_of(spec)
             request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
             self._rows.arrived(spec.request_id)
             self._rows.terminal(request)

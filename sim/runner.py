@@ -15,7 +15,7 @@ from pathlib import Path
 from sim.audit import AuditLevel
 from sim.catalog import ModelSpec, get_gpu, get_model
 from sim.cluster.config import ClusterMode
-from sim.engine import Engine, EngineConfig, Router
+from sim.engine import Engine, EngineConfig
 from sim.errors import InputError
 from sim.host_memory import check_pool_fits
 from sim.kv.config import Design, KVCacheConfig
@@ -39,6 +39,7 @@ from sim.memory import (
 from sim.memory_terms import VllmEngine
 from sim.records import REQUEST_COLUMNS, STEP_COLUMNS, TableSinks
 from sim.results import RunResult, build_result
+from sim.routing import Router
 from sim.scenario import Scenario, ScenarioError, load_scenario
 from sim.scheduler import SchedulerConfig
 from sim.session_metrics import is_session_workload, session_tables

@@ -291,7 +291,7 @@ def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monk
         request.session_id = spec.request_id % 2  # two sessions, alternating
         return request
 
-    monkeypatch.setattr(sim.engine, "_request_of", request_of)
+    monkeypatch.setattr(sim.engine, "request_of", request_of)
     result = _routes("session_affinity", _PREFIXED, caching=True)
     # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
     assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]
