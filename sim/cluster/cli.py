@@ -136,10 +136,10 @@ def register(app: typer.Typer) -> None:
         )
         columns = ["num_gpus", "shape", "router", "ttft_p99_s", "tpot_p99_s"]
         columns += ["throughput_tok_per_s", "meets_slo"]
-        console.print(table[columns].to_string(index=False), highlight=False)
+        console.print(table[columns].to_string(index=False), highlight=False, soft_wrap=True)
         answer_table = answers_frame(answers)
         answer_table["num_gpus"] = [
             f"none up to {max_gpus}" if a.num_gpus is None else str(a.num_gpus) for a in answers
         ]
         answer_table["shape"] = answer_table["shape"].fillna("-")
-        console.print(answer_table.to_string(index=False), highlight=False)
+        console.print(answer_table.to_string(index=False), highlight=False, soft_wrap=True)
