@@ -92,28 +92,54 @@ def register(app: typer.Typer) -> None:
         ttft_p99_s: Annotated[float, typer.Option("--ttft-p99-s", help="TTFT p99 limit (s).")],
         tpot_p99_s: Annotated[float, typer.Option("--tpot-p99-s", help="TPOT p99 limit (s).")],
         max_gpus: Annotated[int, typer.Option("--max-gpus", help="Largest cluster tried.")] = 8,
+        routers: Annotated[
+            str | None,
+            typer.Option(
+                "--routers",
+                help="Co-located routers to compare, comma-separated "
+                "(default: the scenario's engine.router).",
+            ),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers", "-j", help="Local worker processes (default: CPU count, at most 8)."
+            ),
+        ] = None,
+        cluster: Annotated[
+            str | None,
+            typer.Option(
+                "--cluster",
+                help="Dask scheduler address (tcp://host:8786); default: local processes.",
+            ),
+        ] = None,
     ) -> None:
-        """How many GPUs, co-located or prefill/decode disaggregated, meet the SLO at a rate."""
+        """How many GPUs, co-located (per router) or prefill/decode disaggregated, meet the SLO."""
         from sim.cli import console
-        from sim.cluster.capacity import gpus_needed
+        from sim.cluster.capacity import answers_frame, gpus_needed
         from sim.cluster.compare import Slo
         from sim.scenario import load_scenario
 
         if ttft_p99_s <= 0 or tpot_p99_s <= 0:
             raise InputError("--ttft-p99-s and --tpot-p99-s must be positive")
+        if workers is not None and workers < 1:
+            raise InputError(f"--workers {workers}: must be at least 1")
         table, answers = gpus_needed(
             load_scenario(scenario),
             rate,
             Slo(ttft_p99_s, tpot_p99_s),
             max_gpus,
             str(scenario.parent),
+            routers=[r.strip() for r in routers.split(",")] if routers else None,
+            workers=workers,
+            cluster=cluster,
         )
-        columns = ["num_gpus", "shape", "ttft_p99_s", "tpot_p99_s", "throughput_tok_per_s"]
-        console.print(table[columns + ["meets_slo"]].to_string(index=False), highlight=False)
-        for answer in answers:
-            said = (
-                f"{answer.num_gpus} GPUs ({answer.shape})"
-                if answer.num_gpus is not None
-                else f"none up to {max_gpus} GPUs"
-            )
-            console.print(f"{answer.mode}: {said}", highlight=False)
+        columns = ["num_gpus", "shape", "router", "ttft_p99_s", "tpot_p99_s"]
+        columns += ["throughput_tok_per_s", "meets_slo"]
+        console.print(table[columns].to_string(index=False), highlight=False, soft_wrap=True)
+        answer_table = answers_frame(answers)
+        answer_table["num_gpus"] = [
+            f"none up to {max_gpus}" if a.num_gpus is None else str(a.num_gpus) for a in answers
+        ]
+        answer_table["shape"] = answer_table["shape"].fillna("-")
+        console.print(answer_table.to_string(index=False), highlight=False, soft_wrap=True)
