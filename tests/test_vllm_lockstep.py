@@ -196,7 +196,7 @@ def _run_on_real(monkeypatch, name: str, overrides: dict | None, version: str, m
     def no_model(*args, **kwargs):
         raise AssertionError("kvsim's model was built instead of vLLM's manager")
 
-    monkeypatch.setattr("sim.engine.make_manager", no_model)
+    monkeypatch.setattr("sim.replica.make_manager", no_model)
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
     real = run(scenario or builtin_scenario_path(), overrides=overrides, vllm_root=root)
     monkeypatch.undo()
