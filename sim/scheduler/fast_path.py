@@ -39,6 +39,7 @@ on only when the manager has both (`fast_path_enabled`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from sim.audit.base import AuditorBase
@@ -80,7 +81,7 @@ class FastPathScheduler:
             self._sync_decode(request.seq)
 
 
-class DecodeShortcuts:
+class DecodeShortcuts(ABC):
     """The layer's state shared by both engines: the cohort (once `use_cohort` was called)
     and, with a cohort, the running requests that are not members ("outsiders", in no
     particular order). A scheduler's subclass supplies `event_len` (its quiet rules)."""
@@ -97,9 +98,9 @@ class DecodeShortcuts:
             for request in self.cohort.release_all():
                 self.outsiders[request] = None
 
+    @abstractmethod
     def event_len(self, request: Request) -> int | None:
         """The first length at which a running decode is not quiet; None: never a member."""
-        raise NotImplementedError
 
 
 def fast_path_enabled(config: SchedulerConfig, manager: object) -> bool:

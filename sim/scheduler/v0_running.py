@@ -9,6 +9,7 @@ for every request they do not answer themselves.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
@@ -120,6 +121,6 @@ class V0RunningPhase(V0SchedulerBase):
             budget.add_num_seqs(request.request_id, num_seqs)
         return RunningStep.DONE
 
+    @abstractmethod
     def _requeue_on_fatal(self, outputs: RunningOutputs) -> None:
         """Put back what a walk took off `running` before the engine died (`V0Scheduler`)."""
-        raise NotImplementedError

@@ -13,6 +13,7 @@ phase as a whole and give every request they do not answer themselves upstream's
 from __future__ import annotations
 
 import enum
+from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,8 +93,9 @@ class V1RunningPhase(FastPathScheduler):
     _refunded_tokens: int
     _step_threshold: int
 
+    @abstractmethod
     def _enqueue(self, request: Request, front: bool) -> None:
-        raise NotImplementedError
+        """Put `request` in the waiting queue, at its front or by policy (`V1Scheduler`)."""
 
     def _schedule_running(
         self, plan: StepPlan, budget: int, now_s: float, request_turn: RequestTurn | None = None
