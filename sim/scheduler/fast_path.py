@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from collections.abc import Sequence as RequestList
 
 from sim.audit.base import AuditorBase
 from sim.kv.types import Sequence
@@ -91,11 +92,22 @@ class DecodeShortcuts(ABC):
         self.cohort: DecodeCohort | None = None
         #: With a cohort: the running requests that are not members, as an ordered set.
         self.outsiders: dict[Request, None] = {}
+        #: The order key (`Request.order_key`) the next request appended to `running` gets
+        #: under a cohort.
+        self._back_key = 0
 
     def materialize(self) -> None:
         """Bring every member's tokens and timestamps up to date (they become outsiders)."""
         if self.cohort is not None:
             for request in self.cohort.release_all():
+                self.outsiders[request] = None
+
+    def join_running(self, requests: RequestList[Request]) -> None:
+        """`requests` were appended to `running` (as outsiders)."""
+        if self.cohort is not None:
+            for request in requests:
+                request.order_key = self._back_key
+                self._back_key += 1
                 self.outsiders[request] = None
 
     @abstractmethod

@@ -40,9 +40,8 @@ class V0DecodeShortcuts(DecodeShortcuts):
         self._num_free_gpu_blocks = scheduler._num_free_gpu_blocks
         #: Free blocks as of the walk's last real call (`_walk_request`'s quiet test).
         self._walk_free = 0
-        # Order keys of `running` under a cohort (`Request.order_key`): the next one at the
-        # back, and the next one in front (chunked prefill puts prefill-stage requests there).
-        self._back_key = 0
+        # The next order key in front of `running` under a cohort (chunked prefill puts
+        # prefill-stage requests there); the base class keeps the one at the back.
         self._front_key = -1
 
     # ------------------------------------------------------------------ running, the seam
@@ -293,14 +292,6 @@ class V0DecodeShortcuts(DecodeShortcuts):
         """`running` was refilled by upstream's requeue."""
         if self.cohort is not None:
             self._renumber()
-
-    def join_running(self, requests: Sequence[Request]) -> None:
-        """`requests` were appended to `running` (as outsiders)."""
-        if self.cohort is not None:
-            for request in requests:
-                request.order_key = self._back_key
-                self._back_key += 1
-                self.outsiders[request] = None
 
     def leave_running(self, request: Request) -> None:
         """`request` is being preempted (a walked request, so not a member): its touch

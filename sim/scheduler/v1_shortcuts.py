@@ -10,7 +10,6 @@ every other request takes upstream's turn (`_schedule_running_request`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim.scheduler.cohort import DecodeCohort
@@ -40,8 +39,6 @@ class V1DecodeShortcuts(DecodeShortcuts):
         super().__init__()
         self.scheduler = scheduler
         self.max_model_len = scheduler.config.max_model_len
-        #: The next order key (`Request.order_key`) under a cohort.
-        self._next_key = 0
 
     # ------------------------------------------------------------------ running, the seam
     def schedule_running(self, plan: StepPlan, budget: int, now_s: float) -> int:
@@ -210,14 +207,6 @@ class V1DecodeShortcuts(DecodeShortcuts):
         if seq.num_computed_tokens != num_tokens - 1 or num_tokens <= seq.prompt_len:
             return None
         return min(touch_len, seq.prompt_len + request.max_tokens - 1, self.max_model_len - 1)
-
-    def join_running(self, requests: Sequence[Request]) -> None:
-        """`requests` were appended to `running` (as outsiders)."""
-        if self.cohort is not None:
-            for request in requests:
-                request.order_key = self._next_key
-                self._next_key += 1
-                self.outsiders[request] = None
 
     def leave_running(self, request: Request) -> None:
         """`request` leaves `running` (preempted or failed): a member leaves the cohort, and
