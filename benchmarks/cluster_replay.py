@@ -27,12 +27,13 @@ Machines are noisy: compare the rows of one run with each other, not with anothe
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _isolated import in_forked_child  # benchmarks/ is the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "scenarios" / "mistral_azure_conv_swa.yaml"
@@ -142,22 +143,7 @@ def replay(label: str, scenario: Path, overrides: list[str]) -> dict:
 
 def measure(label: str, scenario: Path, overrides: list[str]) -> dict:
     """`replay` in a forked child, so that its children's ru_maxrss is this replay's alone."""
-    import resource
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        row = replay(label, scenario, overrides)
-        row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        os.write(write, json.dumps(row).encode())
-        os._exit(0)
-    os.close(write)
-    data = b""
-    while chunk := os.read(read, 65536):
-        data += chunk
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return in_forked_child(lambda: replay(label, scenario, overrides))
 
 
 def main() -> None:

@@ -19,12 +19,13 @@ day's run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _isolated import in_forked_child  # benchmarks/ is the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "mistral_azure_conv_swa.yaml"
@@ -74,22 +75,7 @@ def replay(label: str) -> dict:
 
 def measure(label: str) -> dict:
     """Run `replay` in a child process so that ru_maxrss of its children is this replay's alone."""
-    import resource
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        row = replay(label)
-        row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        os.write(write, json.dumps(row).encode())
-        os._exit(0)
-    os.close(write)
-    data = b""
-    while chunk := os.read(read, 65536):
-        data += chunk
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return in_forked_child(lambda: replay(label))
 
 
 def measure_repeated(label: str, repeat: int) -> dict:
