@@ -188,6 +188,9 @@ def test_kvsim_finds_the_same_pd_decode_deadlock():
     assert row.kind == "no_progress"
     assert (row.request_id, row.needed_blocks, row.free_blocks) == (0, 6, 5)
     assert "request 0 needs 6 blocks (21 tokens)" in row.message
+    # Regression (stall message): the parked requests' blocks were "held by no request".
+    assert "waiting for their KV: request 2 holds 3, request 1 holds 3" in row.message
+    assert "1 block(s) held by no request" in row.message  # V1's null block, no more
     client = result.requests.set_index("request_id")
     assert client.loc[0, "generated_tokens"] == 5  # 16 + 5 = 21 tokens, as in vLLM
     assert set(client["state"]) == {"aborted"}
