@@ -171,7 +171,8 @@ def test_lifo_reuse_order():
     assert m.get_block_table(a) == [9, 8, 7]
     b, _ = admit(m, 2, 16)
     assert m.get_block_table(b) == [6]
-    # Pushes set([9, 8, 7]) in set order (hash (device, number), see `_set_order`): 7, 8, 9.
+    # Pushes set([9, 8, 7]) in set order (hash (device, number), see
+    # `v0_v1_hashing.set_order`): 7, 8, 9.
     m.free(a)
     assert m.gpu_allocator.free_block_ids() == [0, 1, 2, 3, 4, 5, 7, 8, 9]
     c, _ = admit(m, 3, 32)

@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-from sim.ci.check import CheckOutcome, display_path
+from sim.ci.outcome import CheckOutcome, display_path
 
 
 def _classname(outcome: CheckOutcome) -> str:

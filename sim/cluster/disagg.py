@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import simpy
 
 from sim.audit.liveness import NoProgress, Stall, diagnose
+from sim.cluster.disagg_pool import DisaggPool, make_pool, record_step
 from sim.cluster.links import LinkSpec
 from sim.cluster.pd_connector import (
     DecodeSideConfig,
@@ -38,11 +39,7 @@ from sim.cluster.pd_connector import (
 )
 from sim.engine import EngineConfig, Replica, RunRecords, batch_shape, in_arrival_order
 from sim.kv_connector.hooks import ConnectorHooks
-from sim.latency.batch import BatchShape
-from sim.records import REQUEST_DTYPE, STEP_DTYPE, ColumnarTable, RequestRows, memory_sinks
-from sim.routing import ReplicaView, RoutingPolicy, make_policy
-from sim.run_stats import RunStats
-from sim.scheduler import Request, RequestState, StepPlan
+from sim.scheduler import Request, RequestState
 from sim.workload.request import RequestSpec
 
 
@@ -55,19 +52,6 @@ class DisaggRecords:
     transfers: list[Transfer] = field(default_factory=list)
     #: request id -> the time its prefill finished (the hand-off to the decode pool).
     handoff_s: dict[int, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Pool:
-    name: str
-    config: EngineConfig
-    step_time: object
-    replicas: list[Replica]
-    records: RunRecords
-    #: The `requests` table's row writer: rows in `request_id` order (`sim.records`).
-    rows: RequestRows
-    policy: RoutingPolicy
-    views: list[ReplicaView]
 
 
 class DisaggEngine:
@@ -105,17 +89,19 @@ class DisaggEngine:
         )
         # The prefill pool's requests arrive in the workload's order; the decode pool's come
         # in prefill-finish order, so its rows wait for `close()` to sort them.
-        self.prefill = self._pool(
+        self.prefill = make_pool(
             "prefill",
             replace(prefill[0], kv_connector=PrefillSideConfig(self.ledger)),
             prefill[1],
             ids_ascending,
+            self._clock,
         )
-        self.decode = self._pool(
+        self.decode = make_pool(
             "decode",
             replace(decode[0], kv_connector=DecodeSideConfig(self.ledger)),
             decode[1],
             False,
+            self._clock,
         )
         self.records = DisaggRecords(self.prefill.records, self.decode.records)
         self._spec_of = {spec.request_id: spec for spec in self.specs}
@@ -124,27 +110,6 @@ class DisaggEngine:
         self._num_arrived = 0
         #: Why the run ends early (the simulated-time limit), once it does.
         self._stop: str | None = None
-
-    def _pool(self, name: str, config: EngineConfig, step_time, ids_ascending: bool) -> _Pool:
-        window = getattr(step_time, "decode_window", None)
-        replicas = [Replica(i, config, self._clock, window) for i in range(config.num_replicas)]
-        sinks = memory_sinks()
-        num_gpu_blocks = config.kv.num_gpu_blocks
-        stats = RunStats(num_gpu_blocks, spill_to_file=sinks.spill_to_file)
-        requests = ColumnarTable(REQUEST_DTYPE, sinks.requests)
-        steps = ColumnarTable(STEP_DTYPE, sinks.steps)
-        requests.listeners.append(stats.on_requests)
-        steps.listeners.append(stats.on_steps)
-        return _Pool(
-            name,
-            config,
-            step_time,
-            replicas,
-            RunRecords(requests, steps, stats, num_gpu_blocks=num_gpu_blocks),
-            RequestRows(requests, ids_ascending),
-            make_policy(config.router, config.kv.block_size, config.router_load_weight),
-            [ReplicaView(r) for r in replicas],
-        )
 
     def _clock(self) -> tuple[float, int]:
         return (self.env.now, self._step)
@@ -220,7 +185,7 @@ class DisaggEngine:
             return replica.wakeup
         return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
 
-    def _replica_loop(self, pool: _Pool, replica: Replica):
+    def _replica_loop(self, pool: DisaggPool, replica: Replica):
         env = self.env
         scheduler = replica.scheduler
         hooks = self.hooks(replica)
@@ -246,7 +211,7 @@ class DisaggEngine:
             if plan.is_empty:
                 if (ended or plan.num_preempted) and empty_streak <= 8 + 2 * len(scheduler.running):
                     empty_streak += 1
-                    self._record_step(pool, replica, plan, batch_shape(plan), env.now, 0.0)
+                    record_step(pool, replica, plan, batch_shape(plan), env.now, 0.0)
                     replica.num_steps += 1
                     continue
                 if self._may_get_work(pool, replica):
@@ -265,7 +230,7 @@ class DisaggEngine:
             replica.outstanding -= len(finished)
             for request in finished:
                 pool.rows.terminal(request)
-            self._record_step(pool, replica, plan, shape, start_s, duration_s)
+            record_step(pool, replica, plan, shape, start_s, duration_s)
             replica.num_steps += 1
             if is_prefill:
                 for request in finished:
@@ -277,7 +242,7 @@ class DisaggEngine:
                 for other in self.prefill.replicas + self.decode.replicas:
                     _wake(other)
 
-    def _may_get_work(self, pool: _Pool, replica: Replica) -> bool:
+    def _may_get_work(self, pool: DisaggPool, replica: Replica) -> bool:
         """Whether something still to come could give this replica work or free its blocks."""
         if not self._arrivals_done or replica.next_kv_transfer_s() is not None:
             return True
@@ -287,13 +252,13 @@ class DisaggEngine:
         # A prefill still queued or running may hand a request off.
         return any(r.scheduler.has_unfinished() for r in self.prefill.replicas)
 
-    def _prefill_idle(self, pool: _Pool) -> None:
+    def _prefill_idle(self, pool: DisaggPool) -> None:
         """A prefill replica goes idle: decode replicas waiting on the prefill pool re-check."""
         if pool is self.prefill:
             for replica in self.decode.replicas:
                 _wake(replica)
 
-    def _stall(self, pool: _Pool, replica: Replica) -> None:
+    def _stall(self, pool: DisaggPool, replica: Replica) -> None:
         """Abort what a replica that can never progress again holds or waits for (recorded as
         `no_progress`); a decode request never read releases its prefill blocks."""
         replica.manager.record_no_progress(
@@ -305,14 +270,14 @@ class DisaggEngine:
         )
         self._abort(pool, list(replica.scheduler.unfinished()), reason)
 
-    def _abort(self, pool: _Pool, requests: list[Request], reason: str) -> None:
+    def _abort(self, pool: DisaggPool, requests: list[Request], reason: str) -> None:
         for request in requests:
             if not request.state.is_terminal:
                 request.finish(RequestState.ABORTED, reason, self.env.now)
                 self.ledger.give_up(request.request_id, self.env.now)
                 pool.rows.terminal(request)
 
-    def _unfinished(self, pool: _Pool) -> list[Request]:
+    def _unfinished(self, pool: DisaggPool) -> list[Request]:
         return [
             request
             for replica in pool.replicas
@@ -369,42 +334,6 @@ class DisaggEngine:
                 )
             )
         self._abort_unfinished("deadlock: the prefill and decode pools wait on each other")
-
-    def _record_step(
-        self,
-        pool: _Pool,
-        replica: Replica,
-        plan: StepPlan,
-        shape: BatchShape,
-        start_s: float,
-        duration_s: float,
-    ) -> None:
-        """A `sim.engine.STEP_COLUMNS` row (V1 replicas: no swapped queue)."""
-        stats = replica.pool_stats()
-        scheduler = replica.scheduler
-        num_prefill_tokens = sum(chunk for _, chunk in shape.prefill_chunks)
-        prior_tokens = sum(prior for prior, _ in shape.prefill_chunks)
-        num_decode_seqs = shape.num_decode_seqs
-        pool.records.steps.append(
-            (
-                replica.index,
-                replica.num_steps,
-                start_s,
-                duration_s,
-                len(shape.prefill_chunks),
-                num_prefill_tokens,
-                num_decode_seqs,
-                num_decode_seqs + num_prefill_tokens,
-                shape.decode_context_sum + prior_tokens,
-                plan.num_preempted,
-                len(scheduler.waiting),
-                len(scheduler.running),
-                0,
-                stats.num_free,
-                stats.num_total - stats.num_free,
-                stats.num_evictable,
-            )
-        )
 
     # ------------------------------------------------------------------ run
     def start(self) -> None:

@@ -29,28 +29,26 @@ Faithful quirks kept on purpose (each has a test):
 
 `free` releases ``set(table)`` in Python set order. Upstream blocks hash by object address (not
 reproducible); we follow the order they have when hashed by ``(device, block number)``, as the
-lockstep adapter pins them (see `_set_order`), so runs are deterministic and match it.
+lockstep adapter pins them (see `v0_v1_hashing.set_order`), so runs are deterministic and
+match it. Block content hashes (`Sequence.hash_of_block` upstream) are in `v0_v1_hashing` too.
 Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no encoder seq.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import cycle, groupby, islice
 from operator import attrgetter
 from os.path import commonprefix
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.types import (
-    NONE_HASH,
     AllocStatus,
     NoFreeBlocksError,
     Sequence,
     SequenceGroup,
     SequenceStatus,
     cdiv,
-    chain_hash,
 )
 from sim.kv.v0_v1_alloc import (
     OUT_OF_BLOCKS_MSG,
@@ -61,48 +59,10 @@ from sim.kv.v0_v1_alloc import (
     PhysicalBlock,
     UncachedBlockAllocator,
 )
+from sim.kv.v0_v1_hashing import SequenceBlockHasher, set_order, unique
 from sim.kv.v0_v1_queries import ManagerQueries
 
 _DEVICE_OF = attrgetter("device")
-_SET_KEY_OF = attrgetter("set_key")
-
-
-@dataclass(slots=True)
-class _HashCache:
-    """Chained hashes of a sequence's full blocks; full blocks never change, so it only grows."""
-
-    content: object
-    full_block_hashes: list[int] = field(default_factory=list)
-
-
-def _unique(blocks: BlockTable) -> BlockTable:
-    """Distinct blocks in first-occurrence order (where the order does not matter)."""
-    return list(dict.fromkeys(blocks))
-
-
-def _set_order(blocks: BlockTable) -> BlockTable:
-    """Distinct blocks in the order Python iterates ``set(blocks)`` under the block hash
-    ``hash((device, block number))``.
-
-    Upstream `_free_block_table` frees ``set(table)`` (block_manager_v1.py:L597-610 @fc93e56);
-    with prefix caching that order decides the LRU evictor's insertion order, hence which
-    block a later allocation evicts. vLLM's own `PhysicalTokenBlock` hashes by object address
-    (irreproducible), so the lockstep adapter pins it to ``hash((device.value, number))``
-    (`sim/vllm_real/v0_adapter.py:_deterministic_block_sets`) and we follow that order: the
-    same hashes inserted in the same order give the same set iteration order. Example: GPU
-    table [0, 1, 2, 3, 4] frees as [2, 1, 4, 0, 3]; [9, 8, 7] as [7, 8, 9].
-
-    The set members are the ``(device value, block number)`` tuples themselves (vLLM's
-    `utils.Device` values, ``enum.auto()``: GPU = 1, CPU = 2; tuples of ints, so their hash
-    never depends on PYTHONHASHSEED): the hashes are the blocks' hashes, inserted one by one
-    in table order, and two tuples are equal exactly when their blocks are the same (one
-    block object per device and number), so the set iterates in the order a set of the
-    blocks would; a dict maps each tuple back to its block. No wrapper object per block:
-    each block carries its tuple (`PhysicalBlock.set_key`), and the passes run in C (`map`).
-    """
-    keys = list(map(_SET_KEY_OF, blocks))
-    block_of = dict(zip(keys, blocks, strict=True))
-    return list(map(block_of.__getitem__, set(keys)))
 
 
 class BlockSpaceManagerV1(ManagerQueries):
@@ -136,39 +96,11 @@ class BlockSpaceManagerV1(ManagerQueries):
         self.block_tables: dict[int, BlockTable] = {}
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
-        self._seq_id_to_hashes: dict[int, _HashCache] = {}
+        #: The content hashes prefix caching keys blocks by (`v0_v1_hashing`).
+        self._hasher = SequenceBlockHasher(config.block_size)
         #: seq_id -> (table, its length, its last entry, distinct GPU block ids) at the last
         #: `num_seq_blocks` call, to extend instead of recount (see there).
         self._seq_gpu_ids: dict[int, tuple[BlockTable, int, PhysicalBlock, set[int]]] = {}
-
-    # ------------------------------------------------------------------ hashing
-    def _full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
-        cache = self._seq_id_to_hashes.get(seq.seq_id)
-        if cache is None or cache.content is not seq.content:
-            cache = _HashCache(seq.content)
-            self._seq_id_to_hashes[seq.seq_id] = cache
-        hashes = cache.full_block_hashes
-        while len(hashes) < num_blocks:
-            parent = hashes[-1] if hashes else NONE_HASH
-            hashes.append(chain_hash(parent, seq.content.block_key(len(hashes), self.block_size)))
-        return hashes
-
-    def _hash_of_block(self, seq: Sequence, logical_idx: int) -> int:
-        """vLLM `Sequence.hash_of_block`: hash of tokens ``[0, min((i+1)*bs, L))``.
-
-        For a partial last block that is the whole sequence: bs=16, L=20, i=1 hashes 20
-        tokens, so two identical 20-token prompts share block 1.
-        """
-        end = (logical_idx + 1) * self.block_size
-        if end <= seq.num_tokens:
-            return self._full_block_hashes(seq, logical_idx + 1)[logical_idx]
-        parent = self._full_block_hashes(seq, logical_idx)[-1] if logical_idx else NONE_HASH
-        return chain_hash(
-            parent, seq.content.span_key(logical_idx * self.block_size, seq.num_tokens)
-        )
-
-    def _num_hashed_tokens_of_block(self, logical_idx: int) -> int:
-        return (logical_idx + 1) * self.block_size
 
     def _is_last_block_full(self, seq: Sequence) -> bool:
         return seq.num_tokens > 0 and seq.num_tokens % self.block_size == 0
@@ -221,8 +153,8 @@ class BlockSpaceManagerV1(ManagerQueries):
             elif self.enable_caching:
                 # One reference regardless of ref_count (see module docstring).
                 block = self.gpu_allocator.allocate(
-                    self._hash_of_block(seq, logical_idx),
-                    self._num_hashed_tokens_of_block(logical_idx),
+                    self._hasher.hash_of_block(seq, logical_idx),
+                    self._hasher.num_hashed_tokens_of_block(logical_idx),
                 )
                 taken.append((block, 1))
             else:
@@ -266,10 +198,10 @@ class BlockSpaceManagerV1(ManagerQueries):
             return self.gpu_allocator.allocate()
         n_blocks = seq.n_blocks(self.block_size)
         block_hash = (
-            self._hash_of_block(seq, n_blocks - 1) if self._is_last_block_full(seq) else None
+            self._hasher.hash_of_block(seq, n_blocks - 1) if self._is_last_block_full(seq) else None
         )
         block = self.gpu_allocator.allocate(
-            block_hash, self._num_hashed_tokens_of_block(n_blocks - 1)
+            block_hash, self._hasher.num_hashed_tokens_of_block(n_blocks - 1)
         )
         assert block_hash is not None or block.ref_count == 1, f"unhashed block {block} is shared"
         return block
@@ -280,7 +212,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         if not self._is_last_block_full(seq):
             return last_block
         assert isinstance(self.gpu_allocator, CachedBlockAllocator)
-        new_hash = self._hash_of_block(seq, seq.n_blocks(self.block_size) - 1)
+        new_hash = self._hasher.hash_of_block(seq, seq.n_blocks(self.block_size) - 1)
         if self.gpu_allocator.contains_block(new_hash):
             self.gpu_allocator.free(last_block)
             return self.gpu_allocator.allocate(new_hash)
@@ -326,7 +258,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         if src is None:
             return
         self.block_tables[child_seq.seq_id] = list(src)
-        for block in _unique(src):
+        for block in unique(src):
             self.gpu_allocator.incref(block)
 
     # -------------------------------------------------------------------- swap
@@ -399,10 +331,10 @@ class BlockSpaceManagerV1(ManagerQueries):
     def _free_block_table(self, table: BlockTable) -> None:
         w = self.block_sliding_window
         # A ring's last w entries name every ring block once: free only those.
-        # In upstream's `set` order (see `_set_order`): it decides the evictor's order. Each
+        # In upstream's `set` order (see `set_order`): it decides the evictor's order. Each
         # run of blocks on one device (the whole table, in practice) goes to its allocator
         # in one call.
-        blocks = _set_order(table[-w:] if w is not None else table)
+        blocks = set_order(table[-w:] if w is not None else table)
         for device, run in groupby(blocks, key=_DEVICE_OF):
             allocator = self.gpu_allocator if device is Device.GPU else self.cpu_allocator
             allocator.free_n(run)
@@ -411,7 +343,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         table = self.block_tables.pop(seq.seq_id, None)
         if table is None:
             return  # already freed or never scheduled
-        self._seq_id_to_hashes.pop(seq.seq_id, None)
+        self._hasher.forget(seq.seq_id)
         self._seq_gpu_ids.pop(seq.seq_id, None)
         self._free_block_table(table)
 

@@ -56,7 +56,7 @@ class PhysicalBlock:
     computed: bool = False
     #: ``(device value, block number)`` as vLLM's ``utils.Device`` numbers them (GPU = 1,
     #: CPU = 2): the key that orders a freed table like upstream's ``set`` of blocks (see
-    #: `v0_v1._set_order`). Device and number never change, so it is built once, here.
+    #: `v0_v1_hashing.set_order`). Device and number never change, so it is built once, here.
     set_key: tuple[int, int] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sim.kv.protocol import PoolStats
 from sim.kv.types import NONE_HASH, Sequence, cdiv, chain_hash
 from sim.kv.v0_v1_alloc import BlockAllocator, BlockTable, Device, PhysicalBlock
+from sim.kv.v0_v1_hashing import SequenceBlockHasher
 
 
 class ManagerQueries:
@@ -28,8 +29,8 @@ class ManagerQueries:
     _count_free_gpu_blocks: Callable[[], int]
     _leaked: list[tuple[PhysicalBlock, int]]
     _seq_gpu_ids: dict[int, tuple[BlockTable, int, PhysicalBlock, set[int]]]
-    #: The chained hashes of the sequence's first full blocks (the manager's hashing).
-    _full_block_hashes: Callable[[Sequence, int], list[int]]
+    #: The content hashes of sequences' blocks (the manager's, `v0_v1_hashing`).
+    _hasher: SequenceBlockHasher
 
     # ------------------------------------------------------------ decode fast path
     def decode_touch_len(self, seq: Sequence) -> int | None:
@@ -81,7 +82,7 @@ class ManagerQueries:
         stop = min(start + bs, seq.num_tokens + 1)
         if seq.num_tokens < start + 1:
             return True  # the table runs ahead of the tokens: be cautious
-        parent = self._full_block_hashes(seq, tail_idx)[-1] if tail_idx else NONE_HASH
+        parent = self._hasher.full_block_hashes(seq, tail_idx)[-1] if tail_idx else NONE_HASH
         block_hash = table[-1].block_hash
         return any(
             block_hash == chain_hash(parent, seq.content.span_key(start, num_prompt_tokens))

@@ -1,0 +1,351 @@
+# ruff: noqa: B023  (every lambda here is called at once by Pair.call, inside the loop)
+"""The seeded random workloads of the block-manager lockstep: configurations, prompts, walks.
+
+`random_config` / `random_hybrid_config` draw one manager configuration (a small pool, a
+block size, maybe a window, maybe prefix caching); `random_prompt` a prompt that may start
+with a shared prefix. `v0_episode` walks the v0 scheduler's operations (admit, decode, fork,
+swap out/in, recompute-preempt, finish) and `v1_episode` the V1 engine's (computed-block
+lookup, allocate_slots, preempt, finish), each through a `lockstep_pair.Pair` that applies
+every operation to both managers. A walk branches on the answers, so it is only defined while
+the two agree.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
+from sim.kv.types import (
+    AllocStatus,
+    Segment,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+    TokenContent,
+)
+from sim.vllm_real.lockstep_pair import Pair
+
+#: Prompt keys 0..NUM_SHARED_KEYS-1 are shared prefixes; unique tails use keys above UNIQUE_BASE.
+NUM_SHARED_KEYS = 4
+UNIQUE_BASE = 1_000
+
+
+# ---------------------------------------------------------------------------- configurations
+def random_config(rng: random.Random, design: str) -> KVCacheConfig:
+    """A small pool, a block size, maybe a window, maybe prefix caching (never both in v0)."""
+    block_size = rng.choice([1, 2, 4, 8, 16, 16])
+    num_gpu_blocks = rng.randint(4, 48)
+    window = None
+    caching = rng.random() < 0.4
+    if rng.random() < 0.5:
+        window = rng.randint(1, 6 * block_size)
+        if design != "v1-engine":
+            caching = False  # vLLM 0.5.4 rejects prefix caching with a sliding window
+    watermark = rng.choice([0.0, 0.01, 0.01, 0.1])
+    max_model_len = (
+        rng.choice([None, None, rng.randint(8, 20 * block_size)]) if design == "v1-engine" else None
+    )
+    return KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        num_cpu_blocks=rng.randint(0, 48) if design != "v1-engine" else 0,
+        sliding_window=window,
+        enable_prefix_caching=caching,
+        watermark=watermark,
+        max_model_len=max_model_len,
+        # The real v0 code installed is the 0.5.4 wheel: compare with its release behaviour.
+        vllm_pin="0.5.4" if design != "v1-engine" else None,
+    )
+
+
+def random_hybrid_config(rng: random.Random) -> KVCacheConfig:
+    """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
+    window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching."""
+    block_size = rng.choice([1, 2, 4, 8, 16, 16])
+    window = rng.randint(1, 6 * block_size)
+    sliding = [KVCacheGroupSpec(window)] * rng.randint(1, 3)
+    full = [KVCacheGroupSpec(None)]
+    groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
+    return KVCacheConfig(
+        num_gpu_blocks=rng.randint(4, 64),
+        block_size=block_size,
+        enable_prefix_caching=rng.random() < 0.6,
+        max_model_len=rng.choice([None, None, rng.randint(8, 20 * block_size)]),
+        kv_cache_groups=groups,
+    )
+
+
+def random_prompt(
+    rng: random.Random, seq_id: int, block_size: int, max_tokens: int
+) -> TokenContent:
+    """A prompt that may start with a shared prefix (so prefix caching has hits to find)."""
+    segments: list[Segment] = []
+    if rng.random() < 0.6:
+        segments.append(Segment(rng.randrange(NUM_SHARED_KEYS), rng.randint(1, max_tokens)))
+    if not segments or rng.random() < 0.7:
+        segments.append(Segment(UNIQUE_BASE + seq_id, rng.randint(1, max(1, max_tokens // 2))))
+    return TokenContent.from_segments(segments)
+
+
+# ---------------------------------------------------------------------------- v0 episodes
+def v0_episode(pair: Pair, rng: random.Random, budget: int, next_id: list[int]) -> bool:
+    """Random v0 scheduler walk; returns True when it ended on a crash (both raised)."""
+    cfg = pair.config
+    bs = cfg.block_size
+    max_prompt = rng.randint(1, 14) * bs
+    waiting: list[SequenceGroup] = []
+    running: list[SequenceGroup] = []
+    swapped: list[SequenceGroup] = []
+    now = 0.0
+    start = pair.op_index
+
+    def live_ids() -> list[int]:
+        return [s.seq_id for g in running + swapped for s in g.seqs if not s.is_finished()]
+
+    while pair.op_index - start < budget:
+        now += 1.0
+        r = rng.random()
+        if r < 0.25 or not (running or swapped or waiting):
+            # A new request (maybe n=2 sequences with the same prompt) joins the queue.
+            gid = next_id[0]
+            next_id[0] += 1
+            prompt = random_prompt(rng, gid, bs, max_prompt)
+            seqs = [Sequence(gid * 4, prompt, prompt.num_tokens)]
+            if rng.random() < 0.15:
+                seqs.append(seqs[0].fork(gid * 4 + 1))
+            waiting.append(SequenceGroup(gid, seqs, arrival_s=now))
+        elif r < 0.45 and waiting:
+            group = waiting[0]
+            status = pair.call(
+                f"can_allocate(g{group.request_id},{group.seqs[0].num_tokens}tok)",
+                group.request_id,
+                lambda m, g=group: m.can_allocate(g),
+            )
+            if status == ("ok", AllocStatus.OK):
+                waiting.pop(0)
+                out = pair.call(
+                    f"allocate(g{group.request_id})",
+                    group.request_id,
+                    lambda m, g=group: m.allocate(g),
+                )
+                if out[0] == "raise":
+                    return True
+                for s in group.seqs:
+                    s.status = SequenceStatus.RUNNING
+                    s.num_computed_tokens = 0
+                running.append(group)
+                _touch(pair, group, now)
+            elif status[1] is AllocStatus.NEVER or (
+                status[1] is AllocStatus.LATER and rng.random() < 0.3
+            ):
+                waiting.pop(0)  # the scheduler ignores a NEVER group; drop some LATERs too
+        elif r < 0.75 and running:
+            group = rng.choice(running)
+            # The previous step computed every token; the new sampled token is not computed.
+            for s in group.get_seqs(SequenceStatus.RUNNING):
+                s.num_computed_tokens = s.num_tokens
+                s.append_tokens(1)
+            ok = pair.call(
+                f"can_append_slots(g{group.request_id})",
+                group.request_id,
+                lambda m, g=group: m.can_append_slots(g),
+            )
+            if ok == ("ok", True):
+                for s in group.get_seqs(SequenceStatus.RUNNING):
+                    out = pair.call(
+                        f"append_slots(s{s.seq_id},L={s.num_tokens})",
+                        group.request_id,
+                        lambda m, s=s: m.append_slots(s),
+                    )
+                    if out[0] == "raise":
+                        return True
+                _touch(pair, group, now)
+            else:
+                _preempt(pair, rng, group, running, waiting, swapped)
+        elif r < 0.80 and running:
+            group = rng.choice(running)
+            parent = rng.choice(group.get_seqs(SequenceStatus.RUNNING))
+            if pair.skip_swa_fork and cfg.sliding_window is not None and parent.output_len > 0:
+                continue  # V2 fork after a null-block drop: real code is undefined (see verify)
+            child = parent.fork(next_id[0] * 4 + 2)
+            next_id[0] += 1
+            group.seqs.append(child)
+            pair.call(
+                f"fork(s{parent.seq_id}->s{child.seq_id})",
+                group.request_id,
+                lambda m: m.fork(parent, child),
+            )
+            pair.check_tables([child.seq_id])
+        elif r < 0.88 and running:
+            group = rng.choice(running)
+            _preempt(pair, rng, group, running, waiting, swapped)
+        elif r < 0.93 and swapped:
+            group = swapped[0]
+            st = pair.call(
+                f"can_swap_in(g{group.request_id})",
+                group.request_id,
+                lambda m, g=group: m.can_swap_in(g),
+            )
+            if st == ("ok", AllocStatus.OK):
+                out = pair.call(
+                    f"swap_in(g{group.request_id})",
+                    group.request_id,
+                    lambda m, g=group: m.swap_in(g),
+                )
+                if out[0] == "raise":
+                    return True
+                swapped.remove(group)
+                for s in group.get_seqs(SequenceStatus.SWAPPED):
+                    s.status = SequenceStatus.RUNNING
+                running.append(group)
+        elif running:
+            group = rng.choice(running)
+            seqs = group.get_seqs(SequenceStatus.RUNNING)
+            victims = seqs if len(seqs) == 1 or rng.random() < 0.5 else [rng.choice(seqs)]
+            for s in victims:
+                s.status = SequenceStatus.FINISHED_STOPPED
+                out = pair.call(f"free(s{s.seq_id})", group.request_id, lambda m, s=s: m.free(s))
+                if out[0] == "raise":
+                    return True
+            if not group.get_seqs(SequenceStatus.RUNNING):
+                running.remove(group)
+        pair.check_tables(live_ids())
+    return False
+
+
+def _touch(pair: Pair, group: SequenceGroup, now: float) -> None:
+    """What the v0 scheduler does for every scheduled group when prefix caching is on."""
+    if not pair.config.enable_prefix_caching:
+        return
+    for s in group.get_seqs(SequenceStatus.RUNNING):
+        pair.call(
+            f"access(s{s.seq_id},t={now})",
+            group.request_id,
+            lambda m, s=s: m.access_all_blocks_in_seq(s, now),
+        )
+    pair.call(
+        f"mark_computed(g{group.request_id})",
+        group.request_id,
+        lambda m: m.mark_blocks_as_computed(group),
+    )
+    seqs = group.get_seqs(SequenceStatus.RUNNING)
+    pair.call(
+        f"common_computed(g{group.request_id})",
+        group.request_id,
+        lambda m: m.get_common_computed_block_ids(seqs),
+    )
+
+
+def _preempt(pair, rng, group, running, waiting, swapped) -> None:
+    """Recompute (single-seq groups, as vLLM) or swap out (multi-seq, or by choice)."""
+    seqs = group.get_seqs(SequenceStatus.RUNNING)
+    use_swap = len(seqs) > 1 or (pair.config.num_cpu_blocks > 0 and rng.random() < 0.5)
+    if use_swap:
+        ok = pair.call(
+            f"can_swap_out(g{group.request_id})", group.request_id, lambda m: m.can_swap_out(group)
+        )
+        if ok == ("ok", True):
+            out = pair.call(
+                f"swap_out(g{group.request_id})", group.request_id, lambda m: m.swap_out(group)
+            )
+            if out[0] == "raise":
+                raise Crash()
+            for s in seqs:
+                s.status = SequenceStatus.SWAPPED
+            running.remove(group)
+            swapped.append(group)
+            return
+        if len(seqs) > 1:
+            return  # vLLM would abort it; leave it running
+    for s in seqs:
+        s.status = SequenceStatus.WAITING
+        out = pair.call(f"free(s{s.seq_id},recompute)", group.request_id, lambda m, s=s: m.free(s))
+        if out[0] == "raise":
+            raise Crash()
+        s.num_computed_tokens = 0
+    running.remove(group)
+    waiting.insert(0, group)
+
+
+class Crash(Exception):
+    """A preemption's call raised on both sides: the episode ends as a crash (`verify`)."""
+
+
+# ---------------------------------------------------------------------------- V1-engine episodes
+def v1_episode(pair: Pair, rng: random.Random, budget: int, next_id: list[int]) -> bool:
+    cfg = pair.config
+    bs = cfg.block_size
+    max_prompt = rng.randint(1, 14) * bs
+    waiting: list[Sequence] = []
+    running: list[Sequence] = []
+    start = pair.op_index
+    while pair.op_index - start < budget:
+        r = rng.random()
+        if r < 0.25 or not (running or waiting):
+            rid = next_id[0]
+            next_id[0] += 1
+            prompt = random_prompt(rng, rid, bs, max_prompt)
+            if cfg.max_model_len is not None and prompt.num_tokens >= cfg.max_model_len:
+                prompt = prompt.truncated(max(1, cfg.max_model_len - 1))
+            waiting.append(Sequence(rid, prompt, prompt.num_tokens))
+        elif r < 0.5 and waiting:
+            req = waiting[0]
+            hit = pair.call(
+                f"get_computed_blocks(r{req.seq_id})",
+                req.seq_id,
+                lambda m: m.get_computed_blocks(req),
+            )
+            hit_ids, hit_tokens = hit[1]
+            real_hit_ids = pair.last_real[1][0]
+            remaining = req.num_tokens - req.num_computed_tokens - hit_tokens
+            n = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
+            k = rng.choice([0, 0, 0, 1, 2])
+            out = pair.call(
+                f"allocate_slots(r{req.seq_id},n={n},hit={hit_tokens},k={k})",
+                req.seq_id,
+                lambda m: m.allocate_slots(
+                    req, n, hit_tokens, list(hit_ids if m is pair.model else real_hit_ids), k
+                ),
+            )
+            if out[1] is not None:
+                waiting.pop(0)
+                req.status = SequenceStatus.RUNNING
+                req.num_computed_tokens += hit_tokens + n
+                running.append(req)
+            elif rng.random() < 0.3:
+                waiting.pop(0)
+                pair.call(f"free(r{req.seq_id},rejected)", req.seq_id, lambda m: m.free(req))
+        elif r < 0.85 and running:
+            req = rng.choice(running)
+            if req.num_computed_tokens >= req.num_tokens:
+                if cfg.max_model_len is not None and req.num_tokens >= cfg.max_model_len:
+                    _v1_finish(pair, req, running)
+                    continue
+                req.append_tokens(1)
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = remaining if rng.random() < 0.7 else rng.randint(1, remaining)
+            k = rng.choice([0, 0, 0, 1, 3])
+            out = pair.call(
+                f"allocate_slots(r{req.seq_id},C={req.num_computed_tokens},n={n},k={k})",
+                req.seq_id,
+                lambda m: m.allocate_slots(req, n, 0, None, k),
+            )
+            if out[1] is not None:
+                req.num_computed_tokens += n
+            else:
+                # Preemption: free, forget what was computed, back to the head of the queue.
+                pair.call(f"free(r{req.seq_id},preempt)", req.seq_id, lambda m: m.free(req))
+                req.num_computed_tokens = 0
+                req.status = SequenceStatus.PREEMPTED
+                running.remove(req)
+                waiting.insert(0, req)
+        elif running:
+            _v1_finish(pair, rng.choice(running), running)
+        pair.check_tables([s.seq_id for s in running])
+    return False
+
+
+def _v1_finish(pair: Pair, req: Sequence, running: list[Sequence]) -> None:
+    req.status = SequenceStatus.FINISHED_STOPPED
+    pair.call(f"free(r{req.seq_id})", req.seq_id, lambda m: m.free(req))
+    running.remove(req)
