@@ -20,13 +20,17 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from sim.arrow_tables import empty_arrow_table
 from sim.audit.violations import Violation
 from sim.engine import RunRecords
 from sim.records import REQUEST_COLUMNS as _REQUEST_COLUMNS
+from sim.table_files import write_arrow_table
 from sim.table_files import write_csv as _write_csv
+
+if TYPE_CHECKING:  # pandas loads when a frame is asked for: a clean `kvsim run` needs none
+    import pandas as pd
 
 REQUEST_COLUMNS = list(_REQUEST_COLUMNS)
 VIOLATION_COLUMNS = [
@@ -54,6 +58,8 @@ def steps_frame(records: RunRecords) -> pd.DataFrame:
 
 
 def violations_frame(violations: list[Violation]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame.from_records([v.to_row() for v in violations], columns=VIOLATION_COLUMNS)
 
 
@@ -61,24 +67,30 @@ class RunResult:
     """Everything one run produced: DataFrames, the summary, and the run's inputs.
 
     `requests` and `steps` are DataFrames; a run whose tables were streamed to files
-    (`tables_dir`) reads them back from its Parquet files on first use.
+    (`tables_dir`) reads them back from its Parquet files on first use. `violations` is a
+    DataFrame too, made on first use from the run's `Violation` list when given that
+    (`violation_list`), so that a run nobody asks for frames imports no pandas.
     """
 
     def __init__(
         self,
         requests: pd.DataFrame | None,
         steps: pd.DataFrame | None,
-        violations: pd.DataFrame,
+        violations: pd.DataFrame | None,
         summary: dict,
         inputs: dict | None = None,
         *,
         tables_dir: Path | None = None,
+        violation_list: list[Violation] | None = None,
     ) -> None:
         if tables_dir is None and (requests is None or steps is None):
             raise ValueError("RunResult needs the requests and steps frames, or tables_dir")
+        if violations is None and violation_list is None:
+            raise ValueError("RunResult needs the violations frame, or violation_list")
         self._requests = requests
         self._steps = steps
-        self.violations = violations
+        self._violations = violations
+        self._violation_list = violation_list
         self.summary = summary
         self.inputs = inputs if inputs is not None else {}
         #: The folder the `requests` and `steps` tables were streamed to (None: in memory).
@@ -91,6 +103,8 @@ class RunResult:
     @property
     def requests(self) -> pd.DataFrame:
         if self._requests is None:
+            import pandas as pd
+
             assert self.tables_dir is not None
             self._requests = pd.read_parquet(self.tables_dir / "requests.parquet")
         return self._requests
@@ -98,23 +112,42 @@ class RunResult:
     @property
     def steps(self) -> pd.DataFrame:
         if self._steps is None:
+            import pandas as pd
+
             assert self.tables_dir is not None
             self._steps = pd.read_parquet(self.tables_dir / "steps.parquet")
         return self._steps
 
     @property
+    def violations(self) -> pd.DataFrame:
+        if self._violations is None:
+            assert self._violation_list is not None
+            self._violations = violations_frame(self._violation_list)
+        return self._violations
+
+    @property
+    def num_violations(self) -> int:
+        if self._violations is None:
+            assert self._violation_list is not None
+            return len(self._violation_list)
+        return len(self._violations)
+
+    @property
     def violation_kinds(self) -> set[str]:
-        return set(self.violations["kind"]) if len(self.violations) else set()
+        if self._violations is None:
+            assert self._violation_list is not None
+            return {v.kind.value for v in self._violation_list}
+        return set(self._violations["kind"]) if len(self._violations) else set()
 
 
-def summarize(records: RunRecords, violations: pd.DataFrame) -> dict:
+def summarize(records: RunRecords) -> dict:
     """The run's summary, from the statistics gathered while its tables were written."""
     numbers = records.stats.summary_numbers(records.end_s)
     return {
         "num_requests": numbers["num_requests"],
         "states": numbers["states"],
-        "num_violations": int(len(violations)),
-        "violation_kinds": sorted(set(violations["kind"])) if len(violations) else [],
+        "num_violations": len(records.violations),
+        "violation_kinds": sorted({v.kind.value for v in records.violations}),
         "simulated_s": numbers["simulated_s"],
         "num_steps": numbers["num_steps"],
         "throughput_req_per_s": numbers["throughput_req_per_s"],
@@ -142,14 +175,27 @@ def build_result(
     """The run's tables and summary. `step_time_band` (a `StepTimeBand.as_dict()`) says how
     sure the step times behind every latency are; it goes into the summary as is.
     `tables_dir`: the folder the tables were streamed to (they are read back when used)."""
-    violations = violations_frame(records.violations)
-    summary = summarize(records, violations)
+    summary = summarize(records)
     summary["step_time_band"] = step_time_band
+    violation_list = list(records.violations)
     if tables_dir is not None:
-        result = RunResult(None, None, violations, summary, inputs, tables_dir=tables_dir)
+        result = RunResult(
+            None,
+            None,
+            None,
+            summary,
+            inputs,
+            tables_dir=tables_dir,
+            violation_list=violation_list,
+        )
     else:
         result = RunResult(
-            requests_frame(records), steps_frame(records), violations, summary, inputs
+            requests_frame(records),
+            steps_frame(records),
+            None,
+            summary,
+            inputs,
+            violation_list=violation_list,
         )
     if records.kv_events is not None:
         from sim.kv_events import kv_events_frame
@@ -200,6 +246,10 @@ def write_tables(result: RunResult, out: Path) -> None:
         jobs = []
         for name in TABLES:
             if name in streamed:
+                continue
+            if name == "violations" and not result.num_violations:  # no frame, no pandas
+                empty = empty_arrow_table(VIOLATION_COLUMNS)
+                jobs.append(pool.submit(write_arrow_table, empty, out, name))
                 continue
             frame = getattr(result, name)
             if frame is None:  # `sessions` / `kv_events` of a run without them

@@ -177,9 +177,9 @@ def next_steps(summary: dict, out_dir: Path | None) -> list[str]:
 
 
 def print_violations(result, limit: int = 5) -> None:
-    frame = result.violations
-    if not len(frame):
+    if not result.num_violations:  # checked first: the frame would import pandas
         return
+    frame = result.violations
     console.print(f"[bold]first {min(limit, len(frame))} of {len(frame)} violations:[/]")
     for row in frame.head(limit).itertuples():
         console.print(

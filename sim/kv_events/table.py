@@ -19,11 +19,14 @@ then evicts h2 at 0.9 s::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.kv_events.stream import MEDIA, EventKind, KVEventStream
+
+if TYPE_CHECKING:  # pandas loads when the table is made, not with the engine
+    import pandas as pd
 
 KV_EVENT_COLUMNS = [
     "replica",
@@ -49,11 +52,15 @@ KIND_NAMES = {
 
 def _ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
     """A nullable int64 column: `values` where `present`, missing elsewhere."""
+    import pandas as pd
+
     return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~present)
 
 
 def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
     """The table of every replica's recorded events (replica by replica, each in order)."""
+    import pandas as pd
+
     parts: dict[str, list[np.ndarray]] = {
         name: []
         for name in (

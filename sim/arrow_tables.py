@@ -1,0 +1,133 @@
+"""A run's table columns as the Arrow table pandas would make of them, without importing pandas.
+
+The `requests`, `steps` and (empty) `violations` files were always written from a DataFrame
+through `pa.Table.from_pandas(frame, preserve_index=False)`, whose schema carries a ``pandas``
+metadata entry (column dtypes, pandas and pyarrow versions) that `pd.read_parquet` uses to
+rebuild the frame. `arrow_table` builds the same table, byte for byte in the files, straight
+from numpy columns, so `kvsim run` writes its tables without loading pandas (~0.2 s);
+tests/test_arrow_tables.py compares the two for every kind of column the tables have.
+
+Column kinds (those of `sim.records.STEP_DTYPE` / `REQUEST_DTYPE`):
+
+* int64 -> int64 (pandas_type "int64");
+* float64 -> double, NaN stored as null, as `from_pandas` does (pandas_type "float64");
+* object holding text -> large_string, None as null (pandas 3's ``str`` dtype: pandas_type
+  "object", numpy_type "str"); an object column with no value at all (every row None, or no
+  rows) -> null (pandas_type "empty"), as pandas leaves it ``object``.
+
+Example: {"step": int64 [0, 1], "start_s": float64 [0.0, nan]} -> step: int64 [0, 1],
+start_s: double [0.0, null], metadata ``{"index_columns": [], "column_indexes": [],
+"columns": [{"name": "step", "field_name": "step", "pandas_type": "int64", ...}], ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import metadata
+
+import numpy as np
+import pyarrow as pa
+
+
+@cache
+def _pandas_version() -> str:
+    """The installed pandas' version, as `pandas.__version__` says, read without importing it."""
+    return metadata.version("pandas")
+
+
+def _validity(valid: np.ndarray) -> pa.Buffer | None:
+    """Arrow's validity bitmap (bit i set: row i has a value); None when every row has one."""
+    if valid.all():
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _column(values: np.ndarray) -> tuple[pa.Array, str, str]:
+    """(the Arrow array, pandas_type, numpy_type) of one column.
+
+    Made from buffers: `pa.array` of anything but Arrow data imports pandas (pyarrow checks
+    whether the input is a pandas object), which is what this module is for avoiding.
+    """
+    n = len(values)
+    kind = values.dtype.kind
+    if kind == "i" and values.dtype.itemsize == 8:
+        data = pa.py_buffer(np.ascontiguousarray(values, dtype=np.int64))
+        return pa.Array.from_buffers(pa.int64(), n, [None, data]), "int64", "int64"
+    if kind == "f" and values.dtype.itemsize == 8:
+        data = np.ascontiguousarray(values, dtype=np.float64)
+        valid = ~np.isnan(data)  # NaN is stored as null, as `from_pandas` does
+        buffers = [_validity(valid), pa.py_buffer(data)]
+        nulls = n - int(np.count_nonzero(valid))
+        array = pa.Array.from_buffers(pa.float64(), n, buffers, null_count=nulls)
+        return array, "float64", "float64"
+    if kind == "O":
+        return _text_column(values)
+    raise TypeError(f"no pandas-equivalent Arrow column for numpy dtype {values.dtype}")
+
+
+def _text_column(values: np.ndarray) -> tuple[pa.Array, str, str]:
+    """An object column of str (None: missing) as large_string; all missing: null-typed."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    if not valid.any():  # nothing to infer a type from: pandas keeps it `object`
+        return pa.nulls(n), "empty", "object"
+    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    buffers = [_validity(valid), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    nulls = n - int(np.count_nonzero(valid))
+    array = pa.Array.from_buffers(pa.large_string(), n, buffers, null_count=nulls)
+    return array, "object", "str"
+
+
+def pandas_metadata(columns: Sequence[tuple[str, str, str]]) -> bytes:
+    """The ``pandas`` schema metadata `from_pandas` writes for (name, pandas_type, numpy_type)."""
+    entries = [
+        {
+            "name": name,
+            "field_name": name,
+            "pandas_type": pandas_type,
+            "numpy_type": numpy_type,
+            "metadata": None,
+        }
+        for name, pandas_type, numpy_type in columns
+    ]
+    return json.dumps(
+        {
+            "index_columns": [],
+            "column_indexes": [],
+            "columns": entries,
+            "attributes": {},
+            "creator": {"library": "pyarrow", "version": pa.__version__},
+            "pandas_version": _pandas_version(),
+        }
+    ).encode("utf8")
+
+
+def arrow_table(
+    columns: Mapping[str, np.ndarray], names: Sequence[str], schema: pa.Schema | None = None
+) -> pa.Table:
+    """`pa.Table.from_pandas(pd.DataFrame(columns)[names], preserve_index=False, schema=schema)`.
+
+    With `schema` (a table's first chunk's), the columns are cast to it, as `from_pandas` does.
+    """
+    arrays, kinds = [], []
+    for name in names:
+        array, pandas_type, numpy_type = _column(columns[name])
+        arrays.append(array)
+        kinds.append((name, pandas_type, numpy_type))
+    if schema is not None:
+        return pa.Table.from_arrays(
+            [a.cast(field.type) for a, field in zip(arrays, schema, strict=True)], schema=schema
+        )
+    fields = [pa.field(name, array.type) for name, array in zip(names, arrays, strict=True)]
+    return pa.Table.from_arrays(
+        arrays, schema=pa.schema(fields, metadata={b"pandas": pandas_metadata(kinds)})
+    )
+
+
+def empty_arrow_table(names: Sequence[str]) -> pa.Table:
+    """`sim.records.empty_frame(names)` as Arrow: every column null-typed, no rows."""
+    return arrow_table({name: np.empty(0, dtype=object) for name in names}, names)
