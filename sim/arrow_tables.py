@@ -131,3 +131,46 @@ def arrow_table(
 def empty_arrow_table(names: Sequence[str]) -> pa.Table:
     """`sim.records.empty_frame(names)` as Arrow: every column null-typed, no rows."""
     return arrow_table({name: np.empty(0, dtype=object) for name in names}, names)
+
+
+def records_columns(
+    rows: Sequence[Mapping[str, object]], names: Sequence[str]
+) -> dict[str, np.ndarray] | None:
+    """The numpy columns `pd.DataFrame.from_records(rows, columns=names)` infers, or None.
+
+    For each column, by the types of its values (None: missing):
+
+    * ints alone -> int64; ints and None -> float64 with NaN;
+    * floats (and ints, and None) -> float64 with NaN;
+    * str (and None) -> object, which `arrow_table` makes large_string (pandas 3's `str`);
+    * None alone -> object (a null column, pandas_type "empty").
+
+    None for anything else (bools, numpy scalars, ints beyond int64, mixed kinds): the caller
+    lets pandas infer those. Example: request_id [3, None] -> float64 [3.0, nan].
+    """
+    columns = {}
+    for name in names:
+        values = [row[name] for row in rows]
+        column = _inferred(values)
+        if column is None:
+            return None
+        columns[name] = column
+    return columns
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _inferred(values: list) -> np.ndarray | None:
+    kinds = {type(v) for v in values}
+    has_none = type(None) in kinds
+    kinds.discard(type(None))
+    if not kinds or kinds == {str}:
+        return np.array(values, dtype=object)
+    if kinds == {int} and all(_INT64_MIN <= v <= _INT64_MAX for v in values if v is not None):
+        if not has_none:
+            return np.array(values, dtype=np.int64)
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if kinds <= {int, float}:
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    return None

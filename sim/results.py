@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.arrow_tables import empty_arrow_table
+from sim.arrow_tables import arrow_table, records_columns
 from sim.audit.violations import Violation
 from sim.engine import RunRecords
 from sim.records import REQUEST_COLUMNS as _REQUEST_COLUMNS
@@ -131,6 +131,24 @@ class RunResult:
             assert self._violation_list is not None
             return len(self._violation_list)
         return len(self._violations)
+
+    def first_violations(self, limit: int) -> list[tuple[str, float | None, str]]:
+        """(kind, time_s, message) of the first `limit` violations."""
+        if self._violations is None:
+            assert self._violation_list is not None
+            return [(v.kind.value, v.time_s, v.message) for v in self._violation_list[:limit]]
+        head = self._violations.head(limit)
+        return list(zip(head["kind"], head["time_s"], head["message"], strict=True))
+
+    def violations_arrow(self):
+        """The `violations` table as Arrow, made without pandas, or None where only pandas
+        knows its column types (a frame given, or values `records_columns` does not infer)."""
+        if self._violations is not None:
+            return None
+        assert self._violation_list is not None
+        rows = [v.to_row() for v in self._violation_list]
+        columns = records_columns(rows, VIOLATION_COLUMNS)
+        return None if columns is None else arrow_table(columns, VIOLATION_COLUMNS)
 
     @property
     def violation_kinds(self) -> set[str]:
@@ -247,9 +265,9 @@ def write_tables(result: RunResult, out: Path) -> None:
         for name in TABLES:
             if name in streamed:
                 continue
-            if name == "violations" and not result.num_violations:  # no frame, no pandas
-                empty = empty_arrow_table(VIOLATION_COLUMNS)
-                jobs.append(pool.submit(write_arrow_table, empty, out, name))
+            table = result.violations_arrow() if name == "violations" else None
+            if table is not None:  # no frame, no pandas
+                jobs.append(pool.submit(write_arrow_table, table, out, name))
                 continue
             frame = getattr(result, name)
             if frame is None:  # `sessions` / `kv_events` of a run without them

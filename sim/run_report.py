@@ -177,12 +177,13 @@ def next_steps(summary: dict, out_dir: Path | None) -> list[str]:
 
 
 def print_violations(result, limit: int = 5) -> None:
-    if not result.num_violations:  # checked first: the frame would import pandas
+    """The first `limit` violations, one line each (from the run's list: no pandas needed)."""
+    count = result.num_violations
+    if not count:
         return
-    frame = result.violations
-    console.print(f"[bold]first {min(limit, len(frame))} of {len(frame)} violations:[/]")
-    for row in frame.head(limit).itertuples():
+    console.print(f"[bold]first {min(limit, count)} of {count} violations:[/]")
+    for kind, time_s, message in result.first_violations(limit):
         console.print(
-            f"  [red]{row.kind}[/] at t={_fmt(row.time_s)} s: {escape(row.message)}",
+            f"  [red]{kind}[/] at t={_fmt(time_s)} s: {escape(message)}",
             highlight=False,
         )
