@@ -70,13 +70,18 @@ def _column(values: np.ndarray) -> tuple[pa.Array, str, str]:
 def _text_column(values: np.ndarray) -> tuple[pa.Array, str, str]:
     """An object column of str (None: missing) as large_string; all missing: null-typed."""
     n = len(values)
-    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    valid = values != None  # noqa: E711 - elementwise on an object array
     if not valid.any():  # nothing to infer a type from: pandas keeps it `object`
         return pa.nulls(n), "empty", "object"
-    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    texts = values.tolist() if valid.all() else ["" if v is None else v for v in values]
+    joined = "".join(texts)
+    data = joined.encode("utf-8")
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    if len(data) != len(joined):  # not all ASCII: the offsets count bytes, not characters
+        lengths = np.fromiter((len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    buffers = [_validity(valid), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    np.cumsum(lengths, out=offsets[1:])
+    buffers = [_validity(valid), pa.py_buffer(offsets), pa.py_buffer(data)]
     nulls = n - int(np.count_nonzero(valid))
     array = pa.Array.from_buffers(pa.large_string(), n, buffers, null_count=nulls)
     return array, "object", "str"
@@ -119,9 +124,11 @@ def arrow_table(
         arrays.append(array)
         kinds.append((name, pandas_type, numpy_type))
     if schema is not None:
-        return pa.Table.from_arrays(
-            [a.cast(field.type) for a, field in zip(arrays, schema, strict=True)], schema=schema
-        )
+        cast = [
+            a if a.type == field.type else a.cast(field.type)
+            for a, field in zip(arrays, schema, strict=True)
+        ]
+        return pa.Table.from_arrays(cast, schema=schema)
     fields = [pa.field(name, array.type) for name, array in zip(names, arrays, strict=True)]
     return pa.Table.from_arrays(
         arrays, schema=pa.schema(fields, metadata={b"pandas": pandas_metadata(kinds)})
