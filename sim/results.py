@@ -1,5 +1,8 @@
 """Run records -> pandas DataFrames and a summary, and writing them to an output directory.
 
+The frames are made when asked for: `kvsim run` writes every table straight from the run's
+records through Arrow (`sim.arrow_tables`, the bytes pandas wrote) and never imports pandas.
+
 Tables (each as Parquet and CSV):
 
 * ``requests``: one row per workload request, whatever happened to it;
@@ -29,8 +32,9 @@ from sim.records import REQUEST_COLUMNS as _REQUEST_COLUMNS
 from sim.table_files import write_arrow_table
 from sim.table_files import write_csv as _write_csv
 
-if TYPE_CHECKING:  # pandas loads when a frame is asked for: a clean `kvsim run` needs none
+if TYPE_CHECKING:  # pandas loads when a frame is asked for: `kvsim run` needs none
     import pandas as pd
+    import pyarrow as pa
 
 REQUEST_COLUMNS = list(_REQUEST_COLUMNS)
 VIOLATION_COLUMNS = [
@@ -140,7 +144,7 @@ class RunResult:
         head = self._violations.head(limit)
         return list(zip(head["kind"], head["time_s"], head["message"], strict=True))
 
-    def violations_arrow(self):
+    def violations_arrow(self) -> pa.Table | None:
         """The `violations` table as Arrow, made without pandas, or None where only pandas
         knows its column types (a frame given, or values `records_columns` does not infer)."""
         if self._violations is not None:
