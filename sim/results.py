@@ -1,7 +1,8 @@
 """Run records -> pandas DataFrames and a summary, and writing them to an output directory.
 
-The frames are made when asked for: `kvsim run` writes every table straight from the run's
-records through Arrow (`sim.arrow_tables`, the bytes pandas wrote) and never imports pandas.
+The frames are made when asked for: `kvsim run` writes `requests`, `steps` and `violations`
+straight from the run's records through Arrow (`sim.arrow_tables`, the bytes pandas wrote), so
+only a run with a `sessions` or `kv_events` table imports pandas.
 
 Tables (each as Parquet and CSV):
 
