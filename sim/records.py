@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import pandas as pd
 
 from sim.scheduler import Request
+
+if TYPE_CHECKING:  # pandas loads when a table becomes a DataFrame, not with the engine
+    import pandas as pd
 
 #: One row per scheduler call that ran a batch or changed the queues. A call that ran nothing
 #: but preempted, ignored or failed requests (vLLM's engine step with an empty batch), and the
@@ -140,11 +142,15 @@ def request_row(r: Request) -> tuple:
 
 def columns_frame(columns: Columns, names: tuple[str, ...]) -> pd.DataFrame:
     """The DataFrame of one chunk (or of the joined chunks), columns in table order."""
+    import pandas as pd
+
     return pd.DataFrame({name: columns[name] for name in names})
 
 
 def empty_frame(names: tuple[str, ...]) -> pd.DataFrame:
     """A table with no rows, typed as the run's tables always were when empty (object)."""
+    import pandas as pd
+
     return pd.DataFrame.from_records([], columns=list(names))
 
 

@@ -1,5 +1,9 @@
 """Run records -> pandas DataFrames and a summary, and writing them to an output directory.
 
+The frames are made when asked for: `kvsim run` writes `requests`, `steps` and `violations`
+straight from the run's records through Arrow (`sim.arrow_tables`, the bytes pandas wrote), so
+only a run with a `sessions` or `kv_events` table imports pandas.
+
 Tables (each as Parquet and CSV):
 
 * ``requests``: one row per workload request, whatever happened to it;
@@ -20,13 +24,18 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from sim.arrow_tables import arrow_table, records_columns
 from sim.audit.violations import Violation
 from sim.engine import RunRecords
 from sim.records import REQUEST_COLUMNS as _REQUEST_COLUMNS
+from sim.table_files import write_arrow_table
 from sim.table_files import write_csv as _write_csv
+
+if TYPE_CHECKING:  # pandas loads when a frame is asked for: `kvsim run` needs none
+    import pandas as pd
+    import pyarrow as pa
 
 REQUEST_COLUMNS = list(_REQUEST_COLUMNS)
 VIOLATION_COLUMNS = [
@@ -54,6 +63,8 @@ def steps_frame(records: RunRecords) -> pd.DataFrame:
 
 
 def violations_frame(violations: list[Violation]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame.from_records([v.to_row() for v in violations], columns=VIOLATION_COLUMNS)
 
 
@@ -61,24 +72,30 @@ class RunResult:
     """Everything one run produced: DataFrames, the summary, and the run's inputs.
 
     `requests` and `steps` are DataFrames; a run whose tables were streamed to files
-    (`tables_dir`) reads them back from its Parquet files on first use.
+    (`tables_dir`) reads them back from its Parquet files on first use. `violations` is a
+    DataFrame too, made on first use from the run's `Violation` list when given that
+    (`violation_list`), so that a run nobody asks for frames imports no pandas.
     """
 
     def __init__(
         self,
         requests: pd.DataFrame | None,
         steps: pd.DataFrame | None,
-        violations: pd.DataFrame,
+        violations: pd.DataFrame | None,
         summary: dict,
         inputs: dict | None = None,
         *,
         tables_dir: Path | None = None,
+        violation_list: list[Violation] | None = None,
     ) -> None:
         if tables_dir is None and (requests is None or steps is None):
             raise ValueError("RunResult needs the requests and steps frames, or tables_dir")
+        if violations is None and violation_list is None:
+            raise ValueError("RunResult needs the violations frame, or violation_list")
         self._requests = requests
         self._steps = steps
-        self.violations = violations
+        self._violations = violations
+        self._violation_list = violation_list
         self.summary = summary
         self.inputs = inputs if inputs is not None else {}
         #: The folder the `requests` and `steps` tables were streamed to (None: in memory).
@@ -92,6 +109,8 @@ class RunResult:
     @property
     def requests(self) -> pd.DataFrame:
         if self._requests is None:
+            import pandas as pd
+
             assert self.tables_dir is not None
             self._requests = pd.read_parquet(self.tables_dir / "requests.parquet")
         return self._requests
@@ -99,14 +118,50 @@ class RunResult:
     @property
     def steps(self) -> pd.DataFrame:
         if self._steps is None:
+            import pandas as pd
+
             assert self.tables_dir is not None
             self._steps = pd.read_parquet(self.tables_dir / "steps.parquet")
         return self._steps
 
     @property
+    def violations(self) -> pd.DataFrame:
+        if self._violations is None:
+            assert self._violation_list is not None
+            self._violations = violations_frame(self._violation_list)
+        return self._violations
+
+    @property
+    def num_violations(self) -> int:
+        if self._violations is None:
+            assert self._violation_list is not None
+            return len(self._violation_list)
+        return len(self._violations)
+
+    def first_violations(self, limit: int) -> list[tuple[str, float | None, str]]:
+        """(kind, time_s, message) of the first `limit` violations."""
+        if self._violations is None:
+            assert self._violation_list is not None
+            return [(v.kind.value, v.time_s, v.message) for v in self._violation_list[:limit]]
+        head = self._violations.head(limit)
+        return list(zip(head["kind"], head["time_s"], head["message"], strict=True))
+
+    def violations_arrow(self) -> pa.Table | None:
+        """The `violations` table as Arrow, made without pandas, or None where only pandas
+        knows its column types (a frame given, or values `records_columns` does not infer)."""
+        if self._violations is not None:
+            return None
+        assert self._violation_list is not None
+        rows = [v.to_row() for v in self._violation_list]
+        columns = records_columns(rows, VIOLATION_COLUMNS)
+        return None if columns is None else arrow_table(columns, VIOLATION_COLUMNS)
+
+    @property
     def kv_events(self) -> pd.DataFrame | None:
         """None unless the run recorded KV events (`engine.kv_events`)."""
         if self._kv_events is None and self.kv_events_streamed:
+            import pandas as pd
+
             assert self.tables_dir is not None
             self._kv_events = pd.read_parquet(self.tables_dir / "kv_events.parquet")
         return self._kv_events
@@ -117,17 +172,20 @@ class RunResult:
 
     @property
     def violation_kinds(self) -> set[str]:
-        return set(self.violations["kind"]) if len(self.violations) else set()
+        if self._violations is None:
+            assert self._violation_list is not None
+            return {v.kind.value for v in self._violation_list}
+        return set(self._violations["kind"]) if len(self._violations) else set()
 
 
-def summarize(records: RunRecords, violations: pd.DataFrame) -> dict:
+def summarize(records: RunRecords) -> dict:
     """The run's summary, from the statistics gathered while its tables were written."""
     numbers = records.stats.summary_numbers(records.end_s)
     return {
         "num_requests": numbers["num_requests"],
         "states": numbers["states"],
-        "num_violations": int(len(violations)),
-        "violation_kinds": sorted(set(violations["kind"])) if len(violations) else [],
+        "num_violations": len(records.violations),
+        "violation_kinds": sorted({v.kind.value for v in records.violations}),
         "simulated_s": numbers["simulated_s"],
         "num_steps": numbers["num_steps"],
         "throughput_req_per_s": numbers["throughput_req_per_s"],
@@ -155,14 +213,27 @@ def build_result(
     """The run's tables and summary. `step_time_band` (a `StepTimeBand.as_dict()`) says how
     sure the step times behind every latency are; it goes into the summary as is.
     `tables_dir`: the folder the tables were streamed to (they are read back when used)."""
-    violations = violations_frame(records.violations)
-    summary = summarize(records, violations)
+    summary = summarize(records)
     summary["step_time_band"] = step_time_band
+    violation_list = list(records.violations)
     if tables_dir is not None:
-        result = RunResult(None, None, violations, summary, inputs, tables_dir=tables_dir)
+        result = RunResult(
+            None,
+            None,
+            None,
+            summary,
+            inputs,
+            tables_dir=tables_dir,
+            violation_list=violation_list,
+        )
     else:
         result = RunResult(
-            requests_frame(records), steps_frame(records), violations, summary, inputs
+            requests_frame(records),
+            steps_frame(records),
+            None,
+            summary,
+            inputs,
+            violation_list=violation_list,
         )
     if records.kv_events is not None:
         from sim.kv_events import kv_events_frame, write_kv_events
@@ -221,6 +292,10 @@ def write_tables(result: RunResult, out: Path) -> None:
         jobs = []
         for name in TABLES:
             if name in streamed:
+                continue
+            table = result.violations_arrow() if name == "violations" else None
+            if table is not None:  # no frame, no pandas
+                jobs.append(pool.submit(write_arrow_table, table, out, name))
                 continue
             frame = getattr(result, name)
             if frame is None:  # `sessions` / `kv_events` of a run without them

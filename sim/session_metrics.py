@@ -20,11 +20,14 @@ tokens with 0 and 128 hit tokens -> total_s 4, time_per_turn_s 2, prefix_hit_rat
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.workload.request import Workload
+
+if TYPE_CHECKING:  # pandas loads with the first session table, not with `sim.runner`
+    import pandas as pd
 
 SESSION_COLUMNS = [
     "session_id",
@@ -46,6 +49,8 @@ def is_session_workload(workload: Workload) -> bool:
 
 def turns_frame(workload: Workload, requests: pd.DataFrame) -> pd.DataFrame:
     """The requests of session turns, with their ``session_id`` and ``turn``, by request id."""
+    import pandas as pd
+
     specs = [s for s in workload.requests if s.session_id is not None]
     ids = pd.DataFrame(
         {
@@ -60,6 +65,8 @@ def turns_frame(workload: Workload, requests: pd.DataFrame) -> pd.DataFrame:
 
 def sessions_frame(turns: pd.DataFrame) -> pd.DataFrame:
     """One row per session (see the module docstring), sorted by session id."""
+    import pandas as pd
+
     done = turns["state"] == "finished"
     frame = turns.assign(
         finished=done.astype(np.int64),

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from sim.records import Columns, columns_frame, empty_frame
+from sim.arrow_tables import arrow_table, empty_arrow_table
+from sim.records import Columns
+
+if TYPE_CHECKING:  # the streamed tables are written without pandas (`sim.arrow_tables`)
+    import pandas as pd
 
 _CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
 PARQUET_COMPRESSION = "zstd"
@@ -30,9 +33,13 @@ PARQUET_COMPRESSION = "zstd"
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     """`frame` as CSV at `path` (header from the frame's columns)."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    write_arrow_csv(pa.Table.from_pandas(frame, preserve_index=False), path)
+
+
+def write_arrow_csv(table: pa.Table, path: Path) -> None:
+    """`table` as CSV at `path` (header from the table's column names)."""
     with open(path, "wb") as sink:
-        sink.write((",".join(frame.columns) + "\n").encode())
+        sink.write((",".join(table.column_names) + "\n").encode())
         pa_csv.write_csv(table, sink, _CSV_OPTIONS)
 
 
@@ -42,11 +49,17 @@ def write_table(frame: pd.DataFrame, folder: Path, name: str) -> None:
     frame.to_parquet(folder / f"{name}.parquet", index=False, compression=PARQUET_COMPRESSION)
 
 
+def write_arrow_table(table: pa.Table, folder: Path, name: str) -> None:
+    """`table` (from `sim.arrow_tables`) as `write_table` writes the frame pandas makes of it."""
+    write_arrow_csv(table, folder / f"{name}.csv")
+    pq.write_table(table, folder / f"{name}.parquet", compression=PARQUET_COMPRESSION)
+
+
 class FileSink:
     """One table streamed to `folder/name.parquet` (a row group per chunk) and `name.csv`.
 
     The files are opened at the first chunk, with the Arrow schema (and pandas metadata) of
-    that chunk's DataFrame, which every chunk of a table shares. Encoding and compression run
+    that chunk (`sim.arrow_tables.arrow_table`), which every chunk of a table shares. Encoding and compression run
     in one background thread (Arrow releases the GIL), at most one chunk behind the run, so
     the simulation goes on meanwhile and memory stays one chunk. A table that got no rows is
     written at `close()` as `write_table` writes an empty table.
@@ -67,11 +80,13 @@ class FileSink:
         self._closed = False
 
     def write(self, columns: Columns) -> None:
-        self.write_frame(columns_frame(columns, self.names))
+        self._write_table(arrow_table(columns, self.names, self._schema))
 
     def write_frame(self, frame: pd.DataFrame) -> None:
         """One chunk as a DataFrame (columns `names`, the same dtypes in every chunk)."""
-        table = pa.Table.from_pandas(frame, preserve_index=False, schema=self._schema)
+        self._write_table(pa.Table.from_pandas(frame, preserve_index=False, schema=self._schema))
+
+    def _write_table(self, table: pa.Table) -> None:
         if self._schema is None:
             self._schema = table.schema
         self._wait()
@@ -107,7 +122,7 @@ class FileSink:
             self._pool.shutdown()
             self._close_files()
         if self._schema is None:
-            write_table(empty_frame(self.names), self.folder, self.name)
+            write_arrow_table(empty_arrow_table(self.names), self.folder, self.name)
 
     def abort(self) -> None:
         """Stop without finishing: the caller discards the folder (a crashed or cut run)."""
@@ -126,4 +141,6 @@ class FileSink:
 
     def frame(self) -> pd.DataFrame:
         """The table read back from its Parquet file."""
+        import pandas as pd
+
         return pd.read_parquet(self.parquet_path)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sim.host_memory
+import sim.resolution
 import sim.runner
 from sim.cli import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_INTERNAL, EXIT_INTERRUPTED, app
 from sim.errors import MAX_ERROR_CHARS, InputError, one_line
@@ -122,7 +123,7 @@ def _no_workload(*args, **kwargs):
 def test_pool_of_400_million_blocks_is_refused_up_front(tmp_path, monkeypatch):
     """Regression: num_gpu_blocks 400000000 was killed by the kernel after eating all memory."""
     monkeypatch.setattr(sim.host_memory, "available_memory", lambda: (16 << 30, "MemAvailable"))
-    monkeypatch.setattr(sim.runner, "load_workload", _no_workload)
+    monkeypatch.setattr(sim.resolution, "load_workload", _no_workload)
     path = tiny(tmp_path, blocks=400_000_000)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(tmp_path / "o")])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
@@ -133,7 +134,7 @@ def test_pool_of_400_million_blocks_is_refused_up_front(tmp_path, monkeypatch):
 
 def test_pool_of_1e12_blocks_is_refused_up_front(tmp_path, monkeypatch):
     """Regression: 1e12 blocks gave a MemoryError traceback. No machine has 380 TB."""
-    monkeypatch.setattr(sim.runner, "load_workload", _no_workload)
+    monkeypatch.setattr(sim.resolution, "load_workload", _no_workload)
     path = tiny(tmp_path, blocks=10**12)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(tmp_path / "o")])
     assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output

@@ -96,13 +96,13 @@ def test_unwritable_parent_is_bad_input(tmp_path):
 def test_interrupted_write_leaves_the_old_run_intact(tmp_path, old_run, monkeypatch):
     """Regression: Ctrl-C while writing left an old summary.json next to new tables."""
     before = snapshot(old_run)
-    real_write_csv = sim.results._write_csv
+    real_write = sim.results.write_arrow_table  # how `kvsim run` writes its violations
 
-    def write_then_interrupt(frame, path):
-        real_write_csv(frame, path)  # a new table is half-way into the temporary folder
+    def write_then_interrupt(table, folder, name):
+        real_write(table, folder, name)  # a new table is half-way into the temporary folder
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.results, "_write_csv", write_then_interrupt)
+    monkeypatch.setattr(sim.results, "write_arrow_table", write_then_interrupt)
     path = tiny(tmp_path, "bigger", blocks=32)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(old_run)])
     assert result.exit_code == EXIT_INTERRUPTED

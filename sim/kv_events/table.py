@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.kv_events.stream import MEDIA, EventKind, KVEventStream, RawRows
 from sim.table_files import FileSink, write_table
+
+if TYPE_CHECKING:  # imported where a table is built: `kvsim run` without events loads no pandas
+    import pandas as pd
 
 KV_EVENT_COLUMNS = [
     "replica",
@@ -51,6 +54,8 @@ KIND_NAMES = {
 
 def _ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
     """A nullable int64 column: `values` where `present`, missing elsewhere."""
+    import pandas as pd
+
     return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~present)
 
 
@@ -88,6 +93,8 @@ def _parts(stream: KVEventStream, raw: RawRows) -> dict[str, np.ndarray]:
 
 def _frame(col: dict[str, np.ndarray]) -> pd.DataFrame:
     """The table's rows from raw columns (`_parts`, or several joined)."""
+    import pandas as pd
+
     kind = col["kind"]
     stored = kind == EventKind.BLOCK_STORED
     has_block = kind != EventKind.ALL_BLOCKS_CLEARED

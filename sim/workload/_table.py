@@ -1,7 +1,8 @@
 """Reading trace files into columns and validating them vectorised, with exact error places.
 
 Loaders read a whole file at once (pandas for CSV/Parquet, one `json.loads` per JSONL line),
-then check each column with numpy. On failure they report the FIRST bad row, translated to
+then check each column with numpy. pandas is imported by `read_csv_strings` when it runs, not
+with this module: a plainly well-formed trace is read without it (`sim.workload.plain_csv`). On failure they report the FIRST bad row, translated to
 its 1-based file line by a `RowLocator`, so a 20k-row trace still loads in tens of ms.
 """
 
@@ -10,15 +11,18 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.workload.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _NUMBER_TYPES = (int, float)
 
@@ -91,6 +95,8 @@ def read_csv_strings(
     `required` (and `optional`) columns, the header is checked (`check_columns`) from the
     first line alone before the file is parsed: a 10 MB file without a header fails at once.
     """
+    import pandas as pd
+
     require_file(path)
     if required:
         with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
@@ -191,7 +197,10 @@ def numeric_column(
     strings). Rejects missing required values, non-numbers, NaN/inf, fractions in integer
     columns and values below `min_value`, naming the first bad row.
     """
-    if isinstance(values, pd.Series):
+    if _is_series(values):
+        import pandas as pd
+
+        assert isinstance(values, pd.Series)
         text = values.astype(object)
         absent = text.isna().to_numpy() | (values.fillna("").str.strip() == "").to_numpy()
         parsed = pd.to_numeric(text.where(~absent, None), errors="coerce").to_numpy(np.float64)
@@ -248,7 +257,13 @@ def as_int64(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _is_series(values: object) -> bool:
+    """A pandas Series (CSV strings)? pandas is loaded if one exists, so it is not imported."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(values, pandas.Series)
+
+
 def _show(values: pd.Series | list[Any], index: int) -> str:
-    value = values.iloc[index] if isinstance(values, pd.Series) else values[index]
+    value = values.iloc[index] if _is_series(values) else values[index]  # type: ignore[union-attr]
     text = repr(value) if isinstance(value, str) or value is None else str(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.kv.types import Segment
 from sim.workload._table import (
@@ -43,8 +42,12 @@ from sim.workload._table import (
     require_file,
 )
 from sim.workload.errors import WorkloadError
+from sim.workload.plain_csv import read_plain_azure
 from sim.workload.prefixes import hash_prefixes
 from sim.workload.request import MAX_PREFIX_ID, PREFIX_KEY_BASE, RequestSpec, Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Mooncake FAST'25 traces hash prompts in blocks of this many tokens (upstream README).
 MOONCAKE_BLOCK_TOKENS = 512
@@ -256,6 +259,12 @@ def load_azure(path: Path) -> Workload:
     0.0 and 50.9951690 - 46.6805900 = 4.314579 s.
     """
     path = Path(path)
+    plain = read_plain_azure(path)  # no pandas for a plainly well-formed file
+    if plain is not None:
+        meta = {"format": "azure", "start_timestamp": plain.start_timestamp}
+        return _build(plain.arrival_s, plain.prompt_tokens, plain.output_tokens, str(path), meta)
+    import pandas as pd
+
     required = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     frame = read_csv_strings(path, required, ())
     check_columns(path, list(frame.columns), required, ())

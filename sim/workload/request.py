@@ -36,11 +36,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.kv.types import Segment, TokenContent
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Hash ids (Mooncake, canonical ``hash_ids``) are used as keys as is; they must be below this.
 MAX_HASH_ID = 2**40
@@ -157,6 +158,8 @@ class Workload:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request: id, arrival, lengths, priority and shared-prefix size."""
+        import pandas as pd
+
         reqs = self.requests
         return pd.DataFrame(
             {
