@@ -16,6 +16,7 @@ import argparse
 import os
 import shutil
 import sys
+import warnings
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -54,10 +55,18 @@ def build(root: Path, jobs: int) -> None:
     extensions = mypycify(
         paths, opt_level="3", group_name=native.GROUP_NAME, target_dir="build/native"
     )
+    # setuptools reads pyproject.toml here too; its deprecation notes are not about this build.
+    warnings.filterwarnings("ignore", module="setuptools.*")
     setup(
         name="kvsim-native",
         ext_modules=extensions,
-        script_args=["build_ext", "--inplace", f"--parallel={jobs}", "--build-temp=build/native"],
+        script_args=[
+            "--quiet",
+            "build_ext",
+            "--inplace",
+            f"--parallel={jobs}",
+            "--build-temp=build/native",
+        ],
     )
     digests = native.source_digests(native.COMPILED, root / "sim")
     manifest = native.manifest_path(root / "sim")

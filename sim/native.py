@@ -49,6 +49,7 @@ COMPILED: tuple[str, ...] = (
     "sim.audit.v1",
     "sim.audit.violations",
     "sim.kv.types",
+    "sim.kv.v0_fixed",
     "sim.kv.v0_v2.block_table",
     "sim.kv.v0_v2.cpu_gpu",
     "sim.kv.v0_v2.evictor",
@@ -192,5 +193,7 @@ def loaded_compiled() -> list[str]:
         name
         for name in COMPILED
         if (module := sys.modules.get(name)) is not None
-        and str(getattr(module, "__file__", "")).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        and str(getattr(module, "__file__", "")).endswith(
+            tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        )
     )
