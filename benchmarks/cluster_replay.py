@@ -6,6 +6,7 @@ hit rate and TTFT p50/p99.
     python benchmarks/cluster_replay.py speed      # only 1 replica vs 8 replicas (prefix-aware)
     python benchmarks/cluster_replay.py routers    # only the router table (8 replicas)
     python benchmarks/cluster_replay.py mooncake   # the router table on the Mooncake trace
+    python benchmarks/cluster_replay.py kv_events  # 8 replicas prefix-aware, recording KV events
 
 Azure: the whole Azure LLM inference 2023 conversation trace (19,366 requests,
 scenarios/mistral_azure_conv_swa.yaml) on the V1 engine with chunked prefill and prefix
@@ -21,11 +22,17 @@ conversation trace names its 512-token blocks (`hash_ids`), so it is where routi
 cache shows; `mooncake` replays its first `MOONCAKE_FIRST_N` requests on 8 replicas at 8 times
 the rate one H100 keeps up with (scenarios/mooncake_prefix_caching.yaml: 0.25).
 
+`kv_events` is the 8-replica prefix-aware row with `engine.kv_events: true`: the `kv_events`
+table (one row per block of every replica's events) streams to its files as the run goes, so
+the peak stays near the row without it; the row also prints the table's size and the sha256
+of `kv_events.csv` and `requests.csv` (to compare the bytes across versions of kvsim).
+
 Machines are noisy: compare the rows of one run with each other, not with another day's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -107,11 +114,22 @@ def cases(which: str) -> list[tuple[str, Path, list[str]]]:
             )
             for label, (router, staleness_s) in ROUTERS.items()
         ]
-    raise SystemExit(f"unknown table {which!r}: speed, routers or mooncake")
+    if which == "kv_events":
+        cluster = _cluster(NUM_REPLICAS, "prefix_cache_aware", 0.0, AZURE_RATE_SCALE)
+        return [
+            (f"azure {NUM_REPLICAS} prefix-aware", AZURE, AZURE_V1 + cluster),
+            (
+                f"azure {NUM_REPLICAS} prefix-aware kv_events",
+                AZURE,
+                AZURE_V1 + cluster + ["engine.kv_events=true"],
+            ),
+        ]
+    raise SystemExit(f"unknown table {which!r}: speed, routers, mooncake or kv_events")
 
 
 def replay(label: str, scenario: Path, overrides: list[str]) -> dict:
     import pandas as pd
+    import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "sim.cli", "run", str(scenario), "--no-plots", "--json"]
@@ -125,6 +143,13 @@ def replay(label: str, scenario: Path, overrides: list[str]) -> dict:
             raise SystemExit(f"{label}: kvsim run failed ({proc.returncode}): {proc.stderr}")
         summary = json.loads(proc.stdout)["summary"]
         requests = pd.read_parquet(Path(out) / "requests.parquet")
+        events = Path(out) / "kv_events.parquet"
+        num_event_rows = pq.ParquetFile(events).metadata.num_rows if events.exists() else 0
+        digests = {
+            f"sha256_{name}": hashlib.sha256((Path(out) / f"{name}.csv").read_bytes()).hexdigest()
+            for name in ("requests", "kv_events")
+            if (Path(out) / f"{name}.csv").exists()
+        }
     return {
         "label": label,
         "wall_s": wall_s,
@@ -138,6 +163,8 @@ def replay(label: str, scenario: Path, overrides: list[str]) -> dict:
         "ttft_p50_s": summary["ttft_p50_s"],
         "ttft_p99_s": summary["ttft_p99_s"],
         "violations": summary["num_violations"],
+        "kv_event_rows": num_event_rows,
+        **digests,
     }
 
 
@@ -163,6 +190,9 @@ def main() -> None:
                 f"{r['ttft_p50_s']:>10.3f} {r['ttft_p99_s']:>10.3f} {r['violations']:>10}",
                 flush=True,
             )
+            if r["kv_event_rows"]:
+                digests = ", ".join(f"{k} {v[:16]}" for k, v in r.items() if k.startswith("sha"))
+                print(f"    kv_events: {r['kv_event_rows']} rows; {digests}", flush=True)
 
 
 if __name__ == "__main__":

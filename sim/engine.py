@@ -133,6 +133,7 @@ class Engine:
             self._now,
             self._cache_index.feeds if self._cache_index is not None else None,
             config.kv_events,
+            spill=self.sinks.spill_to_file,  # tables to files: events spill too
         )
         self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
         self._stop: str | None = None

@@ -85,8 +85,9 @@ class RunResult:
         self.tables_dir = tables_dir
         #: One row per session of a multi-turn workload (`sim.session_metrics`); None otherwise.
         self.sessions: pd.DataFrame | None = None
-        #: None unless the run recorded KV events (`engine.kv_events`).
-        self.kv_events: pd.DataFrame | None = None
+        self._kv_events: pd.DataFrame | None = None
+        #: The `kv_events` table was streamed to `tables_dir` (read back on first use).
+        self.kv_events_streamed = False
 
     @property
     def requests(self) -> pd.DataFrame:
@@ -101,6 +102,18 @@ class RunResult:
             assert self.tables_dir is not None
             self._steps = pd.read_parquet(self.tables_dir / "steps.parquet")
         return self._steps
+
+    @property
+    def kv_events(self) -> pd.DataFrame | None:
+        """None unless the run recorded KV events (`engine.kv_events`)."""
+        if self._kv_events is None and self.kv_events_streamed:
+            assert self.tables_dir is not None
+            self._kv_events = pd.read_parquet(self.tables_dir / "kv_events.parquet")
+        return self._kv_events
+
+    @kv_events.setter
+    def kv_events(self, frame: pd.DataFrame | None) -> None:
+        self._kv_events = frame
 
     @property
     def violation_kinds(self) -> set[str]:
@@ -152,9 +165,15 @@ def build_result(
             requests_frame(records), steps_frame(records), violations, summary, inputs
         )
     if records.kv_events is not None:
-        from sim.kv_events import kv_events_frame
+        from sim.kv_events import kv_events_frame, write_kv_events
 
-        result.kv_events = kv_events_frame(records.kv_events)
+        if tables_dir is not None:
+            # Piece by piece from the streams' spill files (`sim.kv_events.stream`): the
+            # table is never whole in memory, like `requests` and `steps`.
+            write_kv_events(records.kv_events, tables_dir)
+            result.kv_events_streamed = True
+        else:
+            result.kv_events = kv_events_frame(records.kv_events)
     return result
 
 
@@ -194,6 +213,8 @@ def write_tables(result: RunResult, out: Path) -> None:
     they are; the others are written from the frames.
     """
     streamed = {"requests", "steps"} if result.tables_dir == Path(out) else set()
+    if streamed and result.kv_events_streamed:
+        streamed.add("kv_events")
     # Arrow encodes and compresses outside the GIL, so the files are written by two
     # threads at once (each file by one thread: the bytes do not depend on the schedule).
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -67,7 +67,10 @@ class FileSink:
         self._closed = False
 
     def write(self, columns: Columns) -> None:
-        frame = columns_frame(columns, self.names)
+        self.write_frame(columns_frame(columns, self.names))
+
+    def write_frame(self, frame: pd.DataFrame) -> None:
+        """One chunk as a DataFrame (columns `names`, the same dtypes in every chunk)."""
         table = pa.Table.from_pandas(frame, preserve_index=False, schema=self._schema)
         if self._schema is None:
             self._schema = table.schema

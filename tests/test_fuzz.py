@@ -101,10 +101,12 @@ def test_fuzz_is_deterministic_for_a_seed():
 
 
 def test_v1_engine_fuzz_finds_only_the_max_model_len_hang():
-    """The V1 engine's only finding is liveness: a chunked prompt of exactly max_model_len
-    tokens never gets its last token (vLLM #29496), found as `no_progress` with its seed."""
+    """The V1 engine's only co-located finding is liveness: a chunked prompt of exactly
+    max_model_len tokens never gets its last token (vLLM #29496), found as `no_progress` with
+    its seed. Its disaggregated cases find only liveness too (tests/test_vllm_pd_deadlock.py)."""
     report = fuzz("v1-engine", master_seed=0, budget_s=None, max_cases=250)
-    assert report.kinds == ["no_progress"], report.to_dict()["findings"]
+    assert report.kinds == ["disagg:no_progress", "no_progress"], report.to_dict()["findings"]
+    assert report.num_disagg_cases > 0
     finding = report.findings["no_progress"]
     assert "running request 0 new tokens" in finding.message
     scenario = finding.scenario

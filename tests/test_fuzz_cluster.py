@@ -1,14 +1,28 @@
-"""`kvsim fuzz` on clusters: some cases run on 2-4 audited replicas behind a drawn router."""
+"""`kvsim fuzz` on clusters: some cases run on 2-4 audited replicas behind a drawn router, and
+about one v1-engine case in 8 is prefill/decode disaggregated."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sim.ci.fuzz_cases as fuzz_cases
-from sim.ci.fuzz import case_seed, fuzz, generate_case, run_case
-from sim.ci.fuzz_cases import FUZZ_ROUTERS, MULTI_REPLICA_SHARE
+from sim.ci.check import check_paths
+from sim.ci.fuzz import (
+    DISAGG_PREFIX,
+    case_seed,
+    fuzz,
+    fuzz_one_case,
+    generate_case,
+    run_case,
+    save_findings,
+)
+from sim.ci.fuzz_cases import FUZZ_ROUTERS, MULTI_REPLICA_SHARE, draw_case, generate_disagg_case
+from sim.cluster.config import ClusterMode
+from sim.kv.config import Design
 from sim.routing import Router
 from sim.scenario import scenario_to_yaml
 
@@ -99,3 +113,67 @@ def test_the_cross_check_compares_the_kv_events_too():
     fast, slow = tables_of(run(scenario)), tables_of(run(without_shortcuts(scenario)))
     assert "kv_events" in fast and fast["kv_events"].count("\n") > 1
     assert fast == slow
+
+
+# ---------------------------------------------------------------- disaggregated (P/D) cases
+def test_about_one_v1_engine_case_in_8_is_disaggregated_and_only_on_v1_engine():
+    seeds = [case_seed(0, i) for i in range(400)]
+    disagg = [s for s in seeds if fuzz_cases.is_disagg_case(Design.V1_ENGINE, s)]
+    # 400 / DISAGG_ONE_IN = 50 expected (binomial sd ~6.6).
+    assert abs(len(disagg) - 400 / fuzz_cases.DISAGG_ONE_IN) < 20
+    for seed in disagg[:5]:
+        assert draw_case("v1-engine", seed).cluster.mode is ClusterMode.DISAGGREGATED
+        assert draw_case("v1-engine", seed) == generate_disagg_case(seed)
+    for design in ("v0-v1", "v0-v2", "v0-fixed"):
+        assert not any(fuzz_cases.is_disagg_case(Design(design), s) for s in seeds)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    design=st.sampled_from(["v0-v1", "v0-v2", "v0-fixed", "v1-engine"]),
+)
+def test_a_case_that_is_not_disaggregated_is_the_case_it_always_was(seed, design):
+    """The P/D draw has a stream of its own: every other case seed keeps its case."""
+    if fuzz_cases.is_disagg_case(Design(design), seed):
+        assert design == "v1-engine"
+        return
+    drawn = draw_case(design, seed)
+    assert drawn.cluster.mode is ClusterMode.CO_LOCATED
+    assert scenario_to_yaml(drawn) == scenario_to_yaml(generate_case(design, seed))
+
+
+def test_pinned_case_seeds_are_never_disaggregated():
+    for seed in fuzz_cases.PINNED_INLINE_CASES:
+        assert not fuzz_cases.is_disagg_case(Design.V1_ENGINE, seed)
+
+
+def test_v1_engine_fuzz_runs_disaggregated_cases_and_keys_their_findings():
+    report = fuzz("v1-engine", master_seed=0, budget_s=None, max_cases=40)
+    disagg_indices = [
+        i for i in range(40) if fuzz_cases.is_disagg_case(Design.V1_ENGINE, case_seed(0, i))
+    ]
+    assert report.num_disagg_cases == len(disagg_indices) > 0
+    assert report.to_dict()["num_disagg_cases"] == report.num_disagg_cases
+    finding = report.findings[f"{DISAGG_PREFIX}no_progress"]
+    assert finding.case_index in disagg_indices
+    assert finding.scenario.cluster.mode is ClusterMode.DISAGGREGATED
+    assert finding.observed_kinds == ["no_progress"]
+    assert report.internal_error is None and report.inconsistency is None
+
+
+def test_a_saved_disaggregated_finding_reproduces_with_check(tmp_path):
+    report = fuzz("v1-engine", master_seed=0, budget_s=None, max_cases=40)
+    saved = save_findings(report, tmp_path)
+    path = saved[f"{DISAGG_PREFIX}no_progress"]
+    assert path.name.startswith("v1-engine-disagg-no_progress-seed")
+    assert "# Reproduce: kvsim check <this file>" in path.read_text()
+    (outcome,) = check_paths([path])
+    assert outcome.passed and outcome.observed_kinds == ["no_progress"]
+    finding = report.findings[f"{DISAGG_PREFIX}no_progress"]
+    assert finding.reproduce_command("v1-engine", path) == f"kvsim check {path}"
+    # The case seed alone replays it too (cross-checked with the shortcuts off).
+    replay = fuzz_one_case("v1-engine", finding.case_seed)
+    assert replay.kinds == [f"{DISAGG_PREFIX}no_progress"]
+    assert replay.num_disagg_cases == 1 and replay.num_cross_checked == 1
+    assert replay.inconsistency is None

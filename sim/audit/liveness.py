@@ -82,8 +82,11 @@ def diagnose(scheduler: Any, manager: Any, stall: Stall, num_empty_steps: int = 
     swapped = list(getattr(scheduler, "swapped", ()))
     needs = [(r.request_id, _needed_blocks(manager, r), r.seq.num_tokens) for r in waiting]
     held = [(r.request_id, manager.num_seq_blocks(r.seq.seq_id)) for r in running]
-    num_held_by_requests = sum(n for _, n in held)
-    num_unowned = stats.num_held - num_held_by_requests
+    # Waiting requests that already hold blocks: V1 requests parked for a KV transfer
+    # (WAITING_FOR_REMOTE_KVS: allocated, then waiting for the read, `sim.kv_connector`).
+    parked = [(r.request_id, n) for r in waiting if (n := manager.num_seq_blocks(r.seq.seq_id)) > 0]
+    num_held_by_running = sum(n for _, n in held)
+    num_unowned = stats.num_held - num_held_by_running - sum(n for _, n in parked)
     watermark = getattr(manager, "watermark_blocks", 0) or 0
 
     if stall is Stall.STALLED and running:
@@ -124,6 +127,10 @@ def diagnose(scheduler: Any, manager: Any, stall: Stall, num_empty_steps: int = 
             else "no swapped request"
         )
     )
+    if parked:
+        holding += "; waiting for their KV: " + _named(
+            [f"request {i} holds {n}" for i, n in parked], len(parked)
+        )
     if num_unowned > 0:
         holding += f"; {num_unowned} block(s) held by no request (a null block, or leaked)"
     holding += f"; {stats.num_free} free ({stats.num_evictable} of them cached)."
@@ -136,11 +143,13 @@ def diagnose(scheduler: Any, manager: Any, stall: Stall, num_empty_steps: int = 
             "never finishes and never frees its blocks."
         )
     elif stall is Stall.STALLED and head_needed is not None:
-        can_ever_free = stats.num_free + num_held_by_requests
+        # Parked requests free nothing: they wait behind the head for their own turn.
+        can_ever_free = stats.num_free + num_held_by_running
         parts.append(
             f"Why: the head of the queue, request {head_id}, needs {head_needed} blocks "
             f"(+{watermark} watermark) but at most {can_ever_free} can ever be free while "
-            "nothing else runs."
+            "nothing else runs"
+            + (" (the requests waiting for their KV keep theirs)." if parked else ".")
         )
     elif stall is Stall.STALLED and swapped:
         parts.append("Why: no swapped request can be swapped back in.")

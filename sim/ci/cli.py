@@ -126,7 +126,10 @@ def fuzz(
         bool, typer.Option("--no-swap", help="Recompute preemption only (no CPU swap).")
     ] = False,
 ) -> None:
-    """Run random valid workloads and cache configurations; report each violation kind found."""
+    """Run random valid workloads and cache configurations; report each violation kind found.
+
+    Each case draws a cache, a scheduler and a workload (inline requests or multi-turn sessions); some run on 2-4 replicas behind a drawn router. On v1-engine about one case in 8 is prefill/decode disaggregated (1-2 prefill and 1-2 decode replicas, vLLM 0.11.0's NIXL flow); its findings are keyed disagg:<kind>. Its disagg:no_progress is vLLM 0.11.0's own hang (a preempted decode request at the head of the waiting queue needs more blocks than the requests parked behind it leave free), not a kvsim artefact.
+    """
     from sim.ci import fuzz as fz
     from sim.kv.config import Design
     from sim.outdir import check_output_dir, check_output_file
@@ -203,7 +206,9 @@ def _print_kvsim_is_wrong(cli, report) -> None:
 
 def _print_fuzz(cli, report) -> None:
     summary = (
-        f"kvsim fuzz {report.design}: {report.num_cases} cases in {report.elapsed_s:.1f} s "
+        f"kvsim fuzz {report.design}: {report.num_cases} cases"
+        + (f" ({report.num_disagg_cases} disaggregated)" if report.num_disagg_cases else "")
+        + f" in {report.elapsed_s:.1f} s "
         f"(stopped by {report.stopped_by}); {report.num_violating_cases} cases with violations, "
         f"{report.num_time_limited} livelocked (time cap), {report.num_fatal_errors} fatal engine errors; "
         f"{report.num_cross_checked} cross-checked with the decode shortcuts off"

@@ -8,6 +8,15 @@ the machine. With `max_cases` instead of a budget the whole run is deterministic
 Example: `fuzz("v0-v2", master_seed=0, max_cases=50)` reports `admission_undercount` (the
 sliding-window undercount of vLLM #7470) with the seed of the first case that showed it.
 
+On the V1 engine about one case in `DISAGG_ONE_IN` is prefill/decode disaggregated
+(`generate_disagg_case`: 1-2 prefill and 1-2 decode replicas, vLLM 0.11.0's NIXL flow). What
+such a case shows is reported under its own key, `disagg:<kind>`, so that a P/D finding never
+hides behind (or is hidden by) the same kind on co-located serving. Its `disagg:no_progress` is
+what vLLM 0.11.0 does too, not a kvsim artefact: a preempted decode request at the head of the
+waiting queue needs more blocks than the requests parked behind it (their KV read, their
+blocks allocated) leave free, and the scheduler's waiting loop stops at the head
+(tests/test_vllm_pd_deadlock.py drives vLLM's own scheduler and NIXL connector into it).
+
 What is wrong with kvsim itself is never a finding (`sim.ci.selfcheck`): an exception that
 escapes the simulator stops the run as an internal error (traceback, case seed), and one case
 in `CROSS_CHECK_EVERY` also runs with the decode fast path and cohort off, any difference in
@@ -23,10 +32,12 @@ from pathlib import Path
 
 from sim.audit import ViolationKind
 from sim.ci.check import explicit_yaml
+from sim.ci.fuzz_cases import DISAGG_ONE_IN as DISAGG_ONE_IN
 
 # The case generator, re-exported: `sim.ci.fuzz` is where callers look for all of it.
 from sim.ci.fuzz_cases import FUZZ_STEP_TIME as FUZZ_STEP_TIME
-from sim.ci.fuzz_cases import case_seed, generate_case
+from sim.ci.fuzz_cases import case_seed, draw_case
+from sim.ci.fuzz_cases import generate_case as generate_case
 from sim.ci.fuzz_cases import sim_time_limit_s as sim_time_limit_s
 from sim.ci.selfcheck import (
     Inconsistency,
@@ -36,12 +47,26 @@ from sim.ci.selfcheck import (
     tables_of,
     without_shortcuts,
 )
+from sim.cluster.config import ClusterMode
 from sim.errors import InputError
 from sim.kv.config import Design
+from sim.results import RunResult
 from sim.scenario import Scenario, ScenarioError
 from sim.workload.errors import WorkloadError
 
 DEFAULT_BUDGET_S = 60.0
+#: The key prefix of a finding in a disaggregated case (`finding_key`).
+DISAGG_PREFIX = "disagg:"
+
+
+def is_disaggregated(scenario: Scenario) -> bool:
+    return scenario.cluster.mode is ClusterMode.DISAGGREGATED
+
+
+def finding_key(scenario: Scenario, kind: str) -> str:
+    """The report's key for violation `kind` in `scenario`: `disagg:no_progress` in a
+    disaggregated case, the kind itself otherwise."""
+    return DISAGG_PREFIX + kind if is_disaggregated(scenario) else kind
 
 
 @dataclass(slots=True)
@@ -63,6 +88,8 @@ class Finding:
         self, design: str, saved_path: Path | None = None, allow_swap: bool = True
     ) -> str:
         if saved_path is not None:
+            if is_disaggregated(self.scenario):
+                return f"kvsim check {saved_path}"  # (`kvsim run` is co-located only)
             return f"kvsim run {saved_path} --no-plots"
         no_swap = "" if allow_swap else " --no-swap"
         return f"kvsim fuzz --design {design}{no_swap} --case-seed {self.case_seed}"
@@ -74,6 +101,8 @@ class FuzzReport:
     master_seed: int
     allow_swap: bool = True
     num_cases: int = 0
+    #: Of `num_cases`, the prefill/decode disaggregated ones (V1 engine only).
+    num_disagg_cases: int = 0
     elapsed_s: float = 0.0
     stopped_by: str = ""
     findings: dict[str, Finding] = field(default_factory=dict)
@@ -108,6 +137,7 @@ class FuzzReport:
             "master_seed": self.master_seed,
             "allow_swap": self.allow_swap,
             "num_cases": self.num_cases,
+            "num_disagg_cases": self.num_disagg_cases,
             "elapsed_s": round(self.elapsed_s, 3),
             "stopped_by": self.stopped_by,
             "num_violating_cases": self.num_violating_cases,
@@ -161,12 +191,10 @@ def run_case(scenario: Scenario, cross_check: bool = False) -> CaseResult:
     auditor records it and the engine stops with a `fatal_error`), so one that does is a bug
     in kvsim, which the caller reports as an internal error, not as a finding.
     """
-    from sim.runner import run
-
-    result = run(scenario)
+    result = _run(scenario)
     difference = None
     if cross_check:
-        slow = run(without_shortcuts(scenario))
+        slow = _run(without_shortcuts(scenario))
         difference = first_difference(tables_of(result), tables_of(slow))
     frame = result.violations
     kinds = []
@@ -177,6 +205,17 @@ def run_case(scenario: Scenario, cross_check: bool = False) -> CaseResult:
     return CaseResult(
         kinds, result.summary.get("fatal_error"), result.summary.get("stopped_early"), difference
     )
+
+
+def _run(scenario: Scenario) -> RunResult:
+    """One run, co-located or disaggregated (both pools' violations in one table)."""
+    if is_disaggregated(scenario):
+        from sim.cluster.run import combined_result, run_disaggregated
+
+        return combined_result(run_disaggregated(scenario))
+    from sim.runner import run
+
+    return run(scenario)
 
 
 def record_case(
@@ -194,6 +233,7 @@ def record_case(
     if cross_check is None:
         cross_check = is_cross_checked(seed)
     report.num_cases += 1
+    report.num_disagg_cases += is_disaggregated(scenario)
     try:
         case = run_case(scenario, cross_check)
     except (ScenarioError, WorkloadError) as error:
@@ -213,12 +253,13 @@ def record_case(
     report.num_violating_cases += bool(case.kinds)
     observed = case.kind_names
     for kind, message, time_s in case.kinds:
-        if kind in report.findings:
-            report.findings[kind].count += 1
+        key = finding_key(scenario, kind)
+        if key in report.findings:
+            report.findings[key].count += 1
         else:
             found_after_s = time.perf_counter() - started_s
-            report.findings[kind] = Finding(
-                kind, index, seed, message, time_s, scenario, observed, 1, found_after_s
+            report.findings[key] = Finding(
+                key, index, seed, message, time_s, scenario, observed, 1, found_after_s
             )
 
 
@@ -247,7 +288,7 @@ def fuzz(
     index = 0
     while True:
         seed = case_seed(master_seed, index)
-        record_case(report, index, seed, generate_case(design, seed, allow_swap), start)
+        record_case(report, index, seed, draw_case(design, seed, allow_swap), start)
         if on_case is not None:
             on_case(index, report)
         index += 1
@@ -269,7 +310,7 @@ def fuzz_one_case(design: str | Design, seed: int, allow_swap: bool = True) -> F
     design = Design(design)
     report = FuzzReport(design.value, master_seed=-1, allow_swap=allow_swap)
     start = time.perf_counter()
-    record_case(report, 0, seed, generate_case(design, seed, allow_swap), start, cross_check=True)
+    record_case(report, 0, seed, draw_case(design, seed, allow_swap), start, cross_check=True)
     report.elapsed_s = time.perf_counter() - start
     report.stopped_by = f"case seed {seed}"
     return report
@@ -286,11 +327,16 @@ def finding_yaml(finding: Finding, design: str) -> str:
             ),
         }
     )
+    run_it = (
+        "kvsim check <this file>"
+        if is_disaggregated(finding.scenario)
+        else "kvsim run <this file> --no-plots"
+    )
     header = (
         f"# Found by: kvsim fuzz --design {design} (case {finding.case_index}, "
         f"case seed {finding.case_seed}).\n"
         f"# First {finding.kind}: {finding.message}\n"
-        f"# Reproduce: kvsim run <this file> --no-plots   (or: kvsim fuzz --design {design} "
+        f"# Reproduce: {run_it}   (or: kvsim fuzz --design {design} "
         f"--case-seed {finding.case_seed})\n"
     )
     return header + explicit_yaml(scenario)

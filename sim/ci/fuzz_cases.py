@@ -20,6 +20,10 @@ What a case varies (all small, so a case runs in milliseconds with the full audi
   stale event index), sometimes recording KV events. Drawn from a stream of its own, so the
   rest of a case is the same with or without it.
 
+V1-engine cases: one in `DISAGG_ONE_IN` (decided from a stream of its own, so every other case
+seed stands for the same case as before) is a prefill/decode disaggregated case instead
+(`generate_disagg_case`, `draw_case`).
+
 V1-engine cases with one full-attention KV group also draw, from their own stream (so every
 other draw of a case seed is unchanged), a CPU offloading tier of 1..100 blocks
 (`sim.kv_connector`; it needs a model for the KV bytes, so such a case names Llama-3.1-8B,
@@ -54,6 +58,11 @@ _SESSIONS_STREAM = 4
 #: Case seeds of past findings, kept as regression tests (tests/test_v0_fatal_manager_errors.py,
 #: tests/test_shrink.py, tests/test_fuzz.py, tests/test_engine.py).
 PINNED_INLINE_CASES = (673228719, 3212736091, 1562480905, 725510040, 23012616, 3644697408)
+#: About one V1-engine case in this many is disaggregated (`draw_case`).
+DISAGG_ONE_IN = 8
+#: The spawn key of the stream that decides whether a case is disaggregated: the first key
+#: under which no case seed in `PINNED_INLINE_CASES` is drawn disaggregated.
+_DISAGG_STREAM = 5
 #: The share of cases that run on several replicas behind a router (`_cluster`).
 MULTI_REPLICA_SHARE = 0.25
 #: Every `engine.router`: a multi-replica case draws one.
@@ -307,11 +316,12 @@ def generate_disagg_case(seed: int) -> Scenario:
     next to a step, so transfers overlap steps and each other. The model is only there for
     the KV bytes a transfer moves (the step time stays the fuzzer's linear one).
 
-    A case may end in `no_progress` (and aborted requests): with pools this small the decode
-    replica's blocks, allocated for prompts still in transfer, can starve its own running
-    requests while the prefill pool holds blocks for KV it cannot send, a deadlock vLLM
-    0.11.0's queue order shares (`sim.cluster.disagg.DisaggEngine._deadlock`). Any other
-    violation is a finding.
+    A case may end in `no_progress` (and aborted requests), as vLLM 0.11.0 would hang: with
+    pools this small a decode request preempted for want of a block goes back to the head of
+    the waiting queue needing more blocks than the requests parked behind it (their KV read
+    or being read, their blocks allocated) leave free, and the waiting loop stops at the head
+    (tests/test_vllm_pd_deadlock.py: vLLM's own scheduler and NIXL connector do this). `kvsim
+    fuzz` reports it, as every violation of such a case, as a finding keyed `disagg:<kind>`.
     """
     rng = np.random.default_rng(seed)
     cache, scheduler = _cache_and_scheduler(rng, Design.V1_ENGINE, allow_swap=False)
@@ -345,3 +355,21 @@ def generate_disagg_case(seed: int) -> Scenario:
         "step_time": FUZZ_STEP_TIME,
     }
     return scenario_from_dict(data, f"fuzz disaggregated case {seed}")
+
+
+def is_disagg_case(design: Design, seed: int) -> bool:
+    """Whether case seed `seed` on `design` is a disaggregated case (V1 engine only; about
+    one in `DISAGG_ONE_IN`), decided from a stream of its own."""
+    if design is not Design.V1_ENGINE:
+        return False
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_DISAGG_STREAM,)))
+    return bool(rng.integers(DISAGG_ONE_IN) == 0)
+
+
+def draw_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
+    """The case `kvsim fuzz` runs for case seed `seed`: `generate_disagg_case(seed)` when
+    `is_disagg_case`, else `generate_case(design, seed, allow_swap)`."""
+    design = Design(design)
+    if is_disagg_case(design, seed):
+        return generate_disagg_case(seed)
+    return generate_case(design, seed, allow_swap)

@@ -15,7 +15,12 @@ from sim.kv_events.events import (
     TimedEvent,
 )
 from sim.kv_events.stream import KVEventSink, KVEventStream, attach_streams
-from sim.kv_events.table import KV_EVENT_COLUMNS, kv_events_frame
+from sim.kv_events.table import (
+    KV_EVENT_COLUMNS,
+    kv_events_chunks,
+    kv_events_frame,
+    write_kv_events,
+)
 
 __all__ = [
     "KV_EVENT_COLUMNS",
@@ -29,5 +34,7 @@ __all__ = [
     "KVEventStream",
     "TimedEvent",
     "attach_streams",
+    "kv_events_chunks",
     "kv_events_frame",
+    "write_kv_events",
 ]

@@ -16,6 +16,11 @@ sink (`tier_stored` / `tier_removed`, medium "CPU"), as vLLM's scheduler publish
 connector's events in the pool's batch (`sim.kv_events.events`); without offloading no CPU
 event exists.
 
+A run that streams its tables to files (`kvsim run -o`) records with `spill`: every
+`SPILL_ROWS` rows a stream appends its rows to a temporary file of its own and starts afresh,
+so a run holds at most that many rows per replica in memory, however many events it emits;
+`chunks()` reads them back, chunk by chunk, for the table (`sim.kv_events.table`).
+
 Only the single-group V1 pool emits: vLLM 0.11.0 turns the hybrid KV cache manager off when
 KV events are on (`vllm/config/__init__.py:L509-511`), and kvsim models no such fallback, so
 a hybrid replica (and every v0 design) emits nothing.
@@ -24,9 +29,12 @@ a hybrid replica (and every v0 design) emits nothing.
 from __future__ import annotations
 
 import enum
+import tempfile
 from array import array
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Protocol
+
+import numpy as np
 
 from sim.kv.types import BlockHash
 from sim.kv_events.events import (
@@ -69,6 +77,23 @@ class KVEventSink(Protocol):
 MEDIA = (MEDIUM_GPU, MEDIUM_CPU)
 
 
+#: Rows a spilling stream keeps in memory before it appends them to its file (~2 MB).
+SPILL_ROWS = 65_536
+#: The recorded columns and their `array` type codes, in the order a spilled chunk stores them.
+RAW_COLUMNS = (
+    ("time_s", "d"),
+    ("event", "q"),
+    ("kind", "b"),
+    ("block_hash", "q"),
+    ("parent_block_hash", "q"),
+    ("has_parent", "b"),
+    ("position", "i"),
+    ("medium", "b"),
+)
+#: One chunk of a stream's rows: column name -> values (`RAW_COLUMNS`).
+RawRows = dict[str, np.ndarray]
+
+
 class EventKind(enum.IntEnum):
     """A row's event type (the `kind` column names them as vLLM's classes)."""
 
@@ -82,7 +107,12 @@ class KVEventStream:
 
     Recorded as the `kv_events` table's rows, one per block (`sim.kv_events.table`), in typed
     arrays: about 40 bytes a block where event objects would take a few hundred (a whole-trace
-    replay emits millions). `events()` rebuilds the vLLM-format events.
+    replay emits millions). `events()` rebuilds the vLLM-format events. With `spill_rows`, the
+    rows go to a temporary file once that many are in memory (at an event's end, so a chunk
+    holds whole events); `chunks()` yields them back in order, then the rows still in memory.
+
+    Example: spill_rows 3; a `stored` of 2 blocks, then one of 2 more -> 4 rows reach the
+    file as one chunk; a `removed` then stays in memory: `chunks()` gives 4 rows, then 1.
     """
 
     __slots__ = (
@@ -100,6 +130,9 @@ class KVEventStream:
         "has_parent",
         "position",
         "medium",
+        "_spill_at",
+        "_spill_file",
+        "_spilled_rows",
     )
 
     def __init__(
@@ -108,6 +141,7 @@ class KVEventStream:
         block_size: int,
         clock: Callable[[], float],
         forward: KVEventSink | None = None,
+        spill_rows: int | None = None,
     ) -> None:
         self.replica = replica
         self.block_size = block_size
@@ -126,6 +160,58 @@ class KVEventStream:
         self.position = array("i")
         #: Index into `MEDIA`: 0 (GPU) for the pool's rows, 1 (CPU) for the tier's.
         self.medium = array("b")
+        if spill_rows is not None and spill_rows < 1:
+            raise ValueError(f"spill_rows must be >= 1, got {spill_rows}")
+        #: Spill when this many rows are in memory (None: never).
+        self._spill_at = spill_rows
+        self._spill_file: IO[bytes] | None = None
+        #: The row count of each chunk in the spill file, in order.
+        self._spilled_rows: list[int] = []
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self._spilled_rows) + len(self.event)
+
+    def _event_done(self) -> None:
+        """One more event is recorded; with `spill`, a full chunk goes to the file."""
+        self.num_events += 1
+        if self._spill_at is not None and len(self.event) >= self._spill_at:
+            self._spill()
+
+    def _spill(self) -> None:
+        if self._spill_file is None:
+            # Unnamed and removed by the OS when closed (or when the process ends); open
+            # across calls, closed by `close()`.
+            self._spill_file = tempfile.TemporaryFile(prefix="kvsim-kv-events-")  # noqa: SIM115
+        self._spill_file.seek(0, 2)  # (after a `chunks()` read) append at the end
+        self._spilled_rows.append(len(self.event))
+        for name, typecode in RAW_COLUMNS:
+            getattr(self, name).tofile(self._spill_file)
+            setattr(self, name, array(typecode))
+
+    def chunks(self) -> Iterator[RawRows]:
+        """The recorded rows in order: each spilled chunk, then the rows in memory."""
+        if self._spill_file is not None:
+            spill = self._spill_file
+            spill.flush()
+            spill.seek(0)
+            for num_rows in self._spilled_rows:
+                chunk: RawRows = {}
+                for name, typecode in RAW_COLUMNS:
+                    dtype = np.dtype(typecode)
+                    chunk[name] = np.frombuffer(spill.read(num_rows * dtype.itemsize), dtype)
+                yield chunk
+        if len(self.event) or not self._spilled_rows:
+            yield {
+                name: np.frombuffer(getattr(self, name), typecode) for name, typecode in RAW_COLUMNS
+            }
+
+    def close(self) -> None:
+        """Release the spill file (its rows are gone; the rows in memory stay)."""
+        if self._spill_file is not None:
+            self._spill_file.close()
+            self._spill_file = None
+            self._spilled_rows = []
 
     def _row(
         self,
@@ -151,19 +237,19 @@ class KVEventStream:
         for position, block_hash in enumerate(block_hashes):
             self._row(time_s, EventKind.BLOCK_STORED, block_hash, previous, position)
             previous = block_hash
-        self.num_events += 1
+        self._event_done()
         if self.forward is not None:
             self.forward.stored(block_hashes, parent)
 
     def removed(self, block_hash: BlockHash) -> None:
         self._row(self._clock(), EventKind.BLOCK_REMOVED, block_hash, None, 0)
-        self.num_events += 1
+        self._event_done()
         if self.forward is not None:
             self.forward.removed(block_hash)
 
     def cleared(self) -> None:
         self._row(self._clock(), EventKind.ALL_BLOCKS_CLEARED, 0, None, 0)
-        self.num_events += 1
+        self._event_done()
         if self.forward is not None:
             self.forward.cleared()
 
@@ -186,34 +272,39 @@ class KVEventStream:
         code = MEDIA.index(medium)
         for position, block_hash in enumerate(block_hashes):
             self._row(time_s, kind, block_hash, None, position, code)
-        self.num_events += 1
+        self._event_done()
 
     def events(self) -> list[TimedEvent]:
         """The recorded events in vLLM's format, in order."""
         out: list[TimedEvent] = []
+        parts = list(self.chunks())
+        raw = {name: np.concatenate([p[name] for p in parts]).tolist() for name, _ in RAW_COLUMNS}
+        event_of, kind_of, hash_of = raw["event"], raw["kind"], raw["block_hash"]
         row = 0
-        num_rows = len(self.event)
+        num_rows = len(event_of)
         while row < num_rows:
             end = row + 1
-            while end < num_rows and self.event[end] == self.event[row]:
+            while end < num_rows and event_of[end] == event_of[row]:
                 end += 1
-            kind = EventKind(self.kind[row])
-            hashes = tuple(BlockHash(h) for h in self.block_hash[row:end])
-            medium = MEDIA[self.medium[row]]
+            kind = EventKind(kind_of[row])
+            hashes = tuple(BlockHash(h) for h in hash_of[row:end])
+            medium = MEDIA[raw["medium"][row]]
             block_size = self.block_size
             if medium != MEDIUM_GPU:
                 assert self.tier_block_size is not None
                 block_size = self.tier_block_size
             event: KVCacheEvent
             if kind is EventKind.BLOCK_STORED:
-                parent = BlockHash(self.parent_block_hash[row]) if self.has_parent[row] else None
+                parent = (
+                    BlockHash(raw["parent_block_hash"][row]) if raw["has_parent"][row] else None
+                )
                 num_tokens = len(hashes) * block_size
                 event = BlockStored(hashes, parent, num_tokens, block_size, medium=medium)
             elif kind is EventKind.BLOCK_REMOVED:
                 event = BlockRemoved(hashes, medium)
             else:
                 event = AllBlocksCleared()
-            out.append(TimedEvent(self.time_s[row], self.replica, event))
+            out.append(TimedEvent(raw["time_s"][row], self.replica, event))
             row = end
         return out
 
@@ -224,10 +315,14 @@ def attach_streams(
     clock: Callable[[], float],
     feeds: Sequence[KVEventSink] | None,
     record: bool,
+    spill: bool = False,
 ) -> list[KVEventStream | None]:
     """Connect each replica's single-group V1 pool, and its CPU offloading tier if any, to
     `feeds[i]` (the router's feed, if a router consumes events) and, with `record`, to a
     recording `KVEventStream`.
+
+    `spill`: the recording streams keep at most `SPILL_ROWS` rows in memory (the rest in a
+    temporary file each), for a run whose tables stream to files.
 
     Returns the recording streams (None for a replica that emits nothing, or without
     `record`).
@@ -244,7 +339,8 @@ def attach_streams(
         if isinstance(pool, BlockPool) and not hybrid:
             feed = feeds[i] if feeds is not None else None
             if record:
-                stream = KVEventStream(replica.index, block_size, clock, feed)
+                spill_rows = SPILL_ROWS if spill else None
+                stream = KVEventStream(replica.index, block_size, clock, feed, spill_rows)
             sink = stream if stream is not None else feed
             pool.event_sink = sink
             tier = _offloading_tier(replica)

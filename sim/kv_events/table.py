@@ -18,12 +18,14 @@ then evicts h2 at 0.9 s::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sim.kv_events.stream import MEDIA, EventKind, KVEventStream
+from sim.kv_events.stream import MEDIA, EventKind, KVEventStream, RawRows
+from sim.table_files import FileSink, write_table
 
 KV_EVENT_COLUMNS = [
     "replica",
@@ -52,57 +54,40 @@ def _ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
     return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~present)
 
 
-def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
-    """The table of every replica's recorded events (replica by replica, each in order)."""
-    parts: dict[str, list[np.ndarray]] = {
-        name: []
-        for name in (
-            "replica",
-            "event",
-            "time_s",
-            "kind",
-            "hash",
-            "parent",
-            "has_parent",
-            "position",
-            "block_size",
-            "medium",
-        )
+_DTYPES = {
+    "replica": np.int64,
+    "event": np.int64,
+    "time_s": np.float64,
+    "kind": np.int8,
+    "hash": np.int64,
+    "parent": np.int64,
+    "has_parent": np.int8,
+    "position": np.int32,
+    "block_size": np.int64,
+    "medium": np.int8,
+}
+
+
+def _parts(stream: KVEventStream, raw: RawRows) -> dict[str, np.ndarray]:
+    """One chunk of a stream's rows as the table's raw columns (`_DTYPES`)."""
+    medium = raw["medium"]
+    tier_block_size = stream.tier_block_size or 0
+    return {
+        "replica": np.full(len(raw["event"]), stream.replica, dtype=np.int64),
+        "event": raw["event"],
+        "time_s": raw["time_s"],
+        "kind": raw["kind"],
+        "hash": raw["block_hash"],
+        "parent": raw["parent_block_hash"],
+        "has_parent": raw["has_parent"],
+        "position": raw["position"],
+        "medium": medium,
+        "block_size": np.where(medium == 0, stream.block_size, tier_block_size).astype(np.int64),
     }
-    for stream in streams:
-        if stream is None:
-            continue
-        num_rows = len(stream.event)
-        parts["replica"].append(np.full(num_rows, stream.replica, dtype=np.int64))
-        parts["event"].append(np.frombuffer(stream.event, dtype=np.int64))
-        parts["time_s"].append(np.frombuffer(stream.time_s, dtype=np.float64))
-        parts["kind"].append(np.frombuffer(stream.kind, dtype=np.int8))
-        parts["hash"].append(np.frombuffer(stream.block_hash, dtype=np.int64))
-        parts["parent"].append(np.frombuffer(stream.parent_block_hash, dtype=np.int64))
-        parts["has_parent"].append(np.frombuffer(stream.has_parent, dtype=np.int8))
-        parts["position"].append(np.frombuffer(stream.position, dtype=np.int32))
-        medium = np.frombuffer(stream.medium, dtype=np.int8)
-        parts["medium"].append(medium)
-        tier_block_size = stream.tier_block_size or 0
-        parts["block_size"].append(
-            np.where(medium == 0, stream.block_size, tier_block_size).astype(np.int64)
-        )
-    empty = {
-        "replica": np.int64,
-        "event": np.int64,
-        "time_s": np.float64,
-        "kind": np.int8,
-        "hash": np.int64,
-        "parent": np.int64,
-        "has_parent": np.int8,
-        "position": np.int32,
-        "block_size": np.int64,
-        "medium": np.int8,
-    }
-    col = {
-        name: np.concatenate(arrays) if arrays else np.empty(0, dtype=empty[name])
-        for name, arrays in parts.items()
-    }
+
+
+def _frame(col: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The table's rows from raw columns (`_parts`, or several joined)."""
     kind = col["kind"]
     stored = kind == EventKind.BLOCK_STORED
     has_block = kind != EventKind.ALL_BLOCKS_CLEARED
@@ -129,3 +114,52 @@ def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
         },
         columns=KV_EVENT_COLUMNS,
     )
+
+
+def kv_events_frame(streams: Iterable[KVEventStream | None]) -> pd.DataFrame:
+    """The table of every replica's recorded events (replica by replica, each in order)."""
+    parts = [
+        _parts(stream, raw) for stream in streams if stream is not None for raw in stream.chunks()
+    ]
+    col = {
+        name: np.concatenate([p[name] for p in parts]) if parts else np.empty(0, dtype=dtype)
+        for name, dtype in _DTYPES.items()
+    }
+    return _frame(col)
+
+
+def kv_events_chunks(streams: Iterable[KVEventStream | None]) -> Iterator[pd.DataFrame]:
+    """`kv_events_frame(streams)` in consecutive pieces (a stream's chunks, `chunks()`): the
+    pieces joined are that frame, and only one piece is built at a time."""
+    for stream in streams:
+        if stream is None:
+            continue
+        for raw in stream.chunks():
+            if len(raw["event"]):
+                yield _frame(_parts(stream, raw))
+
+
+def write_kv_events(streams: Sequence[KVEventStream | None], folder: Path) -> int:
+    """Write the `kv_events` table into `folder` (`kv_events.csv`, `kv_events.parquet`) a
+    piece at a time (`kv_events_chunks`); returns its row count.
+
+    The CSV is byte for byte what `write_table(kv_events_frame(streams), ...)` writes, the
+    Parquet file the same table (in a row group per piece); memory stays one piece.
+    """
+    sink: FileSink | None = None
+    num_rows = 0
+    try:
+        for frame in kv_events_chunks(streams):
+            if sink is None:
+                sink = FileSink(folder, "kv_events", tuple(KV_EVENT_COLUMNS))
+            sink.write_frame(frame)
+            num_rows += len(frame)
+    except BaseException:
+        if sink is not None:
+            sink.abort()
+        raise
+    if sink is None:  # no row: the typed empty table, as `write_table` writes it
+        write_table(kv_events_frame([]), folder, "kv_events")
+    else:
+        sink.close()
+    return num_rows
