@@ -8,17 +8,23 @@ memory (max RSS of the process).
     python benchmarks/replay_azure.py v0-v2/walk  # the decode cohort off: every step walks
     python benchmarks/replay_azure.py v0-v2/slow  # the decode fast path off as well
     python benchmarks/replay_azure.py --repeat=3  # each row the median of 3 replays
+    python benchmarks/replay_azure.py --pair v1-engine  # sources vs compiled core, alternating
 
 The variants change no result (the tests prove it), only the work: `walk` visits every running
 request on every step (with the fast path's skipped manager calls), `slow` also calls the
 manager for every decode. Target (issue #3): under 10 s and 500 MB per replay on a 2-core
 machine. Machines are noisy: compare the rows of one run with each other, not with another
 day's run.
+
+`--pair` runs each design on the sources (KVSIM_NATIVE=0) and on the compiled core
+(`python scripts/build_native.py` first; see `sim.native`), one after the other in each repeat,
+so both rows see the same machine load.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -49,11 +55,12 @@ def command(label: str, out: str) -> list[str]:
     return cmd
 
 
-def replay(label: str) -> dict:
+def replay(label: str, core: str) -> dict:
+    env = {**os.environ, "KVSIM_NATIVE": "0"} if core == "sources" else None
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            command(label, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command(label, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         stdout, stderr = proc.communicate()
         wall_s = time.perf_counter() - start
@@ -64,6 +71,7 @@ def replay(label: str) -> dict:
     # so each label runs in its own process tree (see main).
     return {
         "design": label,
+        "core": core,
         "wall_s": wall_s,
         "requests": summary["num_requests"],
         "sim_req_per_wall_s": summary["num_requests"] / wall_s,
@@ -73,18 +81,27 @@ def replay(label: str) -> dict:
     }
 
 
-def measure(label: str) -> dict:
+def measure(label: str, core: str) -> dict:
     """Run `replay` in a child process so that ru_maxrss of its children is this replay's alone."""
-    return in_forked_child(lambda: replay(label))
+    return in_forked_child(lambda: replay(label, core))
 
 
-def measure_repeated(label: str, repeat: int) -> dict:
-    """`repeat` replays; the row of the median wall time, with every time and the largest peak."""
-    runs = sorted((measure(label) for _ in range(repeat)), key=lambda r: r["wall_s"])
+def median_row(runs: list[dict]) -> dict:
+    """The run of the median wall time, with every time and the largest peak."""
+    runs = sorted(runs, key=lambda r: r["wall_s"])
     row = dict(runs[len(runs) // 2])
     row["all_wall_s"] = [r["wall_s"] for r in runs]
     row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
     return row
+
+
+def measure_repeated(label: str, repeat: int, cores: list[str]) -> list[dict]:
+    """`repeat` rounds, each running `label` once per core in turn; one median row per core."""
+    runs: dict[str, list[dict]] = {core: [] for core in cores}
+    for _ in range(repeat):
+        for core in cores:
+            runs[core].append(measure(label, core))
+    return [median_row(runs[core]) for core in cores]
 
 
 def main() -> None:
@@ -92,10 +109,18 @@ def main() -> None:
     repeat = 1
     if args and args[0].startswith("--repeat="):
         repeat = int(args.pop(0).split("=", 1)[1])
+    pair = "--pair" in args
+    args = [a for a in args if a != "--pair"]
     labels = args or [*DESIGNS, *VARIANTS]
-    rows = [measure_repeated(label, repeat) for label in labels]
+    from sim import native  # which core a plain `kvsim run` takes on this checkout
+
+    default_core = "compiled" if native.decide() is native.Selection.COMPILED else "sources"
+    if pair and default_core != "compiled":
+        raise SystemExit("--pair needs a current compiled core: python scripts/build_native.py")
+    cores = ["sources", "compiled"] if pair else [default_core]
+    rows = [row for label in labels for row in measure_repeated(label, repeat, cores)]
     header = (
-        f"{'design':<11} {'wall s':>7} {'peak MB':>8} {'requests':>8} {'req/wall-s':>10} "
+        f"{'design':<11} {'core':<9} {'wall s':>7} {'peak MB':>8} {'requests':>8} {'req/wall-s':>10} "
         f"{'steps':>8} {'violations':>10} {'failed':>6}"
     )
     if repeat > 1:
@@ -104,7 +129,7 @@ def main() -> None:
     print("-" * len(header))
     for r in rows:
         line = (
-            f"{r['design']:<11} {r['wall_s']:>7.1f} {r['peak_rss_mb']:>8.0f} {r['requests']:>8} "
+            f"{r['design']:<11} {r['core']:<9} {r['wall_s']:>7.1f} {r['peak_rss_mb']:>8.0f} {r['requests']:>8} "
             f"{r['sim_req_per_wall_s']:>10.0f} {r['steps']:>8} {r['violations']:>10} {r['failed']:>6}"
         )
         if repeat > 1:

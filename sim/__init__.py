@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import importlib
 
+from sim import native as _native
+
 __version__ = "0.1.0"
+
+# The compiled core if one is built and current, else the sources (`sim.native`).
+_native.select()
 
 #: Public name -> (module, attribute), imported lazily.
 _LAZY = {

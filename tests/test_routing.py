@@ -281,11 +281,8 @@ def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monk
     import sim.engine
     from sim.scheduler import Request
 
-    class _SessionRequest(Request):  # no __slots__: room for the attribute sessions will add
-        pass
-
     def request_of(spec):
-        request = _SessionRequest.new(
+        request = Request.new(
             spec.request_id, spec.arrival_s, spec.prompt_content(), spec.output_tokens
         )
         request.session_id = spec.request_id % 2  # two sessions, alternating

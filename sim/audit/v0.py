@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from sim.audit.base import _MANAGER_ERRORS, AuditorBase
+from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
 from sim.audit.violations import Violation, ViolationKind, ViolationPolicy
 from sim.kv.protocol import V0BlockManager
 from sim.kv.types import (
@@ -25,12 +24,16 @@ class AuditedV0Manager(AuditorBase):
     def _free(self) -> int:
         return self.inner.get_num_free_gpu_blocks()
 
-    def __init__(self, inner: V0BlockManager, **kwargs: Any) -> None:
-        super().__init__(inner, **kwargs)
-        # `_free`, bound once to the manager's own count (read two or three times per call).
-        count = getattr(inner, "get_num_free_gpu_blocks", None)
-        if count is not None:
-            self._free = count  # type: ignore[method-assign]
+    def __init__(
+        self,
+        inner: V0BlockManager,
+        policy: ViolationPolicy = ViolationPolicy.RECORD,
+        level: AuditLevel = AuditLevel.CHEAP,
+        clock: Callable[[], tuple[float | None, int | None]] | None = None,
+    ) -> None:
+        # Named, not **kwargs: mypyc (`sim.native`) passes a forwarded **kwargs to a compiled
+        # base's __init__ as one positional dict.
+        super().__init__(inner, policy, level, clock)
         #: request_id -> (status, counted blocks, free blocks) of the last `can_allocate`.
         self._admitted: dict[int, tuple[AllocStatus, int, int]] = {}
         self._swap_in_ok: set[int] = set()

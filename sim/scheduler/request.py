@@ -32,10 +32,14 @@ class RequestState(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL
-
-
-_TERMINAL = {RequestState.FINISHED, RequestState.IGNORED, RequestState.FAILED, RequestState.ABORTED}
+        # Identity tests, not a set of members: an Enum hashes in Python code (`Enum.__hash__`),
+        # and `update` asks this of every running request whenever one finishes.
+        return (
+            self is RequestState.FINISHED
+            or self is RequestState.IGNORED
+            or self is RequestState.FAILED
+            or self is RequestState.ABORTED
+        )
 
 
 class Membership(enum.Enum):

@@ -35,15 +35,13 @@ from sim.scheduler.fast_path import fast_path_enabled
 from sim.scheduler.lifecycle import finish, sample_token
 from sim.scheduler.request import Request, RequestState, StepPlan
 from sim.scheduler.v0_base import SWAP_SPACE_ERROR, RunningOutputs, RunningWalk, _die, _FatalError
-from sim.scheduler.v0_prefills import V0PrefillsPhase
 from sim.scheduler.v0_running import RunningPhase, V0RunningPhase
 from sim.scheduler.v0_shortcuts import V0DecodeShortcuts
-from sim.scheduler.v0_swapped import V0SwappedPhase
 
 __all__ = ["SWAP_SPACE_ERROR", "V0Scheduler"]
 
 
-class V0Scheduler(V0RunningPhase, V0SwappedPhase, V0PrefillsPhase):
+class V0Scheduler(V0RunningPhase):
     """One replica's v0 scheduler over an audited v0 block manager."""
 
     def __init__(self, config: SchedulerConfig, block_manager: AuditedV0Manager) -> None:

@@ -2,11 +2,14 @@
 0.5.4): the three queues, `_get_num_new_tokens`, `_preempt`, `_append_slots`, and the fatal
 engine errors that end `schedule`.
 
-The phases are mixins over `V0SchedulerBase`, one module each, as upstream orders them:
-`sim.scheduler.v0_running` (`_schedule_running`, L408-516), `sim.scheduler.v0_swapped`
-(`_schedule_swapped`, L518-624), `sim.scheduler.v0_prefills` (`_schedule_prefills`,
-L641-755, and the priority policy's preemption), and `sim.scheduler.v0` (the policies that
-order them, `_schedule_default` / `_schedule_chunked_prefill`, and the step's outputs).
+The phases are one module each, as upstream orders them: `sim.scheduler.v0_prefills`
+(`_schedule_prefills`, L641-755, and the priority policy's preemption), `sim.scheduler.v0_swapped`
+(`_schedule_swapped`, L518-624), `sim.scheduler.v0_running` (`_schedule_running`, L408-516), and
+`sim.scheduler.v0` (the policies that order them, `_schedule_default` /
+`_schedule_chunked_prefill`, and the step's outputs). Each phase's class extends the one before
+it (`V0SchedulerBase` <- prefills <- swapped <- running <- `V0Scheduler`) rather than all four
+mixing in side by side: single inheritance is what mypyc compiles (`sim.native`), and no phase
+overrides another's method, so the chain resolves every name as the mixins did.
 """
 
 from __future__ import annotations

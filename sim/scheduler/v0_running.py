@@ -21,9 +21,9 @@ from sim.scheduler.v0_base import (
     RunningOutputs,
     RunningStep,
     RunningWalk,
-    V0SchedulerBase,
     _FatalError,
 )
+from sim.scheduler.v0_swapped import V0SwappedPhase
 
 #: One request's turn: (request, budget, plan, now_s, chunking, outputs) -> its outcome.
 RequestStep = Callable[
@@ -40,7 +40,7 @@ class RunningPhase(Protocol):
     ) -> RunningOutputs: ...
 
 
-class V0RunningPhase(V0SchedulerBase):
+class V0RunningPhase(V0SwappedPhase):
     def _schedule_running(
         self,
         budget: SchedulingBudget,

@@ -13,10 +13,11 @@ from sim.audit import AuditError
 from sim.kv.types import AllocStatus, SequenceStatus
 from sim.scheduler.budget import SchedulingBudget
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
-from sim.scheduler.v0_base import V0SchedulerBase, _die
+from sim.scheduler.v0_base import _die
+from sim.scheduler.v0_prefills import V0PrefillsPhase
 
 
-class V0SwappedPhase(V0SchedulerBase):
+class V0SwappedPhase(V0PrefillsPhase):
     def _schedule_swapped(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
     ) -> list[Request]:

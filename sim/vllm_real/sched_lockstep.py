@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.audit.base import AuditLevel
 from sim.audit.v1 import AuditedV1Manager
@@ -191,6 +192,25 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
 
 
 # --------------------------------------------------------------------------- kvsim side
+class _RecordingFrees:
+    """kvsim's V1 manager with its `free` calls recorded while `freed` is a list: inside
+    `schedule()` the only frees are preemptions, which the real side reports in that order. A
+    wrapper, not a patched method: the compiled core's classes (`sim.native`) have fixed
+    methods."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.freed: list[int] | None = None
+
+    def free(self, seq: Any) -> None:
+        if self.freed is not None:
+            self.freed.append(seq.seq_id)
+        self._inner.free(seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class KvsimSide:
     """kvsim's V1Scheduler on the same case, with the same step records as the real one."""
 
@@ -203,7 +223,8 @@ class KvsimSide:
             max_model_len=case.max_model_len,
             vllm_pin=pin,
         )
-        manager = AuditedV1Manager(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
+        self._frees = _RecordingFrees(make_manager(Design.V1_ENGINE, kv))
+        manager = AuditedV1Manager(self._frees, level=AuditLevel.FULL)
         config = SchedulerConfig(
             max_model_len=case.max_model_len,
             max_num_seqs=case.max_num_seqs,
@@ -219,15 +240,6 @@ class KvsimSide:
         if fast_path:
             self.scheduler.use_decode_cohort(None)
         self.manager = manager
-        self._freed: list[int] | None = None
-        real_free = manager.free
-
-        def recording_free(seq) -> None:  # preemptions are the only frees inside schedule()
-            if self._freed is not None:
-                self._freed.append(seq.seq_id)
-            real_free(seq)
-
-        manager.free = recording_free  # type: ignore[method-assign,assignment]
         self.requests: list[Request] = []
 
     def add_request(self, spec: RequestSpec) -> None:
@@ -239,9 +251,9 @@ class KvsimSide:
 
     def step(self, now_s: float) -> StepRecord:
         record = StepRecord()
-        self._freed = []
+        self._frees.freed = []
         plan = self.scheduler.schedule(now_s)
-        record.preempted, self._freed = self._freed, None
+        record.preempted, self._frees.freed = self._frees.freed, None
         if plan.fatal_error is not None:  # the engine dies here: no model run, no update
             record.fatal_error = plan.fatal_error
             return record

@@ -64,11 +64,6 @@ class BlockSpaceManagerV2:
         self._gpu = self.block_allocator.gpu
         self._count_free_gpu = self._gpu.count_free_blocks
         self._gpu_refcounter = self._gpu.refcounter
-        if type(self).get_num_free_gpu_blocks is BlockSpaceManagerV2.get_num_free_gpu_blocks:
-            # The auditor asks twice per call and the scheduler several times per step:
-            # answer with the allocator's own count, no frame of ours (the method below
-            # documents it; a subclass that overrides it keeps its override).
-            self.get_num_free_gpu_blocks = self._count_free_gpu  # type: ignore[method-assign]
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
         self._last_access_tracker = LastAccessBlocksTracker(self.block_allocator)
@@ -272,8 +267,7 @@ class BlockSpaceManagerV2:
         return self.block_tables[seq.seq_id].physical_block_ids
 
     def get_num_free_gpu_blocks(self) -> int:
-        """Free GPU blocks. `__init__` shadows this method with the allocator's own count
-        (`_count_free_gpu`, the same number) on each instance of a class that keeps it."""
+        """Free GPU blocks (the GPU allocator's count)."""
         return self._count_free_gpu()
 
     def get_num_free_cpu_blocks(self) -> int:

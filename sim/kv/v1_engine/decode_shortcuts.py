@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mypy_extensions import trait
+
 from sim.kv.types import Sequence
 from sim.kv.v1_engine.coordinator import KVCacheCoordinator
 
 
+@trait  # a mixin of KVCacheManager: mypyc compiles mixins as traits
 class DecodeShortcuts:
     """`decode_touch_len`, `sync_decode` and `max_seq_footprint` over the manager's state."""
 

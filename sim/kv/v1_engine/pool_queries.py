@@ -7,10 +7,13 @@ refcounts from it alone, so the answers live here once.
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 from sim.kv.protocol import PoolStats
 from sim.kv.v1_engine.block_pool import BlockPool
 
 
+@trait  # a mixin of KVCacheManager: mypyc compiles mixins as traits
 class PoolQueries:
     """Read-only views of `self.block_pool` (set by the manager's constructor)."""
 
