@@ -18,7 +18,8 @@ aborts what is left with the reason, so every request ends in exactly one termin
 records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liveness`).
 
 A closed-loop session turn (`sim.session_turns`) arrives when the turn before it has finished,
-plus its think time: the hook `_turns_ended` schedules it, or ends the session.
+plus its think time: the hook `_turns_ended` schedules it, or ends the session. The arrivals,
+routing and turns are `sim.engine_arrivals.EngineArrivals`; this module is the step loop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import simpy
 from sim import records as records_module
 from sim.audit import ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
+from sim.engine_arrivals import EngineArrivals
 from sim.kv_events import attach_streams
 from sim.latency.batch import BatchShape
 from sim.records import (
@@ -59,7 +61,7 @@ from sim.session_turns import SessionTurns
 from sim.workload.request import RequestSpec
 
 
-class Engine:
+class Engine(EngineArrivals):
     """Replays `specs` through `config.num_replicas` replicas with `step_time`.
 
     The tables go to `sinks` (in memory by default; `sim.table_files.FileSink` streams them to
@@ -147,87 +149,6 @@ class Engine:
         return (self.env.now, self._current_step)
 
     # ------------------------------------------------------------------ processes
-    def _route(self, request: Request) -> Replica:
-        if self._cache_index is not None:
-            self._cache_index.advance(self.env.now)
-        return self.replicas[self._policy.choose(request, self._views)]
-
-    def _arrivals(self):
-        for spec in self._specs:
-            self._next_spec = spec
-            delay = spec.arrival_s - self.env.now
-            if delay > 0:
-                yield self.env.timeout(delay)
-            if self._stop is not None:
-                break
-            self._next_spec = None
-            self._arrive(request_of(spec))
-        self._open_loop_done = True
-        self._check_arrivals_done()
-
-    def _arrive(self, request: Request) -> None:
-        self._rows.arrived(request.request_id)
-        replica = self._route(request)
-        request.replica = replica.index
-        if (
-            replica.scheduler.engine == "v1"
-            and request.prompt_tokens > self.config.scheduler.max_model_len
-        ):
-            # The V1 frontend rejects the prompt before it reaches the scheduler.
-            request.finish(
-                RequestState.IGNORED,
-                f"prompt ({request.prompt_tokens} tokens) is longer than max_model_len "
-                f"({self.config.scheduler.max_model_len})",
-                self.env.now,
-            )
-            self._on_terminal((request,))
-            self._turns_ended((request,))
-            return
-        replica.outstanding += 1
-        replica.scheduler.add_request(request)
-        self._wake(replica)
-
-    def _check_arrivals_done(self) -> None:
-        """Once the open-loop arrivals are over and no session turn can still arrive, idle
-        replicas may end."""
-        if self._arrivals_done or not self._open_loop_done:
-            return
-        if self._turns is not None and self._turns.num_pending:
-            return
-        self._arrivals_done = True
-        for replica in self.replicas:
-            self._wake(replica)
-
-    def _turns_ended(self, requests: Iterable[Request]) -> None:
-        """Session hook: schedule the next turn of each finished request, or end its session."""
-        if self._turns is None:
-            return
-        for request in requests:
-            end = self._turns.after(request)
-            if end.next_turn is not None:
-                self.env.process(self._next_turn(end.next_turn, end.at_s))
-            for spec in end.cancelled:
-                never = request_of(spec)  # at its planned (lower-bound) arrival
-                never.finish(
-                    RequestState.ABORTED,
-                    f"never arrived: its session ended at turn {request.turn} "
-                    f"(request {request.request_id}, {request.state.value})",
-                    self.env.now,
-                )
-                self._rows.arrived(spec.request_id)
-                self._on_terminal((never,))
-        self._check_arrivals_done()
-
-    def _next_turn(self, spec: RequestSpec, at_s: float):
-        yield self.env.timeout(at_s - self.env.now)
-        assert self._turns is not None
-        self._turns.arrived()
-        if self._stop is None:
-            self._arrive(request_of(spec, self.env.now))
-        else:  # it never arrives (recorded at the end of the run)
-            self._turns_not_arrived.append(spec)
-        self._check_arrivals_done()
-
     def _idle(self, replica: Replica, transfer_s: float | None) -> simpy.Event:
         """What an idle replica waits for: the next arrival, or the next KV transfer's
         completion if one is in flight (whichever comes first)."""
@@ -235,20 +156,6 @@ class Engine:
         if transfer_s is None:
             return replica.wakeup
         return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
-
-    def _wake(self, replica: Replica) -> None:
-        if replica.wakeup is not None and not replica.wakeup.triggered:
-            replica.wakeup.succeed()
-
-    def _on_terminal(self, requests: Iterable[Request]) -> None:
-        """`requests` reached their terminal state: their rows are written (in id order)."""
-        count = 0
-        for request in requests:
-            self._rows.terminal(request)
-            count += 1
-        self._num_terminal += count
-        if self.progress is not None and count:
-            self.progress(self._num_terminal, self.num_specs)
 
     def _replica_loop(self, replica: Replica):
         scheduler = replica.scheduler

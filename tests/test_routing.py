@@ -278,7 +278,7 @@ def test_session_affinity_without_session_ids_is_least_outstanding():
 
 
 def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monkeypatch):
-    import sim.engine
+    import sim.engine_arrivals
     from sim.scheduler import Request
 
     def request_of(spec):
@@ -288,7 +288,7 @@ def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monk
         request.session_id = spec.request_id % 2  # two sessions, alternating
         return request
 
-    monkeypatch.setattr(sim.engine, "request_of", request_of)
+    monkeypatch.setattr(sim.engine_arrivals, "request_of", request_of)
     result = _routes("session_affinity", _PREFIXED, caching=True)
     # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
     assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]
