@@ -113,10 +113,9 @@ class BlockSpaceManagerV1(ManagerQueries):
             seq = seqs[0]  # `get_seqs(WAITING)[0]` of the common one-sequence group
         else:
             seq = seq_group.get_seqs(SequenceStatus.WAITING)[0]
-        num_required = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
-        w = self.block_sliding_window
-        if w is not None and w < num_required:  # min(num_required, w), without the call
-            num_required = w
+        num_required = seq.n_blocks(self.block_size)
+        if self.block_sliding_window is not None:
+            num_required = min(num_required, self.block_sliding_window)
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
@@ -134,7 +133,7 @@ class BlockSpaceManagerV1(ManagerQueries):
     ) -> BlockTable:
         """Prompt table; `taken` records (block, refs added) so a failure can be undone later."""
         w = self.block_sliding_window
-        num_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
+        num_blocks = seq.n_blocks(self.block_size)
         if not self.enable_caching and ref_count > 0:
             # The loop below, in bulk: take the table's own blocks (all of it, or the ring's
             # first w) at once; the ring entries repeat them, and their `set_ref` calls find
@@ -227,7 +226,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         """
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
-        n_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
+        n_blocks = seq.n_blocks(self.block_size)
         table = self.block_tables[seq.seq_id]
         num_entries = len(table)
         if num_entries < n_blocks:

@@ -220,10 +220,7 @@ class UncachedBlockAllocator(_RefCounting):
         if not free_blocks:
             raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
         block = free_blocks.pop()
-        # `_take(block)`, inlined: a decode's new block (one call per block boundary).
-        if block.ref_count == 0:
-            self.num_held_blocks += 1
-        block.ref_count = 1
+        self._take(block)
         return block
 
     def allocate_n(self, num_blocks: int, ref_count: int) -> list[PhysicalBlock]:
