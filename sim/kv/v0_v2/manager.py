@@ -57,10 +57,9 @@ class BlockSpaceManagerV2:
             config.block_size,
             config.enable_prefix_caching,
         )
-        #: The GPU allocator and its free count, read directly by the per-step queries
+        #: The GPU allocator, read directly by the per-step queries
         #: (`get_num_free_gpu_blocks` runs several times per engine step).
         self._gpu = self.block_allocator.gpu
-        self._count_free_gpu = self._gpu.count_free_blocks
         self._gpu_refcounter = self._gpu.refcounter
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
@@ -83,7 +82,7 @@ class BlockSpaceManagerV2:
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         num_required = self.admission_blocks(seq_group)
-        num_free = self._count_free_gpu()
+        num_free = self._gpu.count_free_blocks()
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
         if num_free - num_required >= self.watermark_blocks:
@@ -127,7 +126,7 @@ class BlockSpaceManagerV2:
                 num_touched += table.get_num_blocks_touched_by_append_slots(
                     self._num_unseen(seq, table), num_lookahead_slots
                 )
-        return num_touched <= self._count_free_gpu()
+        return num_touched <= self._gpu.count_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         table = self.block_tables[seq.seq_id]
@@ -254,7 +253,7 @@ class BlockSpaceManagerV2:
 
     def get_num_free_gpu_blocks(self) -> int:
         """Free GPU blocks (the GPU allocator's count)."""
-        return self._count_free_gpu()
+        return self._gpu.count_free_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.block_allocator.num_free_blocks(Device.CPU)
@@ -279,7 +278,7 @@ class BlockSpaceManagerV2:
     def pool_stats(self) -> PoolStats:
         return PoolStats(
             self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
-            self._count_free_gpu(),
+            self._gpu.count_free_blocks(),
             self._gpu_refcounter.num_positive,
             self._gpu.num_evictable_blocks,
         )
@@ -287,7 +286,7 @@ class BlockSpaceManagerV2:
     def pool_is_conserved(self) -> bool:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
         every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
-        num_free = self._count_free_gpu()
+        num_free = self._gpu.count_free_blocks()
         return (
             num_free + self._gpu_refcounter.num_positive == self.num_total_gpu_blocks
             and self._gpu.num_evictable_blocks <= num_free

@@ -21,7 +21,7 @@ them; real vLLM never does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.kv.types import ContentKey, DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
@@ -101,9 +101,6 @@ class NaiveBlockAllocator:
         self.block_size = block_size
         self.all_block_ids = tuple(sorted(block_ids))
         self._free_block_ids: deque[int] = deque(block_ids)
-        #: `num_free_blocks` as a call without a Python frame (the deque's own `len`): the
-        #: managers read the free count several times per engine step.
-        self.count_free_blocks: Callable[[], int] = self._free_block_ids.__len__
         #: Id -> refcount, read and updated inline by the hot loops below and counted by
         #: `refcounter` (the same dict for the allocator's whole life).
         self._refcounts = dict.fromkeys(block_ids, 0)
@@ -257,6 +254,10 @@ class NaiveBlockAllocator:
     # -- counts ------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        return len(self._free_block_ids)
+
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a call (the managers read it several times per engine step)."""
         return len(self._free_block_ids)
 
     @property
