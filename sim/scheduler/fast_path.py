@@ -64,7 +64,11 @@ class FastPathScheduler:
     def _refresh_touch(self, request: Request) -> None:
         """After a real call: ask the manager when the next decode must call it again."""
         if self._fast_path:
-            request.touch_len = self._fast_path_manager.decode_touch_len(request.seq)
+            # Read the property, then call what it returned: compiled by mypyc (`sim.native`),
+            # `manager.decode_touch_len(seq)` gave the bound method itself, uncalled (a
+            # TypeError in tests/test_decode_cohort.py with KVSIM_REQUIRE_NATIVE=1).
+            touch_len_of = self._fast_path_manager.decode_touch_len
+            request.touch_len = touch_len_of(request.seq)
 
     def _sync(self, request: Request) -> None:
         """Before a real call: let the manager catch up on the decodes it did not see."""
@@ -73,7 +77,8 @@ class FastPathScheduler:
                 f"kvsim: sync_decode for request {request.request_id} with the fast path off"
             )
             request.needs_sync = False
-            self._fast_path_manager.sync_decode(request.seq)
+            sync_decode = self._fast_path_manager.sync_decode  # (as in `_refresh_touch`)
+            sync_decode(request.seq)
 
 
 class DecodeShortcuts(ABC):
