@@ -14,6 +14,7 @@ import simpy
 
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv.protocol import PoolStats
 from sim.kv_connector.base import KVConnectorConfig
 from sim.kv_connector.hooks import ConnectorHooks
 from sim.kv_events import KVEventStream
@@ -125,9 +126,6 @@ class Replica:
         if config.scheduler.decode_cohort:
             # The cohort sums decode contexts capped at the step-time model's attention window.
             self.scheduler.use_decode_cohort(decode_window)
-        # Bound once: the auditor passes read-only queries through `__getattr__`, which would
-        # cost a failed lookup on every step.
-        self.pool_stats = self.manager.pool_stats
         self.num_steps = 0
         self.outstanding = 0
         self.wakeup: simpy.Event | None = None
@@ -135,6 +133,10 @@ class Replica:
         self.connector_hooks: ConnectorHooks | None = None
         if isinstance(self.scheduler, V1Scheduler) and self.scheduler.connector_hooks.enabled:
             self.connector_hooks = self.scheduler.connector_hooks
+
+    def pool_stats(self) -> PoolStats:
+        """The replica's block pool counts (the engine reads them after every step)."""
+        return self.manager.pool_stats()
 
     def next_kv_transfer_s(self) -> float | None:
         """When the next KV transfer in flight completes (None: none, or no connector)."""

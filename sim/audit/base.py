@@ -39,8 +39,6 @@ class AuditorBase:
         clock: Callable[[], tuple[float | None, int | None]] | None = None,
     ) -> None:
         self.inner = inner
-        # Bound once: read after every call (None for a stand-in without it, as in tests).
-        self._pool_stats: Callable[[], PoolStats] = getattr(inner, "pool_stats", None)  # type: ignore[assignment]
         #: The conservation check after every call: the manager's own O(1) `pool_is_conserved`
         #: where it has one (no `PoolStats` built per call), else `pool_stats().is_conserved`.
         self._pool_is_conserved: Callable[[], bool] = (
@@ -100,13 +98,13 @@ class AuditorBase:
             self._after_call("query", None)
 
     def _stats_are_conserved(self) -> bool:
-        return self._pool_stats().is_conserved
+        return self.inner.pool_stats().is_conserved
 
     def _after_call(self, call: str, request_id: int | None) -> None:
         """Invariants that hold after every call, whatever it was."""
         self.num_calls += 1
         if not self._pool_is_conserved():
-            stats = self._pool_stats()  # read only to describe the violation
+            stats = self.inner.pool_stats()  # read only to describe the violation
             self._record(
                 ViolationKind.CONSERVATION,
                 call,
@@ -120,7 +118,7 @@ class AuditorBase:
 
     def _check_full(self, call: str, request_id: int | None) -> None:
         """The full level's walks after a call (refcounts and live tables)."""
-        self._check_refcounts(call, request_id, self._pool_stats().num_held)
+        self._check_refcounts(call, request_id, self.inner.pool_stats().num_held)
 
     def _check_refcounts(self, call: str, request_id: int | None, num_held: int) -> None:
         refcounts = self.inner.block_refcounts()
@@ -195,6 +193,11 @@ class AuditorBase:
         return cast(DecodeFastPath, self.inner).sync_decode
 
     # ------------------------------------------------------------------ delegation
+    def pool_stats(self) -> PoolStats:
+        """The inner manager's counts (read after every engine step: a method, not a lookup
+        through `__getattr__`)."""
+        return self.inner.pool_stats()
+
     def __getattr__(self, name: str) -> Any:
-        # Read-only introspection (pool_stats, block_size, seq_block_ids, ...) passes through.
+        # Read-only introspection (block_size, seq_block_ids, ...) passes through.
         return getattr(self.inner, name)

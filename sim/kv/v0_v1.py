@@ -36,7 +36,6 @@ Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import cycle, groupby, islice
 from operator import attrgetter
 from os.path import commonprefix
@@ -89,10 +88,6 @@ class BlockSpaceManagerV1(ManagerQueries):
         alloc_cls = CachedBlockAllocator if self.enable_caching else UncachedBlockAllocator
         self.gpu_allocator: BlockAllocator = alloc_cls(Device.GPU, config.num_gpu_blocks)
         self.cpu_allocator: BlockAllocator = alloc_cls(Device.CPU, config.num_cpu_blocks)
-        #: The GPU free count, read several times per engine step (the scheduler, and the
-        #: auditor around every call): the allocator's `count_free_blocks` (without caching
-        #: its free list's own `len`, no Python frame).
-        self._count_free_gpu_blocks: Callable[[], int] = self.gpu_allocator.count_free_blocks
         self.block_tables: dict[int, BlockTable] = {}
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
@@ -113,10 +108,9 @@ class BlockSpaceManagerV1(ManagerQueries):
             seq = seqs[0]  # `get_seqs(WAITING)[0]` of the common one-sequence group
         else:
             seq = seq_group.get_seqs(SequenceStatus.WAITING)[0]
-        num_required = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
-        w = self.block_sliding_window
-        if w is not None and w < num_required:  # min(num_required, w), without the call
-            num_required = w
+        num_required = seq.n_blocks(self.block_size)
+        if self.block_sliding_window is not None:
+            num_required = min(num_required, self.block_sliding_window)
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
@@ -124,7 +118,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         num_required = self.admission_blocks(seq_group)
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
-        num_free = self._count_free_gpu_blocks()
+        num_free = self.gpu_allocator.count_free_blocks()
         if num_free - num_required >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
@@ -134,7 +128,7 @@ class BlockSpaceManagerV1(ManagerQueries):
     ) -> BlockTable:
         """Prompt table; `taken` records (block, refs added) so a failure can be undone later."""
         w = self.block_sliding_window
-        num_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
+        num_blocks = seq.n_blocks(self.block_size)
         if not self.enable_caching and ref_count > 0:
             # The loop below, in bulk: take the table's own blocks (all of it, or the ring's
             # first w) at once; the ring entries repeat them, and their `set_ref` calls find
@@ -191,7 +185,7 @@ class BlockSpaceManagerV1(ManagerQueries):
             num_running = 1 if seqs[0].status is SequenceStatus.RUNNING else 0
         else:
             num_running = seq_group.num_seqs(SequenceStatus.RUNNING)
-        return num_running <= self._count_free_gpu_blocks()
+        return num_running <= self.gpu_allocator.count_free_blocks()
 
     def _allocate_last_physical_block(self, seq: Sequence) -> PhysicalBlock:
         if not self.enable_caching:
@@ -227,7 +221,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         """
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
-        n_blocks = -(-seq.content.num_tokens // self.block_size)  # seq.n_blocks, inlined
+        n_blocks = seq.n_blocks(self.block_size)
         table = self.block_tables[seq.seq_id]
         num_entries = len(table)
         if num_entries < n_blocks:
@@ -351,7 +345,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         return [b.block_id for b in self.block_tables[seq.seq_id]]
 
     def get_num_free_gpu_blocks(self) -> int:
-        return self._count_free_gpu_blocks()
+        return self.gpu_allocator.count_free_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.cpu_allocator.num_free_blocks

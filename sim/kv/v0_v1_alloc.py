@@ -206,10 +206,6 @@ class UncachedBlockAllocator(_RefCounting):
         self._all_blocks = [PhysicalBlock(device, i, None, 0) for i in range(num_blocks)]
         # A stack: allocate pops the end, free pushes it back (LIFO reuse).
         self._free_blocks = list(self._all_blocks)
-        # fast path: `count_free_blocks` as the free list's own `len`, a call without a Python
-        # frame (the free count is read several times per engine step). The list object is
-        # never replaced, so the bound `len` stays right.
-        self.count_free_blocks = self._free_blocks.__len__  # type: ignore[method-assign]
 
     #: Nothing is evictable without prefix caching (a constant, read by every `pool_stats`).
     num_evictable_blocks = 0
@@ -220,10 +216,7 @@ class UncachedBlockAllocator(_RefCounting):
         if not free_blocks:
             raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
         block = free_blocks.pop()
-        # `_take(block)`, inlined: a decode's new block (one call per block boundary).
-        if block.ref_count == 0:
-            self.num_held_blocks += 1
-        block.ref_count = 1
+        self._take(block)
         return block
 
     def allocate_n(self, num_blocks: int, ref_count: int) -> list[PhysicalBlock]:
@@ -264,7 +257,7 @@ class UncachedBlockAllocator(_RefCounting):
         return len(self._free_blocks)
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a plain call (the managers bind it once; see `__init__`)."""
+        """`num_free_blocks` as a plain call (read several times per engine step)."""
         return len(self._free_blocks)
 
     def blocks(self) -> Iterator[PhysicalBlock]:

@@ -9,8 +9,6 @@ introspection the auditor reads. No upstream counterpart; `v0_v1.py` keeps upstr
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sim.kv.protocol import PoolStats
 from sim.kv.types import NONE_HASH, Sequence, cdiv, chain_hash
 from sim.kv.v0_v1_alloc import BlockAllocator, BlockTable, Device, PhysicalBlock
@@ -26,7 +24,6 @@ class ManagerQueries:
     block_sliding_window: int | None
     gpu_allocator: BlockAllocator
     block_tables: dict[int, BlockTable]
-    _count_free_gpu_blocks: Callable[[], int]
     _leaked: list[tuple[PhysicalBlock, int]]
     _seq_gpu_ids: dict[int, tuple[BlockTable, int, PhysicalBlock, set[int]]]
     #: The content hashes of sequences' blocks (the manager's, `v0_v1_hashing`).
@@ -101,7 +98,7 @@ class ManagerQueries:
         gpu = self.gpu_allocator  # positional: called several times per engine step
         return PoolStats(
             self.num_total_gpu_blocks,
-            self._count_free_gpu_blocks(),
+            self.gpu_allocator.count_free_blocks(),
             gpu.num_held_blocks,
             gpu.num_evictable_blocks,
         )
@@ -110,7 +107,7 @@ class ManagerQueries:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
         every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
         gpu = self.gpu_allocator
-        num_free = self._count_free_gpu_blocks()
+        num_free = self.gpu_allocator.count_free_blocks()
         return (
             num_free + gpu.num_held_blocks == self.num_total_gpu_blocks
             and gpu.num_evictable_blocks <= num_free

@@ -160,13 +160,8 @@ class V0Scheduler(V0RunningPhase):
                 continue  # a chunk that does not finish the prompt samples nothing
             request.is_prefill = False
             sample_token(request, now_s)
-            # The StopChecker's length checks (stop_checker.py @fc93e56), inlined: once per token.
-            num_tokens = seq.content.num_tokens
-            if num_tokens - seq.prompt_len >= request.max_tokens:
-                reason = "length: generated max_tokens"
-            elif num_tokens > max_model_len:
-                reason = "length: reached max_model_len"
-            else:
+            reason = maybe_stop_sequence(request, max_model_len)
+            if reason is None:
                 continue
             self._sync(request)
             try:
@@ -193,3 +188,17 @@ class V0Scheduler(V0RunningPhase):
         """
         for request in finished:
             self.running.remove(request)
+
+
+def maybe_stop_sequence(request: Request, max_model_len: int) -> str | None:
+    """`StopChecker.maybe_stop_sequence` (stop_checker.py @fc93e56), its length checks (both
+    end the sequence FINISHED_LENGTH_CAPPED upstream): the finish reason, or None while it runs
+    on. Unlike V1's `check_stop`, v0 stops only past ``max_model_len``. Example: a 100-token
+    prompt with max_tokens 8 stops at 108 tokens; with max_model_len 105, at 106.
+    """
+    num_tokens = request.seq.content.num_tokens
+    if num_tokens - request.seq.prompt_len >= request.max_tokens:
+        return "length: generated max_tokens"
+    if num_tokens > max_model_len:
+        return "length: reached max_model_len"
+    return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,9 +99,6 @@ class V0SchedulerBase(FastPathScheduler):
         self.swapped: deque[Request] = deque()
         self.num_cumulative_preemption = 0
         self._init_fast_path(config, block_manager)
-        # Bound once: the auditor passes this pure query through `__getattr__`, which would
-        # cost a failed lookup on each of the several calls per step.
-        self._num_free_gpu_blocks: Callable[[], int] = block_manager.get_num_free_gpu_blocks
         #: The decode shortcuts (`sim.scheduler.fast_path`); None: every call is made.
         #: (`V0Scheduler` sets it up when the fast path is on.)
         self.shortcuts: V0DecodeShortcuts | None = None

@@ -90,12 +90,12 @@ class V0PrefillsPhase(V0SchedulerBase):
         return (
             self.skip_repeated_later
             and self._later_key == (request.request_id, request.seq.content.num_tokens)
-            and self._num_free_gpu_blocks() <= self._later_free
+            and self.block_manager.get_num_free_gpu_blocks() <= self._later_free
         )
 
     def _remember_later(self, request: Request) -> None:
         self._later_key = (request.request_id, request.seq.content.num_tokens)
-        self._later_free = self._num_free_gpu_blocks()
+        self._later_free = self.block_manager.get_num_free_gpu_blocks()
 
     def _allocate_and_set_running(self, request: Request) -> None:
         """`_allocate_and_set_running` (L1043-1046)."""

@@ -37,7 +37,6 @@ class V0DecodeShortcuts(DecodeShortcuts):
         super().__init__()
         self.scheduler = scheduler
         self.max_model_len = scheduler.config.max_model_len
-        self._num_free_gpu_blocks = scheduler._num_free_gpu_blocks
         #: Free blocks as of the walk's last real call (`_walk_request`'s quiet test).
         self._walk_free = 0
         # The next order key in front of `running` under a cohort (chunked prefill puts
@@ -59,7 +58,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
     ) -> RunningOutputs:
         """Upstream's loop over every request, each with `_walk_request`'s turn."""
         self.materialize()
-        self._walk_free = self._num_free_gpu_blocks()
+        self._walk_free = self.scheduler.block_manager.get_num_free_gpu_blocks()
         return self.scheduler._schedule_running(budget, plan, now_s, chunking, self._walk_request)
 
     def _walk_request(
@@ -95,7 +94,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
         step = self.scheduler._schedule_running_request(
             request, budget, plan, now_s, chunking, outputs
         )
-        self._walk_free = self._num_free_gpu_blocks()
+        self._walk_free = self.scheduler.block_manager.get_num_free_gpu_blocks()
         return step
 
     # ------------------------------------------------------------------ the cohort's lazy step
@@ -138,7 +137,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
         # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
         # holds and at least one block stays free for the quiet decodes after it.
-        if self._num_free_gpu_blocks() < 2 * len(explicit) + 2:
+        if self.scheduler.block_manager.get_num_free_gpu_blocks() < 2 * len(explicit) + 2:
             return self._walk(budget, plan, now_s, chunking)
         if chunking:
             demand = len(cohort)  # the touched members included
@@ -203,7 +202,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
     ) -> RunningOutputs:
         """The lazy step of a step with nothing but members (about half of a replay's steps):
         each quiet, if one block is free and the budget covers them."""
-        if self._num_free_gpu_blocks() < 2:
+        if self.scheduler.block_manager.get_num_free_gpu_blocks() < 2:
             return self._walk(budget, plan, now_s, chunking)
         if chunking and len(cohort) > budget.remaining_token_budget():
             return self._walk(budget, plan, now_s, chunking)
@@ -232,15 +231,13 @@ class V0DecodeShortcuts(DecodeShortcuts):
     ) -> None:
         """Upstream's turn for a due member (a one-token decode that reached `touch_len`).
 
-        The scheduler's `_sync`, `_append_slots` and `event_len` written out: a replay runs
+        The scheduler's `_sync`, then `_append_slots` and `event_len` written out: a replay runs
         this for every decode that crosses a block boundary (~250 k times for the Azure trace).
         """
         sched = self.scheduler
         seq = request.seq
         context = seq.num_computed_tokens
-        if request.needs_sync:
-            request.needs_sync = False
-            sched._sync_decode(seq)
+        sched._sync(request)
         manager = sched.block_manager
         lookahead = sched.config.num_lookahead_slots
         if not manager.can_append_slots(request.group, lookahead):
@@ -253,7 +250,8 @@ class V0DecodeShortcuts(DecodeShortcuts):
             sched._fail(request, plan, error, now_s)
             return
         plan.num_blocks_copied += len(cows)
-        touch_len = request.touch_len = sched._touch_len_of(seq)
+        sched._refresh_touch(request)
+        touch_len = request.touch_len
         if touch_len is not None:  # a running decode: `event_len`'s rule
             limit = min(seq.prompt_len + request.max_tokens - 1, self.max_model_len)
             cohort.refile(request, touch_len if touch_len < limit else limit)

@@ -320,12 +320,8 @@ class V1Scheduler(V1RunningPhase):
                 continue  # partial prefill: the sampled token is discarded
             request.is_prefill = False
             sample_token(request, now_s)
-            # `check_stop` (sched/utils.py @4ac7713), inlined: this loop runs once per token.
-            if content.num_tokens - seq.prompt_len >= request.max_tokens:
-                reason = "length: generated max_tokens"
-            elif content.num_tokens >= max_model_len:
-                reason = "length: reached max_model_len"
-            else:
+            reason = check_stop(request, max_model_len)
+            if reason is None:
                 continue
             self._sync(request)
             self.connector_hooks.free_finished(request)  # `_free_request` (0.11.0 L1145-1158)
@@ -336,6 +332,19 @@ class V1Scheduler(V1RunningPhase):
         if self.shortcuts is not None:
             self.shortcuts.after_update(plan, finished, now_s)
         return finished
+
+
+def check_stop(request: Request, max_model_len: int) -> str | None:
+    """`check_stop` (sched/utils.py @4ac7713), its length rules: the finish reason, or None
+    while the request runs on. Example: a 100-token prompt with max_tokens 8 stops at 108
+    tokens ("length: generated max_tokens"); with max_model_len 105 it stops at 105 already.
+    """
+    num_tokens = request.seq.content.num_tokens
+    if num_tokens - request.seq.prompt_len >= request.max_tokens:
+        return "length: generated max_tokens"
+    if num_tokens >= max_model_len:
+        return "length: reached max_model_len"
+    return None
 
 
 def _priority_and_arrival(request: Request) -> tuple[int, float]:

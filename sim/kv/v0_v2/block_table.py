@@ -53,12 +53,8 @@ class BlockTable:
             self.num_leading_null += 1
         #: Whether the allocator wants content keys (prefix caching); fixed for its life.
         self._uses_content_keys = allocator.uses_content_keys
-        #: The GPU allocator, both devices' refcount dicts and the GPU/CPU id boundary, all
-        #: fixed for the allocator's life: the per-decode paths (`append_token_ids`,
-        #: `decode_touch_len`, `write_quiet_tokens`) read them without a call per block.
+        #: The GPU allocator and the GPU/CPU id boundary, fixed for the allocator's life.
         self._gpu = allocator.gpu
-        self._gpu_refcounts = allocator.gpu_refcounts
-        self._cpu_refcounts = allocator.cpu_refcounts
         self._num_gpu_blocks = allocator.num_gpu_blocks
         #: Tokens written into the table (vLLM `_num_full_slots`).
         self.num_full_slots = sum(b.num_tokens for b in self.blocks)
@@ -251,17 +247,14 @@ class BlockTable:
         num_blocks = len(blocks)
         # The blocks still to be written: usually just the partial tail block, or none when
         # the last block is full (right after a touch that allocated one and wrote 1 token,
-        # it is that block). Refcounts read inline (`CpuGpuBlockAllocator.refcount`).
+        # it is that block).
         idx = num_full_slots // bs
         while idx < num_blocks:
             block = blocks[idx]
             block_id = block.block_id
             if block.is_null or block_id is None:
                 return None
-            refcounts = (
-                self._gpu_refcounts if block_id < self._num_gpu_blocks else self._cpu_refcounts
-            )
-            if refcounts[block_id] != 1:
+            if self.allocator.refcount(block_id) != 1:
                 return num_tokens  # the next write copies on write
             idx += 1
         touch_len = num_blocks * bs + 1
@@ -292,9 +285,6 @@ class BlockTable:
         bs = self.block_size
         blocks = self.blocks
         caching = self._uses_content_keys
-        # Refcounts read inline (`CpuGpuBlockAllocator.refcount`), from the block's device.
-        gpu_refcounts, cpu_refcounts = self._gpu_refcounts, self._cpu_refcounts
-        num_gpu_blocks = self._num_gpu_blocks
         while pos < num_full_slots:  # usually one pass: the tokens fit the tail block
             offset = pos % bs
             block = blocks[pos // bs]
@@ -309,8 +299,7 @@ class BlockTable:
             assert not caching or block.num_tokens + num < bs, (
                 "a quiet write cannot fill a cached block"
             )
-            refcounts = gpu_refcounts if block_id < num_gpu_blocks else cpu_refcounts
-            assert refcounts[block_id] == 1
+            assert self.allocator.refcount(block_id) == 1
             block.num_tokens += num
             block.num_tokens_total += num
             pos += num
@@ -347,8 +336,9 @@ class BlockTable:
         return [b.block_id for b in self.blocks]  # type: ignore[misc]
 
     def is_on_gpu(self) -> bool:
+        """GPU ids are ``0..G-1``: a table is on the GPU iff its last id is below G."""
         last_id = self.blocks[-1].block_id if self.blocks else None
-        return last_id is not None and last_id < self.allocator.num_gpu_blocks
+        return last_id is not None and last_id < self._num_gpu_blocks
 
     def num_live_blocks(self) -> int:
         """Non-null blocks. The sliding-window drop nulls indices from 0 upward, so null entries

@@ -13,7 +13,6 @@ out gives it CPU absolute id 10, reported as the pair ``(0, 0)`` (GPU phys 0 -> 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 
 from sim.kv.types import ContentKey, NullBlockWriteError
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
@@ -36,11 +35,6 @@ class CpuGpuBlockAllocator:
         self.gpu = cls(list(range(num_gpu_blocks)), block_size)
         self.cpu = cls(list(range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)), block_size)
         self.null_block: Block | None = None
-        #: Each device's refcount dict (absolute id -> count), the same objects for the
-        #: allocator's whole life: the block tables' decode queries read refcounts from them
-        #: inline instead of calling `refcount` once per tail block.
-        self.gpu_refcounts: Mapping[int, int] = self.gpu.refcounts
-        self.cpu_refcounts: Mapping[int, int] = self.cpu.refcounts
 
     def device_allocator(self, device: Device) -> DeviceAllocator:
         return self.gpu if device is Device.GPU else self.cpu
@@ -89,8 +83,8 @@ class CpuGpuBlockAllocator:
     def free_blocks(self, blocks: list[Block]) -> None:
         """`free` every block of `blocks` in order (a table's release): same effect, same errors.
 
-        Runs of blocks of one device go through that allocator's `free_run` (one loop, no
-        call per block). Example (G=10): [null, 3, 4] skips the null block and frees 3 then 4,
+        Runs of blocks of one device go through that allocator's `free_run` (one loop per
+        run, not a device lookup per block). Example (G=10): [null, 3, 4] skips the null block and frees 3 then 4,
         so the GPU deque starts 4, 3, ...
         """
         idx, num = 0, len(blocks)

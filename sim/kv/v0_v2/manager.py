@@ -43,8 +43,6 @@ class BlockSpaceManagerV2:
         self.config = config
         self.block_size = config.block_size
         self.num_total_gpu_blocks = config.num_gpu_blocks
-        #: GPU ids are ``0..G-1``: a table is on the GPU iff its last id is below this.
-        self._num_gpu_blocks = config.num_gpu_blocks
         self.num_total_cpu_blocks = config.num_cpu_blocks
         self.sliding_window = config.sliding_window
         self.max_block_sliding_window: int | None = None
@@ -59,10 +57,9 @@ class BlockSpaceManagerV2:
             config.block_size,
             config.enable_prefix_caching,
         )
-        #: The GPU allocator and its free count, read directly by the per-step queries
+        #: The GPU allocator, read directly by the per-step queries
         #: (`get_num_free_gpu_blocks` runs several times per engine step).
         self._gpu = self.block_allocator.gpu
-        self._count_free_gpu = self._gpu.count_free_blocks
         self._gpu_refcounter = self._gpu.refcounter
         self.block_tables: dict[int, BlockTable] = {}
         self._computed_tracker = ComputedBlocksTracker(self.block_allocator)
@@ -85,7 +82,7 @@ class BlockSpaceManagerV2:
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         num_required = self.admission_blocks(seq_group)
-        num_free = self._count_free_gpu()
+        num_free = self._gpu.count_free_blocks()
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
         if num_free - num_required >= self.watermark_blocks:
@@ -123,24 +120,19 @@ class BlockSpaceManagerV2:
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         num_touched = 0
-        bs = self.block_size
-        block_tables = self.block_tables
         for seq in seq_group.seqs:  # the RUNNING ones, as `get_seqs(RUNNING)`
             if seq.status is _RUNNING:
-                # `table.get_num_blocks_touched_by_append_slots(unseen, lookahead)`, inlined
-                # (it runs on every touch): 1 + signed_cdiv(unseen + lookahead - first, bs)
-                # with `first` the room left in the last written block (1..bs).
-                num_full_slots = block_tables[seq.seq_id].num_full_slots
-                num_wanted = seq.content.num_tokens - num_full_slots + num_lookahead_slots
-                num_touched += 1 - ((bs - num_full_slots % bs - num_wanted) // bs)
-        return num_touched <= self._count_free_gpu()
+                table = self.block_tables[seq.seq_id]
+                num_touched += table.get_num_blocks_touched_by_append_slots(
+                    self._num_unseen(seq, table), num_lookahead_slots
+                )
+        return num_touched <= self._gpu.count_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         table = self.block_tables[seq.seq_id]
-        content = seq.content
         table.append_token_ids(
-            content,
-            content.num_tokens - table.num_full_slots,  # `_num_unseen`
+            seq.content,
+            self._num_unseen(seq, table),
             num_lookahead_slots,
             seq.num_computed_tokens,
         )
@@ -158,13 +150,7 @@ class BlockSpaceManagerV2:
         table is unknown or swapped out, or lookahead slots were used.
         """
         table = self.block_tables.get(seq.seq_id)
-        if table is None:
-            return None
-        blocks = table.blocks  # `table.is_on_gpu()`, inlined: once per touch
-        if not blocks:
-            return None
-        last_id = blocks[-1].block_id
-        if last_id is None or last_id >= self._num_gpu_blocks:
+        if table is None or not table.is_on_gpu():
             return None
         return table.decode_touch_len(seq.content.num_tokens)
 
@@ -183,8 +169,7 @@ class BlockSpaceManagerV2:
         # Nothing skipped -> nothing to write, on any device.
         if num_full_slots <= table.num_full_slots:
             return
-        last_id = table.blocks[-1].block_id if table.blocks else None  # `table.is_on_gpu()`
-        if last_id is not None and last_id < self._num_gpu_blocks:
+        if table.is_on_gpu():
             table.write_quiet_tokens(num_full_slots)
 
     # -- fork / free ---------------------------------------------------------------------
@@ -268,7 +253,7 @@ class BlockSpaceManagerV2:
 
     def get_num_free_gpu_blocks(self) -> int:
         """Free GPU blocks (the GPU allocator's count)."""
-        return self._count_free_gpu()
+        return self._gpu.count_free_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.block_allocator.num_free_blocks(Device.CPU)
@@ -293,7 +278,7 @@ class BlockSpaceManagerV2:
     def pool_stats(self) -> PoolStats:
         return PoolStats(
             self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
-            self._count_free_gpu(),
+            self._gpu.count_free_blocks(),
             self._gpu_refcounter.num_positive,
             self._gpu.num_evictable_blocks,
         )
@@ -301,7 +286,7 @@ class BlockSpaceManagerV2:
     def pool_is_conserved(self) -> bool:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
         every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
-        num_free = self._count_free_gpu()
+        num_free = self._gpu.count_free_blocks()
         return (
             num_free + self._gpu_refcounter.num_positive == self.num_total_gpu_blocks
             and self._gpu.num_evictable_blocks <= num_free
@@ -318,15 +303,9 @@ class BlockSpaceManagerV2:
 
     def num_seq_blocks(self, seq_id: int) -> int:
         table = self.block_tables.get(seq_id)
-        if table is None:
+        if table is None or not table.is_on_gpu():
             return 0
-        # `table.is_on_gpu()` and `table.num_live_blocks()`, inlined: the auditor asks after
-        # every call that took blocks. Null entries are the leading ones.
-        blocks = table.blocks
-        last_id = blocks[-1].block_id if blocks else None
-        if last_id is None or last_id >= self._num_gpu_blocks:
-            return 0
-        return len(blocks) - table.num_leading_null
+        return table.num_live_blocks()
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
         window = self.max_block_sliding_window

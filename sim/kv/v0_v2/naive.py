@@ -21,7 +21,7 @@ them; real vLLM never does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.kv.types import ContentKey, DoubleFreeError, NoFreeBlocksError, NullBlockWriteError, cdiv
@@ -101,9 +101,6 @@ class NaiveBlockAllocator:
         self.block_size = block_size
         self.all_block_ids = tuple(sorted(block_ids))
         self._free_block_ids: deque[int] = deque(block_ids)
-        #: `num_free_blocks` as a call without a Python frame (the deque's own `len`): the
-        #: managers read the free count several times per engine step.
-        self.count_free_blocks: Callable[[], int] = self._free_block_ids.__len__
         #: Id -> refcount, read and updated inline by the hot loops below and counted by
         #: `refcounter` (the same dict for the allocator's whole life).
         self._refcounts = dict.fromkeys(block_ids, 0)
@@ -236,34 +233,19 @@ class NaiveBlockAllocator:
         """Free ``blocks[start:]`` in order, up to the first block whose id is not in this
         pool (another device's, or None); return that block's index, else ``len(blocks)``.
 
-        Null blocks are skipped, as `CpuGpuBlockAllocator.free` skips them. Each other block
-        is freed exactly as `free_block_id` would (same deque order, same DoubleFreeError),
-        with the refcount update inlined: releasing a finished request's table is the
-        hottest free path (hundreds of blocks per table).
+        Null blocks are skipped, as `CpuGpuBlockAllocator.free` skips them; each other block
+        goes through `free_block_id`. Example: GPU ids 0..9, blocks with ids [null, 3, 4, 12]
+        and start 0: frees 3 and 4, returns 3 (12 is a CPU id).
         """
         refcounts = self._refcounts
-        push = self._free_block_ids.appendleft
-        num_zeroed = 0
-        try:
-            for idx in range(start, len(blocks)):
-                block = blocks[idx]
-                if block.is_null:
-                    continue
-                block_id = block.block_id
-                count = refcounts.get(block_id)  # type: ignore[arg-type]
-                if count is None:
-                    return idx
-                if count <= 0:
-                    raise DoubleFreeError(f"block {block_id} freed with refcount 0")
-                count -= 1
-                refcounts[block_id] = count  # type: ignore[index]
-                if count == 0:
-                    push(block_id)  # type: ignore[arg-type]
-                    num_zeroed += 1
-                block.block_id = None
-            return len(blocks)
-        finally:
-            self.refcounter.num_positive -= num_zeroed
+        for idx in range(start, len(blocks)):
+            block = blocks[idx]
+            if block.is_null:
+                continue
+            if block.block_id not in refcounts:
+                return idx
+            self.free_block_id(block)
+        return len(blocks)
 
     def fork(self, blocks: list[Block]) -> list[Block]:
         """New block objects sharing every id of `blocks` (refcount +1 each)."""
@@ -272,6 +254,10 @@ class NaiveBlockAllocator:
     # -- counts ------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        return len(self._free_block_ids)
+
+    def count_free_blocks(self) -> int:
+        """`num_free_blocks` as a call (the managers read it several times per engine step)."""
         return len(self._free_block_ids)
 
     @property

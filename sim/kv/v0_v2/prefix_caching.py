@@ -250,7 +250,7 @@ class PrefixCachingBlockAllocator:
         return self._hashless.num_free_blocks + self.evictor.num_blocks
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a call (the naive allocator's is a bound `len`)."""
+        """`num_free_blocks` as a call, as `NaiveBlockAllocator.count_free_blocks`."""
         return self._hashless.num_free_blocks + self.evictor.num_blocks
 
     @property
