@@ -17,13 +17,13 @@ runs the same shape through `kvsim disagg` and finds the same state.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 
 from sim.cluster.run import run_disaggregated
 from sim.scenario import scenario_from_dict
+from tests.vllm_install import load_or_skip
 
 warnings.filterwarnings("ignore", module="requests")
 
@@ -36,16 +36,8 @@ LATE = [(1, 12, 4), (2, 12, 4)]
 
 
 def _install():
-    from sim.vllm_real.loader import VllmNotAvailableError, load_vllm
-
-    try:
-        return load_vllm(vllm_version="0.11.0")
-    except VllmNotAvailableError as exc:
-        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
-            raise RuntimeError(
-                f"KVSIM_REQUIRE_VLLM=1 but vLLM 0.11.0 is not set up: {exc}"
-            ) from exc
-        pytest.skip(f"vLLM 0.11.0 not set up: {exc}")
+    """The loaded vLLM 0.11.0, or a skip (a failure under KVSIM_REQUIRE_VLLM=1)."""
+    return load_or_skip("0.11.0")
 
 
 class _RealDecodeEngine:

@@ -7,11 +7,12 @@ With KVSIM_REQUIRE_VLLM=1 (CI, `.ci/run`) a missing install fails the run instea
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 from typer.testing import CliRunner
+
+from tests.vllm_install import load_or_skip
 
 warnings.filterwarnings("ignore", module="requests")
 
@@ -21,17 +22,7 @@ pytestmark = pytest.mark.vllm
 
 def _install():
     """The loaded vLLM 0.11.0, or a skip (a failure under KVSIM_REQUIRE_VLLM=1)."""
-    from sim.vllm_real.loader import VllmNotAvailableError, load_vllm
-
-    try:
-        return load_vllm(vllm_version="0.11.0")
-    except VllmNotAvailableError as exc:
-        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
-            # CI: a lockstep tier that silently skips would let CI pass without it.
-            raise RuntimeError(
-                f"KVSIM_REQUIRE_VLLM=1 but vLLM 0.11.0 is not set up: {exc}"
-            ) from exc
-        pytest.skip(f"vLLM 0.11.0 not set up: {exc}")
+    return load_or_skip("0.11.0")
 
 
 def _pair(case, requests):
