@@ -36,6 +36,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TextIO
 
 #: The modules mypyc compiles (`scripts/build_native.py`). Left out on purpose:
 #: `sim.kv.v1_engine.free_queue` (its queues subclass OrderedDict and deque, which native
@@ -171,15 +172,23 @@ def select() -> Selection:
     if _selected is not None:
         return _selected
     _selected = decide()
-    if _selected in (Selection.STALE_BUILD, Selection.DISABLED):
-        sys.meta_path.insert(0, _SourcesFirst(COMPILED))
-    if _selected is Selection.STALE_BUILD:
-        print(
-            "kvsim: the compiled core is older than its sources; running the sources "
-            "(rebuild: python scripts/build_native.py, or remove it: --clean)",
-            file=sys.stderr,
-        )
+    apply(_selected, sys.meta_path, sys.stderr)
     return _selected
+
+
+#: What `import sim` says on stderr when it runs the sources because a build is stale.
+STALE_WARNING = (
+    "kvsim: the compiled core is older than its sources; running the sources "
+    "(rebuild: python scripts/build_native.py, or remove it: --clean)"
+)
+
+
+def apply(selection: Selection, meta_path: list[Any], stderr: TextIO) -> None:
+    """Make `meta_path` import the sources where `selection` says so; warn on a stale build."""
+    if selection in (Selection.STALE_BUILD, Selection.DISABLED):
+        meta_path.insert(0, _SourcesFirst(COMPILED))
+    if selection is Selection.STALE_BUILD:
+        print(STALE_WARNING, file=stderr)
 
 
 def selected() -> Selection:

@@ -158,3 +158,22 @@ def test_compiled_and_sources_write_the_same_tables(tmp_path, scenario, extra):
     for table in ("requests.csv", "steps.csv", "violations.csv"):
         compiled = (tmp_path / "compiled" / table).read_bytes()
         assert compiled == (tmp_path / "sources" / table).read_bytes(), table
+
+
+@pytest.mark.parametrize("selection", list(Selection))
+def test_a_stale_or_disabled_build_imports_the_sources_and_only_stale_warns(selection):
+    import io
+
+    meta_path: list = []
+    stderr = io.StringIO()
+    native.apply(selection, meta_path, stderr)
+    uses_sources = selection in (Selection.STALE_BUILD, Selection.DISABLED)
+    assert len(meta_path) == (1 if uses_sources else 0)
+    assert (stderr.getvalue() == native.STALE_WARNING + "\n") == (
+        selection is Selection.STALE_BUILD
+    )
+    if uses_sources:
+        finder = meta_path[0]
+        spec = finder.find_spec("sim.kv.types", None)
+        assert spec is not None and spec.origin == str(source_path("sim.kv.types"))
+        assert finder.find_spec("sim.engine", None) is None  # never compiled: the path finder's
