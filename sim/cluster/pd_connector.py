@@ -35,9 +35,10 @@ from sim.kv_connector.base import (
     NO_MATCH,
     ExternalMatch,
     FinishOutcome,
+    PassiveConnector,
     TransferReport,
 )
-from sim.scheduler.request import Request, StepPlan
+from sim.scheduler.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,36 +110,13 @@ def _due(pending: dict[int, float], now_s: float) -> frozenset[int]:
     return done
 
 
-class PrefillSide:
+class PrefillSide(PassiveConnector):
     """A prefill replica's connector: keeps a finished prompt's blocks until they are read."""
-
-    needs_every_step = False
 
     def __init__(self, ledger: TransferLedger, replica_index: int) -> None:
         self.ledger = ledger
         self.index = replica_index
         self._sends = ledger.sends.setdefault(replica_index, {})
-
-    def get_num_new_matched_tokens(
-        self, request: Request, num_local_computed_tokens: int
-    ) -> ExternalMatch:
-        return NO_MATCH
-
-    def update_state_after_alloc(
-        self,
-        request: Request,
-        block_ids: list[int],
-        num_local_computed_tokens: int,
-        num_external_tokens: int,
-        now_s: float,
-    ) -> None:
-        return None
-
-    def build_connector_meta(self, plan: StepPlan, now_s: float) -> None:
-        return None
-
-    def wait_for_save(self, end_s: float) -> None:
-        return None
 
     def request_finished(self, request: Request, block_ids: list[int]) -> FinishOutcome:
         """Delay the free while the decode side has the blocks to read (L435-451)."""
@@ -160,10 +138,8 @@ class PrefillSide:
         return min(self._sends.values(), default=None)
 
 
-class DecodeSide:
+class DecodeSide(PassiveConnector):
     """A decode replica's connector: the prompt's KV is remote; read it, then decode."""
-
-    needs_every_step = False
 
     def __init__(self, ledger: TransferLedger, replica_index: int) -> None:
         self.ledger = ledger
@@ -196,15 +172,6 @@ class DecodeSide:
         self._recvs[request.request_id] = self.ledger.start_read(
             request.request_id, self.index, num_blocks, now_s
         )
-
-    def build_connector_meta(self, plan: StepPlan, now_s: float) -> None:
-        return None
-
-    def wait_for_save(self, end_s: float) -> None:
-        return None
-
-    def request_finished(self, request: Request, block_ids: list[int]) -> FinishOutcome:
-        return FREE_NOW
 
     def get_finished(self, finished_request_ids: set[int], now_s: float) -> TransferReport:
         return TransferReport(finished_recving=_due(self._recvs, now_s))

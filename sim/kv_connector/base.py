@@ -153,9 +153,10 @@ class KVConnector(Protocol):
         ...
 
 
-class NoConnector:
-    """No KV connector (vLLM's `self.connector = None`): every hook is a no-op, so a run
-    without one is exactly the run without the seam."""
+class PassiveConnector:
+    """Every hook a no-op: a connector overrides only the hooks it acts on (the P/D sides in
+    `sim.cluster.pd_connector`). Not itself "no connector": the scheduler's hooks stay on for
+    a subclass (`ConnectorHooks.enabled` tests for `NoConnector`)."""
 
     needs_every_step = False
 
@@ -188,6 +189,11 @@ class NoConnector:
 
     def next_completion_s(self) -> float | None:
         return None
+
+
+class NoConnector(PassiveConnector):
+    """No KV connector (vLLM's `self.connector = None`): every hook is a no-op, so a run
+    without one is exactly the run without the seam."""
 
 
 class KVConnectorConfig(Protocol):
