@@ -25,6 +25,7 @@ from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model, gpu_names
 from sim.errors import InputError
 from sim.latency.fit import fit_decode, fit_gemm, fit_prefill
 from sim.latency.profile import PROFILE_KIND, SCHEMA_VERSION, StepTimeProfile, parse_profile
+from sim.outdir import write_text_atomic
 
 #: Said before and after a CPU run, and kept in the profile's notes.
 CPU_NOTE = (
@@ -152,7 +153,7 @@ def run_calibration(
         },
     }
     profile = parse_profile(doc, origin=str(out_path))  # the file we write must load back
-    Path(out_path).write_text(profile.to_json())
+    write_text_atomic(Path(out_path), profile.to_json())
     # The same measurements refit the measured model's per-GPU terms (`calibrate.to_measured`).
     write_coefficients(profile, out_path)
     if report_dir is not None:

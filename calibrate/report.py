@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # files only; no display on calibration machines
 import matplotlib.pyplot as plt  # noqa: E402
 
 from sim.latency.profile import OperatorProfile, StepTimeProfile  # noqa: E402
+from sim.outdir import staged_file, write_text_atomic  # noqa: E402
 
 
 def _ceilings(profile: StepTimeProfile) -> tuple[float, float, str]:
@@ -154,8 +155,9 @@ def write_report(profile: StepTimeProfile, out_dir: str | Path, stem: str = "rep
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     md, png = out_dir / f"{stem}.md", out_dir / f"{stem}.png"
-    md.write_text(markdown(profile))
+    write_text_atomic(md, markdown(profile))
     fig = plot(profile)
-    fig.savefig(png, dpi=110)
+    with staged_file(png) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return [md, png]

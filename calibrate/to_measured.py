@@ -54,6 +54,7 @@ from sim.latency import measured_fit as mf
 from sim.latency import measured_terms as terms
 from sim.latency.measured import nearest_fitted_gpu, shipped_coefficients
 from sim.latency.profile import StepTimeProfile, load_profile
+from sim.outdir import write_text_atomic
 
 MEASURED_TERMS = ("gemm", "decode_attention", "prefill_attention")
 CARRIED_TERMS = ("elementwise", "allreduce")
@@ -274,7 +275,7 @@ def write_coefficients(profile: StepTimeProfile, profile_path: str | Path) -> Pa
     """Fit and write the coefficients next to `profile_path`; returns the file written."""
     out = coefficients_path(profile_path)
     doc = coefficients_doc(profile, profile_path)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(out, json.dumps(doc, indent=1) + "\n")
     return out
 
 

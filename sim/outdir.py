@@ -162,6 +162,49 @@ def staged_folder(target: Path) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def staged_file(path: Path) -> Iterator[Path]:
+    """A temporary file next to `path` that replaces it when the block ends without an exception.
+
+    The same promise as `staged_folder`, for one file: readers see the old file or the new
+    one, whole; on any exception the temporary file is removed and `path` is untouched. The
+    temporary name keeps the suffix (matplotlib picks the image format from it).
+
+    Example::
+
+        with staged_file(Path("out/sweep.csv")) as tmp:  # out/ is created here
+            frame.to_csv(tmp)                            # out/sweep.csv is still the old file
+        # out/sweep.csv is now the new file
+    """
+    path = Path(path)
+    _make_parent(path)
+    try:
+        fd, name = tempfile.mkstemp(
+            prefix=f".{path.name}.partial-", suffix=path.suffix, dir=path.parent
+        )
+    except OSError as error:
+        raise OutputPathError(f"{path}: cannot write in {path.parent} ({_reason(error)})") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        # mkstemp makes the file private (0600); an output gets the usual mode (umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` through `staged_file`; returns `path`."""
+    with staged_file(Path(path)) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 __all__ = [
     "OutputPathError",
     "RUN_MARKER",
@@ -169,6 +212,8 @@ __all__ = [
     "check_output_file",
     "commit_staging",
     "discard_staging",
+    "staged_file",
     "staged_folder",
     "start_staging",
+    "write_text_atomic",
 ]

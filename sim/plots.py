@@ -33,6 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.errors import PathError
+from sim.outdir import staged_file
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
 from sim.plots_planning import capacity_band, capacity_frontier, throughput_latency
 
@@ -191,7 +192,8 @@ def latency_cdfs(
 
 # ---------------------------------------------------------------------------- saving
 def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
+    with staged_file(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 

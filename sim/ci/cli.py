@@ -24,6 +24,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from sim.outdir import write_text_atomic
+
 
 def _cli():
     import sim.cli as cli  # the app module, imported late: it imports this one
@@ -33,8 +35,7 @@ def _cli():
 
 def _write(path: Path, text: str) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)
     except OSError as error:
         raise _cli().fail(f"{path}: cannot write: {error.strerror or error}") from None
 

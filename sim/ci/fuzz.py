@@ -50,6 +50,7 @@ from sim.ci.selfcheck import (
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError
 from sim.kv.config import Design
+from sim.outdir import write_text_atomic
 from sim.results import RunResult
 from sim.scenario import Scenario, ScenarioError
 from sim.workload.errors import WorkloadError
@@ -350,7 +351,7 @@ def save_findings(report: FuzzReport, out_dir: str | Path) -> dict[str, Path]:
         finding = report.findings[kind]
         name = f"{report.design}-{kind.replace(':', '-')}-seed{finding.case_seed}.yaml"
         path = out / name
-        path.write_text(finding_yaml(finding, report.design), encoding="utf-8")
+        write_text_atomic(path, finding_yaml(finding, report.design))
         report.saved[kind] = path
     return dict(report.saved)
 

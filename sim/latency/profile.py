@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import ModelSpec
 from sim.errors import InputError
+from sim.outdir import write_text_atomic
 
 SCHEMA_VERSION = 1
 PROFILE_KIND = "kvsim.step_time_profile"
@@ -198,4 +199,4 @@ def load_profile(path: str | Path) -> StepTimeProfile:
 
 
 def save_profile(profile: StepTimeProfile, path: str | Path) -> None:
-    Path(path).write_text(profile.to_json())
+    write_text_atomic(Path(path), profile.to_json())

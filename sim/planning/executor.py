@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
+from sim.outdir import staged_file
 from sim.planning.grid import SweepPoint
 
 #: Summary metrics copied into a sweep row, in column order.
@@ -306,7 +307,9 @@ def _numeric(series: pd.Series) -> bool:
 def write_table(frame: pd.DataFrame, out_dir: str | Path, name: str) -> Path:
     """`name`.parquet and `name`.csv in `out_dir`."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out / f"{name}.parquet", index=False)
-    frame.to_csv(out / f"{name}.csv", index=False, float_format="%.9g")
+    # Each file whole or not at all (a Ctrl-C mid-sweep keeps the previous table).
+    with staged_file(out / f"{name}.parquet") as tmp:
+        frame.to_parquet(tmp, index=False)
+    with staged_file(out / f"{name}.csv") as tmp:
+        frame.to_csv(tmp, index=False, float_format="%.9g")
     return out / f"{name}.parquet"

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.outdir import staged_file
+
 
 @dataclass(frozen=True, slots=True)
 class ShareGptRules:
@@ -86,7 +88,7 @@ def sample_vllm_sharegpt(
 
 def write_lengths_csv(pairs: list[tuple[int, int]], path: Path) -> None:
     """The bundled lengths format: num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio."""
-    with Path(path).open("w", newline="", encoding="utf-8") as f:
+    with staged_file(Path(path)) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["num_prefill_tokens", "num_decode_tokens", "num_total_tokens", "pd_ratio"])
         for prompt, output in pairs:
