@@ -58,6 +58,10 @@ from sim.outdir import write_text_atomic
 
 MEASURED_TERMS = ("gemm", "decode_attention", "prefill_attention")
 CARRIED_TERMS = ("elementwise", "allreduce")
+#: A term whose fit misses its own cases by more than this (median relative error) is flagged:
+#: the shipped fits reach a few percent on public GPU data (`validation` in the shipped file).
+POOR_FIT_MEDIAN_ABS = 0.25
+
 PLUMBING_NOTE = (
     "CPU timings: this file exercises the calibrate -> measured-model path; it is not a GPU "
     "fit (run calibrate/gpu_run.sh on a GPU for coefficients to plan with)"
@@ -297,6 +301,23 @@ def usage_lines(coefficients_file: str | Path) -> list[str]:
         f"  carried over from the shipped {cal['carried_from']} fit: "
         f"{', '.join(CARRIED_TERMS)}, engine overhead, band",
     ]
+    fit = doc["validation"].get(f"{gpu} (calibrate, in-sample)", {})
+    scored = {term: e for term, e in fit.items() if e["n"]}
+    if scored:
+        lines.append(
+            "  in-sample fit error, median / p90 of |predicted/measured - 1|: "
+            + ", ".join(
+                f"{term} {100 * e['median_abs']:.0f}% / {100 * e['p90_abs']:.0f}%"
+                for term, e in scored.items()
+            )
+        )
+    for term, e in scored.items():
+        if e["median_abs"] > POOR_FIT_MEDIAN_ABS:
+            lines.append(
+                f"  warning: the {term} fit misses its own {e['n']} cases by a median "
+                f"{100 * e['median_abs']:.0f}%: noisy timings (a busy device?) or a kernel the "
+                "model's form does not describe; re-run on an idle device before planning with it"
+            )
     if prov["plumbing_only"]:
         lines.append(f"  note: {PLUMBING_NOTE}")
     return lines

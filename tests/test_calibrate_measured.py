@@ -252,6 +252,17 @@ def test_cpu_calibration_writes_coefficients_the_measured_model_runs(tmp_path, m
     lines = tm.usage_lines(path)
     assert f"step_time: {{measured: {{coefficients: {path}}}}}" in lines[1]
     assert "of h100-sxm datasheet HBM bandwidth" in lines[2] and "not a GPU fit" in lines[-1]
+    # The fake times are in the decode model's own form: its in-sample error is ~0.
+    fit_line = next(line for line in lines if "in-sample fit error" in line)
+    assert "decode attention 0% / 0%" in fit_line
+    assert not any("warning: the decode attention fit" in line for line in lines)
+    # A fit that misses its own cases (noisy timings) is flagged, naming the term.
+    doc = json.loads(path.read_text())
+    doc["validation"]["h100-sxm (calibrate, in-sample)"]["decode attention"]["median_abs"] = 0.9
+    path.write_text(json.dumps(doc))
+    flagged = [line for line in tm.usage_lines(path) if line.lstrip().startswith("warning:")]
+    assert any("the decode attention fit misses its own" in line and "90%" in line
+               for line in flagged), flagged  # fmt: skip
 
 
 def test_cpu_calibration_without_a_gpu_is_keyed_by_the_device(tmp_path):
