@@ -19,7 +19,7 @@ def test_capacity_planning_notebook_runs() -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         notebook,
-        timeout=120,
+        timeout=600,  # per cell: generous, a loaded 2-core runner is slow; only a hang should trip it
         kernel_name="python3",
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     )
