@@ -1,9 +1,10 @@
 """The optional compiled core: which modules mypyc compiles, and which copy `import sim` uses.
 
 kvsim is pure Python. `python scripts/build_native.py` compiles the modules in `COMPILED` (the
-schedulers, the KV managers, the auditor, the engine loop) with mypyc into extension modules
-next to their sources; the same code, type-checked and translated to C, about 1.5x as fast on a
-whole-trace replay (`benchmarks/replay_azure.py`). The sources stay the reference: every test
+schedulers, the v0-v2, v0-fixed and V1 KV managers, the auditor; not the engine loop, the
+records or the step-time model) with mypyc into extension modules next to their sources; the
+same code, type-checked and translated to C, about 2x as fast on a whole-trace replay
+(`benchmarks/replay_azure.py --pair`: 3.3 vs 6.4 s on v0-v2, 2.8 vs 5.7 s on v1-engine). The sources stay the reference: every test
 runs on them, and the tables of a compiled run are byte-identical (CI runs the table tests on
 both; `tests/test_native.py`).
 
