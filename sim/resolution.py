@@ -195,6 +195,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     pin = sched.resolved_vllm_version
     kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": pin})
     inputs["vllm_version"] = pin
+    _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
     if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
@@ -228,6 +229,34 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
         kv_connector=offload,
     )
     return ResolvedRun(scenario, engine, workload, step_time, inputs)
+
+
+def _check_v0_startup(design, kv: KVCacheConfig, chunked_prefill: bool) -> None:
+    """Pairs vLLM 0.5.4's v0 engine refuses at startup with a sliding window: bad input, said
+    before the block manager is built (which would raise as upstream does).
+
+    * prefix caching, any v0 block manager (`CacheConfig._verify_prefix_caching`,
+      config.py:L492-499 @v0.5.4);
+    * chunked prefill with BlockSpaceManagerV1 (`EngineArgs.create_engine_config`,
+      arg_utils.py:L855-860 @v0.5.4; the V2 manager is allowed).
+
+    Regression: `--set cache.enable_prefix_caching=true` on the bundled Mistral (4,096-token
+    window) scenario reached the v0 manager's ValueError and was reported as a kvsim bug; and
+    v0-v1 ran chunked prefill with a window, which vLLM never does.
+    """
+    if design.api != "v0" or kv.sliding_window is None:
+        return
+    window = f"a sliding window (here {kv.sliding_window} tokens)"
+    if kv.enable_prefix_caching:
+        raise ScenarioError(
+            f"cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with "
+            f"{window}; set it to false, or use scheduler.design: v1-engine"
+        )
+    if chunked_prefill and design is Design.V0_V1:
+        raise ScenarioError(
+            f"scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
+            f"prefill with {window}; set it to false, or use scheduler.design: v0-v2"
+        )
 
 
 def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> None:

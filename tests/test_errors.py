@@ -302,3 +302,46 @@ def test_output_piped_into_head_is_not_an_internal_error(tmp_path):
     stderr = kvsim.stderr.read().decode()
     assert kvsim.wait(timeout=300) == 141, stderr
     assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-v2", "v0-fixed", "v1-engine"])
+def test_prefix_caching_with_sliding_window_on_v0_is_bad_input(tmp_path, design):
+    """vLLM 0.5.4 refuses the pair at startup; kvsim said "internal error" (the v0 manager's
+    ValueError). The V1 engine supports it, so that run goes through."""
+    scenario = tiny(tmp_path)
+    result = runner.invoke(
+        app,
+        ["run", str(scenario), "--no-plots", "--json", "-o", str(tmp_path / "out"),
+         "--set", f"scheduler.design={design}", "--set", "cache.sliding_window=32",
+         "--set", "cache.enable_prefix_caching=true"],
+    )  # fmt: skip
+    if design == "v1-engine":
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [
+        "error: cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with a "
+        "sliding window (here 32 tokens); set it to false, or use scheduler.design: v1-engine"
+    ]
+
+
+@pytest.mark.parametrize("design", ["v0-v1", "v0-v2", "v0-fixed"])
+def test_chunked_prefill_with_sliding_window_on_v0_v1_is_bad_input(tmp_path, design):
+    """vLLM 0.5.4 refuses chunked prefill with a window for BlockSpaceManagerV1 only (the V2
+    manager runs it); kvsim ran the pair on v0-v1."""
+    result = runner.invoke(
+        app,
+        ["run", str(tiny(tmp_path)), "--no-plots", "--json", "-o", str(tmp_path / "out"),
+         "--set", f"scheduler.design={design}", "--set", "cache.sliding_window=32",
+         "--set", "scheduler.enable_chunked_prefill=true"],
+    )  # fmt: skip
+    if design != "v0-v1":
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.output.strip().splitlines() == [
+        "error: scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
+        "prefill with a sliding window (here 32 tokens); set it to false, or use "
+        "scheduler.design: v0-v2"
+    ]
