@@ -77,7 +77,7 @@ def test_evictor_matches_the_upstream_scan(operations: list[tuple[object, ...]])
     evictor, oracle = LRUEvictor(), UpstreamScanEvictor()
     outside = [PhysicalBlock(Device.GPU, i, None, 0) for i in range(NUM_BLOCKS)]
     for operation in operations:
-        kind, choices = operation[0], operation[1:]
+        kind, choices = str(operation[0]), operation[1:]
         if kind == "add" and outside and len(oracle.free_table) < NUM_HASHES:
             block_index, hash_index, last_accessed, num_hashed_tokens = choices
             assert isinstance(block_index, int) and isinstance(hash_index, int)
