@@ -1,4 +1,4 @@
-"""The LRU evictor of vLLM v0 `BlockSpaceManagerV1`, with the same victims in O(log n).
+"""The LRU evictor of vLLM v0 `BlockSpaceManagerV1`: upstream's victims, without its full scan.
 
 Models `vllm/core/evictor_v1.py:L53-96` at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2
 (our own code, same behaviour). Upstream keeps freed cached blocks in an OrderedDict keyed by
@@ -32,8 +32,9 @@ Worked example, entries in insertion order as (name, last_accessed, num_hashed_t
 A(5, 16) B(1, 32) C(1, 48) D(3, 64) E(9, 64) -> runs [A] t=5, [B C] t=1, [D] t=3, [E] t=9.
 Upstream: victim A; B: no stop (5 < 1 false), 32 > 16 -> B; C: 48 > 32 -> C; D: 1 < 3 stop.
 Runs: [A] top A (16); run t=1: 5 < 1 false, top C has 48 > 16 -> C, time 1; run t=3: 1 < 3
-stop. Victim C, after reading 3 runs where upstream reads 4 entries; with all times equal (kvsim's
-case) there is one run and `evict` is one heap pop.
+stop. Victim C, after reading 3 runs where upstream reads 4 entries. With all times equal
+(kvsim's case) there is one run and `evict` is one heap pop, O(log n); in general it costs
+O(runs read x log n), and the runs read are at most the entries upstream reads.
 
 Removed entries (`remove`, a block revived by a cache hit) stay in their run's heap and are
 skipped when they reach the top (their insertion seq no longer matches); a run left empty is
