@@ -144,6 +144,34 @@ def test_lockstep_v0_v1(seed):
     _lockstep("v0-v1", V054, 1500, seed)
 
 
+def test_real_v1_evictor_sees_an_access_to_a_block_it_holds():
+    """Restamping blocks that sit in the LRU evictor (the multi-seq allocate quirk leaves them
+    in b's table) reorders upstream's scan; kvsim's run-based evictor must follow it."""
+    for mark in V054:
+        if mark.name == "skip":
+            pytest.skip(mark.kwargs["reason"])
+    from sim.kv.types import Segment, TokenContent
+    from sim.kv.v0_v1 import BlockSpaceManagerV1
+    from sim.vllm_real.v0_adapter import make_real_v0
+
+    config = KVCacheConfig(num_gpu_blocks=6, enable_prefix_caching=True)
+    tables = []
+    for mgr in (make_real_v0(config, "v1"), BlockSpaceManagerV1(config)):
+        a, b = Sequence.new(1, 32), Sequence.new(2, 32)
+        mgr.allocate(SequenceGroup(1, [a, b]))
+        mgr.access_all_blocks_in_seq(a, 1.0)
+        mgr.free(a)  # blocks 0, 1 enter the evictor at t=1; b still names them
+        c = Sequence.new(3, TokenContent.from_segments([Segment(11, 64)]))
+        mgr.allocate(SequenceGroup(3, [c]))
+        mgr.access_all_blocks_in_seq(c, 2.0)
+        mgr.free(c)  # blocks 2..5 (16..64 tokens) at t=2
+        mgr.access_all_blocks_in_seq(b, 3.0)  # 0, 1 now t=3: no stop, the most tokens wins
+        d = Sequence.new(4, TokenContent.from_segments([Segment(13, 16)]))
+        mgr.allocate(SequenceGroup(4, [d]))
+        tables.append(mgr.get_block_table(d))
+    assert tables[0] == tables[1] == [5]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_lockstep_v1_engine(seed):
     _lockstep("v1-engine", V011, 1500, seed)

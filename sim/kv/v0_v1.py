@@ -353,8 +353,14 @@ class BlockSpaceManagerV1(ManagerQueries):
     # ---------------------------------------------------------- prefix caching
     def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None:
         if self.enable_caching:
+            gpu, cpu = self.gpu_allocator, self.cpu_allocator
+            assert isinstance(gpu, CachedBlockAllocator) and isinstance(cpu, CachedBlockAllocator)
             for block in self.block_tables[seq.seq_id]:
                 block.last_accessed = access_time
+                # A table can name a block sitting in the evictor (see
+                # `CachedBlockAllocator.incref`): its evictor entry just changed time.
+                allocator = gpu if block.device is Device.GPU else cpu
+                allocator.evictor.on_last_accessed_changed(block)
 
     def _compute_full_blocks_in_seq(self, seq: Sequence) -> None:
         """Mark full blocks computed, backwards, stopping at the first computed one.

@@ -1,7 +1,6 @@
-"""Block allocators and the LRU evictor of vLLM v0 `BlockSpaceManagerV1`.
+"""Block allocators of vLLM v0 `BlockSpaceManagerV1` (its LRU evictor: `v0_v1_evictor`).
 
-Models `vllm/core/block_manager_v1.py:L21-210` and `vllm/core/evictor_v1.py:L53-96`
-at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2 (our own code, same behaviour).
+Models `vllm/core/block_manager_v1.py:L21-210` at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2 (our own code, same behaviour).
 
 * `UncachedBlockAllocator`: blocks 0..N-1 exist from the start in a Python list used as a
   stack. `allocate` pops from the end, so a fresh pool hands out N-1, N-2, ... and a freed
@@ -22,17 +21,16 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from sim.kv.types import DoubleFreeError, NoFreeBlocksError
+from sim.kv.v0_v1_evictor import LRUEvictor
 
 #: vLLM `block.py:L6 @fc93e56`: a block never accessed has last_accessed == -1.
 DEFAULT_LAST_ACCESSED_S = -1.0
 
 OUT_OF_BLOCKS_MSG = "Out of memory! No free blocks are available."
-EVICTOR_EMPTY_MSG = "No usable cache memory left"
 
 
 class Device(enum.Enum):
@@ -71,53 +69,6 @@ class PhysicalBlock:
 
 #: A sequence's block table: its physical blocks in token order (a ring repeats them).
 BlockTable = list[PhysicalBlock]
-
-
-class LRUEvictor:
-    """Freed cached blocks, keyed by hash in insertion order (vLLM `evictor_v1.LRUEvictor`).
-
-    `evict` scans from the front: the first entry is the candidate; walking forward, it stops
-    at the first entry whose `last_accessed` is later than the candidate's, and on the way
-    switches to any entry with `last_accessed <= candidate's` and more `num_hashed_tokens`.
-    This is the true LRU only while entries sit in timestamp order. Example: entries
-    [A(t=5, n=16), B(t=1, n=16)] never trigger the stop, nothing beats A's 16 tokens, so A
-    (not the older B) is evicted.
-    """
-
-    def __init__(self) -> None:
-        self.hash_to_block: OrderedDict[int, PhysicalBlock] = OrderedDict()
-
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self.hash_to_block
-
-    def __len__(self) -> int:
-        return len(self.hash_to_block)
-
-    def add(self, block: PhysicalBlock) -> None:
-        block_hash = block.block_hash
-        assert block_hash is not None, f"{block} has no hash: it is not a cached block"
-        assert block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
-        self.hash_to_block[block_hash] = block
-
-    def remove(self, block_hash: int) -> PhysicalBlock:
-        if block_hash not in self.hash_to_block:
-            raise ValueError("Attempting to remove block that's not in the evictor")
-        return self.hash_to_block.pop(block_hash)
-
-    def evict(self) -> PhysicalBlock:
-        if not self.hash_to_block:
-            raise NoFreeBlocksError(EVICTOR_EMPTY_MSG)
-        victim = next(iter(self.hash_to_block.values()))
-        for block in self.hash_to_block.values():
-            # The early stop assumes timestamps ascend from the front (see class docstring).
-            if victim.last_accessed < block.last_accessed:
-                break
-            if victim.num_hashed_tokens < block.num_hashed_tokens:
-                victim = block
-        assert victim.block_hash is not None  # `add` takes only hashed blocks
-        del self.hash_to_block[victim.block_hash]
-        victim.computed = False
-        return victim
 
 
 class _RefCounting:
@@ -311,14 +262,14 @@ class CachedBlockAllocator(_RefCounting):
             self.hash_to_block[block_hash] = block
             self._take(block)
             return block
-        block = self.hash_to_block.get(block_hash)  # type: ignore[assignment]  # None: below
-        if block is None:
-            block = self._new_or_evicted_block(block_hash, num_hashed_tokens)
-            self.hash_to_block[block_hash] = block
-            self._take(block, increment=True)
-        else:
-            block.ref_count += 1
-        assert block.block_hash == block_hash
+        cached = self.hash_to_block.get(block_hash)
+        if cached is not None:
+            cached.ref_count += 1
+            assert cached.block_hash == block_hash
+            return cached
+        block = self._new_or_evicted_block(block_hash, num_hashed_tokens)
+        self.hash_to_block[block_hash] = block
+        self._take(block, increment=True)
         return block
 
     def free(self, block: PhysicalBlock) -> None:
