@@ -1,12 +1,12 @@
 """The optional compiled core: which modules mypyc compiles, and which copy `import sim` uses.
 
 kvsim is pure Python. `python scripts/build_native.py` compiles the modules in `COMPILED` (the
-schedulers, the v0-v2, v0-fixed and V1 KV managers, the auditor; not the engine loop, the
-records or the step-time model) with mypyc into extension modules next to their sources; the
-same code, type-checked and translated to C, about 2x as fast on a whole-trace replay
-(`benchmarks/replay_azure.py --pair`: 3.3 vs 6.4 s on v0-v2, 2.8 vs 5.7 s on v1-engine). The sources stay the reference: every test
-runs on them, and the tables of a compiled run are byte-identical (CI runs the table tests on
-both; `tests/test_native.py`).
+schedulers, the four designs' KV managers, the auditor; not the engine loop, the records or
+the step-time model) with mypyc into extension modules next to their sources; the same code,
+type-checked and translated to C, about 2x as fast on a whole-trace replay
+(`benchmarks/replay_azure.py --pair`: 3.3 vs 6.4 s on v0-v2, 2.8 vs 5.7 s on v1-engine). The
+sources stay the reference: every test runs on them, and the tables of a compiled run are
+byte-identical (CI runs the whole suite on both; `tests/test_native.py`).
 
 Which copy is used, decided once when `sim` is imported (`select`):
 
@@ -52,6 +52,11 @@ COMPILED: tuple[str, ...] = (
     "sim.audit.violations",
     "sim.kv.types",
     "sim.kv.v0_fixed",
+    "sim.kv.v0_v1",
+    "sim.kv.v0_v1_alloc",
+    "sim.kv.v0_v1_evictor",
+    "sim.kv.v0_v1_hashing",
+    "sim.kv.v0_v1_queries",
     "sim.kv.v0_v2.block_table",
     "sim.kv.v0_v2.cpu_gpu",
     "sim.kv.v0_v2.evictor",

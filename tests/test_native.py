@@ -118,12 +118,24 @@ def test_a_current_build_loads_every_compiled_module():
 
 
 RUNS = [
+    ("swa_4_vs_3_v0_v1", []),
     ("swa_4_vs_3_v0_v2", []),
     ("swa_4_vs_3_v0_fixed", []),
     ("swa_4_vs_3_v1_engine", []),
     ("gemma2_hybrid_v1", []),
     ("mooncake_prefix_caching", ["--set", "engine.num_replicas=2"]),
     ("mistral_azure_conv_swa", ["--set", "workload.first_n=1500"]),
+    (  # v0-v1 with prefix caching: its cached allocator, evictor and set-order frees
+        "mooncake_prefix_caching",
+        [
+            "--set",
+            "workload.first_n=300",
+            "--set",
+            "scheduler.design=v0-v1",
+            "--set",
+            "scheduler.vllm_version=null",
+        ],
+    ),  # fmt: skip
     (
         "mistral_azure_conv_swa",
         ["--set", "workload.first_n=1500", "--set", "scheduler.design=v0-fixed"],

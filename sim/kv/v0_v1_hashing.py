@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from sim.kv.types import NONE_HASH, Sequence, chain_hash
+from sim.kv.types import NONE_HASH, Sequence, TokenContent, chain_hash
 from sim.kv.v0_v1_alloc import BlockTable
 
 _SET_KEY_OF = attrgetter("set_key")
@@ -29,7 +29,7 @@ _SET_KEY_OF = attrgetter("set_key")
 class _HashCache:
     """Chained hashes of a sequence's full blocks; full blocks never change, so it only grows."""
 
-    content: object
+    content: TokenContent  # identity compared: a sequence whose content was replaced starts over
     full_block_hashes: list[int] = field(default_factory=list)
 
 
