@@ -7,7 +7,6 @@ With KVSIM_REQUIRE_VLLM=1 (CI, `.ci/run`) a missing install fails the run instea
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.types import AllocStatus, NoFreeBlocksError, Sequence, SequenceGroup, SequenceStatus
+from tests.vllm_install import root_or_skip_mark
 
 warnings.filterwarnings("ignore", module="requests")
 
@@ -22,18 +22,7 @@ warnings.filterwarnings("ignore", module="requests")
 pytestmark = pytest.mark.vllm
 
 
-def _root(version: str):
-    from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
-
-    try:
-        return resolve_root(vllm_version=version)
-    except VllmNotAvailableError as exc:
-        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
-            # CI: a lockstep tier that silently skips would let CI pass without it.
-            raise RuntimeError(
-                f"KVSIM_REQUIRE_VLLM=1 but vLLM {version} is not set up: {exc}"
-            ) from exc
-        return pytest.mark.skip(reason=f"vLLM {version} not set up: {exc}")
+_root = root_or_skip_mark
 
 
 def _needs(version: str):

@@ -17,28 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.vllm_install import root_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Every test here belongs to the lockstep tier (`pytest -m vllm` selects them).
 pytestmark = pytest.mark.vllm
 
 
-def _require_install() -> None:
-    from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
-
-    try:
-        resolve_root(vllm_version="0.33.0")
-    except VllmNotAvailableError as exc:
-        if os.environ.get("KVSIM_REQUIRE_VLLM") == "1":
-            # CI: a lockstep tier that silently skips would let CI pass without it.
-            raise RuntimeError(
-                f"KVSIM_REQUIRE_VLLM=1 but vLLM 0.33.0 is not set up: {exc}"
-            ) from exc
-        pytest.skip(f"vLLM 0.33.0 not set up: {exc}")
-
-
 def _verify(*args: str) -> subprocess.CompletedProcess[str]:
-    _require_install()
+    root_or_skip("0.33.0")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "sim.cli", "verify", "--vllm-version", "0.33.0", *args],
