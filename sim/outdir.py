@@ -65,6 +65,13 @@ def check_output_dir(path: Path) -> None:
         raise OutputPathError(f"{path}: cannot write in this folder (permission denied)")
 
 
+def _umask() -> int:
+    """The process umask (reading it means setting it: set it back at once)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def _reason(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
@@ -106,9 +113,7 @@ def start_staging(target: Path) -> Path:
             f"{target}: cannot write in {target.parent} ({_reason(error)})"
         ) from None
     # mkdtemp makes the folder private (0700); a run folder gets the usual mode (umask).
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
+    staging.chmod(0o777 & ~_umask())
     return staging
 
 
@@ -189,9 +194,7 @@ def staged_file(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         # mkstemp makes the file private (0600); an output gets the usual mode (umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o666 & ~umask)
+        tmp.chmod(0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

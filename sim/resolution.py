@@ -231,7 +231,7 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     return ResolvedRun(scenario, engine, workload, step_time, inputs)
 
 
-def _check_v0_startup(design, kv: KVCacheConfig, chunked_prefill: bool) -> None:
+def _check_v0_startup(design: Design, kv: KVCacheConfig, chunked_prefill: bool) -> None:
     """Pairs vLLM 0.5.4's v0 engine refuses at startup with a sliding window: bad input, said
     before the block manager is built (which would raise as upstream does).
 
