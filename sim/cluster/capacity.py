@@ -21,6 +21,7 @@ cluster-capacity`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +114,10 @@ def gpus_needed(
             "workload.kind: cluster capacity sets the arrival rate of a synthetic workload "
             f"(got {scenario.workload.kind!r})"
         )
-    if rate_per_s <= 0 or max_gpus < 1:
-        raise InputError("--rate and --max-gpus must be positive")
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0):  # nan and inf pass `<= 0`
+        raise InputError(f"--rate {rate_per_s}: must be a positive, finite rate (req/s)")
+    if max_gpus < 1:
+        raise InputError(f"--max-gpus {max_gpus}: must be at least 1")
     routers = list(routers) if routers else [scenario.engine.router]
     unknown = [r for r in routers if r not in ROUTERS]
     if unknown or len(set(routers)) != len(routers):

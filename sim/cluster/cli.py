@@ -120,8 +120,9 @@ def register(app: typer.Typer) -> None:
         from sim.cluster.compare import Slo
         from sim.scenario import load_scenario
 
-        if ttft_p99_s <= 0 or tpot_p99_s <= 0:
-            raise InputError("--ttft-p99-s and --tpot-p99-s must be positive")
+        for option, limit in (("--ttft-p99-s", ttft_p99_s), ("--tpot-p99-s", tpot_p99_s)):
+            if not (math.isfinite(limit) and limit > 0):  # nan passes `<= 0`, then never meets
+                raise InputError(f"{option} {limit}: must be a positive, finite time (s)")
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers}: must be at least 1")
         table, answers = gpus_needed(

@@ -12,7 +12,9 @@ from typing import Any
 
 from sim.planning.executor import run_point
 from sim.planning.grid import scenario_key
+from sim.planning.replicates import closed_loop
 from sim.planning.slo import Slo, check_slos
+from sim.scenario import scenario_from_dict
 
 
 def search_capacity(
@@ -73,13 +75,17 @@ def search_capacity(
                 good = mid
             else:
                 bad = mid
-    # Scale 1 rate: every probe's offered rate divided by its scale (the same for all).
+    # Scale 1 rate: every probe's offered rate divided by its scale (the same for all, open
+    # loop; closed loop it falls with the scale, see `measured_capacity`).
     rates = [
         p["offered_rate_req_per_s"] / p["rate_scale"]
         for p in probes
         if p.get("offered_rate_req_per_s")
     ]
     base_rate = rates[0] if rates else math.nan
+    rate = (good or 0.0) * base_rate
+    if closed_loop(scenario_from_dict(scenario_data).workload):
+        rate, status = measured_capacity(probes, good, status, max_scale)
     return {
         **labels,
         "step_time_factor": step_time_factor,
@@ -87,10 +93,38 @@ def search_capacity(
         "capacity_scale": good if good is not None else 0.0,
         "bracket_high_scale": bad,
         "base_rate_req_per_s": base_rate,
-        "capacity_rate_req_per_s": (good or 0.0) * base_rate,
+        "capacity_rate_req_per_s": rate,
         "num_probes": len(probes),
         "probes": probes,
     }
+
+
+#: How a closed-loop capacity reads (a status prefix; the capacity table's note explains it).
+CLOSED_LOOP_STATUS = "closed loop, rate measured at the passing probe"
+
+
+def measured_capacity(
+    probes: list[dict[str, Any]], good: float | None, status: str, max_scale: float
+) -> tuple[float, str]:
+    """A closed-loop search's answer: the arrival rate MEASURED at the highest passing probe.
+
+    A closed-loop turn arrives a think time after its previous turn finished, so dividing
+    arrival and think times by k does not multiply the offered rate by k: the service time in
+    the loop does not shrink. Example (`scenarios/sessions_chat_v1.yaml`, TTFT p99 <= 2 s):
+    every scale up to 64 passes, offering 3.25 req/s at scale 1 and 6.90 at 64; "64 x 3.25" =
+    208 req/s was never offered, the answer is 6.90. When even the largest scale passes, the
+    load is bounded by the number of sessions, not the rate: more load needs more sessions.
+    """
+    if good is None:
+        return 0.0, status
+    passing = [p for p in probes if p["passed"] and p["rate_scale"] == good]
+    rate = float(passing[-1]["offered_rate_req_per_s"])
+    if status.startswith("passes at the maximum scale"):
+        status = (
+            f"passes at the maximum scale {max_scale:g}: the sessions bound the load "
+            "(more load needs more workload.sessions.num_sessions)"
+        )
+    return rate, f"{CLOSED_LOOP_STATUS}; {status}"
 
 
 def _never_passes(probes: list[dict[str, Any]], slos: list[Slo], min_scale: float) -> str:

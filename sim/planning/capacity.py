@@ -51,6 +51,7 @@ from sim.planning.bisection import search_capacity
 from sim.planning.executor import map_tasks
 from sim.planning.grid import expand_grid, resolved_data, validate_axes
 from sim.planning.interval import confidence_interval
+from sim.planning.replicates import check_independent, seed_replicates
 from sim.planning.slo import (
     SLO_METRICS,
     Slo,
@@ -69,7 +70,7 @@ def capacity_search(
     slos,
     *,
     target_rate: float | None = None,
-    seeds: list[int] | tuple[int, ...] = (0,),
+    seeds: list[int] | tuple[int, ...] | None = None,
     replicates: list[dict[str, Any]] | None = None,
     compare: dict[str, list[Any]] | None = None,
     overrides: dict[str, Any] | None = None,
@@ -88,7 +89,10 @@ def capacity_search(
     """Capacity table (one row per compared configuration) and every probe run.
 
     `replicates` (override dicts, e.g. trace windows) replaces `seeds` (each seed s is the
-    replicate {"seed": s}; a trace's arrivals do not depend on the seed, so use windows there).
+    replicate {"seed": s}, or {"workload.seed": s} when the workload pins its seed; None: the
+    scenario's own seed). Several seeds on a workload that draws nothing (a trace, inline
+    requests) are refused, as are two replicates that run the same simulation
+    (`sim.planning.replicates`): use trace windows there.
     `band`: the step-time band to search the ends of (default: each configuration's model's own);
     `band_ends=False` searches the central step time only (the band's columns are then NaN).
     `on_total(n)` is called once with the number of searches before they start.
@@ -98,15 +102,15 @@ def capacity_search(
 
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
-    if target_rate is not None and not target_rate > 0:
-        raise SloError(f"--target-rate {target_rate}: must be positive")
+    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
+        raise SloError(f"--target-rate {target_rate}: must be a positive, finite rate")
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
     start = start_scale if start_scale is not None else base.workload.rate_scale
     compare = {k: list(v) for k, v in (compare or {}).items()}
     validate_axes(base, compare)
-    reps = replicates if replicates is not None else [{"seed": int(s)} for s in seeds]
+    reps = replicates if replicates is not None else seed_replicates(base, seeds)
     if not reps:
         raise SloError("give at least one seed or replicate")
     configs = expand_grid(compare)
@@ -128,6 +132,8 @@ def capacity_search(
                 **config,
             }
             config_tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
+        rep_labels = [_label(rep) or f"#{r}" for r, rep in enumerate(reps)]
+        check_independent(rep_labels, [task[0] for task in config_tasks], "replicates")
         bands.append(band or model_band(config_tasks[0][0], _label(config)))
         for factor in band_factors(bands[-1]) if band_ends else (1.0,):
             tasks += [(*task, factor) for task in config_tasks]

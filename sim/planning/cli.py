@@ -67,6 +67,7 @@ def sweep(
     from sim.planning.grid import build_points, parse_sets
     from sim.planning.tables import METRIC_HEADERS, legend, results_table, with_ms
 
+    check_workers(workers)
     base, base_dir = load_base(scenario)
     axes = parse_sets(set_)
     points = build_points(base, axes, base_dir)
@@ -137,9 +138,13 @@ def capacity(
         typer.Option("--target-rate", help="Requests/s to serve: how many replicas?"),
     ] = None,
     seeds: Annotated[
-        str,
-        typer.Option("--seeds", help="Comma-separated seeds to repeat over (synthetic workloads)."),
-    ] = "0",
+        str | None,
+        typer.Option(
+            "--seeds",
+            help="Comma-separated seeds to repeat over (synthetic workloads; default: the "
+            "scenario's own seed).",
+        ),
+    ] = None,
     compare: Annotated[
         list[str] | None,
         typer.Option("--compare", help="KEY=V1,V2: one table row per value (repeatable)."),
@@ -189,7 +194,8 @@ def capacity(
     from sim.planning.tables import capacity_view
 
     slos = as_slos(slo)
-    seed_list = parse_seeds(seeds)
+    seed_list = parse_seeds(seeds) if seeds is not None else None
+    check_workers(workers)
     axes = parse_sets(compare)
     overrides = {}
     for item in set_ or []:
@@ -200,7 +206,7 @@ def capacity(
     out_dir = out or Path("capacity") / base.name
     check_output_dir(out_dir)  # before any probe runs
     # Searches per step-time factor; `on_total` sets the real count (up to 3 factors).
-    num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
+    num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list or [0])
     progress, task = _progress("capacity searches", num_tasks)
     with progress:
         table, probes = capacity_search(
@@ -228,6 +234,9 @@ def capacity(
     console.print(view)
     for note in notes:
         console.print(note, highlight=False)
+    replicates = list(dict.fromkeys(probes["replicate_label"]))
+    if len(replicates) > 1:  # which seed each run drew from (workload.seed when it is pinned)
+        console.print(f"replicates: {', '.join(replicates)}", highlight=False)
     console.print(
         f"tables written to {out_dir}/capacity.parquet and probes.parquet (every probe run)"
     )
@@ -242,13 +251,22 @@ def _parse_band(text: str | None) -> StepTimeBand | None:
         return None
     low, _, high = text.partition(",")
     try:
-        return StepTimeBand(
-            float(low), float(high), extrapolated=False, source=f"--step-time-band {text}"
-        )
+        factors = float(low), float(high)
+        if not all(map(math.isfinite, factors)):  # StepTimeBand would take 0.5,inf
+            raise ValueError(text)
+        return StepTimeBand(*factors, extrapolated=False, source=f"--step-time-band {text}")
     except ValueError:
         raise SloError(
             f"--step-time-band {text!r}: expected LOW,HIGH factors with 0 < LOW <= 1 <= HIGH"
         ) from None
+
+
+def check_workers(workers: int | None) -> None:
+    """`-j 0` or `-j -2` would silently mean the default (or one process): refuse them."""
+    from sim.errors import InputError
+
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers {workers}: must be at least 1")
 
 
 def register(app: typer.Typer) -> None:

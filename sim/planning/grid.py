@@ -115,10 +115,21 @@ def scenario_key(data: dict[str, Any]) -> str:
 def build_points(
     scenario: Scenario, axes: dict[str, list[Any]], base_dir: str | Path = "."
 ) -> list[SweepPoint]:
-    """Every grid point of `axes` over `scenario`, validated up front (bad keys fail here)."""
+    """Every grid point of `axes` over `scenario`, validated up front (bad keys fail here).
+
+    Two points that would run the same simulation are refused: `--set seed=0,1` on a workload
+    that pins `workload.seed`, or that draws nothing (a trace), is one run under two names.
+    """
+    from sim.planning.replicates import check_independent
+
     validate_axes(scenario, axes)
     points = []
     for index, overrides in enumerate(expand_grid(axes)):
         data = resolved_data(scenario, overrides, base_dir)
         points.append(SweepPoint(index, overrides, scenario_key(data), data))
+    labels = [
+        f"{p.index} ({', '.join(f'{k}={v}' for k, v in p.overrides.items())})" for p in points
+    ]
+    datas = [p.scenario_data for p in points]
+    check_independent(labels, datas, "sweep points", [p.key for p in points])
     return points

@@ -149,6 +149,12 @@ def capacity_view(
             "one run per configuration gives no interval: repeat over --seeds (synthetic "
             "workloads) or trace windows (sim.capacity(replicates=...)) to see the spread"
         )
+    if table["status"].str.contains("closed loop", regex=False).any():
+        notes.append(
+            "closed loop (sessions): a turn arrives a think time after the previous one "
+            "finished, so the offered rate is not the rate scale times the scale-1 rate; the "
+            "capacity is the arrival rate measured at the highest passing probe"
+        )
     if band_searched(table):
         notes += band_notes(table)
     return view, notes
