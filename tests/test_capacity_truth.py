@@ -143,3 +143,27 @@ def test_the_readme_sessions_figure() -> None:
         == 208
     )
     assert "the sessions bound the load" in row["status"]
+
+
+def test_a_compared_seed_is_not_overridden_by_the_default_replicate() -> None:
+    """`--compare workload.seed=1,2` on a pinned scenario: each row runs its own seed."""
+    table = sim.capacity(
+        _pinned(), SLO, compare={"workload.seed": [1, 2]}, band_ends=False, workers=1
+    )
+    probes = table.attrs["probes"]
+    first = probes[probes["rate_scale"] == 1.0]
+    assert first["offered_rate_req_per_s"].nunique() == 2
+    with pytest.raises(InputError, match="pins workload.seed"):
+        sim.capacity(_pinned(), SLO, compare={"seed": [0, 1]}, workers=1)
+
+
+def test_cluster_capacity_runs_the_rate_asked_for() -> None:
+    """`at_rate` resets workload.rate_scale: rate 10 at rate_scale 2 was run at 20 req/s."""
+    from sim.cluster.compare import at_rate
+
+    data = _pinned()
+    data["workload"]["rate_scale"] = 2.0
+    scenario = at_rate(scenario_from_dict(data), 10.0)
+    assert scenario.workload.rate_scale == 1.0
+    assert scenario.workload.arrival is not None
+    assert scenario.workload.arrival.rate_per_s == 10.0

@@ -82,8 +82,14 @@ def meets_slo(row: dict, slo: Slo) -> bool:
 
 
 def at_rate(scenario: Scenario, rate_per_s: float) -> Scenario:
-    """The scenario with its synthetic arrival rate set to `rate_per_s`."""
-    return apply_overrides(scenario, {"workload.arrival.rate_per_s": rate_per_s})
+    """The scenario with its synthetic arrival rate set to `rate_per_s`.
+
+    `workload.rate_scale` is reset to 1: it divides every arrival time after the draw, so a
+    scenario at rate_scale 2 would otherwise be run at twice the rate asked for.
+    """
+    return apply_overrides(
+        scenario, {"workload.arrival.rate_per_s": rate_per_s, "workload.rate_scale": 1.0}
+    )
 
 
 def max_rate_meeting_slo(rows: list[dict], slo: Slo) -> float | None:

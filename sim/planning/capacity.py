@@ -45,13 +45,14 @@ from typing import Any
 
 import pandas as pd
 
+from sim.cluster.config import ClusterMode
 from sim.latency.band import StepTimeBand
 from sim.planning.band import band_columns, band_factors, model_band
 from sim.planning.bisection import search_capacity
 from sim.planning.executor import map_tasks
-from sim.planning.grid import expand_grid, resolved_data, validate_axes
+from sim.planning.grid import expand_grid, resolved_data, scenario_key, validate_axes
 from sim.planning.interval import confidence_interval
-from sim.planning.replicates import check_independent, seed_replicates
+from sim.planning.replicates import capacity_replicates, check_independent
 from sim.planning.slo import (
     SLO_METRICS,
     Slo,
@@ -107,14 +108,21 @@ def capacity_search(
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
+    if base.cluster.mode is ClusterMode.DISAGGREGATED:  # every probe would be an error row
+        raise ScenarioError(
+            f"{base.name}: cluster.mode: disaggregated; capacity searches one co-located "
+            "replica: use kvsim cluster-capacity for prefill/decode pools"
+        )
     start = start_scale if start_scale is not None else base.workload.rate_scale
     compare = {k: list(v) for k, v in (compare or {}).items()}
     validate_axes(base, compare)
-    reps = replicates if replicates is not None else seed_replicates(base, seeds)
+    if replicates is None:
+        replicates = capacity_replicates(base, seeds, list(compare))
+    reps = replicates
     if not reps:
         raise SloError("give at least one seed or replicate")
     configs = expand_grid(compare)
-    tasks = []
+    tasks: list[tuple] = []
     bands = []
     pairs = [(s.metric, s.limit_s) for s in slo_list]
     for c, config in enumerate(configs):
@@ -137,6 +145,11 @@ def capacity_search(
         bands.append(band or model_band(config_tasks[0][0], _label(config)))
         for factor in band_factors(bands[-1]) if band_ends else (1.0,):
             tasks += [(*task, factor) for task in config_tasks]
+    # Two compared configurations that run one simulation (`--compare seed=0,1` on a pinned
+    # workload.seed) would be two rows of one answer.
+    firsts = [t[0] for t in tasks if t[6]["replicate"] == 0 and t[-1] == 1.0]
+    keys = [scenario_key(data) for data in firsts]
+    check_independent([_label(c) for c in configs], firsts, "--compare configurations", keys)
     if on_total is not None:
         on_total(len(tasks))
     results = map_tasks(

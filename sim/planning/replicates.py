@@ -92,6 +92,25 @@ def seed_replicates(scenario: Scenario, seeds: Sequence[int] | None) -> list[dic
     return [{key: s} for s in seeds]
 
 
+SEED_KEYS = ("seed", "workload.seed")
+
+
+def capacity_replicates(
+    scenario: Scenario, seeds: Sequence[int] | None, compare_keys: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The seed replicates of a capacity search whose `--compare` axes are `compare_keys`.
+
+    A compared seed (``--compare workload.seed=1,2``) is each configuration's own: no seed
+    replicate may override it, and `--seeds` with it would set one seed twice.
+    """
+    compared = [key for key in compare_keys if key in SEED_KEYS]
+    if not compared:
+        return seed_replicates(scenario, seeds)
+    if seeds is not None:
+        raise SloError(f"--seeds and --compare {compared[0]} both set the seed: give one of them")
+    return [{}]
+
+
 def simulation_identity(data: dict[str, Any]) -> str:
     """What a run depends on, as canonical JSON: the validated scenario with every default, its
     name left out, and the seed counted only where the workload draws from it.

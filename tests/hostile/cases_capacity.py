@@ -7,7 +7,7 @@ so a case runs in this process in well under a second.
 
 from __future__ import annotations
 
-from tests.hostile.harness import Case, tiny
+from tests.hostile.harness import ROOT, Case, tiny
 
 #: A small synthetic V1 scenario whose workload pins its seed (the case of issue 20, section 7).
 PINNED = """\
@@ -144,6 +144,15 @@ CAPACITY_ARGS: list[Case] = [
     ),
     Case(
         "capacity",
+        cap(*_SLO, "--set", "workload.num_requests=20"),
+        2,
+        "cluster-capacity",
+        files={"s.yaml": (ROOT / "scenarios" / "pd_disagg_llama8b_h100.yaml").read_text()},
+        outputs=("out",),
+        name="capacity on a disaggregated scenario is refused before any probe",
+    ),
+    Case(
+        "capacity",
         cap(*_SLO, scenario="missing.yaml"),
         2,
         "missing.yaml",
@@ -189,6 +198,33 @@ SEEDS: list[Case] = [
         files={"s.yaml": TRACE, "t.csv": TRACE_CSV},
         outputs=("out",),
         name="one seed on a trace workload runs",
+    ),
+    Case(
+        "capacity",
+        cap(*_SLO, "--compare", "seed=0,1"),
+        2,
+        "pins workload.seed",
+        files={"s.yaml": PINNED},
+        outputs=("out",),
+        name="compare over seed on a pinned workload.seed is refused",
+    ),
+    Case(
+        "capacity",
+        cap(*_SLO, "--compare", "workload.seed=1,2", "--seeds", "0,1"),
+        2,
+        "both set the seed",
+        files={"s.yaml": PINNED},
+        outputs=("out",),
+        name="seeds and a compared seed are refused",
+    ),
+    Case(
+        "capacity",
+        cap(*_SLO, "--compare", "workload.seed=1,2"),
+        0,
+        "kvsim capacity",
+        files={"s.yaml": PINNED},
+        outputs=("out",),
+        name="compare over workload.seed keeps each configuration's seed",
     ),
     Case(
         "capacity",
