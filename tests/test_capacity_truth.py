@@ -167,3 +167,14 @@ def test_cluster_capacity_runs_the_rate_asked_for() -> None:
     assert scenario.workload.rate_scale == 1.0
     assert scenario.workload.arrival is not None
     assert scenario.workload.arrival.rate_per_s == 10.0
+
+
+def test_which_workloads_draw_from_their_seed() -> None:
+    from sim.workload.config import WorkloadConfig
+
+    mooncake = WorkloadConfig(kind="sessions", sessions={"source": "mooncake", "path": "t.jsonl"})
+    assert "Mooncake" in (seed_free(mooncake) or "")
+    lengths = WorkloadConfig(kind="trace", path="l.csv", arrival={"rate_per_s": 2.0})
+    assert seed_free(lengths) is None  # a lengths file: arrivals and samples are drawn
+    assert seed_free(scenario_from_dict(_pinned()).workload) is None
+    assert "inline" in (seed_free(scenario_from_dict(dd1_scenario(4)).workload) or "")
