@@ -29,7 +29,7 @@ from sim.ci.scenario_yaml import explicit_yaml
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError, one_line
 from sim.results import RunResult
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, ScenarioError, load_scenario, naming
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -136,12 +136,13 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
     scenario = scenario if scenario is not None else load_scenario(path)
     start = time.perf_counter()
     try:
-        if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
-            from sim.cluster.run import combined_result, run_disaggregated
+        with naming(path):  # a resolution error names the file too
+            if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
+                from sim.cluster.run import combined_result, run_disaggregated
 
-            result = combined_result(run_disaggregated(scenario, path.parent))
-        else:
-            result = run(scenario, base_dir=path.parent)
+                result = combined_result(run_disaggregated(scenario, path.parent))
+            else:
+                result = run(scenario, base_dir=path.parent)
     except (InputError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a simulator crash fails this scenario only

@@ -50,10 +50,11 @@ def register(app: typer.Typer) -> None:
         from sim.cli import console
         from sim.cluster.run import run_disaggregated
         from sim.outdir import staged_folder
-        from sim.scenario import load_scenario
+        from sim.scenario import load_scenario, naming
 
         scenario_obj = load_scenario(scenario)
-        result = run_disaggregated(scenario_obj, scenario.parent)
+        with naming(scenario):  # a resolution error names the file too
+            result = run_disaggregated(scenario_obj, scenario.parent)
         out_dir = out or Path("runs") / scenario_obj.name
         violations = pd.concat(
             [

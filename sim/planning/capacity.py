@@ -98,14 +98,14 @@ def capacity_search(
 
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
-    if target_rate is not None and not target_rate > 0:
-        raise SloError(f"--target-rate {target_rate}: must be positive")
+    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
+        raise SloError(f"--target-rate {target_rate:g}: must be a positive, finite number")
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
     start = start_scale if start_scale is not None else base.workload.rate_scale
     compare = {k: list(v) for k, v in (compare or {}).items()}
-    validate_axes(base, compare)
+    validate_axes(base, compare, option="--compare")
     reps = replicates if replicates is not None else [{"seed": int(s)} for s in seeds]
     if not reps:
         raise SloError("give at least one seed or replicate")

@@ -190,7 +190,7 @@ def capacity(
 
     slos = as_slos(slo)
     seed_list = parse_seeds(seeds)
-    axes = parse_sets(compare)
+    axes = parse_sets(compare, option="--compare")
     overrides = {}
     for item in set_ or []:
         key, values = parse_assignment(item)
