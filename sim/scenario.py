@@ -185,10 +185,28 @@ class HardwareSection(_Closed):
         return self
 
 
+class SummaryBound(_Closed):
+    """Bounds on one summary metric of the run: `{min: 0.5}`, `{max: 0.2}` or both."""
+
+    min: float | None = Field(default=None, allow_inf_nan=False)
+    max: float | None = Field(default=None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> SummaryBound:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
 class ExpectSection(_Closed):
-    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur."""
+    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur;
+    and `summary:`, bounds on metrics of the run's summary (`sim.ci.expect_summary`), so a
+    scenario can state what it shows: `summary: {ttft_p50_s: {max: 0.2}}`."""
 
     violations: Literal["none", "any"] | list[ViolationKind] = "none"
+    summary: dict[str, SummaryBound] = Field(default_factory=dict)
 
     @field_validator("violations", mode="before")
     @classmethod
