@@ -56,13 +56,14 @@ def naming(path: str | Path) -> Iterator[None]:
     `sim.resolution.resolve` sees a validated `Scenario`, not where it came from, so its
     errors name the field only ("scheduler.max_model_len: ..."); the command that loaded the
     file wraps the run in this, and the user reads "s.yaml: scheduler.max_model_len: ...".
-    An error that already starts with the file is left as it is.
+    An error that already starts with the file, or with an option (`--set ...: ...`, about the
+    command line rather than the file), is left as it is.
     """
     try:
         yield
     except ScenarioError as error:
         text = str(error)
-        if text.startswith(f"{path}:"):
+        if text.startswith((f"{path}:", "--")):
             raise
         raise ScenarioError(f"{path}: {text}") from None
 

@@ -84,3 +84,6 @@ def test_naming_prefixes_the_file_once():
     # not a ScenarioError (a trace's own error names its file): left as it was
     with pytest.raises(InputError, match=r"^trace\.csv:3"), naming("s.yaml"):
         raise InputError("trace.csv:3: bad row")
+    # an option's error is about the command line: left as it was
+    with pytest.raises(ScenarioError, match=r"^--set a=1: x$"), naming("s.yaml"):
+        raise ScenarioError("--set a=1: x")

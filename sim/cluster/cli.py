@@ -119,22 +119,24 @@ def register(app: typer.Typer) -> None:
         from sim.cli import console
         from sim.cluster.capacity import answers_frame, gpus_needed
         from sim.cluster.compare import Slo
-        from sim.scenario import load_scenario
+        from sim.scenario import load_scenario, naming
 
         if ttft_p99_s <= 0 or tpot_p99_s <= 0:
             raise InputError("--ttft-p99-s and --tpot-p99-s must be positive")
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers}: must be at least 1")
-        table, answers = gpus_needed(
-            load_scenario(scenario),
-            rate,
-            Slo(ttft_p99_s, tpot_p99_s),
-            max_gpus,
-            str(scenario.parent),
-            routers=[r.strip() for r in routers.split(",")] if routers else None,
-            workers=workers,
-            cluster=cluster,
-        )
+        loaded = load_scenario(scenario)
+        with naming(scenario):  # a resolution error names the file too
+            table, answers = gpus_needed(
+                loaded,
+                rate,
+                Slo(ttft_p99_s, tpot_p99_s),
+                max_gpus,
+                str(scenario.parent),
+                routers=[r.strip() for r in routers.split(",")] if routers else None,
+                workers=workers,
+                cluster=cluster,
+            )
         columns = ["num_gpus", "shape", "router", "ttft_p99_s", "tpot_p99_s"]
         columns += ["throughput_tok_per_s", "meets_slo"]
         console.print(table[columns].to_string(index=False), highlight=False, soft_wrap=True)

@@ -66,10 +66,12 @@ def sweep(
     from sim.planning.executor import run_points, write_table
     from sim.planning.grid import build_points, parse_sets
     from sim.planning.tables import METRIC_HEADERS, legend, results_table, with_ms
+    from sim.scenario import naming
 
     base, base_dir = load_base(scenario)
     axes = parse_sets(set_)
-    points = build_points(base, axes, base_dir)
+    with naming(scenario):  # a resolution error names the file too
+        points = build_points(base, axes, base_dir)
     out_dir = out or Path("sweeps") / base.name
     check_output_dir(out_dir)  # before any point runs
     progress, task = _progress("sweep", len(points))
@@ -202,7 +204,9 @@ def capacity(
     # Searches per step-time factor; `on_total` sets the real count (up to 3 factors).
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list)
     progress, task = _progress("capacity searches", num_tasks)
-    with progress:
+    from sim.scenario import naming
+
+    with progress, naming(scenario):  # a resolution error names the file too
         table, probes = capacity_search(
             base,
             slos,

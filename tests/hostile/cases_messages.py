@@ -221,6 +221,28 @@ def _cases() -> list[Case]:
         "resolution: run names the file",
         {"sub/s.yaml": tiny().replace("num_gpu_blocks: 64", "num_gpu_blocks: 4")},
     )
+    small_synth = {"s.yaml": SYNTH.replace("num_gpu_blocks: 64", "num_gpu_blocks: 4")}
+    add(
+        _cc("--rate", "1", "--max-gpus", "1"),
+        2,
+        "s.yaml: scheduler.max_model_len",
+        "resolution: cluster-capacity names the file",
+        small_synth,
+    )
+    add(
+        ("shrink", "s.yaml", "-o", "min.yaml"),
+        2,
+        "s.yaml: scheduler.max_model_len",
+        "resolution: shrink names the file",
+        {"s.yaml": tiny().replace("num_gpu_blocks: 64", "num_gpu_blocks: 4")},
+    )
+    add(
+        ("run", "s.yaml", "--no-plots", "--set", "bogus=1"),
+        2,
+        "error: --set bogus=1: unknown key",
+        "a --set error is about the command line: not prefixed with the file",
+        {"s.yaml": tiny()},
+    )
     # verify: an input error is not hidden behind the vLLM-install check.
     add(
         ("verify", "--design", "v0-fixed", "--num-ops", "10"),
