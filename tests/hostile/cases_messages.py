@@ -293,6 +293,13 @@ def _cases() -> list[Case]:
         "--model 'bogus': unknown model",
         "step --model unknown names --model",
     )
+    for option in ("--gpu", "--model"):
+        add(
+            ("calibrate", option, "bogus", "--budget", "1", "-o", "p.json"),
+            2,
+            f"{option} 'bogus': unknown",
+            f"calibrate {option} unknown names {option}, before any timing",
+        )
     # typer's own usage errors stay a short box (no help text dump).
     add(("run", "--bogus-option"), 2, "No such option", "usage: an unknown option")
     return cases
