@@ -47,6 +47,7 @@ def calibrate(
     from sim.outdir import check_output_dir, check_output_file
 
     deadline = Deadline(budget)
+    _check_catalog_names(model, gpu)  # before the timing sweep, which takes minutes
 
     try:
         import torch
@@ -95,6 +96,21 @@ def calibrate(
 
     for line in usage_lines(coefficients_path(out)):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _check_catalog_names(model: str, gpu: str | None) -> None:
+    """`--model` and `--gpu` name catalog entries; a miss names the option typed (it used to
+    surface after the timing sweep, as "unknown GPU ..." with no option)."""
+    from sim.catalog import CatalogError, get_gpu, get_model
+    from sim.errors import InputError
+
+    for option, name, lookup in (("--model", model, get_model), ("--gpu", gpu, get_gpu)):
+        if name is None:
+            continue
+        try:
+            lookup(name)
+        except CatalogError as error:
+            raise InputError(f"{option} {name!r}: {error}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -106,7 +106,7 @@ def run(
     from sim.results import summary_json, write_tables
     from sim.runner import builtin_scenario_path, self_contained
     from sim.runner import run as run_scenario
-    from sim.scenario import load_scenario, scenario_to_yaml
+    from sim.scenario import load_scenario, naming, scenario_to_yaml
 
     path = scenario or builtin_scenario_path()
     overrides = {}
@@ -125,13 +125,14 @@ def run(
     try:
         progress = LazyProgress("simulating", enabled=not json_out)
         try:
-            result = run_scenario(
-                scenario_obj,
-                base_dir=path.parent,
-                progress=progress,
-                vllm_root=vllm_root,
-                tables_dir=staging,  # requests and steps stream there as the run goes
-            )
+            with naming(path):  # a resolution error names the file too
+                result = run_scenario(
+                    scenario_obj,
+                    base_dir=path.parent,
+                    progress=progress,
+                    vllm_root=vllm_root,
+                    tables_dir=staging,  # requests and steps stream there as the run goes
+                )
         finally:
             progress.close()
         write_tables(result, staging)

@@ -10,6 +10,7 @@ A key that the schema does not know is an error naming the key.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -24,12 +25,13 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def parse_assignment(text: str) -> tuple[str, list[Any]]:
-    """'a.b=1,2,4' -> ('a.b', [1, 2, 4]); used by `--set` on run (one value) and sweep (several)."""
+def parse_assignment(text: str, option: str = "--set") -> tuple[str, list[Any]]:
+    """'a.b=1,2,4' -> ('a.b', [1, 2, 4]); used by `--set` on run (one value) and sweep (several),
+    and by capacity's `--compare` (`option`, named in the error)."""
     key, sep, values = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ScenarioError(f"--set {text!r}: expected KEY=VALUE[,VALUE...]")
+        raise ScenarioError(f"{option} {text!r}: expected KEY=VALUE[,VALUE...]")
     return key, [parse_value(v.strip()) for v in values.split(",")]
 
 
@@ -47,10 +49,30 @@ def _set(data: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _shown(value: Any) -> str:
+    """A value as the user would have typed it: 'x' -> x, True -> true, None -> null."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def assignment_at_fault(overrides: dict[str, Any], field: str, source: str = "--set") -> str:
+    """The `--set KEY=VALUE` that set `field` (or a section above or below it), as the user
+    typed it; else `source`. Example: ({"bogus.key": 1}, "bogus") -> "--set bogus.key=1"."""
+    for key, value in overrides.items():
+        if key == field or key.startswith(field + ".") or field.startswith(key + "."):
+            return f"{source} {key}={_shown(value)}"
+    return source
+
+
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "--set"
 ) -> Scenario:
+    """`scenario` with the dotted `overrides` set, validated again. An error names `source`:
+    for the default, `--set`, the assignment at fault ("--set bogus.key=1: unknown key ...")."""
     data = scenario.model_dump(mode="json", exclude_unset=True)
     for key, value in overrides.items():
         _set(data, key, parse_value(value) if isinstance(value, str) else value)
-    return scenario_from_dict(data, source)
+    if source != "--set":  # a caller's own source (one assignment, or an option) says it all
+        return scenario_from_dict(data, source)
+    return scenario_from_dict(
+        data, source, source_of=lambda field: assignment_at_fault(overrides, field, source)
+    )

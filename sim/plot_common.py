@@ -7,6 +7,7 @@ The subject line names the scenario, the design and the vLLM release the design 
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,20 +32,37 @@ def design_text(design: str | None, vllm_version: str | None = None) -> str:
         return str(design)
 
 
-def subject_text(scenarios: Iterable[Any], designs: Iterable[Any]) -> str:
+def _given(value: Any) -> bool:
+    return value is not None and value == value  # not None, not NaN
+
+
+def subject_text(
+    scenarios: Iterable[Any], designs: Iterable[Any], versions: Iterable[Any] | None = None
+) -> str:
     """One title line: which scenario(s) and design(s), and what vLLM each design models.
 
     Example: (["azure"], ["v0-v2"]) -> "scenario azure | design v0-v2 = vLLM 0.5.4 v0,
-    BlockSpaceManagerV2"; several designs are listed with "designs" and "; ".
+    BlockSpaceManagerV2"; several designs are listed with "designs" and "; ". `versions`
+    (parallel to `designs`: the release each row ran) names the release, not the family:
+    (["chat"], ["v1-engine"], ["0.33.0"]) -> "... design v1-engine = vLLM 0.33.0 V1 engine".
     """
-    names = sorted({str(s) for s in scenarios if s is not None and s == s})
-    kinds = sorted({str(d) for d in designs if d is not None and d == d})
+    names = sorted({str(s) for s in scenarios if _given(s)})
+    designs = list(designs)
+    releases = list(versions) if versions is not None else [None] * len(designs)
+    pairs = sorted(
+        {
+            (str(d), str(v) if _given(v) else "")
+            for d, v in zip(designs, releases, strict=True)
+            if _given(d)
+        }
+    )
     parts = []
     if names:
         parts.append(("scenario " if len(names) == 1 else "scenarios ") + ", ".join(names))
-    if kinds:
+    if pairs:
         parts.append(
-            ("design " if len(kinds) == 1 else "designs ") + "; ".join(map(design_text, kinds))
+            ("design " if len(pairs) == 1 else "designs ")
+            + "; ".join(design_text(d, v or None) for d, v in pairs)
         )
     return " | ".join(parts)
 
@@ -55,25 +73,36 @@ def subject_of(subject: str | Mapping[str, Any] | None) -> str:
         return ""
     if isinstance(subject, str):
         return subject
-    text = subject_text([subject.get("scenario")], [subject.get("design")])
-    design, version = subject.get("design"), subject.get("vllm_version")
-    if version is not None and design is not None:  # name the pinned release, not the family
-        text = text.replace(design_text(design), design_text(design, version))
-    return text
-
-
-def table_subject(table: pd.DataFrame) -> str:
-    """The subject of a sweep or probes table, from its `scenario` and `design` columns."""
+    # the pinned release that ran, not the family
     return subject_text(
-        table.get("scenario", []),
-        table.get("design", []),
+        [subject.get("scenario")], [subject.get("design")], [subject.get("vllm_version")]
     )
 
 
+def table_subject(table: pd.DataFrame) -> str:
+    """The subject of a sweep or probes table, from its `scenario` and `design` columns and,
+    where the table has it, the `vllm_version` each row ran (so a V1 plot names the release)."""
+    designs = list(table.get("design", []))
+    versions = list(table["vllm_version"]) if "vllm_version" in table else None
+    return subject_text(table.get("scenario", []), designs, versions)
+
+
+#: Characters of a "medium" (10 pt) title line per inch of figure width, with a margin.
+_CHARS_PER_INCH = 11
+
+
 def name_figure(fig: Figure, subject: str, note: str = "") -> None:
-    text = "\n".join(t for t in (subject, note) if t)
-    if text:
-        fig.suptitle(text, fontsize="medium")
+    """The subject (and a note) as the figure's title, wrapped to the figure's width: a
+    suptitle is never wrapped by matplotlib, so a long one ran off both edges."""
+    width = max(40, int(fig.get_figwidth() * _CHARS_PER_INCH))
+    lines = [
+        wrapped
+        for line in (subject, note)
+        if line
+        for wrapped in textwrap.wrap(line, width, break_on_hyphens=False)
+    ]
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize="medium")
 
 
 def short(text: str) -> str:

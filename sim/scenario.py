@@ -16,11 +16,21 @@ Example (the 4-vs-3 case on v0 BlockSpaceManagerV2)::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
@@ -39,12 +49,33 @@ class ScenarioError(InputError):
     """A scenario that cannot be read or is invalid; the message is one line naming the file."""
 
 
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Scenario errors raised inside (resolving and running a loaded scenario) name its file.
+
+    `sim.resolution.resolve` sees a validated `Scenario`, not where it came from, so its
+    errors name the field only ("scheduler.max_model_len: ..."); the command that loaded the
+    file wraps the run in this, and the user reads "s.yaml: scheduler.max_model_len: ...".
+    An error that already starts with the file, or with an option (`--set ...: ...`, about the
+    command line rather than the file), is left as it is.
+    """
+    try:
+        yield
+    except ScenarioError as error:
+        text = str(error)
+        if text.startswith((f"{path}:", "--")):
+            raise
+        raise ScenarioError(f"{path}: {text}") from None
+
+
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class CacheSection(_Closed):
-    block_size: int = Field(default=16, ge=1)
+    #: Strict: YAML `true` is not a block size (lax validation turned it into 1, and the error
+    #: that followed blamed scheduler.max_model_len).
+    block_size: StrictInt = Field(default=16, ge=1)
     #: A number, or "derive" to compute it from the model, GPU and memory settings.
     num_gpu_blocks: int | Literal["derive"] = "derive"
     num_cpu_blocks: int | None = Field(default=None, ge=0)
@@ -131,6 +162,18 @@ class HardwareSection(_Closed):
     gpu: str | dict[str, Any] = "h100-sxm"
     tensor_parallel_size: int = Field(default=1, ge=1)
 
+    @field_validator("gpu")
+    @classmethod
+    def _catalog_gpu(cls, gpu: str | dict[str, Any]) -> str | dict[str, Any]:
+        """A catalog name is looked up here, so an unknown one is reported as hardware.gpu,
+        not under whichever section first uses the GPU (step_time, cache.num_gpu_blocks)."""
+        if isinstance(gpu, str):
+            try:
+                get_gpu(gpu)
+            except InputError as error:
+                raise ValueError(str(error)) from None
+        return gpu
+
     @model_validator(mode="after")
     def _gpu_geometry(self) -> HardwareSection:
         if isinstance(self.gpu, dict):
@@ -143,10 +186,46 @@ class HardwareSection(_Closed):
         return self
 
 
+class SummaryBound(_Closed):
+    """Bounds on one summary metric of the run: `{min: 0.5}`, `{max: 0.2}` or both."""
+
+    min: float | None = Field(default=None, allow_inf_nan=False)
+    max: float | None = Field(default=None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> SummaryBound:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
 class ExpectSection(_Closed):
-    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur."""
+    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur;
+    and `summary:`, bounds on metrics of the run's summary (`sim.ci.expect_summary`), so a
+    scenario can state what it shows: `summary: {ttft_p50_s: {max: 0.2}}`."""
 
     violations: Literal["none", "any"] | list[ViolationKind] = "none"
+    summary: dict[str, SummaryBound] = Field(default_factory=dict)
+
+    @field_validator("violations", mode="before")
+    @classmethod
+    def _known_kinds(cls, value: Any) -> Any:
+        """An unknown kind is named with the known ones (the union's own error named neither:
+        "expect.violations.literal['none','any']: Input should be 'none' or 'any')."""
+        known = ", ".join(kind.value for kind in ViolationKind)
+        items = [value] if isinstance(value, str) and value not in ("none", "any") else value
+        if not isinstance(items, list):
+            if isinstance(value, str):
+                return value
+            raise ValueError(f"expected none, any or a list of violation kinds ({known})")
+        for item in items:
+            if not isinstance(item, str) or item not in {k.value for k in ViolationKind}:
+                raise ValueError(
+                    f"unknown violation kind {item!r}; give none, any or a list of: {known}"
+                )
+        return value
 
 
 class Scenario(_Closed):
@@ -195,7 +274,11 @@ def _format_validation_error(path: str, error: ValidationError) -> str:
     return f"{path}: {where}: {message}" if where else f"{path}: {message}"
 
 
-def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+def scenario_from_dict(
+    data: Any, source: str = "<scenario>", *, source_of: Callable[[str], str] | None = None
+) -> Scenario:
+    """The validated scenario; an error names `source` (or `source_of(field)`: `--set` names
+    the assignment that set the field at fault) and the field."""
     if not isinstance(data, dict):
         raise ScenarioError(
             f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}"
@@ -203,6 +286,8 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as error:
+        if source_of is not None:
+            source = source_of(".".join(str(p) for p in error.errors()[0]["loc"]))
         raise ScenarioError(_format_validation_error(source, error)) from None
 
 

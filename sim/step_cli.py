@@ -22,10 +22,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sim.latency.batch import BatchShape
 
 _DECODE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 _PREFILL = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*(?:@\s*(\d+)\s*)?")
+
+
+def _named(option: str, name: str, lookup: Callable[[str], Any]) -> Any:
+    """`lookup(name)`; a catalog miss names the option: "--gpu 'bogus': unknown GPU ..."."""
+    from sim.catalog import CatalogError
+
+    try:
+        return lookup(name)
+    except CatalogError as error:
+        raise _bad_input(f"{option} {name!r}: {error}") from None
 
 
 def _bad_input(message: str) -> Exception:
@@ -109,8 +121,9 @@ def step_report(
         raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
     if tp < 1:
         raise _bad_input(f"--tp {tp}: must be at least 1")
-    try:
-        model, gpu = get_model(model_name), get_gpu(gpu_name)
+    try:  # each lookup names the option it came from
+        model = _named("--model", model_name, get_model)
+        gpu = _named("--gpu", gpu_name, get_gpu)
         predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
     except (ValueError, OSError) as error:
         raise _bad_input(str(error).splitlines()[0]) from None

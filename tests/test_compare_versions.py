@@ -180,3 +180,28 @@ def test_figure_marks_refused_designs():
     texts = [t.get_text().strip() for ax in fig.axes for t in ax.texts]
     assert texts.count("refused") == 3 * 6  # three V1 pins on each of the six panels
     assert "scenario cmp" in fig._suptitle.get_text()
+
+
+def test_latency_panels_say_they_count_finished_requests_and_name_the_shortfall():
+    """Regression: a variant that failed requests showed latency bars over the survivors only,
+    with nothing saying so; it read as a fast design."""
+    import pandas as pd
+
+    from sim.planning.versions_plot import PANELS, compare_versions_figure
+
+    metrics = {column: 1.0 for _, columns, _ in PANELS for column in columns}
+    table = pd.DataFrame(
+        [
+            {"variant": "v0-v2", "status": "ran", "num_requests": 1500, "num_finished": 1480},
+            {"variant": "v0-fixed", "status": "ran", "num_requests": 1500, "num_finished": 1500},
+        ]
+    ).assign(scenario="cmp", **metrics)
+    fig = compare_versions_figure(table)
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks == ["v0-v2 (1,480/1,500 finished)", "v0-fixed"]
+    titles = [ax.get_title() for ax in fig.axes]
+    assert [t for t in titles if "TTFT" in t or "TPOT" in t] == [
+        "TTFT p50 / p99 (s), finished requests",
+        "TPOT p50 / p99 (ms), finished requests",
+    ]
+    assert "latency over the requests that finished" in fig._suptitle.get_text().replace("\n", " ")

@@ -10,6 +10,8 @@ A list is an exact set: every listed kind must occur (else "missing") and no oth
 (else "unexpected"). `none` also fails on a fatal engine error. Example: the 4-vs-3 case on
 v0-v2 shows {admission_undercount, leaked_blocks}; with `expect: {violations: none}` it fails
 with "unexpected admission_undercount, leaked_blocks"; with the list above it passes.
+A scenario that shows an effect rather than a bug states it as bounds on its run's summary
+(`expect: {summary: {ttft_p50_s: {max: 0.2}}}`, `sim.ci.expect_summary`); a bound missed fails.
 
 Bad input (a missing file, invalid YAML, an unknown key, a trace that cannot be read) is not a
 failed expectation: that file becomes an outcome with `Status.BAD_INPUT` (a JUnit `<error>`,
@@ -24,12 +26,13 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from sim.ci.expect_summary import misses
 from sim.ci.outcome import CheckOutcome, FirstViolation, Status, display_path
 from sim.ci.scenario_yaml import explicit_yaml
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError, one_line
 from sim.results import RunResult
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, ScenarioError, load_scenario, naming
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -136,12 +139,13 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
     scenario = scenario if scenario is not None else load_scenario(path)
     start = time.perf_counter()
     try:
-        if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
-            from sim.cluster.run import combined_result, run_disaggregated
+        with naming(path):  # a resolution error names the file too
+            if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
+                from sim.cluster.run import combined_result, run_disaggregated
 
-            result = combined_result(run_disaggregated(scenario, path.parent))
-        else:
-            result = run(scenario, base_dir=path.parent)
+                result = combined_result(run_disaggregated(scenario, path.parent))
+            else:
+                result = run(scenario, base_dir=path.parent)
     except (InputError, OSError):
         raise
     except Exception as error:  # noqa: BLE001 - a simulator crash fails this scenario only
@@ -151,6 +155,13 @@ def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome
     expected = expected_of(scenario)
     fatal_error = result.summary.get("fatal_error")
     status, reason, unexpected, missing = compare(expected, observed, fatal_error)
+    # expect.summary: what the scenario shows, as bounds on its own run's metrics.
+    unmet = misses(scenario.expect.summary, result.summary, str(path))
+    if unmet:
+        reason = "; ".join(unmet) if status is Status.PASSED else "; ".join([reason, *unmet])
+        status = Status.FAILED
+    elif scenario.expect.summary and status is Status.PASSED:
+        reason += f"; summary within bounds ({', '.join(scenario.expect.summary)})"
     return CheckOutcome(
         path=path,
         name=scenario.name,

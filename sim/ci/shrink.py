@@ -34,7 +34,7 @@ from sim.ci.scenario_yaml import explicit_yaml
 from sim.ci.shrink_candidate import InvalidCandidate, Oracle, build, to_inline
 from sim.ci.shrink_phases import Shrinker, cut
 from sim.errors import InputError
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario, naming
 
 MAX_ROUNDS = 3
 
@@ -103,7 +103,8 @@ def shrink(
 ) -> ShrinkResult:
     """Shrink `scenario` to a 1-minimal reproducer of `kind` (default: its first violation)."""
     start = time.perf_counter()
-    base, requests, pool = to_inline(scenario, Path(base_dir))
+    with naming(source):  # a resolution error names the file too
+        base, requests, pool = to_inline(scenario, Path(base_dir))
     oracle = Oracle(base, kind or "")
     try:
         kinds, first = oracle.observe(requests, pool)

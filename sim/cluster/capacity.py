@@ -54,6 +54,23 @@ class GpuAnswer:
     shape: str | None
 
 
+def check_routers(routers: list[str]) -> list[str]:
+    """`routers` if each is a known router and none repeats; else the `--routers` error naming
+    the culprit: ["bogus", "round_robin"] -> "unknown router 'bogus' (known: ...)"."""
+    given = f"--routers {','.join(routers)}"
+    if any(not r for r in routers):
+        raise InputError(f"{given}: an empty name (routers are comma-separated names)")
+    unknown = [r for r in routers if r not in ROUTERS]
+    if unknown:
+        names = ", ".join(repr(r) for r in unknown)
+        plural = "s" if len(unknown) > 1 else ""
+        raise InputError(f"{given}: unknown router{plural} {names} (known: {', '.join(ROUTERS)})")
+    repeated = sorted({r for r in routers if routers.count(r) > 1}, key=routers.index)
+    if repeated:
+        raise InputError(f"{given}: {', '.join(repeated)} is given twice; give distinct names")
+    return list(routers)
+
+
 def _shapes(scenario: Scenario, num_replicas: int, routers: list[str]) -> list[Scenario]:
     """The co-located cluster of `num_replicas` replicas under each router, then every P + D
     split of them (under the scenario's router)."""
@@ -114,16 +131,13 @@ def gpus_needed(
             "workload.kind: cluster capacity sets the arrival rate of a synthetic workload "
             f"(got {scenario.workload.kind!r})"
         )
-    if not (math.isfinite(rate_per_s) and rate_per_s > 0):  # nan and inf pass `<= 0`
-        raise InputError(f"--rate {rate_per_s}: must be a positive, finite rate (req/s)")
+    # Checked here, in the options' own words: `at_rate` would report the scenario key
+    # (workload.arrival.rate_per_s) that --rate becomes.
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise InputError(f"--rate {rate_per_s:g}: must be a positive, finite number (req/s)")
     if max_gpus < 1:
         raise InputError(f"--max-gpus {max_gpus}: must be at least 1")
-    routers = list(routers) if routers else [scenario.engine.router]
-    unknown = [r for r in routers if r not in ROUTERS]
-    if unknown or len(set(routers)) != len(routers):
-        raise InputError(
-            f"--routers {','.join(routers)}: give distinct names among {', '.join(ROUTERS)}"
-        )
+    routers = check_routers(routers) if routers else [scenario.engine.router]
     scenario = at_rate(scenario, rate_per_s)
     keys = [("co-located", r) for r in routers] + [("disaggregated", scenario.engine.router)]
     tp = scenario.hardware.tensor_parallel_size

@@ -50,10 +50,11 @@ def register(app: typer.Typer) -> None:
         from sim.cli import console
         from sim.cluster.run import run_disaggregated
         from sim.outdir import staged_folder
-        from sim.scenario import load_scenario
+        from sim.scenario import load_scenario, naming
 
         scenario_obj = load_scenario(scenario)
-        result = run_disaggregated(scenario_obj, scenario.parent)
+        with naming(scenario):  # a resolution error names the file too
+            result = run_disaggregated(scenario_obj, scenario.parent)
         out_dir = out or Path("runs") / scenario_obj.name
         violations = pd.concat(
             [
@@ -118,23 +119,25 @@ def register(app: typer.Typer) -> None:
         from sim.cli import console
         from sim.cluster.capacity import answers_frame, gpus_needed
         from sim.cluster.compare import Slo
-        from sim.scenario import load_scenario
+        from sim.scenario import load_scenario, naming
 
         for option, limit in (("--ttft-p99-s", ttft_p99_s), ("--tpot-p99-s", tpot_p99_s)):
             if not (math.isfinite(limit) and limit > 0):  # nan passes `<= 0`, then never meets
                 raise InputError(f"{option} {limit}: must be a positive, finite time (s)")
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers}: must be at least 1")
-        table, answers = gpus_needed(
-            load_scenario(scenario),
-            rate,
-            Slo(ttft_p99_s, tpot_p99_s),
-            max_gpus,
-            str(scenario.parent),
-            routers=[r.strip() for r in routers.split(",")] if routers else None,
-            workers=workers,
-            cluster=cluster,
-        )
+        loaded = load_scenario(scenario)
+        with naming(scenario):  # a resolution error names the file too
+            table, answers = gpus_needed(
+                loaded,
+                rate,
+                Slo(ttft_p99_s, tpot_p99_s),
+                max_gpus,
+                str(scenario.parent),
+                routers=[r.strip() for r in routers.split(",")] if routers else None,
+                workers=workers,
+                cluster=cluster,
+            )
         columns = ["num_gpus", "shape", "router", "ttft_p99_s", "tpot_p99_s"]
         columns += ["throughput_tok_per_s", "meets_slo"]
         console.print(table[columns].to_string(index=False), highlight=False, soft_wrap=True)

@@ -104,7 +104,7 @@ def capacity_search(
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
     if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
-        raise SloError(f"--target-rate {target_rate}: must be a positive, finite rate")
+        raise SloError(f"--target-rate {target_rate:g}: must be a positive, finite number")
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
@@ -115,7 +115,7 @@ def capacity_search(
         )
     start = start_scale if start_scale is not None else base.workload.rate_scale
     compare = {k: list(v) for k, v in (compare or {}).items()}
-    validate_axes(base, compare)
+    validate_axes(base, compare, option="--compare")
     if replicates is None:
         replicates = capacity_replicates(base, seeds, list(compare))
     reps = replicates

@@ -66,11 +66,13 @@ def sweep(
     from sim.planning.executor import run_points, write_table
     from sim.planning.grid import build_points, parse_sets
     from sim.planning.tables import METRIC_HEADERS, legend, results_table, with_ms
+    from sim.scenario import naming
 
     check_workers(workers)
     base, base_dir = load_base(scenario)
     axes = parse_sets(set_)
-    points = build_points(base, axes, base_dir)
+    with naming(scenario):  # a resolution error names the file too
+        points = build_points(base, axes, base_dir)
     out_dir = out or Path("sweeps") / base.name
     check_output_dir(out_dir)  # before any point runs
     progress, task = _progress("sweep", len(points))
@@ -196,7 +198,7 @@ def capacity(
     slos = as_slos(slo)
     seed_list = parse_seeds(seeds) if seeds is not None else None
     check_workers(workers)
-    axes = parse_sets(compare)
+    axes = parse_sets(compare, option="--compare")
     overrides = {}
     for item in set_ or []:
         key, values = parse_assignment(item)
@@ -208,7 +210,9 @@ def capacity(
     # Searches per step-time factor; `on_total` sets the real count (up to 3 factors).
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list or [0])
     progress, task = _progress("capacity searches", num_tasks)
-    with progress:
+    from sim.scenario import naming
+
+    with progress, naming(scenario):  # a resolution error names the file too
         table, probes = capacity_search(
             base,
             slos,

@@ -34,13 +34,16 @@ class SweepPoint:
     scenario_data: dict[str, Any]
 
 
-def parse_sets(items: list[str] | None) -> dict[str, list[Any]]:
-    """['a.b=1,2', 'c=x'] -> {'a.b': [1, 2], 'c': ['x']}; a key given twice is an error."""
+def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list[Any]]:
+    """['a.b=1,2', 'c=x'] -> {'a.b': [1, 2], 'c': ['x']}; a key given twice is an error.
+
+    `option` is the option the items came from (`--set`, or capacity's `--compare`), named in
+    the errors."""
     axes: dict[str, list[Any]] = {}
     for item in items or []:
-        key, values = parse_assignment(item)
+        key, values = parse_assignment(item, option)
         if key in axes:
-            raise ScenarioError(f"--set {key}: given twice; list its values once (KEY=V1,V2)")
+            raise ScenarioError(f"{option} {key}: given twice; list its values once (KEY=V1,V2)")
         axes[key] = values
     return axes
 
@@ -60,16 +63,17 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def validate_axes(scenario: Scenario, axes: dict[str, list[Any]]) -> None:
-    """Apply every value of every axis alone, so a bad key or value names that key."""
+def validate_axes(scenario: Scenario, axes: dict[str, list[Any]], option: str = "--set") -> None:
+    """Apply every value of every axis alone, so a bad key or value names that key (and the
+    option it was given with, `option`)."""
     for key, values in axes.items():
         for value in values:
             try:
-                apply_overrides(scenario, {key: value}, source=f"--set {key}={value}")
+                apply_overrides(scenario, {key: value}, source=f"{option} {key}={value}")
             except ScenarioError as error:
                 message = str(error)
                 if key not in message:
-                    message = f"--set {key}: {message}"
+                    message = f"{option} {key}: {message}"
                 raise ScenarioError(message) from None
 
 

@@ -84,7 +84,10 @@ def compare_versions(
         base = apply_overrides(base, overrides)  # a bad key fails here, before any run
     out_dir = out or Path("compare") / base.name
     check_output_dir(out_dir)
-    table = run_all(base, workers=workers, base_dir=base_dir)
+    from sim.scenario import naming
+
+    with naming(scenario):  # a resolution error names the file too
+        table = run_all(base, workers=workers, base_dir=base_dir)
     write_table(table, out_dir, "compare_versions")
     if plots:
         from sim.planning.versions_plot import save_compare_versions_plot

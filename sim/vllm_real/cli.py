@@ -60,10 +60,18 @@ def verify_command(
     ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
-    if scheduler and hybrid:
-        from sim.errors import InputError
+    from sim.errors import InputError
 
+    if scheduler and hybrid:
         raise InputError("--hybrid draws manager configs; --scheduler does not take it")
+    # Input errors first: the vLLM-install check below must not hide them behind "not installed".
+    if not scheduler and design == "v0-fixed":
+        raise InputError(
+            "--design v0-fixed has no vLLM counterpart (it is kvsim's own fix of v0-v2), so "
+            "it is not verifiable; verify v0-v1, v0-v2 or v1-engine"
+        )
+    if vllm_root is None and vllm_version is not None:
+        _check_pinned(vllm_version)
     if scheduler:
         _verify_scheduler(
             design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path, trace
@@ -84,6 +92,25 @@ def verify_command(
     typer.echo(result.summary())
     if not result.identical:
         raise typer.Exit(1)
+
+
+def _check_pinned(version: str) -> None:
+    """`--vllm-version` names a release kvsim pins, or one the user has installed anyway (an
+    install of another release still runs, comparing shapes only); else say it is no pin."""
+    from sim.errors import InputError
+    from sim.vllm_real.loader import VllmNotAvailableError, resolve_root
+    from sim.vllm_real.lockstep import PINNED_RELEASES
+
+    if any(version in pins for pins in PINNED_RELEASES.values()):
+        return  # a pin: a missing install is reported by the loader, with what to run
+    try:
+        resolve_root(None, version)
+    except VllmNotAvailableError:
+        pins = "; ".join(f"{', '.join(v)} for {d}" for d, v in PINNED_RELEASES.items())
+        raise InputError(
+            f"--vllm-version {version}: {version} is not a release kvsim pins (pinned: {pins}); "
+            "give --vllm-root to compare with an install of another release"
+        ) from None
 
 
 def _verify_scheduler(

@@ -38,6 +38,9 @@ from sim.vllm_real.lockstep_walks import (
 
 # ---------------------------------------------------------------------------- entry points
 _DEFAULT_VERSION = {"v0-v1": "0.5.4", "v0-v2": "0.5.4", "v0-fixed": "0.5.4", "v1-engine": "0.11.0"}
+#: The vLLM releases kvsim pins, by design: what `scripts/setup_vllm.sh` installs and the
+#: lockstep tests run (0.5.4+7380 and 4ac7713 are model variants, not installs).
+PINNED_RELEASES = {"v0-v1": ("0.5.4",), "v0-v2": ("0.5.4",), "v1-engine": ("0.11.0", "0.33.0")}
 #: vLLM version each design's block ids are pinned to (ids compared by default only there).
 _MODELLED_VERSION = {"v0-v1": (0, 5), "v0-v2": (0, 5), "v1-engine": (0, 10)}
 #: kvsim's V1 pin for a loaded vLLM (major, minor) whose manager decides differently from
