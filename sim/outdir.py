@@ -97,8 +97,8 @@ def _existing(path: Path) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
         return "stream"
     what = _REFUSED.get(stat.S_IFMT(mode), "special file")
-    hint = "give a file name" if what == "folder" else "not a file; give a file name"
-    raise OutputPathError(f"{path}: is a {what}; {hint}")
+    hint = "" if what == "folder" else ", not a file"
+    raise OutputPathError(f"{path}: is a {what}{hint}; give a file name")
 
 
 def _final(path: Path) -> Path:
@@ -306,7 +306,11 @@ def _staged_stream(path: Path) -> Iterator[Path]:
 
     The stream gets the finished bytes or nothing (an exception before the end writes none).
     """
-    fd, name = tempfile.mkstemp(prefix="kvsim-", suffix=path.suffix)
+    try:
+        fd, name = tempfile.mkstemp(prefix="kvsim-", suffix=path.suffix)
+    except OSError as error:
+        where = tempfile.gettempdir()
+        raise OutputPathError(f"{path}: cannot stage in {where} ({_reason(error)})") from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -318,7 +322,7 @@ def _staged_stream(path: Path) -> Iterator[Path]:
 
 def _copy_into(source: Path, path: Path) -> None:
     """Write `source`'s bytes into the device or FIFO at `path`, opened in place."""
-    fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    fifo = _existing(path) == "stream" and stat.S_ISFIFO(os.stat(path).st_mode)
     try:
         # O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of blocking this open forever.
         fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
