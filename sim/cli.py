@@ -101,12 +101,11 @@ def run(
     ] = None,
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
-    from sim.outdir import commit_staging, discard_staging, start_staging
+    from sim.outdir import folder_lock
     from sim.overrides import apply_overrides, parse_assignment
-    from sim.results import summary_json, write_tables
-    from sim.runner import builtin_scenario_path, self_contained
-    from sim.runner import run as run_scenario
-    from sim.scenario import load_scenario, naming, scenario_to_yaml
+    from sim.results import summary_json
+    from sim.runner import builtin_scenario_path
+    from sim.scenario import load_scenario
 
     path = scenario or builtin_scenario_path()
     overrides = {}
@@ -119,11 +118,31 @@ def run(
     if overrides:
         scenario_obj = apply_overrides(scenario_obj, overrides)
     out_dir = out or Path("runs") / scenario_obj.name
+    # Held from the output check to the commit: a second run into out_dir is refused (exit 2).
+    with folder_lock(out_dir):
+        result = _run_staged(scenario_obj, path, out_dir, vllm_root, plots, not json_out)
+    name = result.inputs.get("scenario", "scenario")
+    if json_out:
+        typer.echo(summary_json(result))
+    else:
+        print_summary(name, result.summary, result.inputs, out_dir)
+        print_violations(result)
+    _done_fast()
+
+
+def _run_staged(scenario_obj, path: Path, out_dir: Path, vllm_root, plots: bool, show: bool):
+    """Simulate into a staging folder that becomes `out_dir` whole (`sim.outdir`)."""
+    from sim.outdir import commit_staging, discard_staging, start_staging
+    from sim.results import write_tables
+    from sim.runner import run as run_scenario
+    from sim.runner import self_contained
+    from sim.scenario import naming, scenario_to_yaml
+
     # The output folder is checked (and its temporary sibling made) before the simulation, so
     # a bad -o costs nothing; the run's files appear at out_dir only once all are written.
     staging = start_staging(out_dir)
     try:
-        progress = LazyProgress("simulating", enabled=not json_out)
+        progress = LazyProgress("simulating", enabled=show)
         try:
             with naming(path):  # a resolution error names the file too
                 result = run_scenario(
@@ -154,13 +173,7 @@ def run(
     except BaseException:
         discard_staging(staging)
         raise
-    name = result.inputs.get("scenario", "scenario")
-    if json_out:
-        typer.echo(summary_json(result))
-    else:
-        print_summary(name, result.summary, result.inputs, out_dir)
-        print_violations(result)
-    _done_fast()
+    return result
 
 
 def _done_fast() -> None:

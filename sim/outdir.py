@@ -22,12 +22,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from sim.errors import PathError
+from sim.outdir_lock import FolderBusyError, folder_lock
 
 #: A folder holding this file was written by `kvsim run` and may be replaced by a new run.
 RUN_MARKER = "summary.json"
@@ -40,16 +42,104 @@ class OutputPathError(PathError):
 def check_output_file(path: Path) -> None:
     """Raise `OutputPathError` unless a file can be written at `path` (creates its folder).
 
-    Called before the work that produces the file, so a bad `--junit x/` fails at once.
+    Called before the work that produces the file, so a bad `--junit x/` fails at once. A
+    device or FIFO passes (it is written in place; a FIFO's reader may start later).
     """
     path = Path(path)
-    if path.is_dir():
-        raise OutputPathError(f"{path}: is a folder; give a file name")
     _make_parent(path)
-    if path.exists() and not os.access(path, os.W_OK):
+    kind = _existing(path)
+    if kind != "absent" and not os.access(path, os.W_OK):
         raise OutputPathError(f"{path}: cannot write (permission denied)")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{path}: cannot write in {path.parent} (permission denied)")
+    if kind == "stream":
+        return
+    folder = _final(path).parent  # the temporary file is made next to the file it replaces
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{path}: cannot write in {folder} (permission denied)")
+
+
+def check_regular_file(path: Path, what: str) -> None:
+    """Raise `OutputPathError` unless `path` is absent or a regular file (through symlinks).
+
+    For a file kvsim reads back before appending to it (a sweep's cache of finished points):
+    a FIFO there would block the read forever and a device such as /dev/zero never end it.
+    """
+    if _existing(Path(path)) == "stream":
+        raise OutputPathError(
+            f"{path}: {what} is read back, so it must be a regular file, not a device or "
+            "FIFO; remove it, or give another output folder"
+        )
+
+
+#: What `_existing` calls the kinds of node that are refused as single-file outputs.
+_REFUSED = {stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket", stat.S_IFDIR: "folder"}
+
+
+def _existing(path: Path) -> str:
+    """What is at `path`: "absent", "file" (regular, through any symlinks) or "stream".
+
+    A stream is a character device or a FIFO (through any symlinks): written in place, never
+    renamed over. Raises `OutputPathError` for everything else (a folder, a block device, a
+    socket, a symlink to nothing).
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise OutputPathError(
+                f"{path}: a symlink to nothing ({os.readlink(path)}); give a file name"
+            ) from None
+        return "absent"
+    except OSError as error:  # a folder on the way that cannot be searched, ...
+        raise OutputPathError(f"{path}: cannot look at ({_reason(error)})") from None
+    mode = info.st_mode
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "stream"
+    what = _REFUSED.get(stat.S_IFMT(mode), "special file")
+    hint = "" if what == "folder" else ", not a file"
+    raise OutputPathError(f"{path}: is a {what}{hint}; give a file name")
+
+
+def _final(path: Path) -> Path:
+    """`path`, or the file its symlinks lead to (that file is replaced; the links stay)."""
+    return path.resolve() if path.is_symlink() else path
+
+
+def check_distinct_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[Path] = ()) -> None:
+    """Raise `OutputPathError` if two options name one file, or an output is an input.
+
+    `outputs` maps each option as the user types it (``--junit``) to its path (None: not
+    given). One file is recognised however it is spelled (``./F``, ``d/../F``, an absolute
+    path, a symlink or a hard link to it), so one report can never silently replace another,
+    nor a report replace the scenario it was made from.
+    """
+    seen: dict[tuple, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = _identity(Path(path))
+        if key in seen:
+            raise OutputPathError(
+                f"{path}: given to both {seen[key]} and {option}; give each its own path"
+            )
+        seen[key] = option
+    read = {_identity(Path(p)): Path(p) for p in inputs}
+    for key, option in seen.items():
+        if key in read:
+            raise OutputPathError(
+                f"{outputs[option]}: {option} is an input of this command (the scenario "
+                f"{read[key]}); give {option} another path"
+            )
+
+
+def _identity(path: Path) -> tuple:
+    """The file `path` names: its device and inode if it exists, else its absolute real path."""
+    try:
+        info = os.stat(path)
+    except OSError:  # nothing there (yet): the name is the identity
+        return ("path", os.path.realpath(path))
+    return ("inode", info.st_dev, info.st_ino)
 
 
 def check_output_dir(path: Path) -> None:
@@ -152,19 +242,21 @@ def staged_folder(target: Path) -> Iterator[Path]:
     """A temporary folder that becomes `target` when the block ends without an exception.
 
     On any exception (KeyboardInterrupt included) the temporary folder is removed and the
-    target is left exactly as it was; the exception propagates.
+    target is left exactly as it was; the exception propagates. The folder's lock
+    (`folder_lock`) is held throughout.
     """
-    staging = start_staging(target)
-    try:
-        yield staging
-    except BaseException:
-        discard_staging(staging)
-        raise
-    try:
-        commit_staging(staging, Path(target))
-    except BaseException:
-        discard_staging(staging)
-        raise
+    with folder_lock(Path(target)):  # a second run into `target` is refused meanwhile
+        staging = start_staging(target)
+        try:
+            yield staging
+        except BaseException:
+            discard_staging(staging)
+            raise
+        try:
+            commit_staging(staging, Path(target))
+        except BaseException:
+            discard_staging(staging)
+            raise
 
 
 @contextmanager
@@ -181,14 +273,21 @@ def staged_file(path: Path) -> Iterator[Path]:
             frame.to_csv(tmp)                            # out/sweep.csv is still the old file
         # out/sweep.csv is now the new file
     """
-    path = Path(path)
-    _make_parent(path)
+    given = Path(path)
+    _make_parent(given)
+    if _existing(given) == "stream":
+        with _staged_stream(given) as tmp:
+            yield tmp
+        return
+    path = _final(given)
     try:
         fd, name = tempfile.mkstemp(
             prefix=f".{path.name}.partial-", suffix=path.suffix, dir=path.parent
         )
     except OSError as error:
-        raise OutputPathError(f"{path}: cannot write in {path.parent} ({_reason(error)})") from None
+        raise OutputPathError(
+            f"{given}: cannot write in {path.parent} ({_reason(error)})"
+        ) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -201,6 +300,59 @@ def staged_file(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def _staged_stream(path: Path) -> Iterator[Path]:
+    """`staged_file` for a device or FIFO: stage in the system's temp folder, then copy in.
+
+    The stream gets the finished bytes or nothing (an exception before the end writes none).
+    """
+    try:
+        fd, name = tempfile.mkstemp(prefix="kvsim-", suffix=path.suffix)
+    except OSError as error:
+        where = tempfile.gettempdir()
+        raise OutputPathError(f"{path}: cannot stage in {where} ({_reason(error)})") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        _copy_into(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _copy_into(source: Path, path: Path) -> None:
+    """Write `source`'s bytes into the device or FIFO at `path`, opened in place."""
+    fifo = _existing(path) == "stream" and stat.S_ISFIFO(os.stat(path).st_mode)
+    try:
+        # O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of blocking this open forever.
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as error:
+        if fifo and error.errno == errno.ENXIO:
+            raise OutputPathError(
+                f"{path}: a FIFO with no reader; start its reader first, or give a file name"
+            ) from None
+        raise OutputPathError(f"{path}: cannot write ({_reason(error)})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):  # swapped for a file meanwhile
+            raise OutputPathError(f"{path}: changed while kvsim ran; nothing was written")
+        os.set_blocking(fd, True)  # the open must not wait; the writes may (a slow reader)
+        with source.open("rb") as data:
+            while chunk := data.read(1 << 16):
+                view = memoryview(chunk)
+                while view:
+                    view = view[_write(fd, view, path) :]
+    finally:
+        os.close(fd)
+
+
+def _write(fd: int, data: memoryview, path: Path) -> int:
+    try:
+        return os.write(fd, data)
+    except OSError as error:  # /dev/full (ENOSPC), a reader that went away (EPIPE), ...
+        raise OutputPathError(f"{path}: cannot write ({_reason(error)})") from None
+
+
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` through `staged_file`; returns `path`."""
     with staged_file(Path(path)) as tmp:
@@ -209,12 +361,16 @@ def write_text_atomic(path: Path, text: str) -> Path:
 
 
 __all__ = [
+    "FolderBusyError",
     "OutputPathError",
     "RUN_MARKER",
+    "check_distinct_outputs",
     "check_output_dir",
     "check_output_file",
+    "check_regular_file",
     "commit_staging",
     "discard_staging",
+    "folder_lock",
     "staged_file",
     "staged_folder",
     "start_staging",

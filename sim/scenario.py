@@ -228,6 +228,30 @@ class ExpectSection(_Closed):
         return value
 
 
+#: A scenario name becomes one folder name (runs/NAME, plus kvsim's ``.NAME.partial-*``
+#: staging sibling), so it must fit in a file name (255 bytes) with room to spare.
+MAX_NAME_BYTES = 128
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one folder name under runs/ (None: it can).
+
+    A name with a path separator, a leading dot ('..', '.hidden') or an absolute path would
+    put the run outside runs/ (or hide it); an empty one would make runs/ itself the target.
+    """
+    if not name:
+        return "is empty"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name.startswith("."):
+        return "starts with '.'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"is {len(name.encode('utf-8'))} bytes long (at most {MAX_NAME_BYTES})"
+    return None
+
+
 class Scenario(_Closed):
     name: str = "scenario"
     description: str = ""
@@ -248,6 +272,18 @@ class Scenario(_Closed):
     #: or {linear: {...}}.
     step_time: StepTimeConfig | None = None
     expect: ExpectSection = ExpectSection()
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem is not None:
+            shown = repr(name if len(name) <= 40 else name[:40] + "...")
+            raise ValueError(
+                f"{shown} {problem}; the name is the run's folder (runs/<name>): give one "
+                "folder name, without '/', '\\' or a leading '.'"
+            )
+        return name
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

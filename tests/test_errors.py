@@ -321,7 +321,7 @@ def test_prefix_caching_with_sliding_window_on_v0_is_bad_input(tmp_path, design)
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     lines = result.output.strip().splitlines()
     assert lines == [
-        "error: cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with a "
+        f"error: {scenario}: cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with a "
         "sliding window (here 32 tokens); set it to false, or use scheduler.design: v1-engine"
     ]
 
@@ -330,9 +330,10 @@ def test_prefix_caching_with_sliding_window_on_v0_is_bad_input(tmp_path, design)
 def test_chunked_prefill_with_sliding_window_on_v0_v1_is_bad_input(tmp_path, design):
     """vLLM 0.5.4 refuses chunked prefill with a window for BlockSpaceManagerV1 only (the V2
     manager runs it); kvsim ran the pair on v0-v1."""
+    scenario = tiny(tmp_path)
     result = runner.invoke(
         app,
-        ["run", str(tiny(tmp_path)), "--no-plots", "--json", "-o", str(tmp_path / "out"),
+        ["run", str(scenario), "--no-plots", "--json", "-o", str(tmp_path / "out"),
          "--set", f"scheduler.design={design}", "--set", "cache.sliding_window=32",
          "--set", "scheduler.enable_chunked_prefill=true"],
     )  # fmt: skip
@@ -341,7 +342,7 @@ def test_chunked_prefill_with_sliding_window_on_v0_v1_is_bad_input(tmp_path, des
         return
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert result.output.strip().splitlines() == [
-        "error: scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
+        f"error: {scenario}: scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
         "prefill with a sliding window (here 32 tokens); set it to false, or use "
         "scheduler.design: v0-v2"
     ]

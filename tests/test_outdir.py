@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sim.results
 import sim.runner
+from sim import outdir_lock
 from sim.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app
-from sim.outdir import OutputPathError, commit_staging, staged_folder, start_staging
+from sim.outdir import (
+    FolderBusyError,
+    OutputPathError,
+    commit_staging,
+    folder_lock,
+    staged_folder,
+    start_staging,
+)
+from sim.outdir_lock import lock_path
+from sim.scenario import ScenarioError, load_scenario, name_problem
 from tests.test_errors import tiny
 
 runner = CliRunner()
@@ -78,7 +91,7 @@ def test_bad_output_folder_for_sweep_and_capacity(tmp_path):
     (tmp_path / "file").write_text("x")
     scenario = str(tiny(tmp_path))
     for args in (
-        ["sweep", scenario, "--set", "seed=0,1", "-o", str(tmp_path / "file")],
+        ["sweep", scenario, "--set", "cache.num_gpu_blocks=16,32", "-o", str(tmp_path / "file")],
         ["capacity", scenario, "--slo", "ttft_p99=1s", "-o", str(tmp_path / "file")],
     ):
         result = runner.invoke(app, args)
@@ -134,17 +147,22 @@ def test_second_run_replaces_the_first_whole(tmp_path, old_run):
 
 
 def test_concurrent_commits_leave_exactly_one_whole_run(tmp_path):
-    """Eight writers into one folder: the result is one writer's files, all of them."""
+    """Eight commits into one folder at once: the result is one writer's files, all of them.
+
+    (`staged_folder` refuses a second writer while the first holds the folder's lock; the
+    commit itself stays safe for writers that stage without it.)
+    """
     target = tmp_path / "out"
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
     def writer(k: int) -> None:
         try:
-            with staged_folder(target) as tmp:
-                for name in ("summary.json", "requests.csv", "steps.csv"):
-                    (tmp / name).write_text(f"writer {k}")
-                barrier.wait()
+            staging = start_staging(target)
+            for name in ("summary.json", "requests.csv", "steps.csv"):
+                (staging / name).write_text(f"writer {k}")
+            barrier.wait()
+            commit_staging(staging, target)
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
@@ -167,3 +185,102 @@ def test_commit_into_a_missing_target(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
+
+
+# ---------------------------------------------------------------- the folder's lock
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
+    """Regression: two runs into one folder both said "outputs written"; one result was gone."""
+    target = tmp_path / "out"
+    with folder_lock(target):
+        assert lock_path(target).read_text() == f"{os.getpid()}\n"
+        with (
+            pytest.raises(
+                FolderBusyError, match=rf"out: is being written by .* \(pid {os.getpid()}\)"
+            ),
+            staged_folder(target),
+        ):
+            raise AssertionError("a second writer must not get a staging folder")
+        assert not target.exists() and leftovers(tmp_path) == [".out.lock"]
+    assert leftovers(tmp_path) == []  # released and removed
+    with staged_folder(target) as staging:  # free again
+        (staging / "summary.json").write_text("{}")
+    assert (target / "summary.json").exists() and leftovers(tmp_path) == []
+
+
+def test_run_into_a_held_folder_is_refused_before_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(sim.runner, "run", _must_not_run)
+    out = tmp_path / "out"
+    with folder_lock(out):
+        result = runner.invoke(app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(out)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        f"error: {out}: is being written by another kvsim run (pid {os.getpid()}); wait for it "
+        "to finish, or give another output folder"
+    )
+
+
+def test_a_stale_lock_file_is_taken_over(tmp_path):
+    """A run killed with SIGKILL leaves its lock file; its flock died with it."""
+    lock_path(tmp_path / "out").write_text("99999999\n")
+    with folder_lock(tmp_path / "out"):
+        assert lock_path(tmp_path / "out").read_text() == f"{os.getpid()}\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_taken(tmp_path):
+    """The holder unlinks the file before it unlocks: whoever locked that file locks afresh."""
+    target = tmp_path / "out"
+    with folder_lock(target):
+        early = os.open(lock_path(target), os.O_RDWR)  # a second run opened it just before
+    try:
+        assert not outdir_lock._still_named(early, lock_path(target))
+        with folder_lock(target):  # locks a new file, not the removed one
+            assert outdir_lock._still_named(early, lock_path(target)) is False
+            assert lock_path(target).exists()
+    finally:
+        os.close(early)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "folder"])
+def test_a_lock_path_that_is_not_a_file_is_refused(tmp_path, kind):
+    lock = lock_path(tmp_path / "out")
+    if kind == "fifo":
+        os.mkfifo(lock)  # opening it could block: refused without opening
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").write_text("not ours")
+        lock.symlink_to(tmp_path / "elsewhere")
+    else:
+        lock.mkdir()
+    with (
+        pytest.raises(FolderBusyError, match="lock path is not a regular file"),
+        folder_lock(tmp_path / "out"),
+    ):
+        pass
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere").read_text() == "not ours"
+
+
+# ---------------------------------------------------------------- scenario names
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(max_size=40) | st.sampled_from(["..", ".", "/abs", "a/../..", "a\\b", ""]))
+def test_an_accepted_name_is_one_folder_directly_under_runs(name):
+    """The invariant behind the `name` check: runs/<name> is a child of runs/, never elsewhere."""
+    if name_problem(name) is None:
+        target = Path("runs") / name
+        assert target.parent == Path("runs") and target.name == name
+        assert os.path.normpath(target) == str(target) and not name.startswith(".")
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc", "a/b", "a\\b", "", ".", "..", ".h", "n" * 129])
+def test_a_scenario_name_outside_runs_is_refused_naming_the_field(tmp_path, name):
+    """Regression: `name: ../x` or an absolute name wrote the run outside runs/."""
+    path = tiny(tmp_path)
+    path.write_text(path.read_text().replace("name: tiny", f"name: {json.dumps(name)}"))
+    with pytest.raises(ScenarioError, match=rf"^{path}: name: .* the name is the run's folder"):
+        load_scenario(path)
+
+
+def test_ordinary_names_are_kept():
+    for name in ("swa-4-vs-3-v0-v2", "v1.2 run", "résumé", "a..b", "n" * 128):
+        assert name_problem(name) is None, name

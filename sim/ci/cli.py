@@ -52,9 +52,10 @@ def check(
     """Run every scenario and compare its violations with its `expect:` (exit 0 / 1 / 2)."""
     from sim.ci.check import check_paths, exit_code, outcomes_json
     from sim.ci.junit import github_annotations, in_github_actions, junit_xml
-    from sim.outdir import check_output_file
+    from sim.outdir import check_distinct_outputs, check_output_file
 
     cli = _cli()
+    check_distinct_outputs({"--junit": junit, "--json": json_path}, _scenario_files(paths))
     for report in (junit, json_path):
         if report is not None:
             check_output_file(report)
@@ -100,6 +101,20 @@ def check(
     raise typer.Exit(exit_code(outcomes))
 
 
+def _scenario_files(paths: list[Path]) -> list[Path]:
+    """The scenario files `kvsim check PATHS` reads (a bad path is reported by the check)."""
+    from sim.ci.check import collect_scenario_paths
+    from sim.errors import InputError
+
+    found: list[Path] = []
+    for path in paths:
+        try:
+            found.extend(collect_scenario_paths([path]))
+        except InputError:
+            continue
+    return found
+
+
 def fuzz(
     design: Annotated[
         str, typer.Option("--design", help="v0-v1 | v0-v2 | v0-fixed | v1-engine")
@@ -133,7 +148,7 @@ def fuzz(
     """
     from sim.ci import fuzz as fz
     from sim.kv.config import Design
-    from sim.outdir import check_output_dir, check_output_file
+    from sim.outdir import check_distinct_outputs, check_output_dir, check_output_file
 
     cli = _cli()
     try:
@@ -141,6 +156,7 @@ def fuzz(
     except ValueError:
         choices = ", ".join(d.value for d in Design)
         raise cli.fail(f"--design {design!r}: expected one of {choices}") from None
+    check_distinct_outputs({"--save": save, "--json": json_path})
     if save is not None:
         check_output_dir(save)
     if json_path is not None:
@@ -253,7 +269,7 @@ def shrink(
     from sim.audit import ViolationKind
     from sim.ci.shrink import NothingToShrink, load_input
     from sim.ci.shrink import shrink as shrink_scenario
-    from sim.outdir import check_output_file
+    from sim.outdir import check_distinct_outputs, check_output_file
 
     cli = _cli()
     known = [k.value for k in ViolationKind]
@@ -267,6 +283,8 @@ def shrink(
             highlight=False,
         )
 
+    read = source / "scenario.yaml" if source.is_dir() else source
+    check_distinct_outputs({"-o": out}, [read])  # the minimal scenario never replaces its source
     check_output_file(out)
     try:
         scenario, base_dir, label = load_input(source)

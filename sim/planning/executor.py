@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
-from sim.outdir import staged_file
+from sim.outdir import check_regular_file, staged_file
 from sim.planning.grid import SweepPoint
 
 #: Summary metrics copied into a sweep row, in column order.
@@ -250,6 +250,7 @@ def run_points(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        check_regular_file(out / CACHE_FILE, "the sweep's cache of finished points")
     cache = load_cache(out) if resume else {}
     rows: list[dict[str, Any] | None] = [None] * len(points)
     todo = []
