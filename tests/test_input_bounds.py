@@ -160,3 +160,24 @@ def test_num_replicas_is_named_when_they_do_not_fit(monkeypatch, tmp_path):
     path.write_text(tiny().replace("expect:", "engine: {num_replicas: 10000}\nexpect:"))
     with pytest.raises(ScenarioError, match="^engine.num_replicas: 10000 replicas of 64"):
         resolve(load_scenario(path), tmp_path)
+
+
+def test_calibrate_to_measured_refuses_a_fifo_profile_in_one_line(tmp_path):
+    """`python -m calibrate.to_measured PROFILE` (a calibrate input) answers as kvsim does."""
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / "p.json")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "calibrate.to_measured", str(tmp_path / "p.json")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: profile {tmp_path / 'p.json'}: is a FIFO (named pipe), not a regular file"
+    ]

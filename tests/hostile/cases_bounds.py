@@ -182,6 +182,20 @@ def _trace_node_cases() -> list[Case]:
             name="run: an azure trace path that is a folder",
         )
     )
+    rel, workload = _TRACE_WORKLOADS["trace auto csv"]
+    cases.append(
+        Case(
+            "bounds",
+            ("run", "s.yaml", "--no-plots", "--set", "workload.path=f.csv"),
+            2,
+            "fifo",
+            files={"s.yaml": _trace_scenario(workload), "t.csv": "arrival_s,x\n"},
+            setup=_fifo("f.csv"),
+            subprocess=True,
+            timeout_s=_QUICK_S,
+            name="run --set workload.path onto a fifo",
+        )
+    )
     return cases
 
 
@@ -368,6 +382,14 @@ def _check_shrink_cases() -> list[Case]:
         ),
         Case(
             "bounds",
+            ("check", "d"),
+            0,
+            "2 passed",
+            files={"d/a.yaml": tiny("a"), "d/sub.yaml/b.yaml": tiny("b")},
+            name="check: a folder named sub.yaml inside is searched, not refused",
+        ),
+        Case(
+            "bounds",
             ("shrink", "r"),
             2,
             "fifo",
@@ -422,6 +444,26 @@ def _vllm_root_cases() -> list[Case]:
             subprocess=True,
             timeout_s=_QUICK_S,
             name="verify --vllm-root whose vllm/version.py is a fifo",
+        ),
+        Case(
+            "bounds",
+            ("verify", "--scheduler", "--design", "v1-engine", "--trace", "t.jsonl"),
+            2,
+            "fifo",
+            setup=_fifo("t.jsonl"),
+            subprocess=True,
+            timeout_s=_QUICK_S,
+            name="verify --trace on a fifo",
+        ),
+        Case(
+            "bounds",
+            ("verify", "--scheduler", "--design", "v1-engine", "--trace", "t.jsonl"),
+            2,
+            "character device",
+            setup=_zero("t.jsonl"),
+            subprocess=True,
+            timeout_s=_QUICK_S,
+            name="verify --trace on a character device",
         ),
         Case(
             "bounds",
@@ -525,6 +567,14 @@ def _replica_cases() -> list[Case]:
         )
 
     return [
+        Case(
+            "bounds",
+            ("run", "s.yaml", "--no-plots", "--set", "engine.num_replicas=4"),
+            0,
+            "outputs",
+            files={"s.yaml": tiny()},
+            name="run: a few replicas of a small pool still run",
+        ),
         Case(
             "bounds",
             ("run", "s.yaml", "--no-plots"),
