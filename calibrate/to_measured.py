@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from calibrate.profile_tables import samples_from_profile as samples_from_profil
 from calibrate.profile_tables import target_of as target_of
 from calibrate.profile_tables import to_tables as to_tables
 from sim.catalog import GpuSpec
+from sim.errors import InputError, one_line
 from sim.latency import measured_fit as mf
 from sim.latency import measured_terms as terms
 from sim.latency.measured import nearest_fitted_gpu, shipped_coefficients
@@ -329,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("profile", type=Path, help="a profile JSON written by kvsim calibrate")
     args = parser.parse_args(argv)
-    out = write_coefficients(load_profile(args.profile), args.profile)
+    try:
+        out = write_coefficients(load_profile(args.profile), args.profile)
+    except InputError as error:  # a missing, non-regular or invalid profile: one line, as kvsim
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
+        return 2
     print("\n".join(usage_lines(out)))
     return 0
 

@@ -33,6 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.errors import PathError
+from sim.input_files import refuse_non_regular, require_folder
 from sim.outdir import staged_file
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
 from sim.plots_planning import capacity_band, capacity_frontier, throughput_latency
@@ -230,20 +231,38 @@ def save_capacity_plots(
     return paths
 
 
+#: The files `save_dir_plots` may read from a run, sweep or capacity folder.
+_PLOT_INPUTS = (
+    "steps.parquet",
+    "requests.parquet",
+    "summary.json",
+    "violations.parquet",
+    "sweep.parquet",
+    "capacity.parquet",
+    "probes.parquet",
+)
+
+
+def _files_in(folder: Path, names: tuple[str, ...]) -> dict[str, bool]:
+    """Which of `names` are in `folder`; one that is there but is not a regular file (a FIFO
+    would block the reader, a device never end) is refused before anything is read."""
+    for name in names:
+        refuse_non_regular(folder / name)
+    return {name: (folder / name).exists() for name in names}
+
+
 def save_dir_plots(run_dir: str | Path) -> list[Path]:
     """Plots for whatever `run_dir` holds: a run, a sweep, or a capacity search."""
     from sim.results import RunResult
 
     d = Path(run_dir)
-    if not d.is_dir():
-        raise PathError(f"{d}: no such directory")
+    require_folder(d, "run folder")
+    has = _files_in(d, _PLOT_INPUTS)
     paths: list[Path] = []
-    if (d / "steps.parquet").exists() and (d / "requests.parquet").exists():
-        meta = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    if has["steps.parquet"] and has["requests.parquet"]:
+        meta = json.loads((d / "summary.json").read_text()) if has["summary.json"] else {}
         violations = (
-            pd.read_parquet(d / "violations.parquet")
-            if (d / "violations.parquet").exists()
-            else None
+            pd.read_parquet(d / "violations.parquet") if has["violations.parquet"] else None
         )
         result = RunResult(
             requests=pd.read_parquet(d / "requests.parquet"),
@@ -255,9 +274,9 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
             inputs=meta.get("inputs", {}),
         )
         paths += save_run_plots(result, d)
-    if (d / "sweep.parquet").exists():
+    if has["sweep.parquet"]:
         paths += save_sweep_plots(pd.read_parquet(d / "sweep.parquet"), d)
-    if (d / "capacity.parquet").exists() and (d / "probes.parquet").exists():
+    if has["capacity.parquet"] and has["probes.parquet"]:
         paths += save_capacity_plots(
             pd.read_parquet(d / "capacity.parquet"), pd.read_parquet(d / "probes.parquet"), d
         )

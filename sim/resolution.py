@@ -154,8 +154,14 @@ def _kv_config(
     return config
 
 
-def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
-    """Every number the run will use, from a validated scenario."""
+def resolve(
+    scenario: Scenario, base_dir: str | Path = ".", replicas_field: str = "engine.num_replicas"
+) -> ResolvedRun:
+    """Every number the run will use, from a validated scenario.
+
+    `replicas_field` is where the user set `engine.num_replicas` (a disaggregated pool's
+    `cluster.prefill.replicas`, say), for the message when the replicas do not fit in memory.
+    """
     base_dir = Path(base_dir)
     if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
         # Two pools and a link: `sim.cluster.run` resolves each pool through here.
@@ -200,9 +206,11 @@ def resolve(scenario: Scenario, base_dir: str | Path = ".") -> ResolvedRun:
     offload = offloading_config(scenario, model, kv, inputs)
     if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
         scheduler_config = replace(scheduler_config, decode_fast_path=False, decode_cohort=False)
-    too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks)
-    if too_big is not None:  # refuse now: building the pool would eat all memory
-        raise ScenarioError(f"cache.num_gpu_blocks: {too_big}")
+    num_replicas = scenario.engine.num_replicas
+    too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks, num_replicas)
+    if too_big is not None:  # refuse now: building the pools would eat all memory
+        field = replicas_field if num_replicas > 1 else "cache.num_gpu_blocks"
+        raise ScenarioError(f"{field}: {too_big}")
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})

@@ -36,12 +36,14 @@ from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
 from sim.cluster.config import ClusterSection
 from sim.errors import InputError
+from sim.input_files import read_capped_bytes, refuse_non_regular
 from sim.kv.config import Design
 from sim.kv.v0_versions import resolve_v0_version
 from sim.kv.v1_engine.releases import resolve_release
 from sim.latency import StepTimeConfig
 from sim.memory_terms import weight_format
 from sim.scheduler.config import Policy, PreemptionMode
+from sim.strict_yaml import StrictLoader, load_yaml
 from sim.workload.config import WorkloadConfig
 
 
@@ -327,50 +329,34 @@ def scenario_from_dict(
         raise ScenarioError(_format_validation_error(source, error)) from None
 
 
-class StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error, not "last wins".
-
-    Example: ``cache: {num_gpu_blocks: 10, num_gpu_blocks: 20}`` fails with
-    "duplicate key 'num_gpu_blocks' (first on line 1)" at the second key's line. Merge keys
-    (``<<: *defaults``) may still be overridden: that is what they are for.
-    """
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first_line: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    seen = key in first_line
-                except TypeError:  # an unhashable key: the base class reports it
-                    continue
-                if seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {key!r} (first on line {first_line[key] + 1})",
-                        key_node.start_mark,
-                    )
-                first_line[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
+#: The largest scenario file read (bytes). A scenario is settings plus, at most, a small
+#: inline workload; loading YAML takes seconds per MiB even with libyaml
+#: (benchmarks/inline_yaml.py: 13 MB in 32 s, 117 s without), and the parsed requests are
+#: Python objects many times the file's size. A big workload belongs in a trace file
+#: (`workload: {kind: trace, path: ...}`), which is read as columns, not as YAML.
+MAX_SCENARIO_BYTES = 4 << 20
 
 
-def load_yaml(text: str) -> Any:
-    """`yaml.safe_load` that refuses duplicate keys (`StrictLoader`)."""
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+def _scenario_too_big(path: Path, size: int) -> ScenarioError:
+    return ScenarioError(
+        f"{path}: {size} bytes, more than a scenario file may have ({MAX_SCENARIO_BYTES} bytes); "
+        "put a big inline workload in a trace file (workload: {kind: trace, path: ...})"
+    )
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; every problem is a one-line `ScenarioError`."""
+    """Read and validate a scenario file; every problem is a one-line `ScenarioError`.
+
+    A path that is not a regular file (a FIFO, a device, a socket, a folder) is refused
+    before it is opened, and a file over `MAX_SCENARIO_BYTES` before it is read.
+    """
     path = Path(path)
     if not path.exists():
         raise ScenarioError(f"{path}: no such file")
-    if path.is_dir():
-        raise ScenarioError(f"{path}: is a directory, not a scenario file")
+    refuse_non_regular(path, lambda reason: ScenarioError(f"{path}: {reason} (a scenario)"))
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
+        raw = read_capped_bytes(path, MAX_SCENARIO_BYTES, lambda n: _scenario_too_big(path, n))
+        data = load_yaml(raw.decode("utf-8"))
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -384,3 +370,15 @@ def load_scenario(path: str | Path) -> Scenario:
 def scenario_to_yaml(scenario: Scenario) -> str:
     data = scenario.model_dump(mode="json", exclude_unset=True)
     return yaml.safe_dump(data, sort_keys=False)
+
+
+__all__ = [
+    "MAX_SCENARIO_BYTES",
+    "Scenario",
+    "ScenarioError",
+    "StrictLoader",
+    "load_scenario",
+    "load_yaml",
+    "scenario_from_dict",
+    "scenario_to_yaml",
+]

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 _DECODE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 _PREFILL = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*(?:@\s*(\d+)\s*)?")
+#: Digits a count or token number may have (10**18 is far past any bound below).
+_MAX_DIGITS = 18
+_DECODE_USAGE = "COUNTxCONTEXT, e.g. 64x4096 (64 decodes at 4096)"
+_PREFILL_USAGE = "COUNTxTOKENS[@PRIOR], e.g. 1x2048 or 2x512@1024 (TOKENS >= 1)"
 
 
 def _named(option: str, name: str, lookup: Callable[[str], Any]) -> Any:
@@ -48,31 +52,83 @@ def _bad_input(message: str) -> Exception:
     return ScenarioError(message)
 
 
-def parse_decodes(items: list[str]) -> tuple[int, ...]:
-    """['64x4096', '2x100'] -> 64 contexts of 4096 then 2 of 100 (the decodes' contexts)."""
-    contexts: list[int] = []
+#: The most sequences (decodes + prefill chunks) one `kvsim step` batch may hold. A step is
+#: bounded by the scheduler's `max_num_seqs` (vLLM's default 256; 1024 for the OpenAI server
+#: on a large GPU, vllm/engine/arg_utils.py @v0.11.0); 65,536 is 64x the largest default and
+#: keeps the per-sequence lists the step-time models read at a few MB, where 1e9 decodes
+#: would take 15 GB before any answer.
+MAX_STEP_SEQS = 1 << 16
+
+
+def _counted(
+    items: list[str], option: str, pattern: re.Pattern[str], usage: str
+) -> list[tuple[int, int, int]]:
+    """(count, tokens, prior) per item; one line naming `option` for a malformed item."""
+    parsed = []
     for item in items:
-        match = _DECODE.fullmatch(item)
+        match = pattern.fullmatch(item)
         if match is None:
-            raise _bad_input(
-                f"--decode {item!r}: expected COUNTxCONTEXT, e.g. 64x4096 (64 decodes at 4096)"
-            )
-        count, context = int(match.group(1)), int(match.group(2))
+            raise _bad_input(f"{option} {item!r}: expected {usage}")
+        if any(len(number) > _MAX_DIGITS for number in match.groups() if number):
+            # int() of a 5,000-digit string raises (Python's digit limit), and none is sane.
+            raise _bad_input(f"{option} {item!r}: a number of more than {_MAX_DIGITS} digits")
+        prior = int(match.group(3)) if match.re.groups >= 3 and match.group(3) else 0
+        parsed.append((int(match.group(1)), int(match.group(2)), prior))
+    return parsed
+
+
+def _check_bounds(
+    option: str, item: str, count: int, total: int, context: int, max_context: int | None
+) -> None:
+    """Refuse a batch past `MAX_STEP_SEQS` or a context past the model's (before any list of
+    `count` entries is made)."""
+    if total > MAX_STEP_SEQS:
+        raise _bad_input(
+            f"{option} {item!r}: {total} sequences in one step, more than the "
+            f"{MAX_STEP_SEQS} a step may hold (vLLM's max_num_seqs is 256 to 1024 by default)"
+        )
+    if max_context is not None and context > max_context:
+        raise _bad_input(
+            f"{option} {item!r}: a context of {context} tokens, more than the model's "
+            f"{max_context} (max_position_embeddings)"
+        )
+
+
+def parse_decodes(
+    items: list[str], *, max_context: int | None = None, already: int = 0
+) -> tuple[int, ...]:
+    """['64x4096', '2x100'] -> 64 contexts of 4096 then 2 of 100 (the decodes' contexts).
+
+    At most `MAX_STEP_SEQS` decodes (with `already` other sequences), each context at most
+    `max_context`: checked before the list is built.
+    """
+    contexts: list[int] = []
+    total = already
+    for item, (count, context, _) in zip(
+        items, _counted(items, "--decode", _DECODE, _DECODE_USAGE), strict=True
+    ):
+        total += count
+        _check_bounds("--decode", item, count, total, context, max_context)
         contexts += [context] * count
     return tuple(contexts)
 
 
-def parse_prefills(items: list[str]) -> tuple[tuple[int, int], ...]:
-    """['1x2048', '2x512@1024'] -> ((0, 2048), (1024, 512), (1024, 512)): (prior, chunk) pairs."""
+def parse_prefills(
+    items: list[str], *, max_context: int | None = None, already: int = 0
+) -> tuple[tuple[int, int], ...]:
+    """['1x2048', '2x512@1024'] -> ((0, 2048), (1024, 512), (1024, 512)): (prior, chunk) pairs.
+
+    Bounded as `parse_decodes` is; a chunk's context is PRIOR + TOKENS.
+    """
     chunks: list[tuple[int, int]] = []
-    for item in items:
-        match = _PREFILL.fullmatch(item)
-        if match is None or int(match.group(2)) == 0:
-            raise _bad_input(
-                f"--prefill {item!r}: expected COUNTxTOKENS[@PRIOR], e.g. 1x2048 or 2x512@1024 "
-                f"(TOKENS >= 1)"
-            )
-        count, tokens, prior = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    total = already
+    for item, (count, tokens, prior) in zip(
+        items, _counted(items, "--prefill", _PREFILL, _PREFILL_USAGE), strict=True
+    ):
+        if tokens == 0:
+            raise _bad_input(f"--prefill {item!r}: expected {_PREFILL_USAGE}")
+        total += count
+        _check_bounds("--prefill", item, count, total, prior + tokens, max_context)
         chunks += [(prior, tokens)] * count
     return tuple(chunks)
 
@@ -116,14 +172,18 @@ def step_report(
     from sim.latency import band_of, make_step_time
     from sim.latency.batch import BatchShape
 
-    batch = BatchShape(parse_decodes(decodes), parse_prefills(prefills))
-    if batch.num_tokens == 0:
-        raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
     if tp < 1:
         raise _bad_input(f"--tp {tp}: must be at least 1")
-    try:  # each lookup names the option it came from
-        model = _named("--model", model_name, get_model)
-        gpu = _named("--gpu", gpu_name, get_gpu)
+    # each lookup names the option it came from
+    model = _named("--model", model_name, get_model)
+    gpu = _named("--gpu", gpu_name, get_gpu)
+    limit = model.max_position_embeddings
+    decode_contexts = parse_decodes(decodes, max_context=limit)
+    chunks = parse_prefills(prefills, max_context=limit, already=len(decode_contexts))
+    batch = BatchShape(decode_contexts, chunks)
+    if batch.num_tokens == 0:
+        raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
+    try:
         predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
     except (ValueError, OSError) as error:
         raise _bad_input(str(error).splitlines()[0]) from None

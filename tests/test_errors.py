@@ -254,7 +254,8 @@ def test_setup_vllm_has_no_machine_specific_default():
         (["fuzz", "--budget", "soon"], "--budget 'soon'"),
         (["verify", "--design", "v9"], "--design 'v9'"),
         (["verify", "--vllm-root", "{s}.missing"], "no vllm package under"),
-        (["plot", "{s}"], "no such directory"),
+        (["plot", "{s}"], "is a regular file, not a folder"),
+        (["plot", "{s}.missing"], "no such directory"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(tmp_path, args, message):

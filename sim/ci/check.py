@@ -31,6 +31,7 @@ from sim.ci.outcome import CheckOutcome, FirstViolation, Status, display_path
 from sim.ci.scenario_yaml import explicit_yaml
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError, one_line
+from sim.input_files import refuse_non_regular
 from sim.results import RunResult
 from sim.scenario import Scenario, ScenarioError, load_scenario, naming
 
@@ -48,13 +49,16 @@ def collect_scenario_paths(paths: Iterable[str | Path]) -> list[Path]:
         if not path.exists():
             raise ScenarioError(f"{path}: no such file or directory")
         if path.is_dir():
-            files = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.suffix in SCENARIO_SUFFIXES
-            )
+            named = sorted(p for p in path.rglob("*") if p.suffix in SCENARIO_SUFFIXES)
+            for candidate in named:  # a FIFO named x.yaml would block `kvsim check` forever
+                if not candidate.is_dir():
+                    refuse_non_regular(candidate)
+            files = [p for p in named if p.is_file()]
             if not files:
                 raise ScenarioError(f"{path}: no scenario files (*.yaml, *.yml) in this folder")
             found.extend(files)
         else:
+            refuse_non_regular(path)
             found.append(path)
     unique: list[Path] = []
     seen: set[Path] = set()

@@ -106,8 +106,10 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
         raise ScenarioError(
             "cache.cpu_offload_gib: a CPU tier is not modelled with disaggregation (set 0)"
         )
-    prefill = resolve(pool_scenario(scenario, cluster.prefill), base_dir)
-    decode = resolve(pool_scenario(scenario, cluster.decode), base_dir)
+    prefill = resolve(
+        pool_scenario(scenario, cluster.prefill), base_dir, "cluster.prefill.replicas"
+    )
+    decode = resolve(pool_scenario(scenario, cluster.decode), base_dir, "cluster.decode.replicas")
     link = get_link(cluster.link)
     kv_dtype = None if scenario.cache.kv_cache_dtype == "auto" else scenario.cache.kv_cache_dtype
     one_block_bytes = block_bytes(

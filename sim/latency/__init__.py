@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.errors import InputError
+from sim.input_files import require_regular_file
 from sim.latency.band import UNKNOWN_BAND, StepTimeBand, band_of
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
@@ -120,6 +121,20 @@ class StepTimeConfig(_Closed):
         return self
 
 
+def _load_coefficients(path: Path) -> Any:
+    """A measured model's coefficients JSON; a missing, non-regular or non-JSON file is one
+    line naming it (a FIFO is refused before it is opened: `sim.input_files`)."""
+    require_regular_file(path, lambda reason: InputError(f"coefficients {path}: {reason}"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"coefficients {path}: not valid JSON (line {error.lineno}: {error.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"coefficients {path}: cannot read ({error})") from None
+
+
 def make_step_time(
     config: StepTimeConfig | dict[str, Any] | str | None,
     model: ModelSpec | str | dict[str, Any],
@@ -156,7 +171,7 @@ def make_step_time(
     if config.measured is not None:
         coefficients = None
         if config.measured.coefficients is not None:
-            coefficients = json.loads(Path(config.measured.coefficients).read_text())
+            coefficients = _load_coefficients(Path(config.measured.coefficients))
         return MeasuredStepTime(
             model,
             gpu,

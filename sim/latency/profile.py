@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import ModelSpec
 from sim.errors import InputError
+from sim.input_files import refuse_non_regular
 from sim.outdir import write_text_atomic
 
 SCHEMA_VERSION = 1
@@ -185,6 +186,7 @@ def parse_profile(data: dict[str, Any], *, origin: str = "<dict>") -> StepTimePr
 def load_profile(path: str | Path) -> StepTimeProfile:
     """Read and validate a profile JSON file; every error names the file (and the field)."""
     path = Path(path)
+    refuse_non_regular(path, lambda reason: ProfileError(f"profile {path}: {reason}"))
     try:
         text = path.read_text()
     except OSError as exc:

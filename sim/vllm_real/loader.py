@@ -29,7 +29,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import InputError
+from sim.errors import InputError, PathError
+from sim.input_files import refuse_non_regular, require_folder
 
 #: Where `scripts/setup_vllm.sh` installs, relative to the repository root.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,11 @@ def resolve_root(vllm_root: str | Path | None = None, vllm_version: str | None =
         raise InputError("give a vLLM install folder (vllm_root) or a version (vllm_version)")
     if vllm_root is not None:
         root = Path(vllm_root).expanduser().resolve()
+        if root.exists():  # a FIFO or a file given as the install: say what it is, open nothing
+            try:
+                require_folder(root, "--vllm-root, a vLLM install")
+            except PathError as error:
+                raise VllmNotAvailableError(str(error)) from None
         if not (root / "vllm").is_dir():
             raise VllmNotAvailableError(
                 f"no vllm package under {root} (expected {root}/vllm/); "
@@ -105,6 +111,7 @@ def read_version(root: Path) -> str:
     for name in ("version.py", "_version.py"):
         path = root / "vllm" / name
         if path.exists():
+            refuse_non_regular(path)  # a FIFO would block the read forever
             for line in path.read_text().splitlines():
                 if "__version__" in line and "=" in line and ("'" in line or '"' in line):
                     return line.split("=", 1)[1].strip().strip("'\"").split("'")[0]

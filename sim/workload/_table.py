@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.input_files import refuse_non_regular
 from sim.workload.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ class RowLocator:
 
 
 def require_file(path: Path) -> None:
+    """A trace must be an existing regular file: never a FIFO or device (`sim.input_files`)."""
     if not path.exists():
         raise WorkloadError(path, "file not found")
-    if not path.is_file():
-        raise WorkloadError(path, "not a regular file")
+    refuse_non_regular(path, lambda reason: WorkloadError(path, reason))
 
 
 def check_columns(

@@ -22,6 +22,7 @@ from typing import overload
 
 import numpy as np
 
+from sim.input_files import refuse_non_regular
 from sim.workload.config import ArrivalConfig, LengthDist, LengthsConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import LengthSamples, load_lengths, load_trace
@@ -116,7 +117,10 @@ def _is_lengths(path: Path) -> bool:
 def resolve(path: str | None, base_dir: Path) -> Path:
     assert path is not None, "config validation guarantees a path here"
     p = Path(path).expanduser()
-    return p if p.is_absolute() else base_dir / p
+    p = p if p.is_absolute() else base_dir / p
+    # Before any loader opens it: a FIFO would block, a device would be read without end.
+    refuse_non_regular(p, lambda reason: WorkloadError(p, reason))
+    return p
 
 
 #: Requests drawn at a time by `LazySpecs`.
