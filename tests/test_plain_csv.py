@@ -13,7 +13,7 @@ import sim.workload.loaders as loaders
 from sim.runner import builtin_scenario_path
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import load_azure
-from sim.workload.plain_csv import read_plain_azure, timestamp_text
+from sim.workload.plain_csv import NotPlain, read_plain_azure, timestamp_text
 
 AZURE = (
     builtin_scenario_path().parent.parent / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
@@ -24,8 +24,12 @@ HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
 def _by_pandas(path, monkeypatch):
     """`load_azure` through its pandas reader (the plain reader told to decline)."""
     with monkeypatch.context() as patch:
-        patch.setattr(loaders, "read_plain_azure", lambda path: None)
+        patch.setattr(loaders, "plain_azure_chunks", _decline)
         return load_azure(path)
+
+
+def _decline(path, chunk_rows):
+    raise NotPlain
 
 
 def _assert_same_workload(a, b) -> None:
