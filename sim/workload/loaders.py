@@ -319,7 +319,11 @@ def _azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
         text = frame["TIMESTAMP"].fillna("").str.strip()
         bad = ~text.str.fullmatch(_AZURE_TIME_RE).to_numpy(dtype=bool)
         stamps = pd.to_datetime(text.where(~bad, None), format="ISO8601", errors="coerce")
-        bad |= stamps.isna().to_numpy()
+        # pandas (>= 3) parses at the unit the chunk's text needs: a year past 2262 fits in
+        # microseconds, not in the nanoseconds counted below (it would wrap), so it is bad in
+        # any chunk, as it is where a 7-digit fraction makes pandas parse in nanoseconds.
+        outside = (stamps < pd.Timestamp.min) | (stamps > pd.Timestamp.max)
+        bad |= stamps.isna().to_numpy() | outside.to_numpy(dtype=bool)
         if bad.any():
             i = int(np.argmax(bad))
             raise loc.error(

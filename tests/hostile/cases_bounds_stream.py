@@ -269,6 +269,19 @@ CASES: list[Case] = [
         workload=scenario("{kind: trace, path: t.csv, format: azure}"),
     ),
     run_case(
+        "t.csv:3: column 'TIMESTAMP': expected 'YYYY-MM-DD HH:MM:SS[.fffffff]', "
+        "got '2263-01-01 00:00:00'",
+        writes(
+            "t.csv",
+            lambda: (
+                AZURE_HEADER
+                + "2023-11-16 18:15:46,1,1\r\n2263-01-01 00:00:00,2,2\r\n2500-01-01 00:00:00,1,1\r\n"
+            ),
+        ),
+        "stream: an Azure year past 2262 is refused, not wrapped in nanoseconds",
+        workload=scenario("{kind: trace, path: t.csv, format: azure}"),
+    ),
+    run_case(
         "t.csv:90000: column 'num_total_tokens': 11 != 10 + 5",
         writes(
             "t.csv",
