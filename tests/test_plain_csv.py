@@ -127,7 +127,10 @@ def test_timestamp_text_is_how_pandas_prints_a_timestamp(ns):
 )
 def test_plain_and_pandas_chunks_give_the_whole_file(tmp_path_factory, rows, chunk_rows, fault):
     """Streamed in chunks (`sim.workload.trace_stream`), either reader gives what reading the
-    file whole gives; a row that is not plain in a later chunk falls back to pandas, whole."""
+    file whole gives; a row that is not plain in a later chunk falls back to pandas, whole.
+    (A file with two faults may report the other one in chunks: see trace_stream.)"""
+    if fault is not None:  # one fault only: the rows come before the fault's 2023-11-16
+        rows = [((min(s[0], 2022), *s[1:]), p, o) for s, p, o in rows]
     rows = sorted(rows, key=lambda row: np.datetime64(_stamp_text(row[0]), "ns"))
     path = tmp_path_factory.mktemp("chunks") / "trace.csv"
     body = "".join(f"{_stamp_text(s)},{p},{o}\r\n" for s, p, o in rows)

@@ -427,7 +427,7 @@ def detect_format(path: Path) -> str:
             f"cannot detect the format of a {suffix or 'no'}-extension file; set format explicitly",
         )
     with path.open(encoding="utf-8", errors="replace") as fh:
-        first = fh.readline()
+        first = fh.readline(1 << 20)  # the header (or first record); a huge line is not read
     if suffix == ".jsonl":
         return "mooncake" if '"hash_ids"' in first and '"timestamp"' in first else "canonical"
     header = {h.strip() for h in first.split(",")}

@@ -35,6 +35,7 @@ from typing import Any, overload
 import numpy as np
 
 from sim.kv.types import Segment
+from sim.workload._table import require_file
 from sim.workload.errors import WorkloadError
 from sim.workload.request import RequestSpec
 
@@ -107,6 +108,7 @@ def streamed(read: ChunkReader, path: Path) -> tuple[Sequence[RequestSpec], dict
 
     `read` must be picklable (a `functools.partial` of a module-level reader): a sweep sends
     the workload to its worker processes."""
+    require_file(path)  # a missing file is bad input before it is stat'ed
     stamp = _stamp(path)
     chunks = read()
     first = next(chunks, None)

@@ -210,6 +210,28 @@ CASES: list[Case] = [
         workload=scenario("{kind: trace, path: t.jsonl, format: canonical}"),
     ),
     run_case(
+        "t.jsonl:70001: line longer than 16,777,216 characters",
+        writes(
+            "t.jsonl",
+            lambda: jsonl(
+                70_005,
+                {70_000: '{"arrival_s": 70.0, "pad": "' + "x" * (1 << 25) + '"}\n'},
+            ),
+        ),
+        "stream: a 32 MB JSONL line is refused, not read whole",
+        workload=scenario("{kind: trace, path: t.jsonl, format: canonical}"),
+        subprocess=True,
+        timeout_s=120,
+    ),
+    run_case(
+        "t.csv:1: column 'arrival_s': missing required column",
+        writes("t.csv", lambda: "x" * (1 << 25)),
+        "stream: a 32 MB first line with no newline under format auto",
+        workload=scenario("{kind: trace, path: t.csv}"),
+        subprocess=True,
+        timeout_s=120,
+    ),
+    run_case(
         f"t.jsonl:{CHUNK + 1}: blank line between records",
         writes("t.jsonl", lambda: jsonl(CHUNK + 5, {CHUNK: "\n"})),
         "stream: a blank JSONL line at the chunk boundary names its line",
