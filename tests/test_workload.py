@@ -606,3 +606,239 @@ def test_blocks_shared_exactly_over_common_hash_prefix(ids_a, ids_b, block_size)
     for i in range(num_full):
         same = (i + 1) * block_size <= common * 512
         assert (hashes_a[i] == hashes_b[i]) == same
+
+
+# ----------------------------------------------------------------------------- streamed reading
+# Every loader reads `chunk_rows` rows at a time (`sim.workload.trace_stream`); a file longer
+# than one chunk is validated in one reading and read again as it is iterated. Whatever the
+# chunk size, the requests, metadata and errors must be those of reading the file whole
+# (chunk_rows beyond the file's rows is exactly how a file was read before).
+
+WHOLE = 1 << 40
+
+_rows = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # arrival gap, ms
+        st.integers(1, 2000),  # prompt tokens
+        st.integers(1, 50),  # output tokens
+        st.integers(-2, 2),  # priority
+        st.sampled_from(["none", "prefix", "hash"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def _canonical_frame(rows) -> pd.DataFrame:
+    arrivals = np.cumsum([gap / 1000 for gap, *_ in rows]).tolist()
+    return pd.DataFrame(
+        {
+            "arrival_s": arrivals,
+            "prompt_tokens": [p for _, p, *_ in rows],
+            "output_tokens": [o for _, _, o, *_ in rows],
+            "priority": [q for *_, q, _ in rows],
+            "prefix_id": [7 if k == "prefix" else None for *_, k in rows],
+            "prefix_tokens": [min(p, 33) if k == "prefix" else None for _, p, *_, k in rows],
+            "hash_ids": [
+                " ".join(str(j) for j in range(-(-p // 512))) if k == "hash" else ""
+                for _, p, *_, k in rows
+            ],
+        }
+    )
+
+
+def _same_at_every_chunk_size(load, path, chunk_rows) -> None:
+    whole, streamed = load(path, chunk_rows=WHOLE), load(path, chunk_rows=chunk_rows)
+    assert isinstance(whole.requests, list)
+    assert list(streamed.requests) == whole.requests
+    assert list(streamed.requests) == whole.requests  # a second reading: the same again
+    assert streamed.metadata == whole.metadata
+    assert len(streamed) == len(whole) and streamed.span_s == whole.span_s
+    assert streamed[0] == whole[0] and streamed[-1] == whole[-1]
+    middle = len(whole) // 2
+    assert streamed[middle] == whole[middle]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=_rows, chunk_rows=st.integers(1, 12), ext=st.sampled_from(["csv", "jsonl"]))
+def test_canonical_chunks_give_the_whole_file(tmp_path_factory, rows, chunk_rows, ext):
+    path = tmp_path_factory.mktemp("c") / f"t.{ext}"
+    frame = _canonical_frame(rows)
+    if ext == "csv":
+        frame.to_csv(path, index=False)
+    else:  # JSONL: absent keys, hash_ids as lists
+        records = []
+        for record in frame.to_dict(orient="records"):
+            record = {k: v for k, v in record.items() if v is not None and v == v and v != ""}
+            if "hash_ids" in record:
+                record["hash_ids"] = [int(j) for j in record["hash_ids"].split()]
+            for key in ("prefix_id", "prefix_tokens"):
+                if key in record:
+                    record[key] = int(record[key])
+            records.append(json.dumps(record))
+        path.write_text("\n".join(records) + "\n")
+    _same_at_every_chunk_size(load_canonical, path, chunk_rows)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=_rows, chunk_rows=st.integers(1, 12))
+def test_parquet_row_batches_give_the_whole_file(tmp_path_factory, rows, chunk_rows):
+    path = tmp_path_factory.mktemp("p") / "t.parquet"
+    frame = _canonical_frame(rows)[["arrival_s", "prompt_tokens", "output_tokens", "priority"]]
+    frame.to_parquet(path, row_group_size=5)
+    _same_at_every_chunk_size(load_canonical, path, chunk_rows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=_rows, chunk_rows=st.integers(1, 12), blank_tail=st.integers(0, 30))
+def test_vidur_mooncake_lengths_chunks_give_the_whole_file(
+    tmp_path_factory, rows, chunk_rows, blank_tail
+):
+    folder = tmp_path_factory.mktemp("v")
+    frame = _canonical_frame(rows)
+    vidur = folder / "v.csv"
+    body = "".join(
+        f"{a!r},{p},{o},{p + o},{p / o:.4g}\n"
+        for a, p, o in zip(frame.arrival_s, frame.prompt_tokens, frame.output_tokens, strict=True)
+    )
+    vidur.write_text(
+        "arrived_at,num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+        + body
+        + "\n" * blank_tail  # trailing blank lines, possibly longer than a chunk
+    )
+    _same_at_every_chunk_size(load_vidur, vidur, chunk_rows)
+    lengths = folder / "l.csv"  # the same rows without arrivals: a length-distribution file
+    lengths.write_text(
+        "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+        + "".join(line.split(",", 1)[1] + "\n" for line in body.splitlines())
+        + "\n" * blank_tail
+    )
+    whole, chunked = (
+        load_lengths(lengths, chunk_rows=WHOLE),
+        load_lengths(lengths, chunk_rows=chunk_rows),
+    )
+    assert (whole.prompt_tokens == chunked.prompt_tokens).all()
+    assert (whole.output_tokens == chunked.output_tokens).all()
+    mooncake = folder / "m.jsonl"
+    mooncake.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": int(a * 1000),
+                    "input_length": p,
+                    "output_length": o,
+                    "hash_ids": list(range(-(-p // 512))),
+                }
+            )
+            + "\n"
+            for a, p, o in zip(
+                frame.arrival_s, frame.prompt_tokens, frame.output_tokens, strict=True
+            )
+        )
+        + "\n" * blank_tail
+    )
+    _same_at_every_chunk_size(load_mooncake, mooncake, chunk_rows)
+
+
+_FAULTS = [
+    # (CSV row text, {a}: the row's own arrival; column named): one bad row in a valid trace
+    ("x,10,5", "arrived_at"),
+    ("{a},ten,5", "num_prefill_tokens"),
+    ("{a},10,0", "num_decode_tokens"),
+    ("{a},10.5,5", "num_prefill_tokens"),
+    ("0.0001,10,5", "arrived_at"),  # back in time
+    (",,", "arrived_at"),  # a blank row with data after it
+    ("", "arrived_at"),  # an empty line with data after it
+    ("{a},10,5,6", None),  # too many fields
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_rows=st.integers(3, 30),
+    at=st.integers(1, 29),
+    fault=st.sampled_from(_FAULTS),
+    chunk_rows=st.integers(1, 10),
+)
+def test_one_bad_row_is_named_alike_at_every_chunk_size(
+    tmp_path_factory, num_rows, at, fault, chunk_rows
+):
+    # A data row follows the fault (trailing blanks are dropped); not the first row: pandas
+    # reads a first row with one field too many as an index column, whole or chunked.
+    at = max(1, min(at, num_rows - 2))
+    text, column = fault
+    rows = [f"{1 + i / 100!r},10,5" for i in range(num_rows)]
+    rows[at] = text.format(a=repr(1 + at / 100))
+    path = tmp_path_factory.mktemp("f") / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    errors = []
+    for rows_per_chunk in (WHOLE, chunk_rows):
+        with pytest.raises(WorkloadError) as info:
+            load_vidur(path, chunk_rows=rows_per_chunk)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert f"t.csv:{at + 2}:" in errors[0]
+    assert column is None or f"column {column!r}" in errors[0]
+
+
+def test_a_streamed_trace_is_read_again_and_refuses_a_changed_file(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "0.5,10,5\n" * 10)
+    workload = load_vidur(path, chunk_rows=3)
+    assert not isinstance(workload.requests, list)  # longer than a chunk: streamed
+    assert len(list(workload)) == 10
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "0.5,10,5\n" * 11)
+    with pytest.raises(WorkloadError, match="changed while kvsim was reading it"):
+        list(workload)
+
+
+def test_streamed_transforms_are_views_equal_to_the_list_ones(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+        + "".join(f"{i * 0.37!r},{i + 1},{i % 7 + 1}\n" for i in range(200))
+    )
+    whole, streamed = load_vidur(path, chunk_rows=WHOLE), load_vidur(path, chunk_rows=16)
+    steps = [
+        lambda w: scale_time(first_n(time_window(w, 3.3, 50.1), 40), 0.3),
+        lambda w: first_n(w, 7),
+        lambda w: scale_time(w, 2.5),
+        lambda w: time_window(w, 20.0, 1e6),
+        lambda w: time_window(scale_time(w, 2.0), 1.0, 9.0),  # another order: materialised
+    ]
+    for step in steps:
+        a, b = step(whole), step(streamed)
+        assert list(b.requests) == list(a.requests)
+        assert b.metadata == a.metadata and len(b) == len(a) and b.span_s == a.span_s
+    assert not isinstance(first_n(streamed, 7).requests, list)
+    with pytest.raises(WorkloadError, match=r"no request arrives in \[100, 200\) s"):
+        time_window(streamed, 100, 200)
+
+
+def test_a_streamed_workload_pickles(tmp_path):
+    import pickle
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"arrival_s": i, "prompt_tokens": 5, "output_tokens": 1}) + "\n"
+            for i in range(9)
+        )
+    )
+    workload = first_n(load_canonical(path, chunk_rows=2), 5)
+    copy = pickle.loads(pickle.dumps(workload))
+    assert list(copy.requests) == list(workload.requests) and len(copy) == 5
+
+
+def test_a_jsonl_line_past_the_cap_is_refused_not_read(tmp_path, monkeypatch):
+    import sim.workload._table as table
+
+    monkeypatch.setattr(table, "MAX_LINE_CHARS", 70)
+    path = tmp_path / "t.jsonl"
+    record = '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1}'
+    pad = '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1, "x": "' + "y" * 20 + '"}'
+    path.write_text(f"{record}\n{record[:-1]}   }}\n{pad}\n")
+    with pytest.raises(WorkloadError, match=r"t.jsonl:3: line longer than 70 characters"):
+        load_canonical(path)
+    path.write_text(f"{record}\n" + record + " " * (70 - len(record)))  # 70, no newline: fine
+    assert len(load_canonical(path)) == 2

@@ -1,19 +1,23 @@
 """Reading trace files into columns and validating them vectorised, with exact error places.
 
-Loaders read a whole file at once (pandas for CSV/Parquet, one `json.loads` per JSONL line),
-then check each column with numpy. pandas is imported by `read_csv_strings` when it runs, not
-with this module: a plainly well-formed trace is read without it (`sim.workload.plain_csv`). On failure they report the FIRST bad row, translated to
-its 1-based file line by a `RowLocator`, so a 20k-row trace still loads in tens of ms.
+Loaders read a file in chunks of rows (pandas for CSV, one `json.loads` per JSONL line; see
+`sim.workload.trace_stream`), then check each chunk's columns with numpy. pandas is imported
+by `iter_csv_strings` when it runs, not with this module: a plainly well-formed trace is read
+without it (`sim.workload.plain_csv`). On failure they report the FIRST bad row of the chunk,
+translated to its 1-based file line by a `RowLocator` (offset to the chunk), so a 20k-row
+trace still loads in tens of ms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,17 +88,26 @@ _FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 #: How much of a CSV's first line is read to check its header before the whole file is parsed.
 _HEADER_PEEK_CHARS = 1 << 16
+#: The longest JSONL line (one record) read: 16 Mi characters, ~2.8M Mooncake hash ids.
+MAX_LINE_CHARS = 1 << 24
 
 
-def read_csv_strings(
-    path: Path, required: Sequence[str] = (), optional: Sequence[str] | None = None
-) -> pd.DataFrame:
-    """A CSV as string columns, one DataFrame row per file line after the header.
+def iter_csv_strings(
+    path: Path,
+    required: Sequence[str] = (),
+    optional: Sequence[str] | None = None,
+    chunk_rows: int = 65_536,
+) -> Iterator[tuple[pd.DataFrame, int]]:
+    """A CSV as string columns, `chunk_rows` rows at a time: (frame, index of its first row).
 
-    Blank lines are kept as empty rows (so row i is file line i + 2), except trailing ones,
-    which are dropped. CRLF line endings and a missing final newline are fine. With
-    `required` (and `optional`) columns, the header is checked (`check_columns`) from the
-    first line alone before the file is parsed: a 10 MB file without a header fails at once.
+    Row i of the file's data is file line i + 2 (the header is line 1), across chunks: blank
+    lines are kept as empty rows, except trailing ones, which are dropped. A chunk's trailing
+    blank rows are held back until the next chunk shows whether data follows them; when it
+    does, the first of them is yielded alone (it fails its loader's first check, naming its
+    line, exactly as whole-file reading did). CRLF line endings and a missing final newline
+    are fine. With `required` (and `optional`) columns, the header is checked
+    (`check_columns`) from the first line alone before the file is parsed: a 10 MB file
+    without a header fails at once.
     """
     import pandas as pd
 
@@ -105,10 +118,51 @@ def read_csv_strings(
         if first.strip():  # an empty file gets its own message from the parser below
             header = next(csv.reader([first]), [])
             check_columns(path, [h.strip() for h in header], required, optional or ())
-    try:
-        frame = pd.read_csv(
-            path, dtype=str, keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig"
+    with _csv_errors(path):
+        reader = pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=False,
+            encoding="utf-8-sig",
+            chunksize=chunk_rows,
         )
+    with reader:
+        next_row = 0
+        held: tuple[pd.DataFrame, int] | None = None  # the first held-back blank row
+        while True:
+            with _csv_errors(path):
+                frame = next(reader, None)
+            if frame is None:
+                return  # held-back blank rows at the end are dropped
+            frame.columns = [str(c).strip() for c in frame.columns]
+            start, next_row = next_row, next_row + len(frame)
+            filled = _filled_rows(frame)
+            if not filled.any():
+                held = held or (frame.iloc[:1], start)
+                continue
+            if held is not None:  # blank rows with data after them: the first one is an error
+                yield held
+                raise AssertionError(f"{path}: a blank row at index {held[1]} passed validation")
+            last = int(np.flatnonzero(filled)[-1]) + 1
+            if last < len(frame):
+                held = (frame.iloc[last : last + 1], start + last)
+            yield frame.iloc[:last], start
+
+
+def _filled_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Rows with at least one non-blank field."""
+    empty = frame.isna() | (frame.astype(str).apply(lambda col: col.str.strip()) == "")
+    return ~empty.all(axis=1).to_numpy()
+
+
+@contextlib.contextmanager
+def _csv_errors(path: Path) -> Iterator[None]:
+    """pandas' CSV errors as the one-line `WorkloadError` that names the file (and line)."""
+    import pandas as pd
+
+    try:
+        yield
     except pd.errors.EmptyDataError:
         raise WorkloadError(path, "file is empty (no header line)", line=1) from None
     except pd.errors.ParserError as exc:
@@ -121,17 +175,12 @@ def read_csv_strings(
         raise WorkloadError(path, f"cannot parse CSV: {exc}") from None
     except UnicodeDecodeError as exc:
         raise WorkloadError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    frame.columns = [str(c).strip() for c in frame.columns]
-    if len(frame):
-        empty = frame.isna() | (frame.astype(str).apply(lambda col: col.str.strip()) == "")
-        filled = ~empty.all(axis=1).to_numpy()
-        last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
-        frame = frame.iloc[:last]
-    return frame
 
 
-def read_jsonl_records(path: Path) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Parse a JSONL file: (records, 1-based line number of each record).
+def iter_jsonl_records(
+    path: Path, chunk_rows: int = 65_536
+) -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
+    """A JSONL file, `chunk_rows` records at a time: (records, 1-based line of each record).
 
     Blank lines at the end are ignored; a blank line between records is an error (it would
     otherwise hide a lost request).
@@ -142,25 +191,38 @@ def read_jsonl_records(path: Path) -> tuple[list[dict[str, Any]], np.ndarray]:
     first_blank: int | None = None
     try:
         with path.open(encoding="utf-8") as fh:
-            for lineno, text in enumerate(fh, start=1):
+            # A line is read whole to be parsed: past the cap it is refused, not buffered.
+            for lineno, text in enumerate(iter(partial(fh.readline, MAX_LINE_CHARS + 1), ""), 1):
+                if len(text) > MAX_LINE_CHARS:
+                    raise WorkloadError(
+                        path, f"line longer than {MAX_LINE_CHARS:,} characters", line=lineno
+                    )
                 if not text.strip():
                     first_blank = first_blank or lineno
                     continue
                 if first_blank is not None:
                     raise WorkloadError(path, "blank line between records", line=first_blank)
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(
-                        path, f"invalid JSON: {exc.msg} (character {exc.colno})", line=lineno
-                    ) from None
-                if not isinstance(record, dict):
-                    raise WorkloadError(path, "expected a JSON object", line=lineno)
-                records.append(record)
+                records.append(_json_record(path, text, lineno))
                 lines.append(lineno)
+                if len(records) == chunk_rows:
+                    yield records, np.asarray(lines, dtype=np.int64)
+                    records, lines = [], []
     except UnicodeDecodeError as exc:
         raise WorkloadError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return records, np.asarray(lines, dtype=np.int64)
+    if records:
+        yield records, np.asarray(lines, dtype=np.int64)
+
+
+def _json_record(path: Path, text: str, lineno: int) -> dict[str, Any]:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(
+            path, f"invalid JSON: {exc.msg} (character {exc.colno})", line=lineno
+        ) from None
+    if not isinstance(record, dict):
+        raise WorkloadError(path, "expected a JSON object", line=lineno)
+    return record
 
 
 def jsonl_columns(
@@ -239,19 +301,40 @@ def numeric_column(
     return parsed
 
 
-def check_non_decreasing(arrival_s: np.ndarray, name: str, loc: RowLocator) -> None:
-    """Arrivals must not go back in time; the first offending row is named."""
+@dataclass(slots=True)
+class ArrivalCarry:
+    """What `check_non_decreasing` needs from the chunks before: the last arrival, its line."""
+
+    last: tuple[float, int] | None = None
+
+
+def check_non_decreasing(
+    arrival_s: np.ndarray, name: str, loc: RowLocator, carry: ArrivalCarry | None = None
+) -> None:
+    """Arrivals must not go back in time; the first offending row is named.
+
+    With `carry`, `arrival_s` is one chunk of a file: its first arrival is checked against the
+    previous chunk's last (named by its line), and `carry` is updated for the next chunk."""
+    if carry is not None and carry.last is not None and len(arrival_s):
+        before, before_line = carry.last
+        if arrival_s[0] < before:
+            raise loc.error(0, name, _back_in_time(arrival_s[0], before, loc.unit, before_line))
+    if carry is not None and len(arrival_s):
+        carry.last = (float(arrival_s[-1]), loc.line(len(arrival_s) - 1))
     if len(arrival_s) < 2:
         return
     back = np.diff(arrival_s) < 0
     if back.any():
         i = int(np.argmax(back)) + 1
-        raise loc.error(
-            i,
-            name,
-            f"arrivals must be non-decreasing: {arrival_s[i]:.9g} s comes after "
-            f"{arrival_s[i - 1]:.9g} s on {loc.unit} {loc.line(i - 1)}; sort the file by arrival",
-        )
+        message = _back_in_time(arrival_s[i], arrival_s[i - 1], loc.unit, loc.line(i - 1))
+        raise loc.error(i, name, message)
+
+
+def _back_in_time(arrival: float, before: float, unit: str, before_line: int) -> str:
+    return (
+        f"arrivals must be non-decreasing: {arrival:.9g} s comes after "
+        f"{before:.9g} s on {unit} {before_line}; sort the file by arrival"
+    )
 
 
 def as_int64(values: np.ndarray) -> np.ndarray:

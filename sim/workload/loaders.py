@@ -1,7 +1,9 @@
 """Trace loaders: canonical CSV/JSONL/Parquet, Azure LLM 2023, Mooncake, Vidur/Sarathi, lengths.
 
-Every loader validates the whole file and raises `WorkloadError` naming the file, the 1-based
-line (CSV header = line 1) and the column of the first bad value. No row is ever dropped or
+Every loader validates the whole file before anything runs and raises `WorkloadError` naming
+the file, the 1-based line (CSV header = line 1) and the column of the first bad value. Files
+are read in chunks of rows (`sim.workload.trace_stream`): a trace longer than one chunk is
+read again, chunk by chunk, as the run consumes it, so it is never all in memory. No row is ever dropped or
 reordered: arrivals that go back in time are rejected, not sorted (re-sorting would silently
 change which request a line number refers to). Request ids are the 0-based data-row index.
 
@@ -24,27 +26,32 @@ Formats (column names exactly as below; unknown columns are errors):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.kv.types import Segment
+from sim.workload import trace_stream
 from sim.workload._table import (
+    ArrivalCarry,
     RowLocator,
     check_columns,
     check_non_decreasing,
+    iter_csv_strings,
+    iter_jsonl_records,
     jsonl_columns,
     numeric_column,
-    read_csv_strings,
-    read_jsonl_records,
     require_file,
 )
 from sim.workload.errors import WorkloadError
-from sim.workload.plain_csv import read_plain_azure
+from sim.workload.plain_csv import NotPlain, plain_azure_chunks
 from sim.workload.prefixes import hash_prefixes
-from sim.workload.request import MAX_PREFIX_ID, PREFIX_KEY_BASE, RequestSpec, Workload
+from sim.workload.request import MAX_PREFIX_ID, PREFIX_KEY_BASE, Workload
+from sim.workload.trace_stream import Chunk, ChunkReader, streamed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,12 +77,6 @@ class LengthSamples:
 # --------------------------------------------------------------------------- shared pieces
 
 
-def _lengths(columns: dict[str, Any], prompt: str, output: str, loc: RowLocator):
-    prompt_tokens = numeric_column(columns[prompt], prompt, loc, integer=True, min_value=1)
-    output_tokens = numeric_column(columns[output], output, loc, integer=True, min_value=1)
-    return prompt_tokens.astype(np.int64), output_tokens.astype(np.int64)
-
-
 def _output_column(values: Any, name: str, loc: RowLocator) -> np.ndarray:
     try:
         return numeric_column(values, name, loc, integer=True, min_value=1).astype(np.int64)
@@ -91,37 +92,51 @@ def _row_of(exc: WorkloadError, loc: RowLocator) -> int:
     return int(exc.line) - loc.first_line  # type: ignore[arg-type]
 
 
-def _arrivals(values: Any, name: str, loc: RowLocator, divisor: float = 1.0) -> np.ndarray:
+def _arrivals(
+    values: Any, name: str, loc: RowLocator, carry: ArrivalCarry, divisor: float = 1.0
+) -> np.ndarray:
     # Divide (not multiply by 1e-3): 3536999 / 1000 is the nearest double to 3536.999.
     arrival = numeric_column(values, name, loc, integer=False, min_value=0) / divisor
-    check_non_decreasing(arrival, name, loc)
+    check_non_decreasing(arrival, name, loc, carry)
     return arrival
 
 
-def _build(
-    arrival_s: np.ndarray,
-    prompt_tokens: np.ndarray,
-    output_tokens: np.ndarray,
-    source: str,
-    metadata: dict[str, Any],
-    priority: np.ndarray | None = None,
-    prefixes: list[tuple[Segment, ...]] | None = None,
-) -> Workload:
-    if len(arrival_s) == 0:
-        raise WorkloadError(source, "no requests in file")
-    arrivals = arrival_s.tolist()
-    prompts = prompt_tokens.tolist()
-    outputs = output_tokens.tolist()
-    prios = priority.tolist() if priority is not None else [0] * len(arrivals)
-    pres = prefixes if prefixes is not None else [()] * len(arrivals)
-    requests = [
-        RequestSpec(i, a, p, o, q, s)
-        for i, (a, p, o, q, s) in enumerate(
-            zip(arrivals, prompts, outputs, prios, pres, strict=True)
-        )
-    ]
-    metadata = {"path": source, "num_rows": len(requests), **metadata}
-    return Workload(requests, source, metadata)
+def _tokens(values: Any, name: str, loc: RowLocator) -> np.ndarray:
+    return numeric_column(values, name, loc, integer=True, min_value=1).astype(np.int64)
+
+
+def _workload(read: ChunkReader, path: Path, metadata: dict[str, Any]) -> Workload:
+    """Validate the file `read` reads and stream its requests (`sim.workload.trace_stream`)."""
+    requests, first_meta = streamed(read, path)
+    if len(requests) == 0:
+        raise WorkloadError(str(path), "no requests in file")
+    metadata = {"path": str(path), "num_rows": len(requests), **metadata, **first_meta}
+    return Workload(requests, str(path), metadata)
+
+
+def _csv_chunks(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...], chunk_rows: int
+) -> Iterator[tuple[pd.DataFrame, RowLocator, int]]:
+    """(frame, its locator, index of its first row) of each chunk of a CSV, header checked."""
+    for frame, start in iter_csv_strings(path, required, optional, chunk_rows):
+        check_columns(path, list(frame.columns), required, optional)
+        yield frame, RowLocator(str(path), first_line=2 + start), start
+
+
+def _jsonl_chunks(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...], chunk_rows: int
+) -> Iterator[tuple[dict[str, list[Any]], RowLocator, int]]:
+    """(columns, locator, index of the first row) of each chunk of a JSONL file."""
+    start = 0
+    for records, lines in iter_jsonl_records(path, chunk_rows):
+        loc = RowLocator(str(path), line_numbers=lines)
+        yield jsonl_columns(records, loc, required, optional), loc, start
+        start += len(records)
+
+
+def _rows(chunk_rows: int | None) -> int:
+    # Looked up when a file is read (not bound as a default) so tests can shrink it.
+    return chunk_rows if chunk_rows is not None else trace_stream.TRACE_CHUNK_ROWS
 
 
 # --------------------------------------------------------------------------- canonical
@@ -130,40 +145,51 @@ _CANONICAL_REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 _CANONICAL_OPTIONAL = ("priority", "prefix_id", "prefix_tokens", "hash_ids")
 
 
-def load_canonical(path: Path, *, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Workload:
+def load_canonical(
+    path: Path, *, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS, chunk_rows: int | None = None
+) -> Workload:
     """Canonical trace from ``.csv``, ``.jsonl`` or ``.parquet`` (see the module docstring)."""
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        frame = read_csv_strings(path, _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
-        check_columns(path, list(frame.columns), _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
-        loc = RowLocator(str(path))
-        columns: dict[str, Any] = {c: frame[c] for c in frame.columns}
-        if "hash_ids" in frame:
-            columns["hash_ids"] = _split_csv_ids(frame["hash_ids"], loc)
-    elif suffix == ".jsonl":
-        records, lines = read_jsonl_records(path)
-        loc = RowLocator(str(path), line_numbers=lines)
-        columns = jsonl_columns(records, loc, _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
-    elif suffix == ".parquet":
-        columns, loc = _read_parquet(path)
-        check_columns(path, list(columns), _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
-    else:
+    if suffix not in (".csv", ".jsonl", ".parquet"):
         raise WorkloadError(path, f"unknown canonical extension {suffix!r} (.csv/.jsonl/.parquet)")
-    return _canonical_from_columns(columns, loc, str(path), hash_block_tokens)
+    read = partial(_canonical_chunks, path, hash_block_tokens, _rows(chunk_rows))
+    return _workload(read, path, {"format": "canonical"})
 
 
-def _canonical_from_columns(
-    columns: dict[str, Any], loc: RowLocator, source: str, hash_block_tokens: int
-) -> Workload:
+def _canonical_chunks(path: Path, hash_block_tokens: int, chunk_rows: int) -> Iterator[Chunk]:
+    carry = ArrivalCarry()
+    for columns, loc, start in _canonical_columns(path, chunk_rows):
+        yield _canonical_chunk(columns, loc, start, hash_block_tokens, carry)
+
+
+def _canonical_columns(
+    path: Path, chunk_rows: int
+) -> Iterator[tuple[dict[str, Any], RowLocator, int]]:
+    suffix = path.suffix.lower()
+    required, optional = _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL
+    if suffix == ".csv":
+        for frame, loc, start in _csv_chunks(path, required, optional, chunk_rows):
+            columns: dict[str, Any] = {c: frame[c] for c in frame.columns}
+            if "hash_ids" in frame:
+                columns["hash_ids"] = _split_csv_ids(frame["hash_ids"], loc)
+            yield columns, loc, start
+    elif suffix == ".jsonl":
+        yield from _jsonl_chunks(path, required, optional, chunk_rows)
+    else:
+        yield from _parquet_chunks(path, chunk_rows)
+
+
+def _canonical_chunk(
+    columns: dict[str, Any],
+    loc: RowLocator,
+    start: int,
+    hash_block_tokens: int,
+    carry: ArrivalCarry,
+) -> Chunk:
     num_rows = len(columns["arrival_s"])
-    if num_rows == 0:
-        raise WorkloadError(source, "no requests in file")
-    arrival = _arrivals(columns["arrival_s"], "arrival_s", loc)
-    prompt = numeric_column(
-        columns["prompt_tokens"], "prompt_tokens", loc, integer=True, min_value=1
-    )
-    prompt = prompt.astype(np.int64)
+    arrival = _arrivals(columns["arrival_s"], "arrival_s", loc, carry)
+    prompt = _tokens(columns["prompt_tokens"], "prompt_tokens", loc)
     output = _output_column(columns["output_tokens"], "output_tokens", loc)
     priority = None
     if columns.get("priority") is not None:
@@ -176,7 +202,7 @@ def _canonical_from_columns(
         has_hash = np.array([bool(p) for p in prefixes])
     if columns.get("prefix_id") is not None or columns.get("prefix_tokens") is not None:
         _add_prefix_ids(columns, prompt, has_hash, prefixes, loc, num_rows)
-    return _build(arrival, prompt, output, source, {"format": "canonical"}, priority, prefixes)
+    return Chunk(start, arrival, prompt, output, priority, prefixes)
 
 
 def _add_prefix_ids(
@@ -236,123 +262,151 @@ def _split_csv_ids(values: pd.Series, loc: RowLocator) -> list[list[int] | None]
     return out
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, Any], RowLocator]:
+def _parquet_chunks(
+    path: Path, chunk_rows: int
+) -> Iterator[tuple[dict[str, Any], RowLocator, int]]:
+    """(columns, locator, index of the first row) of each batch of a canonical Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     require_file(path)
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows)
+        start = 0
+        for batch in batches:
+            columns = batch.to_pydict()
+            if start == 0:
+                check_columns(path, list(columns), _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
+            yield columns, RowLocator(str(path), first_line=1 + start, unit="row"), start
+            start += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise WorkloadError(path, f"cannot read Parquet: {exc}") from None
-    return table.to_pydict(), RowLocator(str(path), first_line=1, unit="row")
 
 
 # --------------------------------------------------------------------------- public traces
 
 
-def load_azure(path: Path) -> Workload:
+def load_azure(path: Path, *, chunk_rows: int | None = None) -> Workload:
     """Azure LLM inference trace 2023 (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Timestamps like ``2023-11-16 18:15:50.9951690`` (7 fractional digits) are parsed to the
     nanosecond; arrival_s = timestamp - first timestamp, e.g. rows 1-2 of the conv trace give
-    0.0 and 50.9951690 - 46.6805900 = 4.314579 s.
+    0.0 and 50.9951690 - 46.6805900 = 4.314579 s. A plainly well-formed file is read without
+    pandas (`sim.workload.plain_csv`); anything else the validating way.
     """
     path = Path(path)
-    plain = read_plain_azure(path)  # no pandas for a plainly well-formed file
-    if plain is not None:
-        meta = {"format": "azure", "start_timestamp": plain.start_timestamp}
-        return _build(plain.arrival_s, plain.prompt_tokens, plain.output_tokens, str(path), meta)
+    rows = _rows(chunk_rows)
+    try:  # no pandas for a plainly well-formed file
+        return _workload(partial(_plain_azure_chunks, path, rows), path, {"format": "azure"})
+    except NotPlain:
+        return _workload(partial(_azure_chunks, path, rows), path, {"format": "azure"})
+
+
+def _plain_azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
+    start = 0
+    for piece in plain_azure_chunks(path, chunk_rows):
+        meta = {"start_timestamp": piece.start_timestamp} if start == 0 else {}
+        yield Chunk(start, piece.arrival_s, piece.prompt_tokens, piece.output_tokens, meta=meta)
+        start += len(piece.arrival_s)
+
+
+def _azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
     import pandas as pd
 
     required = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    frame = read_csv_strings(path, required, ())
-    check_columns(path, list(frame.columns), required, ())
-    loc = RowLocator(str(path))
-    if len(frame) == 0:
-        raise WorkloadError(path, "no requests in file")
-    text = frame["TIMESTAMP"].fillna("").str.strip()
-    bad = ~text.str.fullmatch(_AZURE_TIME_RE).to_numpy(dtype=bool)
-    stamps = pd.to_datetime(text.where(~bad, None), format="ISO8601", errors="coerce")
-    bad |= stamps.isna().to_numpy()
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise loc.error(
-            i, "TIMESTAMP", f"expected 'YYYY-MM-DD HH:MM:SS[.fffffff]', got {text.iloc[i]!r}"
-        )
-    ns = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
-    arrival = (ns - ns[0]) / 1e9
-    check_non_decreasing(arrival, "TIMESTAMP", loc)
-    prompt = numeric_column(frame["ContextTokens"], "ContextTokens", loc, integer=True, min_value=1)
-    output = _output_column(frame["GeneratedTokens"], "GeneratedTokens", loc)
-    meta = {"format": "azure", "start_timestamp": str(stamps.iloc[0])}
-    return _build(arrival, prompt.astype(np.int64), output, str(path), meta)
+    carry, first_ns = ArrivalCarry(), None
+    for frame, loc, start in _csv_chunks(path, required, (), chunk_rows):
+        text = frame["TIMESTAMP"].fillna("").str.strip()
+        bad = ~text.str.fullmatch(_AZURE_TIME_RE).to_numpy(dtype=bool)
+        stamps = pd.to_datetime(text.where(~bad, None), format="ISO8601", errors="coerce")
+        # pandas (>= 3) parses at the unit the chunk's text needs: a year past 2262 fits in
+        # microseconds, not in the nanoseconds counted below (it would wrap), so it is bad in
+        # any chunk, as it is where a 7-digit fraction makes pandas parse in nanoseconds.
+        outside = (stamps < pd.Timestamp.min) | (stamps > pd.Timestamp.max)
+        bad |= stamps.isna().to_numpy() | outside.to_numpy(dtype=bool)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise loc.error(
+                i, "TIMESTAMP", f"expected 'YYYY-MM-DD HH:MM:SS[.fffffff]', got {text.iloc[i]!r}"
+            )
+        ns = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        meta = {}
+        if first_ns is None:
+            first_ns, meta = int(ns[0]), {"start_timestamp": str(stamps.iloc[0])}
+        arrival = (ns - first_ns) / 1e9
+        check_non_decreasing(arrival, "TIMESTAMP", loc, carry)
+        prompt = _tokens(frame["ContextTokens"], "ContextTokens", loc)
+        output = _output_column(frame["GeneratedTokens"], "GeneratedTokens", loc)
+        yield Chunk(start, arrival, prompt, output, meta=meta)
 
 
-def load_mooncake(path: Path, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Workload:
+def load_mooncake(
+    path: Path, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS, chunk_rows: int | None = None
+) -> Workload:
     """Mooncake FAST'25 JSONL trace; ``hash_ids`` become shared prompt segments.
 
     Each hash id h is Segment(key=h, num_tokens=512), the last one holding the remainder
     ``input_length - 512 * (n - 1)``; ``len(hash_ids)`` must be ``ceil(input_length / 512)``.
     """
     path = Path(path)
-    records, lines = read_jsonl_records(path)
-    loc = RowLocator(str(path), line_numbers=lines)
+    read = partial(_mooncake_chunks, path, block_tokens, _rows(chunk_rows))
+    return _workload(read, path, {"format": "mooncake", "hash_block_tokens": block_tokens})
+
+
+def _mooncake_chunks(path: Path, block_tokens: int, chunk_rows: int) -> Iterator[Chunk]:
     required = ("timestamp", "input_length", "output_length", "hash_ids")
-    columns = jsonl_columns(records, loc, required, ())
-    if not records:
-        raise WorkloadError(path, "no requests in file")
-    arrival = _arrivals(columns["timestamp"], "timestamp", loc, divisor=1000.0)
-    prompt = numeric_column(columns["input_length"], "input_length", loc, integer=True, min_value=1)
-    prompt = prompt.astype(np.int64)
-    output = _output_column(columns["output_length"], "output_length", loc)
-    prefixes = hash_prefixes(columns["hash_ids"], prompt, block_tokens, loc)
-    meta = {"format": "mooncake", "hash_block_tokens": block_tokens}
-    return _build(arrival, prompt, output, str(path), meta, prefixes=prefixes)
+    carry = ArrivalCarry()
+    for columns, loc, start in _jsonl_chunks(path, required, (), chunk_rows):
+        arrival = _arrivals(columns["timestamp"], "timestamp", loc, carry, divisor=1000.0)
+        prompt = _tokens(columns["input_length"], "input_length", loc)
+        output = _output_column(columns["output_length"], "output_length", loc)
+        prefixes = hash_prefixes(columns["hash_ids"], prompt, block_tokens, loc)
+        yield Chunk(start, arrival, prompt, output, prefixes=prefixes)
 
 
 _LENGTH_OPTIONAL = ("num_total_tokens", "pd_ratio")
+_VIDUR_REQUIRED = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 
-def load_vidur(path: Path) -> Workload:
+def load_vidur(path: Path, *, chunk_rows: int | None = None) -> Workload:
     """Vidur / Sarathi-Serve processed trace: ``arrived_at,num_prefill_tokens,num_decode_tokens``."""
     path = Path(path)
-    required = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
-    frame = read_csv_strings(path, required, _LENGTH_OPTIONAL)
-    check_columns(path, list(frame.columns), required, _LENGTH_OPTIONAL)
-    loc = RowLocator(str(path))
-    if len(frame) == 0:
-        raise WorkloadError(path, "no requests in file")
-    arrival = _arrivals(frame["arrived_at"], "arrived_at", loc)
-    prompt = numeric_column(
-        frame["num_prefill_tokens"], "num_prefill_tokens", loc, integer=True, min_value=1
-    ).astype(np.int64)
-    output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
-    return _build(arrival, prompt, output, str(path), {"format": "vidur"})
+    return _workload(partial(_vidur_chunks, path, _rows(chunk_rows)), path, {"format": "vidur"})
 
 
-def load_lengths(path: Path) -> LengthSamples:
-    """Length-distribution CSV (``num_prefill_tokens,num_decode_tokens[,num_total_tokens,pd_ratio]``)."""
+def _vidur_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
+    carry = ArrivalCarry()
+    for frame, loc, start in _csv_chunks(path, _VIDUR_REQUIRED, _LENGTH_OPTIONAL, chunk_rows):
+        arrival = _arrivals(frame["arrived_at"], "arrived_at", loc, carry)
+        prompt = _tokens(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
+        output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
+        yield Chunk(start, arrival, prompt, output)
+
+
+def load_lengths(path: Path, *, chunk_rows: int | None = None) -> LengthSamples:
+    """Length-distribution CSV (``num_prefill_tokens,num_decode_tokens[,num_total_tokens,pd_ratio]``).
+
+    Read in chunks; the lengths themselves are kept (two int64 arrays: they are sampled from
+    at random)."""
     path = Path(path)
     required = ("num_prefill_tokens", "num_decode_tokens")
-    frame = read_csv_strings(path, required, _LENGTH_OPTIONAL)
-    check_columns(path, list(frame.columns), required, _LENGTH_OPTIONAL)
-    loc = RowLocator(str(path))
-    if len(frame) == 0:
+    prompts, outputs = [], []
+    for frame, loc, _ in _csv_chunks(path, required, _LENGTH_OPTIONAL, _rows(chunk_rows)):
+        prompt = _tokens(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
+        output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
+        if "num_total_tokens" in frame:
+            total = numeric_column(
+                frame["num_total_tokens"], "num_total_tokens", loc, integer=True, min_value=2
+            ).astype(np.int64)
+            bad = total != prompt + output
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise loc.error(i, "num_total_tokens", f"{total[i]} != {prompt[i]} + {output[i]}")
+        prompts.append(prompt)
+        outputs.append(output)
+    if not prompts:
         raise WorkloadError(path, "no rows in file")
-    prompt = numeric_column(
-        frame["num_prefill_tokens"], "num_prefill_tokens", loc, integer=True, min_value=1
-    ).astype(np.int64)
-    output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
-    if "num_total_tokens" in frame:
-        total = numeric_column(
-            frame["num_total_tokens"], "num_total_tokens", loc, integer=True, min_value=2
-        ).astype(np.int64)
-        bad = total != prompt + output
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise loc.error(i, "num_total_tokens", f"{total[i]} != {prompt[i]} + {output[i]}")
-    return LengthSamples(prompt, output, str(path))
+    return LengthSamples(np.concatenate(prompts), np.concatenate(outputs), str(path))
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -373,7 +427,7 @@ def detect_format(path: Path) -> str:
             f"cannot detect the format of a {suffix or 'no'}-extension file; set format explicitly",
         )
     with path.open(encoding="utf-8", errors="replace") as fh:
-        first = fh.readline()
+        first = fh.readline(1 << 20)  # the header (or first record); a huge line is not read
     if suffix == ".jsonl":
         return "mooncake" if '"hash_ids"' in first and '"timestamp"' in first else "canonical"
     header = {h.strip() for h in first.split(",")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,53 +41,93 @@ class PlainAzure:
     output_tokens: np.ndarray
     #: The first timestamp as pandas prints it (`str(pd.Timestamp)`), e.g. "2023-11-16 18:15:46.680590".
     start_timestamp: str
+    #: The file's first timestamp, nanoseconds since 1970 (arrivals are measured from it).
+    first_ns: int = 0
+
+
+class NotPlain(Exception):
+    """Internal: the file is not plainly well-formed; read it the validating way instead."""
 
 
 def read_plain_azure(path: Path) -> PlainAzure | None:
     """The trace at `path` if it is plainly well-formed (see the module docstring), else None."""
-    plain = _plain_rows(path, AZURE_COLUMNS)
-    if plain is None:
+    try:
+        pieces = list(plain_azure_chunks(path, 1 << 62))
+    except NotPlain:
         return None
-    order, rows = plain
+    assert len(pieces) == 1  # one chunk: as many rows as the file has
+    return pieces[0]
+
+
+def plain_azure_chunks(path: Path, chunk_rows: int) -> Iterator[PlainAzure]:
+    """The plain trace at `path`, `chunk_rows` rows at a time (arrivals from the file's first
+    timestamp, `start_timestamp` that of the file); raises `NotPlain` at the first thing that
+    is not plain (the chunks already yielded are then to be dropped)."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            rows = csv.reader(fh)
+            header = next(rows, [])
+            if sorted(header) != sorted(AZURE_COLUMNS):
+                raise NotPlain
+            order = [header.index(name) for name in AZURE_COLUMNS]
+            first_ns: int | None = None
+            last_s = 0.0
+            for batch in _batches(rows, chunk_rows):
+                piece = _plain_piece(batch, order, first_ns, last_s)
+                first_ns = piece.first_ns
+                last_s = float(piece.arrival_s[-1])
+                yield piece
+            if first_ns is None:  # a header alone
+                raise NotPlain
+    except (OSError, UnicodeDecodeError, csv.Error):
+        raise NotPlain from None
+
+
+def _batches(rows: Iterator[list[str]], size: int) -> Iterator[list[list[str]]]:
+    """Data rows in lists of `size`, blank rows only at the end (dropped), each 3 fields."""
+    batch: list[list[str]] = []
+    blank = False
+    for row in rows:
+        if not row:
+            blank = True
+            continue
+        if blank or len(row) != len(AZURE_COLUMNS):
+            raise NotPlain
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _plain_piece(
+    rows: list[list[str]], order: list[int], first_ns: int | None, last_s: float
+) -> PlainAzure:
+    """One chunk's columns; `first_ns`: the file's first timestamp (None: this chunk's own)."""
     stamps, prompts, outputs = ([row[i] for row in rows] for i in order)
     for text in stamps:
         match = _TIMESTAMP_RE.fullmatch(text)
         if match is None or int(match.group(1)) not in _YEARS:
-            return None
+            raise NotPlain
     if not all(_COUNT_RE.fullmatch(text) for text in (*prompts, *outputs)):
-        return None
+        raise NotPlain
     try:
         ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
     except ValueError:  # month 13, February 30, 24:00:00, ...
-        return None
+        raise NotPlain from None
+    first_ns = int(ns[0]) if first_ns is None else first_ns
     prompt_tokens = np.array([int(text) for text in prompts], dtype=np.int64)
     output_tokens = np.array([int(text) for text in outputs], dtype=np.int64)
-    arrival_s = (ns - ns[0]) / 1e9
-    if (np.diff(arrival_s) < 0).any() or (prompt_tokens < 1).any() or (output_tokens < 1).any():
-        return None
-    return PlainAzure(arrival_s, prompt_tokens, output_tokens, timestamp_text(int(ns[0])))
-
-
-def _plain_rows(path: Path, columns: tuple[str, ...]) -> tuple[list[int], list[list[str]]] | None:
-    """(the index of each of `columns` in the header, the data rows) when the header holds
-    exactly `columns` and every data row has that many fields (blank lines only at the end);
-    else None. Undecodable text: None."""
-    try:
-        with path.open(encoding="utf-8-sig", newline="") as fh:
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return None
-    while rows and not rows[-1]:  # blank lines at the end
-        rows.pop()
-    if len(rows) < 2:
-        return None
-    header = rows[0]
-    if sorted(header) != sorted(columns):
-        return None
-    width = len(columns)
-    if any(len(row) != width for row in rows):
-        return None
-    return [header.index(name) for name in columns], rows[1:]
+    arrival_s = (ns - first_ns) / 1e9
+    if (
+        arrival_s[0] < last_s
+        or (np.diff(arrival_s) < 0).any()
+        or (prompt_tokens < 1).any()
+        or (output_tokens < 1).any()
+    ):
+        raise NotPlain
+    return PlainAzure(arrival_s, prompt_tokens, output_tokens, timestamp_text(first_ns), first_ns)
 
 
 def timestamp_text(ns: int) -> str:
