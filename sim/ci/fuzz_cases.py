@@ -214,7 +214,7 @@ def _session_requests(workload: dict) -> list[dict]:
     ]
 
 
-def _cluster(seed: int) -> dict:
+def _cluster(seed: int, design: Design, cache: dict) -> dict:
     """The engine keys of a multi-replica case, or {} for one replica.
 
     A generator of its own (seeded with (seed, 1)): drawing the cluster changes none of the
@@ -228,6 +228,16 @@ def _cluster(seed: int) -> dict:
         engine["router_staleness_s"] = float(rng.choice([0.005, 0.05]))
     if rng.random() < 0.5:
         engine["kv_events"] = True
+    # Drawn above all the same (a case seed stands for the same draws), then dropped where
+    # they would do nothing and kvsim refuses them (`sim.no_effect`): the v0 engine emits no
+    # KV events, and the prefix-cache router needs them and a prefix cache.
+    if design is not Design.V1_ENGINE:
+        engine.pop("kv_events", None)
+    if engine["router"] == "prefix_cache_aware" and (
+        design is not Design.V1_ENGINE or not cache["enable_prefix_caching"]
+    ):
+        engine["router"] = "least_outstanding"  # what it routes by with no cache to see
+        engine.pop("router_staleness_s", None)
     return engine
 
 
@@ -299,7 +309,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
             "audit_level": "full",
             "violation_policy": "record",
             "max_sim_time_s": sim_time_limit_s(requests),
-            **_cluster(seed),
+            **_cluster(seed, design, cache),
         },
         "workload": workload,
         "step_time": FUZZ_STEP_TIME,
