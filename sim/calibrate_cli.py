@@ -6,6 +6,7 @@ torch is imported only when the command runs (it lives in the optional `calibrat
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -44,8 +45,11 @@ def calibrate(
     and the fits use the cases measured so far."""
     from calibrate.budget import Deadline
     from sim.cli import console, fail
+    from sim.errors import InputError
     from sim.outdir import check_output_dir, check_output_file
 
+    if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
+        raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
     deadline = Deadline(budget)
     _check_catalog_names(model, gpu)  # before the timing sweep, which takes minutes
 

@@ -28,9 +28,11 @@ from sim.memory import (
     is_hybrid_model,
 )
 from sim.memory_terms import VllmEngine
+from sim.no_effect import check_no_effect
 from sim.routing import Router
 from sim.scenario import Scenario, ScenarioError
 from sim.scheduler import SchedulerConfig
+from sim.startup import check_tensor_parallel, check_token_budget
 from sim.workload import Workload, load_workload
 
 
@@ -113,7 +115,9 @@ def _kv_config(
             )
             inputs["memory"] = budget.as_dict()
     inputs["kv_layout"] = kv_layout
-    if cache.num_cpu_blocks is not None:
+    if engine is VllmEngine.V1:  # no swap space (`sim.no_effect`): 0 is what runs
+        num_cpu_blocks = 0
+    elif cache.num_cpu_blocks is not None:
         num_cpu_blocks = cache.num_cpu_blocks
     elif model is not None:
         one_block = block_bytes(
@@ -154,22 +158,22 @@ def _kv_config(
     return config
 
 
-def resolve(
-    scenario: Scenario, base_dir: str | Path = ".", replicas_field: str = "engine.num_replicas"
-) -> ResolvedRun:
-    """Every number the run will use, from a validated scenario.
+def _startup(
+    scenario: Scenario, inputs: dict, replicas_field: str = "engine.num_replicas"
+) -> tuple:
+    """The scheduler and KV pool a run starts with, after every startup check (vLLM's and
+    kvsim's); fills `inputs` with what they resolved to. Loads no workload.
 
     `replicas_field` is where the user set `engine.num_replicas` (a disaggregated pool's
     `cluster.prefill.replicas`, say), for the message when the replicas do not fit in memory.
     """
-    base_dir = Path(base_dir)
     if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
         # Two pools and a link: `sim.cluster.run` resolves each pool through here.
         raise ScenarioError(
             "cluster.mode: a disaggregated scenario runs with `kvsim disagg` "
             "(sim.cluster.run.run_disaggregated), not as one co-located engine"
         )
-    inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
+    check_no_effect(scenario)
     model = _model(scenario)
     sched = scenario.scheduler
     max_model_len = sched.max_model_len or (
@@ -189,17 +193,18 @@ def resolve(
         decode_cohort=sched.decode_cohort,
     )
     token_budget = scheduler_config.token_budget(sched.design.api)
+    # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
+    # `--vllm-root .vllm/0.5.4` runs), so the model and the real code agree by default.
+    pin = sched.resolved_vllm_version
+    check_token_budget(sched.design, pin, scheduler_config, token_budget)
+    check_tensor_parallel(model, scenario.hardware.tensor_parallel_size, pin)
     inputs["design"] = sched.design.value
     # kvsim's model of the design; `run(vllm_root=...)` replaces it with vLLM's real code.
     inputs["block_manager"] = {"kind": "model", "vllm_version": None, "vllm_root": None}
     inputs["max_model_len"] = max_model_len
     inputs["max_num_batched_tokens"] = token_budget
     kv = _kv_config(scenario, model, token_budget, inputs)
-    kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len})
-    # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
-    # `--vllm-root .vllm/0.5.4` runs), so the model and the real code agree by default.
-    pin = sched.resolved_vllm_version
-    kv = KVCacheConfig(**{**_asdict(kv), "vllm_pin": pin})
+    kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len, "vllm_pin": pin})
     inputs["vllm_version"] = pin
     _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
@@ -211,6 +216,24 @@ def resolve(
     if too_big is not None:  # refuse now: building the pools would eat all memory
         field = replicas_field if num_replicas > 1 else "cache.num_gpu_blocks"
         raise ScenarioError(f"{field}: {too_big}")
+    return model, scheduler_config, kv, offload
+
+
+def preflight(scenario: Scenario, base_dir: str | Path = ".") -> None:
+    """Every check `resolve` makes before a run, without loading the workload: what a sweep
+    or compare-versions asks of each point before running any (a bad point is bad input)."""
+    model, *_ = _startup(scenario, {})
+    _step_time(scenario, model, Path(base_dir), {})
+
+
+def resolve(
+    scenario: Scenario, base_dir: str | Path = ".", replicas_field: str = "engine.num_replicas"
+) -> ResolvedRun:
+    """Every number the run will use, from a validated scenario (`replicas_field`: see
+    `_startup`)."""
+    base_dir = Path(base_dir)
+    inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
+    model, scheduler_config, kv, offload = _startup(scenario, inputs, replicas_field)
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})
@@ -223,7 +246,7 @@ def resolve(
         inputs["workload"]["sessions"] = workload.metadata["sessions"]
     step_time = _step_time(scenario, model, base_dir, inputs)
     engine = EngineConfig(
-        design=sched.design,
+        design=scenario.scheduler.design,
         kv=kv,
         scheduler=scheduler_config,
         num_replicas=scenario.engine.num_replicas,

@@ -187,6 +187,10 @@ def step_report(
         predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
     except (ValueError, OSError) as error:
         raise _bad_input(str(error).splitlines()[0]) from None
+    from sim.startup import check_tensor_parallel
+
+    # vLLM starts no engine whose heads `tp` cannot split: no step of one to predict.
+    check_tensor_parallel(model, tp, None, where="--tp")
     step_s = predictor.predict_s(batch)
     band = band_of(predictor)
     terms, details = breakdown_terms(predictor, batch)

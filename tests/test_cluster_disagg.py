@@ -273,7 +273,12 @@ def test_disagg_on_columnar_records():
         ],
         prefill={"replicas": 2},
     )
-    data["scheduler"] |= {"enable_chunked_prefill": True, "max_num_batched_tokens": 64}
+    # max_num_seqs at most the budget, or vLLM (and kvsim) refuse to start.
+    data["scheduler"] |= {
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 16,
+    }
     engine, inputs = build_engine(scenario_from_dict(data))
     records = engine.run()
     assert records.handoff_s[1] < records.handoff_s[0]
@@ -431,6 +436,7 @@ def test_hold_of_a_preempted_prefill_frees_at_once():
             "max_model_len": 160,
             "enable_chunked_prefill": True,
             "max_num_batched_tokens": 64,
+            "max_num_seqs": 16,
             "long_prefill_token_threshold": 32,
         }
     )

@@ -49,7 +49,14 @@ def _thrash() -> dict:
         for i in range(12)
     ]
     return _scenario(
-        requests, scheduler={"enable_chunked_prefill": True, "max_num_batched_tokens": 128}
+        requests,
+        # max_num_seqs at most the budget, or vLLM (and kvsim) refuse to start; 12 requests
+        # never reach 16 running.
+        scheduler={
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 128,
+            "max_num_seqs": 16,
+        },
     )
 
 

@@ -244,9 +244,12 @@ def replay_cases(draw, design: str) -> tuple[dict, int]:
         "scheduler": scheduler,
         "engine": {
             "num_replicas": draw(st.sampled_from([1, 1, 2])),
+            # The prefix-cache router only where it does something (V1, prefix caching):
+            # kvsim refuses it elsewhere (sim.no_effect).
             "router": draw(
                 st.sampled_from(
-                    ["round_robin", "least_outstanding", "least_kv_usage", "prefix_cache_aware"]
+                    ["round_robin", "least_outstanding", "least_kv_usage"]
+                    + (["prefix_cache_aware"] if design == "v1-engine" and caching else [])
                 )
             ),
             "audit_level": "full",

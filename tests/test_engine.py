@@ -208,6 +208,7 @@ def test_v1_engine_prompt_of_max_model_len_never_finishes_as_no_progress():
                     # The cap is in the running loop: the prompt must spill into a 2nd chunk.
                     "enable_chunked_prefill": True,
                     "max_num_batched_tokens": 64,
+                    "max_num_seqs": 16,  # at most the budget, or vLLM refuses to start
                 },
             )
         )

@@ -48,9 +48,17 @@ def test_cases_draw_every_router_and_2_to_4_replicas(design):
     engines = [generate_case(design, case_seed(0, i)).engine for i in range(200)]
     multi = [e for e in engines if e.num_replicas > 1]
     assert {e.num_replicas for e in multi} == {2, 3, 4}
-    assert set(Counter(e.router for e in multi)) == set(FUZZ_ROUTERS)
-    assert any(e.router_staleness_s > 0 for e in multi)
-    assert any(e.kv_events for e in multi)
+    # prefix_cache_aware and KV events only where they do something (the V1 engine; the router
+    # with prefix caching): elsewhere kvsim refuses them (sim.no_effect).
+    v1 = design == "v1-engine"
+    routers = set(FUZZ_ROUTERS) - (set() if v1 else {"prefix_cache_aware"})
+    assert set(Counter(e.router for e in multi)) == routers
+    cases = [generate_case(design, case_seed(0, i)) for i in range(200)]
+    assert all(
+        c.cache.enable_prefix_caching for c in cases if c.engine.router == "prefix_cache_aware"
+    )
+    assert any(e.router_staleness_s > 0 for e in multi) is v1
+    assert any(e.kv_events for e in multi) is v1
     # About MULTI_REPLICA_SHARE of the cases (0.25 of 200 = 50; binomial sd ~6).
     assert abs(len(multi) - MULTI_REPLICA_SHARE * 200) < 25
     single = [e for e in engines if e.num_replicas == 1]
@@ -60,7 +68,7 @@ def test_cases_draw_every_router_and_2_to_4_replicas(design):
 def test_the_cluster_draw_changes_nothing_else(monkeypatch):
     for index, clustered in _multi("v1-engine", 5):
         seed = case_seed(0, index)
-        monkeypatch.setattr(fuzz_cases, "_cluster", lambda seed: {})
+        monkeypatch.setattr(fuzz_cases, "_cluster", lambda seed, design, cache: {})
         alone = generate_case("v1-engine", seed)
         monkeypatch.undo()
         data = clustered.model_dump(mode="json")
@@ -70,6 +78,8 @@ def test_the_cluster_draw_changes_nothing_else(monkeypatch):
         expected = alone.model_dump(mode="json")
         for key in ("num_replicas", "router", "router_staleness_s", "kv_events"):
             expected["engine"].pop(key)
+        if clustered.engine.router == "prefix_cache_aware":  # comes with its prefix cache
+            expected["cache"]["enable_prefix_caching"] = True
         assert data == expected
         assert scenario_to_yaml(clustered) == scenario_to_yaml(generate_case("v1-engine", seed))
 

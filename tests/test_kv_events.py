@@ -29,7 +29,7 @@ from sim.overrides import apply_overrides
 from sim.results import build_result, requests_frame, write_result
 from sim.routing import CacheIndex, ReplicaView, Router
 from sim.runner import resolve, run
-from sim.scenario import Scenario, load_scenario, scenario_from_dict
+from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -313,13 +313,15 @@ def test_an_empty_table_has_the_columns():
     assert list(table.columns) == KV_EVENT_COLUMNS and len(table) == 0
 
 
-def test_v0_designs_emit_no_events():
+def test_v0_designs_refuse_kv_events():
+    """The v0 engine emits no events: `engine.kv_events` there would be an empty table, so it
+    is refused (sim.no_effect), not accepted."""
     case = apply_overrides(
         _inline([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 2}], 1),
         {"scheduler.design": "v0-v2", "engine.kv_events": True},
     )
-    result = run(case)
-    assert result.kv_events is not None and len(result.kv_events) == 0
+    with pytest.raises(ScenarioError, match="engine.kv_events: the v0 engine"):
+        run(case)
 
 
 # ------------------------------------------------------------------ the router's index

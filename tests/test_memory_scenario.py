@@ -74,6 +74,8 @@ def test_gemma2_hybrid_run_records_peak_blocks_per_group():
             "design": "v1-engine",
             "max_model_len": 8192,
             "max_num_batched_tokens": 2048,
+            # 2048-token chunks: vLLM refuses a budget below max_model_len without them.
+            "enable_chunked_prefill": True,
             "vllm_version": "0.11.0",
         },
         workload={"kind": "inline", "requests": requests},
@@ -193,6 +195,7 @@ def test_hybrid_scenario_is_identical_with_the_decode_shortcuts_off():
                 "vllm_version": "0.11.0",
                 "max_model_len": 8192,
                 "max_num_batched_tokens": 2048,
+                "enable_chunked_prefill": True,  # or vLLM refuses the budget
                 "decode_fast_path": shortcuts,
                 "decode_cohort": shortcuts,
             },

@@ -23,7 +23,7 @@ from sim.routing import (
 )
 from sim.routing.prefix_cache_aware import leading_blocks_held
 from sim.runner import run
-from sim.scenario import load_scenario, scenario_from_dict
+from sim.scenario import ScenarioError, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -42,7 +42,9 @@ def _scenario(
             "enable_prefix_caching": caching,
         },
         "scheduler": {"design": "v1-engine", "max_model_len": 160},
-        "engine": {"num_replicas": 2, "router": router, "router_load_weight": load_weight},
+        "engine": {"num_replicas": 2, "router": router}
+        # Only the prefix-cache router reads the weight; set elsewhere it is refused.
+        | ({"router_load_weight": load_weight} if router == "prefix_cache_aware" else {}),
         "workload": {"kind": "inline", "requests": requests},
         "step_time": {
             "linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}
@@ -139,12 +141,11 @@ def test_round_robin_misses_the_prefix_that_prefix_aware_hits():
     assert list(result.requests["num_prefix_hit_tokens"]) == [0, 0, 64, 64, 0]
 
 
-def test_prefix_aware_without_prefix_caching_routes_on_load_only():
-    # No cache to see: the score is -outstanding, i.e. least outstanding.
-    result = _routes("prefix_cache_aware", _PREFIXED, caching=False)
-    least = _routes("least_outstanding", _PREFIXED, caching=False)
-    assert list(result.requests["replica"]) == list(least.requests["replica"])
-    assert result.requests["num_prefix_hit_tokens"].sum() == 0
+def test_prefix_aware_without_prefix_caching_is_refused():
+    # No cache to see: every score would be -outstanding (least outstanding under another
+    # name), so the router would do nothing it says; refused (sim.no_effect).
+    with pytest.raises(ScenarioError, match="cache.enable_prefix_caching is false"):
+        _routes("prefix_cache_aware", _PREFIXED, caching=False)
 
 
 # ------------------------------------------------------------------ unit level, fake replicas

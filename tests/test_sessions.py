@@ -288,6 +288,7 @@ def test_a_stuck_turn_is_diagnosed_and_ends_its_session():
             "max_model_len": 128,
             "enable_chunked_prefill": True,
             "max_num_batched_tokens": 64,
+            "max_num_seqs": 8,  # at most the budget, or vLLM (and kvsim) refuse to start
         },
     )
     result = _run(data)

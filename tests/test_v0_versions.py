@@ -32,6 +32,7 @@ def _data(design: str, version: str | None = None, prompt_tokens: int = 32) -> d
         "max_model_len": 128,
         "enable_chunked_prefill": True,
         "max_num_batched_tokens": 16,
+        "max_num_seqs": 8,  # at most the budget, or vLLM refuses to start
     }
     if version is not None:
         scheduler["vllm_version"] = version

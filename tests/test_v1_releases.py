@@ -382,6 +382,7 @@ def _thrash(version: str | None) -> dict:
         "max_model_len": 800,
         "enable_chunked_prefill": True,
         "max_num_batched_tokens": 128,
+        "max_num_seqs": 16,  # 12 requests; at most the budget, or vLLM refuses to start
     }
     if version is not None:
         scheduler["vllm_version"] = version

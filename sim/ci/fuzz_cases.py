@@ -214,11 +214,12 @@ def _session_requests(workload: dict) -> list[dict]:
     ]
 
 
-def _cluster(seed: int) -> dict:
+def _cluster(seed: int, design: Design, cache: dict) -> dict:
     """The engine keys of a multi-replica case, or {} for one replica.
 
     A generator of its own (seeded with (seed, 1)): drawing the cluster changes none of the
-    case's other draws.
+    case's other draws. A V1-engine case routed prefix_cache_aware gets `cache`'s prefix
+    caching turned on (set in place): without it the router would do nothing.
     """
     rng = np.random.default_rng([seed, 1])
     if rng.random() >= MULTI_REPLICA_SHARE:
@@ -228,6 +229,17 @@ def _cluster(seed: int) -> dict:
         engine["router_staleness_s"] = float(rng.choice([0.005, 0.05]))
     if rng.random() < 0.5:
         engine["kv_events"] = True
+    # Drawn above all the same (a case seed stands for the same draws), then fitted to what
+    # does something, since kvsim refuses the rest (`sim.no_effect`): the v0 engine emits no
+    # KV events and so has no prefix-cache router (least outstanding is what it would route
+    # by); on the V1 engine that router comes with the prefix cache it routes by.
+    if design is not Design.V1_ENGINE:
+        engine.pop("kv_events", None)
+        if engine["router"] == "prefix_cache_aware":
+            engine["router"] = "least_outstanding"
+            engine.pop("router_staleness_s", None)
+    elif engine["router"] == "prefix_cache_aware":
+        cache["enable_prefix_caching"] = True
     return engine
 
 
@@ -288,6 +300,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
     if offload_gib:
         cache["cpu_offload_gib"] = offload_gib
         model = _OFFLOAD_MODEL
+    cluster = _cluster(seed, design, cache)  # may turn the prefix cache on for its router
     data = {
         "name": f"fuzz-{design.value}-{seed}",
         "description": f"kvsim fuzz case seed {seed} on {design.value}",
@@ -299,7 +312,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
             "audit_level": "full",
             "violation_policy": "record",
             "max_sim_time_s": sim_time_limit_s(requests),
-            **_cluster(seed),
+            **cluster,
         },
         "workload": workload,
         "step_time": FUZZ_STEP_TIME,

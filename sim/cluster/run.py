@@ -22,6 +22,7 @@ from sim.cluster.disagg import DisaggEngine, DisaggRecords
 from sim.cluster.links import get_link
 from sim.kv.config import Design
 from sim.memory import block_bytes
+from sim.no_effect import PREFIX_ROUTER_KNOBS
 from sim.results import RunResult, build_result
 from sim.runner import resolve
 from sim.scenario import Scenario, ScenarioError, load_scenario
@@ -74,6 +75,13 @@ def pool_scenario(scenario: Scenario, pool: PoolSection) -> Scenario:
     if pool.router is not None:
         engine_update["router"] = pool.router
     engine = scenario.engine.model_copy(update=engine_update)
+    if engine.router != "prefix_cache_aware":
+        # The prefix-cache router's knobs are for the pool that has it (`_check_disagg`):
+        # their defaults here, so this pool's resolution does not refuse them as doing nothing.
+        fields = type(engine).model_fields
+        engine = engine.model_copy(
+            update={name: fields[name].default for name in PREFIX_ROUTER_KNOBS}
+        )
     return scenario.model_copy(
         update={"hardware": hardware, "engine": engine, "cluster": ClusterSection()}
     )
@@ -101,6 +109,7 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
         )
     if scenario.model is None:
         raise ScenarioError("cluster.mode: disaggregated needs a model (the KV bytes to send)")
+    _check_disagg(scenario)
     if scenario.cache.cpu_offload_gib > 0:
         # One connector per replica: vLLM 0.11.0 would need a MultiConnector for both.
         raise ScenarioError(
@@ -136,6 +145,29 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
         "decode": decode.inputs,
     }
     return engine, inputs
+
+
+def _check_disagg(scenario: Scenario) -> None:
+    """Settings `kvsim disagg` would accept and do nothing with: bad input (`sim.no_effect`)."""
+    if scenario.engine.kv_events:
+        raise ScenarioError(
+            "engine.kv_events: kvsim disagg writes no kv_events table; set it to false "
+            "(kvsim run records them for a co-located V1 engine)"
+        )
+    if scenario.workload.kind == "sessions":
+        raise ScenarioError(
+            "workload.kind: sessions: kvsim disagg does not run closed-loop sessions (its "
+            "turns would arrive open-loop, with no sessions table); use kvsim run"
+        )
+    cluster, engine = scenario.cluster, scenario.engine
+    routers = {pool.router or engine.router for pool in (cluster.prefill, cluster.decode)}
+    for name in PREFIX_ROUTER_KNOBS:
+        default = type(engine).model_fields[name].default
+        if getattr(engine, name) != default and "prefix_cache_aware" not in routers:
+            raise ScenarioError(
+                f"engine.{name}: only the prefix_cache_aware router reads it; neither pool "
+                f"routes with it ({', '.join(sorted(routers))}), so it would do nothing"
+            )
 
 
 def run_disaggregated(

@@ -203,6 +203,12 @@ def capacity(
     for item in set_ or []:
         key, values = parse_assignment(item)
         overrides[key] = values[0] if len(values) == 1 else values
+    if step_time_band is not None and not band_ends:
+        from sim.planning.capacity import SloError
+
+        raise SloError(
+            "--step-time-band sets the band's ends, which --no-band skips; give one of them"
+        )
     band = _parse_band(step_time_band)
     base, base_dir = load_base(scenario)
     out_dir = out or Path("capacity") / base.name

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.errors import InputError
 from sim.overrides import apply_overrides, parse_assignment
 from sim.scenario import Scenario, ScenarioError, scenario_from_dict
 
@@ -119,7 +120,9 @@ def scenario_key(data: dict[str, Any]) -> str:
 def build_points(
     scenario: Scenario, axes: dict[str, list[Any]], base_dir: str | Path = "."
 ) -> list[SweepPoint]:
-    """Every grid point of `axes` over `scenario`, validated up front (bad keys fail here).
+    """Every grid point of `axes` over `scenario`, validated up front: a bad key, or a point
+    that cannot start (`preflight`: what vLLM or kvsim refuses at startup), fails here, before
+    any point runs, naming the point's settings.
 
     Two points that would run the same simulation are refused: `--set seed=0,1` on a workload
     that pins `workload.seed`, or that draws nothing (a trace), is one run under two names.
@@ -130,6 +133,7 @@ def build_points(
     points = []
     for index, overrides in enumerate(expand_grid(axes)):
         data = resolved_data(scenario, overrides, base_dir)
+        check_point(data, overrides, base_dir)
         points.append(SweepPoint(index, overrides, scenario_key(data), data))
     labels = [
         f"{p.index} ({', '.join(f'{k}={v}' for k, v in p.overrides.items())})" for p in points
@@ -137,3 +141,19 @@ def build_points(
     datas = [p.scenario_data for p in points]
     check_independent(labels, datas, "sweep points", [p.key for p in points])
     return points
+
+
+def check_point(data: dict[str, Any], overrides: dict[str, Any], base_dir: str | Path) -> None:
+    """Refuse (ScenarioError) a point that would only become an error row: its startup checks
+    (`sim.resolution.preflight`, no workload loaded) say it cannot run.
+
+    Regression: `kvsim sweep --set scheduler.max_model_len=256,100000` ran point 0, wrote an
+    error row for point 1 and exited 0."""
+    from sim.resolution import preflight
+
+    settings = ", ".join(f"{key}={value}" for key, value in overrides.items())
+    try:
+        preflight(scenario_from_dict(data, "sweep point"), base_dir)
+    except InputError as error:
+        where = f"sweep point ({settings})" if settings else "sweep"
+        raise ScenarioError(f"{where}: {error}".splitlines()[0]) from None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from sim.kv.v0_versions import V0_VERSIONS_BY_DESIGN
 from sim.kv.v1_engine.releases import RELEASE_NAMES
 from sim.planning.executor import METRIC_COLUMNS, map_tasks, summary_row
 from sim.planning.grid import resolved_data, scenario_key
-from sim.scenario import Scenario
+from sim.scenario import Scenario, ScenarioError
 
 #: The table's columns, in order: which variant, whether it ran, then the metrics.
 HEAD_COLUMNS = ("variant", "design", "vllm_version", "models", "status", "reason")
@@ -118,6 +119,7 @@ def compare_versions(
     *,
     workers: int | None = None,
     base_dir: str | Path | None = None,
+    before_run: Callable[[], None] | None = None,
 ) -> pd.DataFrame:
     """One row per variant (`variants()`) of `scenario` with `overrides` applied to all.
 
@@ -128,6 +130,9 @@ def compare_versions(
         table[["variant", "num_preemptions", "violation_counts"]]
 
     `workers`: local processes (default: CPU count, at most 8; 1 runs here, in order).
+    `before_run` is called once every variant is checked and before any runs (the CLI checks
+    its output folder there). A scenario that every variant refuses at startup is bad input
+    (ScenarioError), raised before `before_run`.
     """
     from sim.overrides import apply_overrides
     from sim.planning import load_base
@@ -151,15 +156,43 @@ def compare_versions(
                 }
             )
             continue
+        reason = _refusal(data, base_path)
+        if reason is not None:  # refused at startup: a row that says why, and no run
+            rows.append(
+                {"variant": variant.label, "key": key, "point": index, "status": "refused"}
+                | {"reason": reason}
+            )
+            continue
         rows.append(None)
         slots.append(index)
         tasks.append((data, variant.label, key, index))
+    if not tasks:  # nothing would run: the scenario, not a design, is at fault
+        first = next(row for row in rows if row is not None)
+        raise ScenarioError(
+            f"compare-versions: every design refuses scenario {base.name!r} "
+            f"({first['variant']}: {first['reason']})"
+        )
+
+    if before_run is not None:
+        before_run()
 
     def done(i: int, row: dict[str, Any]) -> None:
         rows[slots[i]] = row
 
     map_tasks(run_variant, tasks, workers=workers, on_result=done)
     return _frame(base.name, [r for r in rows if r is not None])
+
+
+def _refusal(data: dict[str, Any], base_dir: Path) -> str | None:
+    """The one-line reason a variant cannot start (`sim.resolution.preflight`), or None."""
+    from sim.resolution import preflight
+    from sim.scenario import scenario_from_dict
+
+    try:
+        preflight(scenario_from_dict(data, "variant"), base_dir)
+    except InputError as error:
+        return str(error).splitlines()[0]
+    return None
 
 
 def _frame(scenario_name: str, rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -83,11 +83,13 @@ def compare_versions(
     if overrides:
         base = apply_overrides(base, overrides)  # a bad key fails here, before any run
     out_dir = out or Path("compare") / base.name
-    check_output_dir(out_dir)
     from sim.scenario import naming
 
+    # The folder is made only once some variant can start (a scenario all refuse: exit 2).
     with naming(scenario):  # a resolution error names the file too
-        table = run_all(base, workers=workers, base_dir=base_dir)
+        table = run_all(
+            base, workers=workers, base_dir=base_dir, before_run=lambda: check_output_dir(out_dir)
+        )
     write_table(table, out_dir, "compare_versions")
     if plots:
         from sim.planning.versions_plot import save_compare_versions_plot

@@ -60,10 +60,11 @@ class V1Scheduler(V1RunningPhase):
     ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
+        # What `SchedulerConfig.token_budget` resolves, never raised here: an explicit budget
+        # below max_model_len without chunked prefill is refused at startup, as vLLM's
+        # SchedulerConfig refuses it (`sim.startup.check_token_budget`); kvsim used to raise
+        # it silently to max_model_len while summary.json recorded the budget asked for.
         self.token_budget = config.token_budget("v1")
-        if not config.enable_chunked_prefill:
-            # vLLM V1 without chunked prefill sets max_num_batched_tokens = max_model_len.
-            self.token_budget = max(self.token_budget, config.max_model_len)
         #: The pinned release's waiting-side rules (`sim.scheduler.v1_release`).
         self.release_policies = policies_for(kv_cache_manager, self.token_budget)
         self.waiting: deque[Request] = deque()

@@ -30,15 +30,19 @@ def verify_command(
         None, help="a vLLM install folder (scripts/setup_vllm.sh)"
     ),
     vllm_version: str | None = typer.Option(None, help="a version set up in .vllm/<version>"),
-    num_ops: int = typer.Option(10_000, help="operations to compare"),
+    num_ops: int | None = typer.Option(None, help="operations to compare (default 10000)"),
     seed: int = typer.Option(0, help="seed of the random workloads"),
-    ops_per_workload: int = typer.Option(200, help="operations per workload (configuration)"),
+    ops_per_workload: int | None = typer.Option(
+        None, help="operations per workload (configuration; default 200)"
+    ),
     scheduler: bool = typer.Option(
         False,
         "--scheduler",
         help="compare the V1 Scheduler step by step (vLLM >= 0.10) instead of the managers",
     ),
-    num_workloads: int = typer.Option(60, help="with --scheduler: random workloads to compare"),
+    num_workloads: int | None = typer.Option(
+        None, help="with --scheduler: random workloads to compare (default 60)"
+    ),
     trace: Path | None = typer.Option(
         None,
         help="with --scheduler: compare --num-workloads windows of this trace (e.g. the bundled "
@@ -60,10 +64,18 @@ def verify_command(
     ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
+    _check_options(
+        scheduler,
+        {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid},
+        {
+            "--num-workloads": num_workloads,
+            "--trace": trace,
+            "--fast-path": fast_path,
+            "--pin": pin,
+        },
+    )
     from sim.errors import InputError
 
-    if scheduler and hybrid:
-        raise InputError("--hybrid draws manager configs; --scheduler does not take it")
     # Input errors first: the vLLM-install check below must not hide them behind "not installed".
     if not scheduler and design == "v0-fixed":
         raise InputError(
@@ -74,7 +86,7 @@ def verify_command(
         _check_pinned(vllm_version)
     if scheduler:
         _verify_scheduler(
-            design, vllm_root, vllm_version, num_workloads, seed, pin, fast_path, trace
+            design, vllm_root, vllm_version, num_workloads or 60, seed, pin, fast_path, trace
         )
         return
     from sim.vllm_real.lockstep import verify
@@ -83,10 +95,10 @@ def verify_command(
     result = verify(
         vllm_root,
         design,
-        num_ops=num_ops,
+        num_ops=10_000 if num_ops is None else num_ops,
         seed=seed,
         vllm_version=vllm_version,
-        ops_per_workload=ops_per_workload,
+        ops_per_workload=200 if ops_per_workload is None else ops_per_workload,
         hybrid=hybrid,
     )
     typer.echo(result.summary())
@@ -111,6 +123,24 @@ def _check_pinned(version: str) -> None:
             f"--vllm-version {version}: {version} is not a release kvsim pins (pinned: {pins}); "
             "give --vllm-root to compare with an install of another release"
         ) from None
+
+
+def _check_options(scheduler: bool, managers: dict, schedulers: dict) -> None:
+    """Refuse, before the vLLM install is looked for, an option that would do nothing: one of
+    the other mode's (`managers` without --scheduler, `schedulers` with it: given means not
+    None/False/empty), or a count below 1 (a gate "identical over 0 operations" is no gate).
+
+    Regression: `kvsim verify --num-ops 0` printed "identical over 0 operations", exit 0."""
+    from sim.errors import InputError
+
+    for name, value in (*managers.items(), *schedulers.items()):
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise InputError(f"{name} {value}: must be at least 1")
+    ignored, mode = (managers, "--scheduler") if scheduler else (schedulers, "no --scheduler")
+    for name, value in ignored.items():
+        if value not in (None, False, []):
+            what = "the block managers" if scheduler else "the V1 Scheduler (--scheduler)"
+            raise InputError(f"{name} is for {what}; with {mode} it would do nothing")
 
 
 def _verify_scheduler(
