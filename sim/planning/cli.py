@@ -182,7 +182,7 @@ def capacity(
     the step-time model's error band (`--no-band` skips those)."""
     from sim.cli import console
     from sim.outdir import check_output_dir
-    from sim.overrides import parse_assignment
+    from sim.overrides import parse_overrides
     from sim.planning import load_base
     from sim.planning.capacity import as_slos, capacity_search, parse_seeds, write_capacity
     from sim.planning.grid import parse_sets
@@ -191,10 +191,7 @@ def capacity(
     slos = as_slos(slo)
     seed_list = parse_seeds(seeds)
     axes = parse_sets(compare)
-    overrides = {}
-    for item in set_ or []:
-        key, values = parse_assignment(item)
-        overrides[key] = values[0] if len(values) == 1 else values
+    overrides = parse_overrides(set_)
     band = _parse_band(step_time_band)
     base, base_dir = load_base(scenario)
     out_dir = out or Path("capacity") / base.name

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.overrides import apply_overrides, parse_assignment
+from sim.overrides import apply_overrides, parse_sets
 from sim.scenario import Scenario, ScenarioError, scenario_from_dict
 
 
@@ -32,17 +32,6 @@ class SweepPoint:
     overrides: dict[str, Any]
     key: str
     scenario_data: dict[str, Any]
-
-
-def parse_sets(items: list[str] | None) -> dict[str, list[Any]]:
-    """['a.b=1,2', 'c=x'] -> {'a.b': [1, 2], 'c': ['x']}; a key given twice is an error."""
-    axes: dict[str, list[Any]] = {}
-    for item in items or []:
-        key, values = parse_assignment(item)
-        if key in axes:
-            raise ScenarioError(f"--set {key}: given twice; list its values once (KEY=V1,V2)")
-        axes[key] = values
-    return axes
 
 
 def expand_grid(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -122,3 +111,7 @@ def build_points(
         data = resolved_data(scenario, overrides, base_dir)
         points.append(SweepPoint(index, overrides, scenario_key(data), data))
     return points
+
+
+#: parse_sets lives in sim.overrides (every command's --set); sweep imports it from here too.
+__all__ = ["build_points", "expand_grid", "parse_sets", "scenario_key", "validate_axes"]
