@@ -98,8 +98,8 @@ def capacity_search(
 
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
-    if target_rate is not None and not target_rate > 0:
-        raise SloError(f"--target-rate {target_rate}: must be positive")
+    if target_rate is not None and not 0 < target_rate < math.inf:
+        raise SloError(f"--target-rate {target_rate}: must be a positive finite rate")
     slo_list = as_slos(slos)
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})

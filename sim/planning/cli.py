@@ -238,14 +238,17 @@ def _parse_band(text: str | None) -> StepTimeBand | None:
     if text is None:
         return None
     low, _, high = text.partition(",")
+    wrong = f"--step-time-band {text!r}: expected LOW,HIGH finite factors with 0 < LOW <= 1 <= HIGH"
     try:
-        return StepTimeBand(
-            float(low), float(high), extrapolated=False, source=f"--step-time-band {text}"
-        )
+        factors = float(low), float(high)
     except ValueError:
-        raise SloError(
-            f"--step-time-band {text!r}: expected LOW,HIGH factors with 0 < LOW <= 1 <= HIGH"
-        ) from None
+        raise SloError(wrong) from None
+    if not all(math.isfinite(f) for f in factors):  # x inf: every probe's step never ends
+        raise SloError(wrong)
+    try:
+        return StepTimeBand(*factors, extrapolated=False, source=f"--step-time-band {text}")
+    except ValueError:
+        raise SloError(wrong) from None
 
 
 def register(app: typer.Typer) -> None:

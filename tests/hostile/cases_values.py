@@ -455,4 +455,55 @@ _PLOT = [
     _plot("summary.json", "truncate"),
 ]
 
-CASES: list[Case] = [*_TYPES, *_FINITE, *_TIMES, *_SIZES, *_SETS, *_PLOT]
+
+def _other(command: str, path: str, raw: str, fragment: str, base=None) -> Case:
+    """Another command than run on the tiny scenario with `path: raw`."""
+    argv = {
+        "check": ("check", "s.yaml"),
+        "disagg": ("disagg", "s.yaml", "-o", "out"),
+        "compare-versions": ("compare-versions", "s.yaml", "-o", "out"),
+        "capacity": ("capacity", "s.yaml", "--slo", "ttft_p99=1s", "-o", "out"),
+    }[command]
+    base_copy = yaml.safe_load(yaml.safe_dump(base)) if base is not None else None
+    return Case(
+        "values",
+        argv,
+        2,
+        fragment,
+        files={"s.yaml": scenario(path, raw, base_copy)},
+        outputs=("out",),
+        name=f"{command} {path}: {raw}",
+    )
+
+
+def _capacity(*extra: str, fragment: str, name: str) -> Case:
+    argv = ("capacity", "s.yaml", "--slo", "ttft_p99=1s", "-o", "out", *extra)
+    return Case(
+        "values", argv, 2, fragment, files={"s.yaml": tiny("values")}, outputs=("out",), name=name
+    )
+
+
+_COMMANDS = [
+    _other("check", "cache.block_size", "true", "cache.block_size"),
+    _other("check", "step_time.linear.fixed_s", ".inf", "fixed_s"),
+    _other("compare-versions", "cache.num_gpu_blocks", "0", "cache.num_gpu_blocks"),
+    _other("capacity", "engine.router_load_weight", ".nan", "router_load_weight"),
+    _other(
+        "disagg",
+        "cluster.link",
+        "{bandwidth_Gbps: 400, efficiency: 0.9, latency_us: .inf}",
+        "latency_us",
+        base=_disagg(),
+    ),
+    _other("disagg", "cluster.decode.router", "bogus", "round_robin", base=_disagg()),
+    _other("disagg", "cluster.prefill.replicas", "true", "replicas", base=_disagg()),
+    _capacity("--target-rate", "inf", fragment="--target-rate", name="capacity --target-rate inf"),
+    _capacity(
+        "--step-time-band",
+        "0.9,inf",
+        fragment="--step-time-band",
+        name="capacity --step-time-band with an infinite factor",
+    ),
+]
+
+CASES: list[Case] = [*_TYPES, *_FINITE, *_TIMES, *_SIZES, *_SETS, *_PLOT, *_COMMANDS]
