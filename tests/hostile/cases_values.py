@@ -483,6 +483,36 @@ def _capacity(*extra: str, fragment: str, name: str) -> Case:
     )
 
 
+def _trace(name: str, text: str, fragment: str, case: str) -> Case:
+    return Case(
+        "values",
+        ("run", "s.yaml", "--no-plots", "-o", "out"),
+        2,
+        fragment,
+        files={"s.yaml": scenario("workload", f"{{kind: trace, path: {name}}}"), name: text},
+        outputs=("out",),
+        name=case,
+    )
+
+
+_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
+_TRACES = [
+    _trace(
+        "t.csv",
+        f"{_HEADER}0.0,{2**70},2\n",
+        "prompt_tokens",
+        "a CSV trace's prompt_tokens beyond 64 bits (wrapped to 0)",
+    ),
+    _trace("t.csv", f"{_HEADER}0.0,10,{2**64}\n", "output_tokens", "trace output_tokens 2**64"),
+    _trace(
+        "t.jsonl",
+        f'{{"arrival_s": 0.0, "prompt_tokens": {2**70}, "output_tokens": 2}}\n',
+        "prompt_tokens",
+        "a JSONL trace's prompt_tokens beyond 64 bits",
+    ),
+    _trace("t.csv", f"{_HEADER}0.0,10,2\n1.0e15,10,2\n", "arrival_s", "trace arrival at 1e15 s"),
+]
+
 _COMMANDS = [
     _other("check", "cache.block_size", "true", "cache.block_size"),
     _other("check", "step_time.linear.fixed_s", ".inf", "fixed_s"),
@@ -506,4 +536,4 @@ _COMMANDS = [
     ),
 ]
 
-CASES: list[Case] = [*_TYPES, *_FINITE, *_TIMES, *_SIZES, *_SETS, *_PLOT, *_COMMANDS]
+CASES: list[Case] = [*_TYPES, *_FINITE, *_TIMES, *_SIZES, *_SETS, *_PLOT, *_COMMANDS, *_TRACES]
