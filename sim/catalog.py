@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import InputError
+from sim.strict import Bool, Float, Int
 
 #: Bytes per element of the dtypes the simulator knows.
 DTYPE_BYTES: dict[str, int] = {
@@ -54,16 +55,16 @@ class GpuSpec(BaseModel):
 
     name: str
     display_name: str = ""
-    memory_gb: float = Field(gt=0)
+    memory_gb: Float = Field(gt=0)
     #: What the driver reports (GiB), which vLLM multiplies by gpu_memory_utilization; None
     #: where not measured (sim.memory_terms.visible_memory then estimates it and says so).
-    memory_visible_gib: float | None = Field(default=None, gt=0)
+    memory_visible_gib: Float | None = Field(default=None, gt=0)
     memory_visible_source: str | None = None
-    hbm_bandwidth_GBps: float = Field(gt=0)
-    bf16_tflops: float = Field(gt=0)
-    fp16_tflops: float = Field(gt=0)
-    fp8_tflops: float | None = Field(default=None, gt=0)
-    interconnect_GBps: float = Field(gt=0)
+    hbm_bandwidth_GBps: Float = Field(gt=0)
+    bf16_tflops: Float = Field(gt=0)
+    fp16_tflops: Float = Field(gt=0)
+    fp8_tflops: Float | None = Field(default=None, gt=0)
+    interconnect_GBps: Float = Field(gt=0)
     source: str
 
     @model_validator(mode="after")
@@ -104,20 +105,20 @@ class ModelSpec(BaseModel):
 
     name: str
     source: str = "user-defined"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
-    sliding_window: int | None = Field(default=None, gt=0)
+    num_layers: Int = Field(gt=0)
+    hidden_size: Int = Field(gt=0)
+    num_attention_heads: Int = Field(gt=0)
+    num_kv_heads: Int = Field(gt=0)
+    head_dim: Int = Field(gt=0)
+    intermediate_size: Int = Field(gt=0)
+    vocab_size: Int = Field(gt=0)
+    max_position_embeddings: Int = Field(gt=0)
+    sliding_window: Int | None = Field(default=None, gt=0)
     layer_pattern: Literal["full", "sliding", "alternating"] = "full"
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    num_experts: int = Field(default=1, gt=0)
-    num_experts_per_token: int = Field(default=1, gt=0)
+    tie_word_embeddings: Bool = False
+    qkv_bias: Bool = False
+    num_experts: Int = Field(default=1, gt=0)
+    num_experts_per_token: Int = Field(default=1, gt=0)
     dtype: str = "bfloat16"
 
     @model_validator(mode="after")

@@ -102,16 +102,13 @@ def run(
 ) -> None:
     """Run a scenario and write requests / steps / violations tables."""
     from sim.outdir import folder_lock
-    from sim.overrides import apply_overrides, parse_assignment
+    from sim.overrides import apply_overrides, parse_overrides
     from sim.results import summary_json
     from sim.runner import builtin_scenario_path
     from sim.scenario import load_scenario
 
     path = scenario or builtin_scenario_path()
-    overrides = {}
-    for item in set_ or []:
-        key, values = parse_assignment(item)
-        overrides[key] = values[0] if len(values) == 1 else values
+    overrides = parse_overrides(set_)
     if stop or stop_any:
         overrides["engine.violation_policy"] = "stop_any" if stop_any else "stop"
     scenario_obj = load_scenario(path)

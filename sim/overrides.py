@@ -35,6 +35,26 @@ def parse_assignment(text: str, option: str = "--set") -> tuple[str, list[Any]]:
     return key, [parse_value(v.strip()) for v in values.split(",")]
 
 
+def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list[Any]]:
+    """['a.b=1,2', 'c=x'] -> {'a.b': [1, 2], 'c': ['x']}; a key given twice is an error (on
+    every command that takes --set: which of two values wins is not for kvsim to guess).
+
+    `option` is the option the items came from (`--set`, or capacity's `--compare`), named in
+    the errors."""
+    axes: dict[str, list[Any]] = {}
+    for item in items or []:
+        key, values = parse_assignment(item, option)
+        if key in axes:
+            raise ScenarioError(f"{option} {key}: given twice; list its values once (KEY=V1,V2)")
+        axes[key] = values
+    return axes
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`--set` of run / capacity / compare-versions: {'a.b': 1}, a list for 'a.b=1,2'."""
+    return {k: v[0] if len(v) == 1 else v for k, v in parse_sets(items).items()}
+
+
 def _set(data: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = data

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.errors import PathError
+from sim.errors import PathError, one_line
 from sim.input_files import refuse_non_regular, require_folder
 from sim.outdir import staged_file
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
@@ -251,6 +251,26 @@ def _files_in(folder: Path, names: tuple[str, ...]) -> dict[str, bool]:
     return {name: (folder / name).exists() for name in names}
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    """A table of a run folder; a truncated or foreign file is one line naming it."""
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowInvalid, OSError) as error:  # pyarrow: not a Parquet file / truncated
+        raise PathError(f"{path}: not a readable Parquet table ({one_line(str(error))})") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PathError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise PathError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def save_dir_plots(run_dir: str | Path) -> list[Path]:
     """Plots for whatever `run_dir` holds: a run, a sweep, or a capacity search."""
     from sim.results import RunResult
@@ -260,13 +280,11 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
     has = _files_in(d, _PLOT_INPUTS)
     paths: list[Path] = []
     if has["steps.parquet"] and has["requests.parquet"]:
-        meta = json.loads((d / "summary.json").read_text()) if has["summary.json"] else {}
-        violations = (
-            pd.read_parquet(d / "violations.parquet") if has["violations.parquet"] else None
-        )
+        meta = _read_json(d / "summary.json") if has["summary.json"] else {}
+        violations = _read_parquet(d / "violations.parquet") if has["violations.parquet"] else None
         result = RunResult(
-            requests=pd.read_parquet(d / "requests.parquet"),
-            steps=pd.read_parquet(d / "steps.parquet"),
+            requests=_read_parquet(d / "requests.parquet"),
+            steps=_read_parquet(d / "steps.parquet"),
             violations=violations
             if violations is not None
             else pd.DataFrame(columns=["kind", "time_s"]),
@@ -275,10 +293,10 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
         )
         paths += save_run_plots(result, d)
     if has["sweep.parquet"]:
-        paths += save_sweep_plots(pd.read_parquet(d / "sweep.parquet"), d)
+        paths += save_sweep_plots(_read_parquet(d / "sweep.parquet"), d)
     if has["capacity.parquet"] and has["probes.parquet"]:
         paths += save_capacity_plots(
-            pd.read_parquet(d / "capacity.parquet"), pd.read_parquet(d / "probes.parquet"), d
+            _read_parquet(d / "capacity.parquet"), _read_parquet(d / "probes.parquet"), d
         )
     if not paths:
         raise PathError(f"{d}: no run (steps.parquet), sweep.parquet or capacity.parquet to plot")

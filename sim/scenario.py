@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -34,7 +33,7 @@ from pydantic import (
 
 from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
 from sim.catalog import get_gpu
-from sim.cluster.config import ClusterSection
+from sim.cluster.config import ClusterSection, RouterName
 from sim.errors import InputError
 from sim.input_files import read_capped_bytes, refuse_non_regular
 from sim.kv.config import Design
@@ -43,6 +42,7 @@ from sim.kv.v1_engine.releases import resolve_release
 from sim.latency import StepTimeConfig
 from sim.memory_terms import weight_format
 from sim.scheduler.config import Policy, PreemptionMode
+from sim.strict import Bool, Float, Int, Seconds
 from sim.strict_yaml import StrictLoader, load_yaml
 from sim.workload.config import WorkloadConfig
 
@@ -77,37 +77,37 @@ class _Closed(BaseModel):
 class CacheSection(_Closed):
     #: Strict: YAML `true` is not a block size (lax validation turned it into 1, and the error
     #: that followed blamed scheduler.max_model_len).
-    block_size: StrictInt = Field(default=16, ge=1)
+    block_size: Int = Field(default=16, ge=1)
     #: A number, or "derive" to compute it from the model, GPU and memory settings.
-    num_gpu_blocks: int | Literal["derive"] = "derive"
-    num_cpu_blocks: int | None = Field(default=None, ge=0)
+    num_gpu_blocks: Annotated[Int, Field(ge=1)] | Literal["derive"] = "derive"
+    num_cpu_blocks: Int | None = Field(default=None, ge=0)
     #: CPU swap space per replica, used when num_cpu_blocks is not given (vLLM default 4 GiB).
-    swap_space_gib: float = Field(default=4.0, ge=0)
+    swap_space_gib: Float = Field(default=4.0, ge=0)
     #: Tokens; "model" takes the model's window where all its layers are sliding (Mistral).
-    sliding_window: int | Literal["model"] | None = "model"
-    enable_prefix_caching: bool = False
-    watermark: float = Field(default=0.01, ge=0, lt=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    sliding_window: Annotated[Int, Field(ge=1)] | Literal["model"] | None = "model"
+    enable_prefix_caching: Bool = False
+    watermark: Float = Field(default=0.01, ge=0, lt=1)
+    gpu_memory_utilization: Float = Field(default=0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
     #: V1 engine: host memory (GiB per GPU) for vLLM's CPU KV offloading connector; 0: off.
-    cpu_offload_gib: float = Field(default=0.0, ge=0)
+    cpu_offload_gib: Float = Field(default=0.0, ge=0)
     #: Tokens per offloaded block (a multiple of block_size); None: block_size.
-    cpu_offload_block_size: int | None = Field(default=None, ge=1)
+    cpu_offload_block_size: Int | None = Field(default=None, ge=1)
 
 
 class SchedulerSection(_Closed):
     design: Design = Design.V0_V2
-    max_model_len: int | None = Field(default=None, ge=1)
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    enable_chunked_prefill: bool = False
+    max_model_len: Int | None = Field(default=None, ge=1)
+    max_num_seqs: Int = Field(default=256, ge=1)
+    max_num_batched_tokens: Int | None = Field(default=None, ge=1)
+    enable_chunked_prefill: Bool = False
     policy: Policy = Policy.FCFS
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
-    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    long_prefill_token_threshold: Int = Field(default=0, ge=0)
     #: A speed-up that changes no result (tests prove it); false calls the manager every step.
-    decode_fast_path: bool = True
+    decode_fast_path: Bool = True
     #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
-    decode_cohort: bool = True
+    decode_cohort: Bool = True
     #: The vLLM version the design models. v1-engine (`sim.kv.v1_engine.releases`): "4ac7713",
     #: "0.11.0" or "0.33.0", unset = the latest (0.33.0). v0 designs (`sim.kv.v0_versions`):
     #: "0.5.4" (the release; the default) or, for v0-v2 only, "0.5.4+7380".
@@ -136,25 +136,19 @@ class SchedulerSection(_Closed):
 
 
 class EngineSection(_Closed):
-    num_replicas: int = Field(default=1, ge=1)
-    router: Literal[
-        "round_robin",
-        "least_outstanding",
-        "least_kv_usage",
-        "prefix_cache_aware",
-        "session_affinity",
-    ] = "round_robin"
+    num_replicas: Int = Field(default=1, ge=1)
+    router: RouterName = "round_robin"
     #: prefix_cache_aware only: score = leading prompt blocks held - weight * outstanding.
-    router_load_weight: float = Field(default=1.0, ge=0)
+    router_load_weight: Float = Field(default=1.0, ge=0)
     #: prefix_cache_aware only: seconds from a replica's KV event to the router seeing it.
-    router_staleness_s: float = Field(default=0.0, ge=0)
+    router_staleness_s: Seconds = 0.0
     #: Write the replicas' KV cache events as the `kv_events` table (V1 engine only).
-    kv_events: bool = False
+    kv_events: Bool = False
     #: record (carry on), stop (end where the real engine raises: an allocation that ran dry,
     #: a double free, ...) or stop_any (end at the first violation of any kind).
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
-    max_sim_time_s: float | None = Field(default=None, gt=0)
+    max_sim_time_s: Seconds | None = Field(default=None, gt=0)
 
 
 class HardwareSection(_Closed):
@@ -162,7 +156,7 @@ class HardwareSection(_Closed):
     #: memory_gb, memory_visible_gib, hbm_bandwidth_GBps, bf16_tflops, fp16_tflops,
     #: interconnect_GBps, ...), as `model:` accepts a dict.
     gpu: str | dict[str, Any] = "h100-sxm"
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: Int = Field(default=1, ge=1)
 
     @field_validator("gpu")
     @classmethod
@@ -257,7 +251,7 @@ def name_problem(name: str) -> str | None:
 class Scenario(_Closed):
     name: str = "scenario"
     description: str = ""
-    seed: int = Field(default=0, ge=0)
+    seed: Int = Field(default=0, ge=0)
     #: A catalog model name, or a geometry (see `sim.catalog`); needed by measured, roofline, derive.
     model: str | dict[str, Any] | None = "llama-3.1-8b"
     #: How the checkpoint stores its weights: auto (the model's dtype), bfloat16, float16, fp8,
@@ -300,15 +294,44 @@ class Scenario(_Closed):
         return self
 
 
+#: Error types whose message is clearer with the value the user wrote (the rest say it).
+_SHOW_INPUT = {"finite_number", "less_than_equal", "greater_than", "greater_than_equal"}
+
+
+def _shown(value: Any) -> str:
+    """A value as the user typed it in YAML: true, 1e+300, '16' (quoted: it was a string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:39] + "…"
+    return type(value).__name__
+
+
+def _where(loc: tuple) -> str:
+    """The dotted field path of a pydantic error location, without pydantic's union branch
+    names ('int', 'constrained-int', "literal['derive']", 'function-after[...]')."""
+    parts = [str(p) for p in loc]
+    return ".".join(p for p in parts if not _is_branch(p))
+
+
+def _is_branch(part: str) -> bool:
+    return part in {"int", "float", "bool", "str", "dict[str,any]", "list[...]", "none"} or (
+        "[" in part or part.startswith("constrained-")
+    )
+
+
 def _format_validation_error(path: str, error: ValidationError) -> str:
     first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"] if not isinstance(p, int) or True)
+    where = _where(first["loc"])
     if first["type"] == "extra_forbidden":
         parent, _, key = where.rpartition(".")
         return f"{path}: unknown key '{key}'" + (f" in '{parent}'" if parent else "")
     if first["type"] == "missing":
         return f"{path}: missing required key '{where}'"
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"].endswith("_type") or first["type"] in _SHOW_INPUT:
+        message += f", got {_shown(first.get('input'))}"
     return f"{path}: {where}: {message}" if where else f"{path}: {message}"
 
 

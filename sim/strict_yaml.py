@@ -20,6 +20,7 @@ Example: ``cache: {num_gpu_blocks: 10, num_gpu_blocks: 20}`` fails with
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -65,6 +66,17 @@ if _CSafeLoader is not None:
     FAST_LOADER: type = StrictCLoader
 else:  # pragma: no cover - PyYAML built without libyaml
     FAST_LOADER = StrictLoader
+
+
+# YAML 1.1 (PyYAML) reads `1e-3` and `1.0e300` (no dot, or no exponent sign) as strings;
+# YAML 1.2 and every user read them as numbers. The scenario's float fields are strict (no
+# strings, `sim.strict`), so both loaders resolve such a scalar as the float it is:
+# `fixed_s: 1e-3` keeps working, and `1e999` is an infinite float that the finite check names.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+for _loader in dict.fromkeys((StrictLoader, FAST_LOADER)):
+    _loader.add_implicit_resolver(  # type: ignore[attr-defined]
+        "tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789")
+    )
 
 
 #: Texts up to this many characters refused by libyaml are parsed again in Python for the

@@ -118,7 +118,7 @@ def test_factory_builds_each_model():
     lin = make_step_time({"linear": {"fixed_s": 0.01}}, LLAMA, "h100-sxm")
     assert isinstance(lin, StepTimeModel) and lin.predict_s(DECODE_64x4K) == 0.01
     with pytest.raises(ValueError, match="exactly one"):
-        make_step_time({"roofline": {}, "linear": {"fixed_s": 0}}, LLAMA, "h100-sxm")
+        make_step_time({"roofline": {}, "linear": {"fixed_s": 0.01}}, LLAMA, "h100-sxm")
     with pytest.raises(ValueError, match="invalid step_time"):
         make_step_time({"roofline": {"memroy": 0.5}}, LLAMA, "h100-sxm")
 

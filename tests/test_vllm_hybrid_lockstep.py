@@ -115,6 +115,8 @@ def test_real_hybrid_coordinator_under_kvsims_scheduler_gives_identical_tables()
                 "vllm_version": "0.11.0",
                 "max_model_len": 8192,
                 "max_num_batched_tokens": 2048,
+                # vLLM refuses a budget below max_model_len without it (SchedulerConfig)
+                "enable_chunked_prefill": True,
             },
             "workload": {"kind": "inline", "requests": requests},
             "step_time": {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001}},

@@ -203,7 +203,7 @@ def test_cli_verify_scheduler_reports_both_pins():
     [
         (["--design", "v0-v1"], "has no V1 scheduler"),
         (["--pin", "0.9"], "--pin: unknown vLLM version '0.9'"),
-        (["--num-workloads", "0"], "--num-workloads must be positive"),
+        (["--num-workloads", "0"], "--num-workloads 0: must be at least 1"),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
     ],
 )

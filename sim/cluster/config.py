@@ -17,12 +17,22 @@ disaggregated mode (each pool has its own count). `link` is a catalog name
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.cluster.links import get_link
 from sim.errors import InputError
+from sim.strict import Int
+
+#: The routers a pool (or `engine.router`) may name (`sim.routing.Router`'s values).
+RouterName = Literal[
+    "round_robin",
+    "least_outstanding",
+    "least_kv_usage",
+    "prefix_cache_aware",
+    "session_affinity",
+]
 
 
 class ClusterMode(enum.Enum):
@@ -33,12 +43,13 @@ class ClusterMode(enum.Enum):
 class PoolSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    replicas: int = Field(default=1, ge=1)
+    replicas: Int = Field(default=1, ge=1)
     #: None: the scenario's `hardware.gpu`.
     gpu: str | dict[str, Any] | None = None
     #: None: the scenario's `hardware.tensor_parallel_size`.
-    tp: int | None = Field(default=None, ge=1)
-    router: str | None = None
+    tp: Int | None = Field(default=None, ge=1)
+    #: None: the scenario's `engine.router`.
+    router: RouterName | None = None
 
 
 class ClusterSection(BaseModel):

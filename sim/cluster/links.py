@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.errors import InputError
+from sim.strict import Float
 
 
 class LinkSpec(BaseModel):
@@ -36,9 +37,9 @@ class LinkSpec(BaseModel):
 
     name: str
     display_name: str = ""
-    bandwidth_Gbps: float = Field(gt=0)
-    efficiency: float = Field(gt=0, le=1)
-    latency_us: float = Field(ge=0)
+    bandwidth_Gbps: Float = Field(gt=0)
+    efficiency: Float = Field(gt=0, le=1)
+    latency_us: Float = Field(ge=0)
     source: str = "user-defined"
 
     @property

@@ -30,6 +30,7 @@ from sim.latency.profile import StepTimeProfile, load_profile
 from sim.latency.protocol import StepTimeModel
 from sim.latency.roofline import Efficiencies, RooflineStepTime
 from sim.latency.scaled import ScaledStepTime, scaled
+from sim.strict import Float
 
 __all__ = [
     "BatchShape",
@@ -61,12 +62,12 @@ class _Closed(BaseModel):
 class RooflineConfig(_Closed):
     """Efficiency factors and fixed costs (defaults: `Efficiencies`)."""
 
-    compute: float = Field(default=_DEFAULT.compute, gt=0, le=1)
-    memory: float = Field(default=_DEFAULT.memory, gt=0, le=1)
-    attention_compute: float = Field(default=_DEFAULT.attention_compute, gt=0, le=1)
-    network: float = Field(default=_DEFAULT.network, gt=0, le=1)
-    allreduce_latency_s: float = Field(default=_DEFAULT.allreduce_latency_s, ge=0)
-    overhead_s: float = Field(default=_DEFAULT.overhead_s, ge=0)
+    compute: Float = Field(default=_DEFAULT.compute, gt=0, le=1)
+    memory: Float = Field(default=_DEFAULT.memory, gt=0, le=1)
+    attention_compute: Float = Field(default=_DEFAULT.attention_compute, gt=0, le=1)
+    network: Float = Field(default=_DEFAULT.network, gt=0, le=1)
+    allreduce_latency_s: Float = Field(default=_DEFAULT.allreduce_latency_s, ge=0)
+    overhead_s: Float = Field(default=_DEFAULT.overhead_s, ge=0)
 
     def efficiencies(self) -> Efficiencies:
         return Efficiencies(**self.model_dump())
@@ -85,14 +86,27 @@ class MeasuredConfig(_Closed):
 
 class CalibratedConfig(_Closed):
     profile: str
-    overhead_s: float = Field(default=_DEFAULT.overhead_s, ge=0)
+    overhead_s: Float = Field(default=_DEFAULT.overhead_s, ge=0)
 
 
 class LinearConfig(_Closed):
-    fixed_s: float = Field(ge=0)
-    per_prefill_token_s: float = Field(default=0.0, ge=0)
-    per_decode_seq_s: float = Field(default=0.0, ge=0)
-    per_context_token_s: float = Field(default=0.0, ge=0)
+    fixed_s: Float = Field(ge=0)
+    per_prefill_token_s: Float = Field(default=0.0, ge=0)
+    per_decode_seq_s: Float = Field(default=0.0, ge=0)
+    per_context_token_s: Float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _step_takes_time(self) -> LinearConfig:
+        # A decode step costs fixed + per-seq + per-context (its context is >= 1 token), a
+        # prefill step fixed + per-prefill-token (its prior context may be 0): with either at
+        # 0 s the clock stands still (throughput infinite, TTFT 0), which no engine does.
+        decode = self.per_decode_seq_s > 0 or self.per_context_token_s > 0
+        if not (self.fixed_s > 0 or (self.per_prefill_token_s > 0 and decode)):
+            raise ValueError(
+                "a step can take 0 s: give fixed_s > 0, or per_prefill_token_s > 0 and one of "
+                "per_decode_seq_s / per_context_token_s > 0"
+            )
+        return self
 
 
 class StepTimeConfig(_Closed):

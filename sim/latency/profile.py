@@ -44,7 +44,8 @@ STEP_GEMMS = ("lm_head",)
 
 
 class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Python's json reads NaN / Infinity; a profile term of inf is no timing (the user's file).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunMetadata(_Closed):

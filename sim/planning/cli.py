@@ -189,7 +189,7 @@ def capacity(
     the step-time model's error band (`--no-band` skips those)."""
     from sim.cli import console
     from sim.outdir import check_output_dir
-    from sim.overrides import parse_assignment
+    from sim.overrides import parse_overrides
     from sim.planning import load_base
     from sim.planning.capacity import as_slos, capacity_search, parse_seeds, write_capacity
     from sim.planning.grid import parse_sets
@@ -199,10 +199,7 @@ def capacity(
     seed_list = parse_seeds(seeds) if seeds is not None else None
     check_workers(workers)
     axes = parse_sets(compare, option="--compare")
-    overrides = {}
-    for item in set_ or []:
-        key, values = parse_assignment(item)
-        overrides[key] = values[0] if len(values) == 1 else values
+    overrides = parse_overrides(set_)
     if step_time_band is not None and not band_ends:
         from sim.planning.capacity import SloError
 
@@ -260,15 +257,17 @@ def _parse_band(text: str | None) -> StepTimeBand | None:
     if text is None:
         return None
     low, _, high = text.partition(",")
+    wrong = f"--step-time-band {text!r}: expected LOW,HIGH finite factors with 0 < LOW <= 1 <= HIGH"
     try:
         factors = float(low), float(high)
-        if not all(map(math.isfinite, factors)):  # StepTimeBand would take 0.5,inf
-            raise ValueError(text)
+    except ValueError:
+        raise SloError(wrong) from None
+    if not all(math.isfinite(f) for f in factors):  # x inf: every probe's step never ends
+        raise SloError(wrong)
+    try:
         return StepTimeBand(*factors, extrapolated=False, source=f"--step-time-band {text}")
     except ValueError:
-        raise SloError(
-            f"--step-time-band {text!r}: expected LOW,HIGH factors with 0 < LOW <= 1 <= HIGH"
-        ) from None
+        raise SloError(wrong) from None
 
 
 def check_workers(workers: int | None) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.overrides import apply_overrides, parse_assignment
+from sim.overrides import apply_overrides, parse_sets
 from sim.scenario import Scenario, ScenarioError, scenario_from_dict
 
 
@@ -33,20 +33,6 @@ class SweepPoint:
     overrides: dict[str, Any]
     key: str
     scenario_data: dict[str, Any]
-
-
-def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list[Any]]:
-    """['a.b=1,2', 'c=x'] -> {'a.b': [1, 2], 'c': ['x']}; a key given twice is an error.
-
-    `option` is the option the items came from (`--set`, or capacity's `--compare`), named in
-    the errors."""
-    axes: dict[str, list[Any]] = {}
-    for item in items or []:
-        key, values = parse_assignment(item, option)
-        if key in axes:
-            raise ScenarioError(f"{option} {key}: given twice; list its values once (KEY=V1,V2)")
-        axes[key] = values
-    return axes
 
 
 def expand_grid(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -157,3 +143,7 @@ def check_point(data: dict[str, Any], overrides: dict[str, Any], base_dir: str |
     except InputError as error:
         where = f"sweep point ({settings})" if settings else "sweep"
         raise ScenarioError(f"{where}: {error}".splitlines()[0]) from None
+
+
+#: parse_sets lives in sim.overrides (every command's --set); sweep imports it from here too.
+__all__ = ["build_points", "expand_grid", "parse_sets", "scenario_key", "validate_axes"]

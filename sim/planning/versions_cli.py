@@ -39,13 +39,9 @@ def _outcome(row) -> str:
 
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:
-    from sim.overrides import parse_assignment
+    from sim.overrides import parse_overrides
 
-    overrides: dict[str, Any] = {}
-    for item in items or []:
-        key, values = parse_assignment(item)
-        overrides[key] = values[0] if len(values) == 1 else values
-    return overrides
+    return parse_overrides(items)
 
 
 def compare_versions(

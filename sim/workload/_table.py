@@ -245,6 +245,10 @@ def jsonl_columns(
     return {name: [r.get(name) for r in records] for name in (*required, *optional)}
 
 
+#: The largest integer a float64-parsed column holds exactly.
+MAX_EXACT_INT = 2**53
+
+
 def numeric_column(
     values: pd.Series | list[Any],
     name: str,
@@ -293,6 +297,12 @@ def numeric_column(
         if bad.any():
             i = int(np.argmax(bad))
             raise loc.error(i, name, f"not an integer: {_show(values, i)}")
+        # Read as float64: beyond 2**53 an integer is no longer exact, beyond 2**63 the int64
+        # cast wraps (2**70 prompt tokens became 0). No token count or id comes near either.
+        bad = present & (np.abs(np.where(present, parsed, 0.0)) > MAX_EXACT_INT)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise loc.error(i, name, f"integer beyond 2**53: {_show(values, i)}")
     if min_value is not None:
         bad = present & (np.where(present, parsed, min_value) < min_value)
         if bad.any():

@@ -47,6 +47,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.strict import Float, Int, Seconds
+
 TraceFormat = Literal["auto", "canonical", "azure", "mooncake", "vidur", "lengths"]
 
 
@@ -56,8 +58,8 @@ class ArrivalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     process: Literal["poisson", "gamma"] = "poisson"
-    rate_per_s: float = Field(gt=0, allow_inf_nan=False)
-    cv: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    rate_per_s: Float = Field(gt=0, allow_inf_nan=False)
+    cv: Float = Field(default=1.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _poisson_cv(self) -> ArrivalConfig:
@@ -78,12 +80,12 @@ class LengthDist(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["fixed", "uniform", "lognormal", "zipf", "trace"]
-    value: int | None = Field(default=None, ge=1)
-    min_tokens: int = Field(default=1, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    mean: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    cv: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    exponent: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    value: Int | None = Field(default=None, ge=1)
+    min_tokens: Int = Field(default=1, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=1)
+    mean: Float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cv: Float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    exponent: Float | None = Field(default=None, gt=0, allow_inf_nan=False)
     path: str | None = None
     format: TraceFormat = "auto"
 
@@ -118,12 +120,12 @@ class InlineRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_s: float = Field(ge=0, allow_inf_nan=False)
-    prompt_tokens: int = Field(ge=1)
-    output_tokens: int = Field(ge=1)
-    priority: int = 0
-    prefix_id: int | None = Field(default=None, ge=0, lt=2**40)
-    prefix_tokens: int = Field(default=0, ge=0)
+    arrival_s: Seconds
+    prompt_tokens: Int = Field(ge=1)
+    output_tokens: Int = Field(ge=1)
+    priority: Int = 0
+    prefix_id: Int | None = Field(default=None, ge=0, lt=2**40)
+    prefix_tokens: Int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _prefix(self) -> InlineRequest:
@@ -139,8 +141,8 @@ class TurnsDist(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min: int = Field(ge=1)
-    max: int = Field(ge=1, le=10_000)
+    min: Int = Field(ge=1)
+    max: Int = Field(ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _order(self) -> TurnsDist:
@@ -156,8 +158,8 @@ class ThinkTimeDist(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["fixed", "exponential", "lognormal"]
-    mean_s: float = Field(ge=0, allow_inf_nan=False)
-    cv: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    mean_s: Seconds
+    cv: Float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _cv(self) -> ThinkTimeDist:
@@ -182,7 +184,7 @@ class SessionsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: Literal["synthetic", "mooncake"]
-    num_sessions: int | None = Field(default=None, ge=1)
+    num_sessions: Int | None = Field(default=None, ge=1)
     arrival: ArrivalConfig | None = None
     turns: TurnsDist | None = None
     first_prompt: LengthDist | None = None
@@ -217,16 +219,16 @@ class WorkloadConfig(BaseModel):
     kind: Literal["trace", "synthetic", "inline", "sessions"]
     path: str | None = None
     format: TraceFormat = "auto"
-    hash_block_tokens: int = Field(default=512, ge=1)
+    hash_block_tokens: Int = Field(default=512, ge=1)
     arrival: ArrivalConfig | None = None
     lengths: LengthsConfig | None = None
-    num_requests: int | None = Field(default=None, ge=1)
-    rate_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    first_n: int | None = Field(default=None, ge=1)
-    time_range_s: tuple[float, float] | None = None
+    num_requests: Int | None = Field(default=None, ge=1)
+    rate_scale: Float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    first_n: Int | None = Field(default=None, ge=1)
+    time_range_s: tuple[Seconds, Seconds] | None = None
     requests: list[InlineRequest] | None = None
     sessions: SessionsConfig | None = None
-    seed: int = Field(default=0, ge=0)
+    seed: Int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.kv.types import Segment
+from sim.strict import time_error
 from sim.workload.config import WorkloadConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import detect_format, load_lengths, load_trace
@@ -38,7 +39,25 @@ def load_workload(spec: WorkloadConfig, base_dir: Path | str = ".") -> Workload:
     if spec.kind == "sessions" and spec.sessions and spec.sessions.source == "mooncake":
         # After the window: a turn whose parent fell outside it starts a session.
         workload = infer_sessions(workload, spec.hash_block_tokens)
-    return scale_time(workload, spec.rate_scale)
+    return _resolvable(scale_time(workload, spec.rate_scale), spec)
+
+
+def _resolvable(workload: Workload, spec: WorkloadConfig) -> Workload:
+    """`workload`, if its last arrival is a time float64 still resolves a millisecond at
+    (`sim.strict.MAX_TIME_S`); a rate of 1e-300 or a trace at 1e300 s is refused, naming the
+    knob that put it there. Requests are sorted by arrival, so the last one is the latest."""
+    if not len(workload):
+        return workload
+    last = workload[len(workload) - 1].arrival_s
+    what = "arrival_s"
+    if spec.rate_scale != 1.0:
+        what = f"arrival_s after rate_scale {spec.rate_scale:g}"
+    elif spec.kind == "synthetic" and spec.arrival is not None:
+        what = f"arrival_s drawn at arrival.rate_per_s {spec.arrival.rate_per_s:g}"
+    problem = time_error(f"last {what}", last)
+    if problem is not None:
+        raise WorkloadError(workload.source, problem)
+    return workload
 
 
 def _sessions(spec: WorkloadConfig, base_dir: Path) -> Workload:
