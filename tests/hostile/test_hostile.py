@@ -29,6 +29,8 @@ CASES = _all_cases()
 def test_the_table_covers_every_class():
     counts = Counter(case.klass for case in CASES)
     assert set(counts) <= set(CLASSES), set(counts) - set(CLASSES)
+    assert all(counts[klass] > 0 for klass in CLASSES), counts
+    assert len(CASES) >= 300, len(CASES)
     ids = Counter(case.id for case in CASES)
     assert not [i for i, n in ids.items() if n > 1], [i for i, n in ids.items() if n > 1]
 
@@ -44,7 +46,7 @@ def test_hostile(case: Case, tmp_path: Path):
     )
     argv = harness.argv_in(case, folder)
     if case.subprocess:
-        answer = harness.run_in_subprocess(argv, folder, case.timeout_s)
+        answer = harness.run_in_subprocess(argv, folder, harness.timeout_of(case))
     else:
         answer = harness.run_in_process(argv, folder)
     shown = f"kvsim {' '.join(argv)}\nexit {answer.exit}\n{answer.output[-3000:]}"
