@@ -250,3 +250,24 @@ def test_simulator_crash_is_a_junit_error_not_a_traceback(passing, monkeypatch):
     suite = root.find("testsuite")
     assert suite.get("errors") == "1" and suite.get("failures") == "0"
     assert suite.find("testcase/error") is not None
+
+
+def test_check_not_scenarios_refuses_yaml_reports_inside_checked_folders(tmp_path):
+    """A .yaml/.yml report under a checked folder is refused however it is spelled."""
+    from sim.ci.cli import check_not_scenarios
+    from sim.outdir import OutputPathError
+
+    folder = tmp_path / "d"
+    (folder / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(folder)
+    for report in (
+        folder / "r.yaml",
+        folder / "sub" / "new" / "r.yml",
+        tmp_path / "link" / "r.yaml",
+    ):
+        with pytest.raises(OutputPathError, match="--json would write"):
+            check_not_scenarios({"--json": report, "--junit": None}, [folder])
+    # Another suffix, a path outside, or only files named (no folder searched): allowed.
+    check_not_scenarios({"--json": folder / "r.json"}, [folder])
+    check_not_scenarios({"--json": tmp_path / "r.yaml"}, [folder])
+    check_not_scenarios({"--junit": folder / "r.yaml"}, [folder / "s.yaml"])

@@ -17,6 +17,7 @@ Output paths (`--junit`, `--json`, `--save`, `-o`) are checked before anything r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -56,6 +57,7 @@ def check(
 
     cli = _cli()
     check_distinct_outputs({"--junit": junit, "--json": json_path}, _scenario_files(paths))
+    check_not_scenarios({"--junit": junit, "--json": json_path}, paths)
     for report in (junit, json_path):
         if report is not None:
             check_output_file(report)
@@ -99,6 +101,30 @@ def check(
     if json_path is not None:
         _write(json_path, json.dumps(outcomes_json(outcomes), indent=2) + "\n")
     raise typer.Exit(exit_code(outcomes))
+
+
+def check_not_scenarios(outputs: dict[str, Path | None], paths: list[Path]) -> None:
+    """Refuse a report that a later `kvsim check` of the same folders would read as a scenario.
+
+    A ``.yaml``/``.yml`` output anywhere under a folder being checked (however it is spelled:
+    ``d/x.yaml``, ``/abs/d/../d/x.yaml``, through a symlinked parent) would be picked up by
+    the next ``kvsim check d`` and fail it as a malformed scenario.
+    """
+    from sim.ci.check import SCENARIO_SUFFIXES
+    from sim.outdir import OutputPathError
+
+    folders = [(Path(os.path.realpath(p)), p) for p in paths if Path(p).is_dir()]
+    for option, path in outputs.items():
+        if path is None or Path(path).suffix not in SCENARIO_SUFFIXES:
+            continue
+        real = Path(os.path.realpath(path))
+        for folder, given in folders:
+            if real.is_relative_to(folder):
+                raise OutputPathError(
+                    f"{path}: {option} would write a {real.suffix} file inside {given}, a folder "
+                    f"being checked, where the next `kvsim check {given}` reads it as a "
+                    f"scenario; give {option} a path outside it, or another suffix (.json, .xml)"
+                )
 
 
 def _scenario_files(paths: list[Path]) -> list[Path]:

@@ -31,6 +31,34 @@ def _shown(value) -> str:
     return str(value)
 
 
+def _write_tables(result, staging: Path) -> dict:
+    """Write a disaggregated run's tables and summary.json into `staging`; the summary."""
+    import pandas as pd
+
+    violations = pd.concat(
+        [
+            result.prefill.violations.assign(pool="prefill"),
+            result.decode.violations.assign(pool="decode"),
+        ],
+        ignore_index=True,
+    )
+    for name, frame in (
+        ("requests", result.requests),
+        ("transfers", result.transfers),
+        ("prefill_requests", result.prefill.requests),
+        ("prefill_steps", result.prefill.steps),
+        ("decode_requests", result.decode.requests),
+        ("decode_steps", result.decode.steps),
+        ("violations", violations),
+    ):
+        frame.to_csv(staging / f"{name}.csv", index=False)
+    summary = {k: _clean(v) for k, v in result.summary.items()}
+    (staging / "summary.json").write_text(
+        json.dumps({"summary": summary, "inputs": result.inputs}, indent=2, sort_keys=True) + "\n"
+    )
+    return summary
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def disagg(
@@ -45,40 +73,19 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Run prefill/decode disaggregated serving: two pools joined by a KV link."""
-        import pandas as pd  # here, not at the top: `kvsim --help` stays light
-
         from sim.cli import console
         from sim.cluster.run import run_disaggregated
         from sim.outdir import staged_folder
         from sim.scenario import load_scenario, naming
 
         scenario_obj = load_scenario(scenario)
-        with naming(scenario):  # a resolution error names the file too
-            result = run_disaggregated(scenario_obj, scenario.parent)
         out_dir = out or Path("runs") / scenario_obj.name
-        violations = pd.concat(
-            [
-                result.prefill.violations.assign(pool="prefill"),
-                result.decode.violations.assign(pool="decode"),
-            ],
-            ignore_index=True,
-        )
-        summary = {k: _clean(v) for k, v in result.summary.items()}
+        # Locked and checked before the simulation (as `kvsim run`): a bad or busy -o costs
+        # nothing, and a scenario error cannot hide it.
         with staged_folder(out_dir) as staging:
-            for name, frame in (
-                ("requests", result.requests),
-                ("transfers", result.transfers),
-                ("prefill_requests", result.prefill.requests),
-                ("prefill_steps", result.prefill.steps),
-                ("decode_requests", result.decode.requests),
-                ("decode_steps", result.decode.steps),
-                ("violations", violations),
-            ):
-                frame.to_csv(staging / f"{name}.csv", index=False)
-            (staging / "summary.json").write_text(
-                json.dumps({"summary": summary, "inputs": result.inputs}, indent=2, sort_keys=True)
-                + "\n"
-            )
+            with naming(scenario):  # a resolution error names the file too
+                result = run_disaggregated(scenario_obj, scenario.parent)
+            summary = _write_tables(result, staging)
         if json_out:
             console.print_json(json.dumps(summary, sort_keys=True))
             return

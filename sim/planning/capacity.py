@@ -96,7 +96,8 @@ def capacity_search(
     (`sim.planning.replicates`): use trace windows there.
     `band`: the step-time band to search the ends of (default: each configuration's model's own);
     `band_ends=False` searches the central step time only (the band's columns are then NaN).
-    `on_total(n)` is called once with the number of searches before they start.
+    `on_total(n)` is called once with the number of searches, after every input is checked and
+    before any search starts (the CLI checks and makes its output folder there).
     """
     from sim.overrides import apply_overrides
     from sim.planning import load_base

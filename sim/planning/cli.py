@@ -209,11 +209,16 @@ def capacity(
     band = _parse_band(step_time_band)
     base, base_dir = load_base(scenario)
     out_dir = out or Path("capacity") / base.name
-    check_output_dir(out_dir)  # before any probe runs
     # Searches per step-time factor; `on_total` sets the real count (up to 3 factors).
     num_tasks = max(1, math.prod(len(v) for v in axes.values())) * len(seed_list or [0])
     progress, task = _progress("capacity searches", num_tasks)
     from sim.scenario import naming
+
+    def start(total: int) -> None:
+        # Called once every option is checked and before any probe runs: only then is the
+        # output folder checked and made, so a refused option leaves no empty folder.
+        check_output_dir(out_dir)
+        progress.update(task, total=total)
 
     with progress, naming(scenario):  # a resolution error names the file too
         table, probes = capacity_search(
@@ -228,7 +233,7 @@ def capacity(
             cluster=cluster,
             base_dir=base_dir,
             on_result=lambda i, res: progress.update(task, advance=1),
-            on_total=lambda n: progress.update(task, total=n),
+            on_total=start,
             band=band,
             band_ends=band_ends,
         )

@@ -101,7 +101,6 @@ def _cases() -> list[Case]:
         "--target-rate inf",
         "capacity --target-rate inf is bad input, not an OverflowError",
         synth,
-        outputs=("capacity",),
     )
     add(
         ("capacity", "s.yaml", "--slo", "ttft_p99=1s", "--compare", "scheduler.bogus=1,2"),
@@ -109,7 +108,6 @@ def _cases() -> list[Case]:
         "--compare scheduler.bogus=1",
         "capacity --compare names --compare, not --set",
         synth,
-        outputs=("capacity",),
     )
     # run --set: the assignment at fault is named as typed.
     add(

@@ -810,6 +810,132 @@ def _lock_cases() -> list[Case]:
     ]
 
 
+def _before_work_cases() -> list[Case]:
+    """Every option and the output path are checked before any work, and a refusal makes nothing.
+
+    `kvsim disagg` took its folder's lock and checked it only after simulating (so a scenario
+    error hid a bad or busy `-o`); `check DIR --json DIR/x.yaml` wrote a report a later `check
+    DIR` reads as a scenario; `capacity` made its empty output folder before refusing an option.
+    """
+    o = "outputs"
+    # Refused once the pools are built (no CPU tier with disaggregation), after the load.
+    pd_late = {
+        "s.yaml": PD.format(name="pd").replace(
+            "num_gpu_blocks: 256", "num_gpu_blocks: 256, cpu_offload_gib: 1"
+        )
+    }
+    syn = {"s.yaml": SYN.format(name="w")}
+    return [
+        Case(
+            o,
+            ("disagg", "s.yaml", "-o", "out"),
+            2,
+            "not a folder",
+            files={**pd_late, "out": "mine"},
+            name="disagg -o onto a file is refused before simulating",
+        ),
+        Case(
+            o,
+            ("disagg", "s.yaml", "-o", "out"),
+            2,
+            "is being written by another kvsim run (pid",
+            files=pd_late,
+            setup=_lock_held("out"),
+            name="disagg -o on a busy folder is refused before simulating",
+        ),
+        Case(
+            o,
+            ("check", "d", "--json", "d/new.yaml"),
+            2,
+            "--json",
+            files={"d/s.yaml": tiny()},
+            name="check DIR --json DIR/new.yaml would become a scenario",
+        ),
+        Case(
+            o,
+            ("check", "d", "--junit", "d/sub/r.yml"),
+            2,
+            "--junit",
+            files={"d/s.yaml": tiny()},
+            name="check DIR --junit DIR/sub/r.yml would become a scenario",
+        ),
+        Case(
+            o,
+            ("check", "d", "--json", "{tmp}/d/../d/new.yaml"),
+            2,
+            "--json",
+            files={"d/s.yaml": tiny()},
+            name="check DIR --json /abs/DIR/../DIR/new.yaml would become a scenario",
+        ),
+        Case(
+            o,
+            ("check", "d", "--json", "d/r.json"),
+            0,
+            "1 passed",
+            files={"d/s.yaml": tiny()},
+            outputs=("d/r.json",),
+            name="check DIR --json DIR/r.json is not a scenario and is written",
+        ),
+        Case(
+            o,
+            ("check", "d/s.yaml", "--json", "d/new.yaml"),
+            0,
+            "1 passed",
+            files={"d/s.yaml": tiny()},
+            outputs=("d/new.yaml",),
+            name="check FILE --json new.yaml beside it is fine (no folder is searched)",
+        ),
+        Case(
+            o,
+            (*CAPACITY, "--tolerance", "2"),
+            2,
+            "--tolerance",
+            files=syn,
+            name="capacity --tolerance 2 leaves no capacity folder",
+        ),
+        Case(
+            o,
+            (*CAPACITY, "--target-rate", "0"),
+            2,
+            "--target-rate",
+            files=syn,
+            name="capacity --target-rate 0 leaves no capacity folder",
+        ),
+        Case(
+            o,
+            (*CAPACITY, "--compare", "cache.bogus=1,2"),
+            2,
+            "--compare",
+            files=syn,
+            name="capacity --compare unknown key leaves no capacity folder",
+        ),
+        Case(
+            o,
+            (*CAPACITY, "--compare", "cache.num_gpu_blocks=0,64"),
+            2,
+            "num_gpu_blocks",
+            files=syn,
+            name="capacity --compare bad value leaves no capacity folder",
+        ),
+        Case(
+            o,
+            ("sweep", "s.yaml", "--set", "cache.num_gpu_blocks=0,64", "-j", "1", "--no-plots"),
+            2,
+            "num_gpu_blocks",
+            files=syn,
+            name="sweep with a bad point leaves no sweeps folder",
+        ),
+        Case(
+            o,
+            ("compare-versions", "s.yaml", "--set", "cache.bogus=1", "-j", "1", "--no-plots"),
+            2,
+            "bogus",
+            files=syn,
+            name="compare-versions --set unknown key leaves no compare folder",
+        ),
+    ]
+
+
 CASES: list[Case] = [
     Case(
         "outputs",
@@ -840,4 +966,5 @@ CASES: list[Case] = [
     *_same_path_cases(),
     *_name_cases(),
     *_lock_cases(),
+    *_before_work_cases(),
 ]
