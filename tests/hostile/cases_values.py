@@ -428,8 +428,10 @@ def _run_folder(folder: Path, corrupt: str, how: str) -> None:
 
     run = folder / "r"
     run.mkdir()
-    pd.DataFrame({"request_id": [0], "arrival_s": [0.0]}).to_parquet(run / "requests.parquet")
-    pd.DataFrame({"step": [0], "time_s": [0.0]}).to_parquet(run / "steps.parquet")
+    # Tables with the columns the plots read (`_REQUESTS`, `_STEPS`, below), so the corrupt one
+    # is what is refused, whichever is read first.
+    pd.DataFrame(_REQUESTS).to_parquet(run / "requests.parquet")
+    pd.DataFrame(_STEPS).to_parquet(run / "steps.parquet")
     (run / "summary.json").write_text("{}")
     target = run / corrupt
     data = target.read_bytes()
