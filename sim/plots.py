@@ -36,7 +36,12 @@ from sim.errors import PathError, one_line
 from sim.input_files import refuse_non_regular, require_folder
 from sim.outdir import staged_file
 from sim.plot_common import design_text, figure, name_figure, seconds_text, subject_of, subject_text
-from sim.plots_planning import capacity_band, capacity_frontier, throughput_latency
+from sim.plots_planning import (
+    _parse_limits,
+    capacity_band,
+    capacity_frontier,
+    throughput_latency,
+)
 
 _COLORS = {"used": "tab:blue", "free": "tab:green", "cached": "tab:orange"}
 MAX_REPLICA_PANELS = 4
@@ -251,14 +256,70 @@ def _files_in(folder: Path, names: tuple[str, ...]) -> dict[str, bool]:
     return {name: (folder / name).exists() for name in names}
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
-    """A table of a run folder; a truncated or foreign file is one line naming it."""
+#: The columns the plots read from each table (a subset of what kvsim writes, for a run of
+#: `kvsim run` and of `kvsim disagg` alike): a Parquet file that reads fine but lacks one is
+#: another table put in its place, refused in one line rather than a KeyError mid-plot.
+_NEEDED = {
+    "steps.parquet": (
+        "replica",
+        "start_s",
+        "duration_s",
+        "num_used_blocks",
+        "num_free_blocks",
+        "num_cached_blocks",
+        "num_waiting",
+        "num_running",
+        "num_swapped",
+    ),
+    "requests.parquet": ("state", "ttft_s", "tpot_s", "e2e_s"),
+    "violations.parquet": ("kind", "time_s"),
+    "sweep.parquet": ("error", "ttft_p99_s", "throughput_tok_per_s"),
+    "capacity.parquet": (
+        "slos",
+        "config",
+        "capacity_rate_req_per_s",
+        "capacity_ci_low",
+        "capacity_ci_high",
+    ),
+    "probes.parquet": ("config", "replicate", "offered_rate_req_per_s"),
+}
+#: Read by `capacity_band` when the capacity table has a step-time band.
+_BAND_COLUMNS = (
+    "capacity_slow_step_ci_low",
+    "capacity_fast_step_ci_high",
+    "capacity_slow_step_req_per_s",
+    "capacity_fast_step_req_per_s",
+    "step_time_low_factor",
+    "step_time_high_factor",
+    "step_time_band_source",
+)
+
+
+def _read_parquet(path: Path, extra: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A table of a run folder; a truncated file, or a foreign one (without the columns the
+    plots read, `_NEEDED` and `extra`), is one line naming it and the missing columns."""
     import pyarrow as pa
 
     try:
-        return pd.read_parquet(path)
+        table = pd.read_parquet(path)
     except (pa.ArrowInvalid, OSError) as error:  # pyarrow: not a Parquet file / truncated
         raise PathError(f"{path}: not a readable Parquet table ({one_line(str(error))})") from None
+    missing = sorted(set(_NEEDED.get(path.name, ()) + extra) - set(table.columns))
+    if missing:
+        raise PathError(
+            f"{path}: missing columns {', '.join(missing)} (not a table kvsim wrote here)"
+        )
+    return table
+
+
+def _read_capacity(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """capacity.parquet and probes.parquet, the probes checked for each SLO metric's column."""
+    table = _read_parquet(folder / "capacity.parquet")
+    if "capacity_slow_step_ci_low" in table:
+        table = _read_parquet(folder / "capacity.parquet", _BAND_COLUMNS)
+    limits = _parse_limits(table["slos"].iloc[0]) if len(table) else {}
+    metrics = tuple(f"{metric}_s" for metric in limits or ["ttft_p99"])
+    return table, _read_parquet(folder / "probes.parquet", metrics)
 
 
 def _read_json(path: Path) -> dict:
@@ -295,9 +356,7 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
     if has["sweep.parquet"]:
         paths += save_sweep_plots(_read_parquet(d / "sweep.parquet"), d)
     if has["capacity.parquet"] and has["probes.parquet"]:
-        paths += save_capacity_plots(
-            _read_parquet(d / "capacity.parquet"), _read_parquet(d / "probes.parquet"), d
-        )
+        paths += save_capacity_plots(*_read_capacity(d), d)
     if not paths:
         raise PathError(f"{d}: no run (steps.parquet), sweep.parquet or capacity.parquet to plot")
     return paths

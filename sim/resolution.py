@@ -221,9 +221,13 @@ def _startup(
 
 def preflight(scenario: Scenario, base_dir: str | Path = ".") -> None:
     """Every check `resolve` makes before a run, without loading the workload: what a sweep
-    or compare-versions asks of each point before running any (a bad point is bad input)."""
+    or compare-versions asks of each point before running any (a bad point is bad input).
+    The workload's files are checked to exist and be regular files, but not read."""
+    from sim.workload.load import check_input_files
+
     model, *_ = _startup(scenario, {})
     _step_time(scenario, model, Path(base_dir), {})
+    check_input_files(scenario.workload, base_dir)
 
 
 def resolve(

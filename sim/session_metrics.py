@@ -44,7 +44,21 @@ SESSION_COLUMNS = [
 
 
 def is_session_workload(workload: Workload) -> bool:
-    return any(spec.session_id is not None for spec in workload.requests)
+    """Whether `workload` has session turns (then the run gets a sessions table).
+
+    Decided from the metadata where it can be, without iterating the requests (a streamed
+    trace, `sim.workload.trace_stream`, would be read once more just to answer): the two loaders
+    that make turns, `synthetic_sessions` (format "sessions") and `infer_sessions` (a "sessions"
+    record), give every request a session, so a non-empty workload of theirs has turns. Requests
+    held in memory (inline, or built by hand) are asked directly; a streamed or lazily drawn
+    workload (a trace, a synthetic draw) has no loader that gives it turns.
+    """
+    meta = workload.metadata
+    if meta.get("format") == "sessions" or "sessions" in meta:
+        return len(workload) > 0
+    if isinstance(workload.requests, list | tuple):
+        return any(spec.session_id is not None for spec in workload.requests)
+    return False
 
 
 def turns_frame(workload: Workload, requests: pd.DataFrame) -> pd.DataFrame:

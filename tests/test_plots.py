@@ -128,3 +128,23 @@ def test_capacity_band_plot() -> None:
         cap.loc[0, "capacity_slow_step_ci_low"],
         cap.loc[0, "capacity_fast_step_ci_high"],
     ]
+
+
+def test_written_sweep_and_capacity_folders_plot(tmp_path) -> None:
+    """The tables kvsim writes have every column `kvsim plot` checks for (regression: the
+    foreign-table check must not refuse kvsim's own sweep or banded capacity tables)."""
+    from sim.latency.band import StepTimeBand
+    from sim.planning.capacity import write_capacity
+    from sim.planning.executor import write_table
+
+    table = sim.sweep(dd1_scenario(40), {"workload.rate_scale": [1, 2]}, workers=1)
+    (tmp_path / "sweep").mkdir()
+    write_table(table, tmp_path / "sweep", "sweep")
+    assert [p.name for p in plots.save_dir_plots(tmp_path / "sweep")] == ["throughput_latency.png"]
+    band = StepTimeBand(0.8, 1.5, extrapolated=True, source="test")
+    cap, probes = capacity_search(
+        dd1_scenario(40), ["ttft_p99=20ms"], tolerance=0.1, workers=1, band=band
+    )
+    write_capacity(cap, probes, tmp_path / "cap")
+    names = [p.name for p in plots.save_dir_plots(tmp_path / "cap")]
+    assert names == ["capacity_frontier.png", "capacity_band.png"]

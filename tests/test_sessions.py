@@ -545,3 +545,30 @@ def test_self_contained_scenario_makes_the_mooncake_sessions_path_absolute(tmp_p
     data["workload"] = {"kind": "sessions", "sessions": {"source": "mooncake", "path": "t.jsonl"}}
     saved = self_contained(scenario_from_dict(data, "t"), tmp_path)
     assert saved.workload.sessions.path == str(tmp_path.resolve() / "t.jsonl")
+
+
+def test_is_session_workload_agrees_with_the_requests(tmp_path):
+    """Decided from the metadata, the answer is still whether any request is a session turn,
+    for every kind of workload (sessions, Mooncake sessions, a trace, synthetic, inline)."""
+    from sim.session_metrics import is_session_workload
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,8,2\n0.1,8,2\n")
+    configs = [
+        {"kind": "sessions", "sessions": SESSIONS},
+        {"kind": "sessions", "sessions": {"source": "mooncake", "path": str(MOONCAKE)}},
+        {"kind": "trace", "path": str(trace), "format": "canonical"},
+        {"kind": "synthetic", "num_requests": 3, "arrival": {"rate_per_s": 5.0}}
+        | {"lengths": {"prompt": {"kind": "fixed", "value": 8}, "output": SESSIONS["output"]}},
+        {
+            "kind": "inline",
+            "requests": [{"arrival_s": 0.0, "prompt_tokens": 4, "output_tokens": 2}],
+        },
+    ]
+    answers = []
+    for config in configs:
+        workload = load_workload(WorkloadConfig.model_validate(config), tmp_path)
+        expected = any(spec.session_id is not None for spec in workload.requests)
+        assert is_session_workload(workload) == expected, config
+        answers.append(expected)
+    assert answers == [True, True, False, False, False]

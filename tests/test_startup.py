@@ -23,6 +23,7 @@ from sim.resolution import preflight, resolve
 from sim.scenario import ScenarioError, scenario_from_dict
 from sim.scheduler import SchedulerConfig
 from sim.startup import check_tensor_parallel, check_token_budget
+from sim.workload.errors import WorkloadError
 
 RELEASES = [
     (Design.V0_V2, "0.5.4"),
@@ -112,7 +113,12 @@ def test_preflight_refuses_what_resolve_refuses_without_the_workload(tmp_path):
     with pytest.raises(ScenarioError, match="max_num_batched_tokens"):
         preflight(scenario_from_dict(data))
     data["scheduler"].pop("max_num_batched_tokens")
-    preflight(scenario_from_dict(data))  # the missing trace is `resolve`'s to report
+    # The workload is not loaded, but its files are checked to exist (a sweep point on a
+    # missing trace is bad input before any point runs, not an error row).
+    with pytest.raises(WorkloadError, match="missing.csv: no such file"):
+        preflight(scenario_from_dict(data))
+    (tmp_path / "missing.csv").write_text("not read by preflight\n")
+    preflight(scenario_from_dict(data))
 
 
 SCENARIOS = [

@@ -489,3 +489,21 @@ def test_a_streamed_trace_runs_to_the_same_tables(tmp_path, monkeypatch):
             for name in ("requests.csv", "steps.csv", "violations.csv", "summary.json")
         }
     assert outputs[7] == outputs[1 << 40]
+
+
+def test_is_session_workload_does_not_read_a_streamed_trace_again(tmp_path, monkeypatch):
+    """Regression: `is_session_workload` iterated every request, one more full reading of a
+    streamed trace file only to learn it has no sessions; the metadata answers now."""
+    import sim.workload.trace_stream as trace_stream
+    from sim.session_metrics import is_session_workload
+    from sim.workload import WorkloadConfig, load_workload
+
+    _vidur_trace(tmp_path / "t.csv", 50)
+    monkeypatch.setattr(trace_stream, "TRACE_CHUNK_ROWS", 7)
+    config = WorkloadConfig(kind="trace", path=str(tmp_path / "t.csv"), format="vidur")
+    workload = load_workload(config, tmp_path)
+    assert isinstance(workload.requests, trace_stream.StreamedSpecs)
+    readings = []
+    monkeypatch.setattr(trace_stream.StreamedSpecs, "_chunks", lambda self: readings.append(1))
+    assert not is_session_workload(workload)
+    assert readings == []

@@ -96,15 +96,18 @@ def _trace_scenario(tmp_path) -> dict:
 
 def test_failed_point_is_reported_and_resume_skips_done_points(tmp_path) -> None:
     _trace_scenario(tmp_path)
+    # A point that fails only when it runs: its trace exists but a row is malformed (a missing
+    # trace is refused before any point runs: tests/hostile/cases_noop.py).
+    (tmp_path / "broken.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,0,2\n")
     out = tmp_path / "out"
-    grid = {"workload.path": ["tiny.csv", "missing.csv"], "workload.rate_scale": [1, 2]}
+    grid = {"workload.path": ["tiny.csv", "broken.csv"], "workload.rate_scale": [1, 2]}
     seen = []
     table = sim.sweep(
         tmp_path / "scenario.yaml", grid, out_dir=out, workers=1, on_row=lambda r, c: seen.append(c)
     )
     assert seen == [False] * 4
     assert table["error"].isna().tolist() == [True, True, False, False]
-    assert "missing.csv" in table.loc[2, "error"]
+    assert "broken.csv" in table.loc[2, "error"]
     assert (out / "sweep.parquet").exists() and (out / "sweep.csv").exists()
     assert len((out / CACHE_FILE).read_text().splitlines()) == 4
     # Re-run with one more rate: the two good points are reused, failures and new points run.

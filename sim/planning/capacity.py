@@ -63,7 +63,8 @@ from sim.planning.slo import (
     parse_seeds,
     parse_slo,
 )
-from sim.scenario import ScenarioError
+from sim.scenario import ScenarioError, scenario_from_dict
+from sim.workload.load import check_input_files
 
 
 def capacity_search(
@@ -133,6 +134,8 @@ def capacity_search(
                 data = resolved_data(base, {**config, **rep}, base_path)
             except ScenarioError as error:
                 raise ScenarioError(f"{_label(config) or 'replicate'} {rep}: {error}") from None
+            # Before any probe runs (regression: a FIFO trace searched to an answer, exit 0).
+            check_input_files(scenario_from_dict(data, "capacity").workload, base_path)
             labels = {
                 "config": _label(config),
                 "config_index": c,

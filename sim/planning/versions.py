@@ -39,6 +39,7 @@ from sim.kv.v1_engine.releases import RELEASE_NAMES
 from sim.planning.executor import METRIC_COLUMNS, map_tasks, summary_row
 from sim.planning.grid import resolved_data, scenario_key
 from sim.scenario import Scenario, ScenarioError
+from sim.workload.load import check_input_files
 
 #: The table's columns, in order: which variant, whether it ran, then the metrics.
 HEAD_COLUMNS = ("variant", "design", "vllm_version", "models", "status", "reason")
@@ -140,6 +141,9 @@ def compare_versions(
     base, base_path = load_base(scenario, base_dir)
     if overrides:
         base = apply_overrides(base, overrides)
+    # A missing or unreadable trace is the scenario's fault, not any design's: exit 2 up front
+    # (regression: a FIFO trace gave a refused row per design and exit 0).
+    check_input_files(base.workload, base_path)
     rows: list[dict[str, Any] | None] = []
     tasks: list[tuple] = []
     slots: list[int] = []

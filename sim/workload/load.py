@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
+from sim.input_files import require_regular_file
 from sim.kv.types import Segment
 from sim.strict import time_error
 from sim.workload.config import WorkloadConfig
@@ -106,3 +108,27 @@ def _inline(spec: WorkloadConfig) -> Workload:
             )
         )
     return Workload(requests, "inline", {"format": "inline", "num_rows": len(requests)})
+
+
+def input_files(spec: WorkloadConfig, base_dir: Path | str = ".") -> list[Path]:
+    """The files `load_workload` would read for `spec`, resolved as it resolves them (trace
+    path, a length distribution's trace, a Mooncake sessions trace); none for inline or
+    purely synthetic workloads."""
+    base_dir = Path(base_dir)
+    given: list[str | None] = []
+    if spec.kind == "trace":
+        given.append(spec.path)
+    if spec.kind == "sessions" and spec.sessions is not None:
+        given.append(spec.sessions.path)
+    if spec.kind == "synthetic" and spec.lengths is not None:
+        given += [d.path for d in (spec.lengths.prompt, spec.lengths.output) if d.kind == "trace"]
+    # `resolve` already refuses a path that exists but is no regular file (a FIFO, a device).
+    return [resolve(path, base_dir) for path in given if path is not None]
+
+
+def check_input_files(spec: WorkloadConfig, base_dir: Path | str = ".") -> None:
+    """Refuse (`WorkloadError`) a workload whose input files are missing or not regular files,
+    without opening any: a planning command checks this before its first point runs, so a bad
+    trace is bad input (exit 2), not one error row per point."""
+    for path in input_files(spec, base_dir):
+        require_regular_file(path, partial(WorkloadError, path))

@@ -396,3 +396,63 @@ CASES: list[Case] = [
         name="capacity --step-time-band with --no-band",
     ),
 ]
+
+
+# ------------------------------------- planning commands: the workload's files, up front
+def _fifo_at(rel: str):
+    """A setup making a FIFO at `rel` (a trace reader would block on it)."""
+    import os
+
+    def setup(folder) -> None:
+        os.mkfifo(folder / rel)
+
+    return setup
+
+
+def _workload(workload: str) -> str:
+    """The tiny scenario with the `workload:` flow mapping `workload`."""
+    text = tiny()
+    start = text.index("workload:")
+    end = text.index("step_time:")
+    return text[:start] + f"workload: {workload}\n" + text[end:]
+
+
+_TRACE = _workload("{kind: trace, path: t.csv}")
+_LENGTHS = _workload(
+    "{kind: synthetic, num_requests: 4, seed: 1, arrival: {process: poisson, rate_per_s: 10.0},"
+    " lengths: {prompt: {kind: trace, path: p.csv, format: lengths},"
+    " output: {kind: fixed, value: 4}}}"
+)
+_MOONCAKE = _workload("{kind: sessions, sessions: {source: mooncake, path: m.jsonl}}")
+_PLANNERS = {
+    "sweep": ("sweep", "s.yaml", "--no-plots", "-j", "1", "-o", "out")
+    + ("--set", "workload.rate_scale=1,2"),
+    "capacity": ("capacity", "s.yaml", "--slo", "ttft_p99=2s", "--no-band", "-o", "out")
+    + ("--no-plots",),
+    "compare-versions": ("compare-versions", "s.yaml", "--no-plots", "-j", "1", "-o", "out"),
+}
+
+
+def _unreadable(command: str, text: str, rel: str, fifo: bool) -> Case:
+    what = "a FIFO" if fifo else "a missing file"
+    return Case(
+        "noop",
+        _PLANNERS[command],
+        2,
+        "not a regular file" if fifo else "no such file",
+        files={"s.yaml": text},
+        setup=_fifo_at(rel) if fifo else None,
+        subprocess=fifo,
+        timeout_s=30.0,
+        outputs=("out",),
+        name=f"{command} on a workload whose {rel} is {what} (error rows, exit 0/1)",
+    )
+
+
+CASES += [_unreadable(c, _TRACE, "t.csv", fifo) for c in _PLANNERS for fifo in (True, False)]
+CASES += [
+    _unreadable("sweep", _LENGTHS, "p.csv", True),
+    _unreadable("capacity", _LENGTHS, "p.csv", False),
+    _unreadable("sweep", _MOONCAKE, "m.jsonl", True),
+    _unreadable("compare-versions", _MOONCAKE, "m.jsonl", False),
+]

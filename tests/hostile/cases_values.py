@@ -428,8 +428,10 @@ def _run_folder(folder: Path, corrupt: str, how: str) -> None:
 
     run = folder / "r"
     run.mkdir()
-    pd.DataFrame({"request_id": [0], "arrival_s": [0.0]}).to_parquet(run / "requests.parquet")
-    pd.DataFrame({"step": [0], "time_s": [0.0]}).to_parquet(run / "steps.parquet")
+    # Tables with the columns the plots read (`_REQUESTS`, `_STEPS`, below), so the corrupt one
+    # is what is refused, whichever is read first.
+    pd.DataFrame(_REQUESTS).to_parquet(run / "requests.parquet")
+    pd.DataFrame(_STEPS).to_parquet(run / "steps.parquet")
     (run / "summary.json").write_text("{}")
     target = run / corrupt
     data = target.read_bytes()
@@ -537,3 +539,86 @@ _COMMANDS = [
 ]
 
 CASES: list[Case] = [*_TYPES, *_FINITE, *_TIMES, *_SIZES, *_SETS, *_PLOT, *_COMMANDS, *_TRACES]
+
+
+# ------------------------------------------------------- foreign tables under plot
+#: Columns each plotted table is read for (a subset of what kvsim writes), one row each.
+_STEPS = {
+    "replica": [0],
+    "start_s": [0.0],
+    "duration_s": [0.01],
+    "num_used_blocks": [1],
+    "num_free_blocks": [63],
+    "num_cached_blocks": [0],
+    "num_waiting": [0],
+    "num_running": [1],
+    "num_swapped": [0],
+}
+_REQUESTS = {"state": ["finished"], "ttft_s": [0.1], "tpot_s": [0.01], "e2e_s": [0.2]}
+_FOREIGN = {"colour": ["red"], "weight": [3]}
+
+
+def _foreign_folder(folder: Path, tables: dict[str, dict[str, list]]) -> None:
+    """A folder `r` of the Parquet `tables` (name -> columns): they read fine."""
+    import pandas as pd
+
+    run = folder / "r"
+    run.mkdir()
+    for name, columns in tables.items():
+        pd.DataFrame(columns).to_parquet(run / name)
+
+
+def _foreign(tables: dict[str, dict[str, list]], fragment: str, what: str) -> Case:
+    return Case(
+        "values",
+        ("plot", "r"),
+        2,
+        fragment,
+        setup=lambda folder: _foreign_folder(folder, tables),
+        outputs=("r",),
+        name=f"plot with a foreign {what} (missing columns: KeyError)",
+    )
+
+
+_FOREIGN_PLOT = [
+    _foreign(
+        {"steps.parquet": _STEPS, "requests.parquet": _FOREIGN},
+        "requests.parquet: missing columns e2e_s, state, tpot_s, ttft_s",
+        "requests.parquet",
+    ),
+    _foreign(
+        {"steps.parquet": _FOREIGN, "requests.parquet": _REQUESTS},
+        "steps.parquet: missing columns duration_s",
+        "steps.parquet",
+    ),
+    _foreign(
+        {
+            "steps.parquet": _STEPS,
+            "requests.parquet": _REQUESTS,
+            "violations.parquet": {"kind": ["x"]},
+        },
+        "violations.parquet: missing columns time_s",
+        "violations.parquet",
+    ),
+    _foreign({"sweep.parquet": _FOREIGN}, "sweep.parquet: missing columns error", "sweep.parquet"),
+    _foreign(
+        {"capacity.parquet": _FOREIGN, "probes.parquet": _FOREIGN},
+        "capacity.parquet: missing columns",
+        "capacity.parquet",
+    ),
+    _foreign(
+        {
+            "capacity.parquet": {
+                "slos": ["ttft_p99<=2s"],
+                "config": [""],
+                "capacity_rate_req_per_s": [1.0],
+                "capacity_ci_low": [1.0],
+                "capacity_ci_high": [1.0],
+            },
+            "probes.parquet": _FOREIGN,
+        },
+        "probes.parquet: missing columns config, offered_rate_req_per_s, replicate, ttft_p99_s",
+        "probes.parquet",
+    ),
+]
+CASES += _FOREIGN_PLOT
