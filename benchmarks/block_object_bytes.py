@@ -1,17 +1,17 @@
-"""Peak Python heap per block object while a block pool is built (`sim.host_memory`).
+"""Peak Python heap per block object while a block pool is built (`sim.memory.host`).
 
     python benchmarks/block_object_bytes.py [NUM_BLOCKS]     # default 200,000
 
 Prints, per design and prefix caching on/off, the peak bytes per GPU block and per CPU block
-(tracemalloc). `sim.host_memory.BYTES_PER_BLOCK` holds the largest of these, rounded up.
+(tracemalloc). `sim.memory.host.BYTES_PER_BLOCK` holds the largest of these, rounded up.
 """
 
 from __future__ import annotations
 
 import sys
 
-from sim.host_memory import peak_bytes_per_block
 from sim.kv.config import Design
+from sim.memory.host import peak_bytes_per_block
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Time the CLI's startup: `kvsim --help` and `import sim.cli`, each in a fresh interpreter.
+"""Time the CLI's startup: `kvsim --help` and `import sim.cli.main`, each in a fresh interpreter.
 
     python benchmarks/cli_startup.py            # median of 9 runs of each
     python benchmarks/cli_startup.py --runs=21
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROWS = {
     "python -c pass": [sys.executable, "-c", "pass"],
-    "import sim.cli": [sys.executable, "-c", "import sim.cli"],
+    "import sim.cli.main": [sys.executable, "-c", "import sim.cli.main"],
     "kvsim --help": [sys.executable, "-m", "sim.cli", "--help"],
 }
 

@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from sim.runner import run  # noqa: E402
+from sim.engine.run import run  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "mooncake_prefix_caching.yaml"
 ROUTERS = ("round_robin", "prefix_cache_aware")

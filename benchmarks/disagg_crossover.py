@@ -41,7 +41,7 @@ import argparse
 import math
 
 from sim.cluster.compare import Slo, at_rate, cluster_metrics, max_rate_meeting_slo
-from sim.scenario import Scenario, scenario_from_dict
+from sim.scenario.schema import Scenario, scenario_from_dict
 
 
 def base_scenario(

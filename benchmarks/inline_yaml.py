@@ -6,7 +6,7 @@
 Issue #20: 200,000 inline requests were still parsing after 120 s with the pure-Python
 loader. Both loaders refuse the same things (duplicate keys, tags: tests/test_strict_yaml.py);
 this prints how long each takes to parse the same text, and checks they give the same data.
-Such a file is over `sim.scenario.MAX_SCENARIO_BYTES` (4 MiB), so `kvsim run` refuses it and
+Such a file is over `sim.scenario.schema.MAX_SCENARIO_BYTES` (4 MiB), so `kvsim run` refuses it and
 points to a trace file; the table's "under the cap" row is the largest inline workload a
 scenario may hold. Machines are noisy: compare rows of one run.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.scenario import MAX_SCENARIO_BYTES  # noqa: E402
-from sim.strict_yaml import load_yaml  # noqa: E402
+from sim.files.strict_yaml import load_yaml  # noqa: E402
+from sim.scenario.schema import MAX_SCENARIO_BYTES  # noqa: E402
 
 
 def inline_scenario(num_requests: int) -> str:

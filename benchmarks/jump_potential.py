@@ -134,7 +134,7 @@ def _read(out_dir: Path, name: str) -> pd.DataFrame:
 
 def main() -> None:
     import sim
-    from sim.scenario import scenario_from_dict
+    from sim.scenario.schema import scenario_from_dict
 
     if sys.argv[1:]:
         for arg in sys.argv[1:]:

@@ -6,7 +6,7 @@
 
 The logs are `sim/data/vllm_startup_logs.yaml` (each with its source URL). "before" is the
 derivation kvsim shipped until this change (datasheet memory, no non-torch term, weights in
-the model dtype, the old activation estimate; `sim.memory_validation.legacy_pool_bytes`),
+the model dtype, the old activation estimate; `sim.memory.validation.legacy_pool_bytes`),
 "after" is `sim.memory.derive_num_gpu_blocks` with the shipped constants. Only the `fit` half
 tuned those constants; the `held_out` half is the honest score. Target (issue 12): held-out
 median |error| <= 2%, worst <= 10%. A negative "before" pool is a start the old code refused
@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sim.memory_terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
-from sim.memory_validation import (
+from sim.memory.terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
+from sim.memory.validation import (
     PROFILED_RELEASE,
     Comparison,
     Split,
@@ -108,7 +108,7 @@ def fit_report() -> str:
     lines.append(f"hidden_factor: {activation.hidden_factor}")
     lines += [f"sampler_copies[{p.value}]: {c}" for p, c in activation.sampler_copies.items()]
     lines.append(
-        "matches sim/memory_terms.py" if same else "DIFFERS from sim/memory_terms.py: update it"
+        "matches sim/memory/terms.py" if same else "DIFFERS from sim/memory/terms.py: update it"
     )
     return "\n".join(lines)
 

@@ -45,11 +45,11 @@ import sim.workload.trace_stream as trace_stream
 chunk, mode, *args = sys.argv[1:]
 trace_stream.TRACE_CHUNK_ROWS = int(chunk)
 if mode == "run":
-    from sim.cli import app
+    from sim.cli.main import app
     app(["run", *args], prog_name="kvsim")
 else:
     from pathlib import Path
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
     from sim.workload import load_workload
     scenario = load_scenario(Path(args[0]))
     workload = load_workload(scenario.workload, Path(args[0]).parent)

@@ -10,7 +10,7 @@ wall time (whole process), peak memory (max RSS of that process) and the request
 Why: vLLM 0.5.4's LRU evictors scan their entries on every eviction, and the pool is ~28k
 blocks, so kvsim's replays that evict were quadratic while its evictors scanned as upstream
 does (v0-v1: 100 requests did not finish in 120 s; v0-v2: 100 took 74 s). They now pick the
-same victims by representation (`sim.kv.v0_v1_evictor`: runs of equal access time;
+same victims by representation (`sim.kv.v0_v1.evictor`: runs of equal access time;
 `sim.kv.v0_v2.evictor`: a heap), 100 requests in ~1.5 s. A run past `--timeout` (default
 600 s) is killed and shows "timeout".
 Machines are noisy: compare the rows of one run with each other.

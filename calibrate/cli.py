@@ -23,9 +23,9 @@ from calibrate.timing import probe_ceilings, run_metadata
 from calibrate.to_measured import coefficients_path, usage_lines, write_coefficients
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model, gpu_names
 from sim.errors import InputError
+from sim.files.outdir import write_text_atomic
 from sim.latency.fit import fit_decode, fit_gemm, fit_prefill
 from sim.latency.profile import PROFILE_KIND, SCHEMA_VERSION, StepTimeProfile, parse_profile
-from sim.outdir import write_text_atomic
 
 #: Said before and after a CPU run, and kept in the profile's notes.
 CPU_NOTE = (

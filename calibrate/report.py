@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on calibration machines
 import matplotlib.pyplot as plt  # noqa: E402
 
+from sim.files.outdir import staged_file, write_text_atomic  # noqa: E402
 from sim.latency.profile import OperatorProfile, StepTimeProfile  # noqa: E402
-from sim.outdir import staged_file, write_text_atomic  # noqa: E402
 
 
 def _ceilings(profile: StepTimeProfile) -> tuple[float, float, str]:

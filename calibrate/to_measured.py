@@ -52,11 +52,11 @@ from calibrate.profile_tables import target_of as target_of
 from calibrate.profile_tables import to_tables as to_tables
 from sim.catalog import GpuSpec
 from sim.errors import InputError, one_line
+from sim.files.outdir import write_text_atomic
 from sim.latency import measured_fit as mf
 from sim.latency import measured_terms as terms
 from sim.latency.measured import nearest_fitted_gpu, shipped_coefficients
 from sim.latency.profile import StepTimeProfile, load_profile
-from sim.outdir import write_text_atomic
 
 MEASURED_TERMS = ("gemm", "decode_attention", "prefill_attention")
 CARRIED_TERMS = ("elementwise", "allreduce")

@@ -142,6 +142,30 @@ def jobs() -> list[Job]:
     return found
 
 
+#: Columns that measure this machine, not the simulation (a sweep point's wall time).
+WALL_CLOCK_COLUMNS = ("wall_s",)
+
+
+def _canonical(path: Path) -> bytes:
+    """A file's bytes, or, for a table with a wall-clock column, the table without it."""
+    data = path.read_bytes()
+    if path.suffix == ".jsonl" and b'"wall_s"' in data:
+        rows = [json.loads(line) for line in data.decode().splitlines() if line]
+        for row in rows:
+            for column in WALL_CLOCK_COLUMNS:
+                row.pop(column, None)
+        return "\n".join(json.dumps(row, sort_keys=True) for row in rows).encode()
+    if path.suffix in (".csv", ".parquet"):
+        import pandas as pd
+
+        table = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        present = [c for c in WALL_CLOCK_COLUMNS if c in table.columns]
+        if present:
+            dtypes = ",".join(f"{c}:{t}" for c, t in table.dtypes.items())
+            return (dtypes + "\n" + table.drop(columns=present).to_csv()).encode()
+    return data
+
+
 def run_job(job: Job) -> dict[str, str]:
     """Run one job in a fresh process and return {relative path: sha256} of what it wrote."""
     with tempfile.TemporaryDirectory(prefix="kvsim-golden-") as tmp:
@@ -163,7 +187,7 @@ def run_job(job: Job) -> dict[str, str]:
             digests["stderr"] = done.stderr[-2000:]
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():
-                data = path.read_bytes().replace(tmp.encode(), b"TMP")
+                data = _canonical(path).replace(tmp.encode(), b"TMP")
                 digests[str(path.relative_to(tmp))] = hashlib.sha256(data).hexdigest()
         return digests
 

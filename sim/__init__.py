@@ -22,14 +22,14 @@ _native.select()
 
 #: Public name -> (module, attribute), imported lazily.
 _LAZY = {
-    "run": ("sim.runner", "run"),
+    "run": ("sim.engine.run", "run"),
     "sweep": ("sim.planning", "sweep"),
     "capacity": ("sim.planning.capacity", "capacity"),
     "compare_versions": ("sim.planning.versions", "compare_versions"),
-    "RunResult": ("sim.results", "RunResult"),
-    "load_scenario": ("sim.scenario", "load_scenario"),
-    "scenario_from_dict": ("sim.scenario", "scenario_from_dict"),
-    "apply_overrides": ("sim.overrides", "apply_overrides"),
+    "RunResult": ("sim.output.results", "RunResult"),
+    "load_scenario": ("sim.scenario.schema", "load_scenario"),
+    "scenario_from_dict": ("sim.scenario.schema", "scenario_from_dict"),
+    "apply_overrides": ("sim.scenario.overrides", "apply_overrides"),
     "derive_num_gpu_blocks": ("sim.memory", "derive_num_gpu_blocks"),
     "get_model": ("sim.catalog", "get_model"),
     "get_gpu": ("sim.catalog", "get_gpu"),

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import InputError
-from sim.strict import Bool, Float, Int
+from sim.scenario.fields import Bool, Float, Int
 
 #: Bytes per element of the dtypes the simulator knows.
 DTYPE_BYTES: dict[str, int] = {
@@ -57,7 +57,7 @@ class GpuSpec(BaseModel):
     display_name: str = ""
     memory_gb: Float = Field(gt=0)
     #: What the driver reports (GiB), which vLLM multiplies by gpu_memory_utilization; None
-    #: where not measured (sim.memory_terms.visible_memory then estimates it and says so).
+    #: where not measured (sim.memory.terms.visible_memory then estimates it and says so).
     memory_visible_gib: Float | None = Field(default=None, gt=0)
     memory_visible_source: str | None = None
     hbm_bandwidth_GBps: Float = Field(gt=0)

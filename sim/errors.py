@@ -4,7 +4,7 @@ Everything the user gives kvsim (a scenario file, `--set`, a trace, a step-time 
 `--slo`, sweep and capacity arguments, an output folder) is validated explicitly and, when
 wrong, raises a subclass of `InputError` whose message names the file, line and field. The
 CLI turns exactly these into one line on stderr and exit status 2; any other exception is a
-kvsim bug and is shown with its traceback (exit status 3, see `sim.cli`).
+kvsim bug and is shown with its traceback (exit status 3, see `sim.cli.main`).
 
 `InputError` derives from `ValueError` so that library callers who already catch
 `ValueError` keep working; the CLI never catches plain `ValueError`.

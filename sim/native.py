@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 #: The modules mypyc compiles (`scripts/build_native.py`). Left out on purpose:
 #: `sim.kv.v1_engine.free_queue` (its queues subclass OrderedDict and deque, which native
-#: classes cannot) and `sim.scheduler.v1_release` (frozen dataclasses over an ABC, which mypyc
+#: classes cannot) and `sim.scheduler.v1.release` (frozen dataclasses over an ABC, which mypyc
 #: 2.4 cannot build; called once per admission, not per block).
 COMPILED: tuple[str, ...] = (
     "sim.audit.auditor",
@@ -51,12 +51,12 @@ COMPILED: tuple[str, ...] = (
     "sim.audit.v1",
     "sim.audit.violations",
     "sim.kv.types",
-    "sim.kv.v0_fixed",
-    "sim.kv.v0_v1",
-    "sim.kv.v0_v1_alloc",
-    "sim.kv.v0_v1_evictor",
-    "sim.kv.v0_v1_hashing",
-    "sim.kv.v0_v1_queries",
+    "sim.kv.v0_fixed.manager",
+    "sim.kv.v0_v1.manager",
+    "sim.kv.v0_v1.alloc",
+    "sim.kv.v0_v1.evictor",
+    "sim.kv.v0_v1.hashing",
+    "sim.kv.v0_v1.queries",
     "sim.kv.v0_v2.block_table",
     "sim.kv.v0_v2.cpu_gpu",
     "sim.kv.v0_v2.evictor",
@@ -76,21 +76,21 @@ COMPILED: tuple[str, ...] = (
     "sim.kv.v1_engine.releases",
     "sim.kv.v1_engine.single_type",
     "sim.scheduler.budget",
-    "sim.scheduler.cohort",
+    "sim.scheduler.fast.cohort",
     "sim.scheduler.config",
-    "sim.scheduler.fast_path",
+    "sim.scheduler.fast.layer",
     "sim.scheduler.lifecycle",
-    "sim.scheduler.priority_ties",
+    "sim.scheduler.v1.priority_ties",
     "sim.scheduler.request",
-    "sim.scheduler.v0",
-    "sim.scheduler.v0_base",
-    "sim.scheduler.v0_prefills",
-    "sim.scheduler.v0_running",
-    "sim.scheduler.v0_shortcuts",
-    "sim.scheduler.v0_swapped",
-    "sim.scheduler.v1",
-    "sim.scheduler.v1_running",
-    "sim.scheduler.v1_shortcuts",
+    "sim.scheduler.v0.scheduler",
+    "sim.scheduler.v0.base",
+    "sim.scheduler.v0.prefills",
+    "sim.scheduler.v0.running",
+    "sim.scheduler.fast.v0",
+    "sim.scheduler.v0.swapped",
+    "sim.scheduler.v1.scheduler",
+    "sim.scheduler.v1.running",
+    "sim.scheduler.fast.v1",
 )
 
 #: mypyc's shared runtime library for the group: `sim/native__mypyc.<abi>.so`.

@@ -1,4 +1,4 @@
-"""`sim.arrow_tables` makes the Arrow tables (and files) pandas makes, without pandas.
+"""`sim.files.arrow` makes the Arrow tables (and files) pandas makes, without pandas.
 
 Each test builds a table both ways, `arrow_table` from numpy columns and
 `pa.Table.from_pandas` from the DataFrame pandas makes of the same columns, and compares
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.arrow_tables import _pandas_version, arrow_table, empty_arrow_table, records_columns
-from sim.records import REQUEST_COLUMNS, STEP_COLUMNS, columns_frame, empty_frame
-from sim.results import VIOLATION_COLUMNS, violations_frame
-from sim.table_files import write_arrow_table, write_table
+from sim.files.arrow import _pandas_version, arrow_table, empty_arrow_table, records_columns
+from sim.files.tables import write_arrow_table, write_table
+from sim.output.records import REQUEST_COLUMNS, STEP_COLUMNS, columns_frame, empty_frame
+from sim.output.results import VIOLATION_COLUMNS, violations_frame
 
 KINDS = ("int", "float", "text", "none")
 
@@ -160,7 +160,7 @@ def test_records_columns_leave_bools_to_pandas():
 
 
 def test_violations_table_of_a_real_run_is_what_pandas_makes(tmp_path):
-    from sim.runner import builtin_scenario_path, run
+    from sim.engine.run import builtin_scenario_path, run
 
     result = run(builtin_scenario_path(), overrides={"workload.first_n": 1500})
     assert result.num_violations > 0  # the default scenario shows the v0-v2 undercount

@@ -1,6 +1,6 @@
 """Single output files (sweep tables, plots, profiles, coefficients, CI reports) are written whole.
 
-Regression: before `sim.outdir.staged_file`, `kvsim sweep`/`capacity` wrote their tables, and
+Regression: before `sim.files.outdir.staged_file`, `kvsim sweep`/`capacity` wrote their tables, and
 `kvsim calibrate` its profile and coefficients, straight to the target path, so an interrupt or a
 full disk mid-write left a truncated file under the final name.
 """
@@ -23,8 +23,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sim import plots  # noqa: E402
-from sim.outdir import (  # noqa: E402
+from sim.files.outdir import (  # noqa: E402
     OutputPathError,
     check_distinct_outputs,
     check_output_file,
@@ -32,6 +31,7 @@ from sim.outdir import (  # noqa: E402
     write_text_atomic,
 )
 from sim.planning.executor import write_table  # noqa: E402
+from sim.plots import run as plots  # noqa: E402
 
 
 def hidden(folder: Path) -> list[str]:

@@ -182,8 +182,8 @@ def test_model_bug_propagates_out_of_a_run(monkeypatch):
     error with its traceback), not with a violation in the tables."""
     from pathlib import Path
 
+    from sim.engine.run import run
     from sim.kv.v0_v2 import BlockSpaceManagerV2
-    from sim.runner import run
 
     def broken(*args, **kwargs):
         raise KeyError("kvsim bug")

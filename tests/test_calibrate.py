@@ -100,8 +100,8 @@ def test_tiny_cpu_calibration_feeds_the_simulator(tmp_path):
     assert summary["decode_bw_frac_copy_median"] > 0 and summary["gemm_TFLOPs_max"] > 0
     write_report(loaded, tmp_path / "again")
     # ... and `kvsim run` consumes it through a scenario's `step_time: {calibrated: PROFILE}`.
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
 
     scenario = scenario_from_dict(
         {

@@ -154,7 +154,7 @@ def test_kvsim_calibrate_says_cpu_numbers_are_plumbing(tmp_path, monkeypatch) ->
 
     import calibrate.cli
     from calibrate.to_measured import write_coefficients
-    from sim.cli import app
+    from sim.cli.main import app
 
     seen = {}
     profile = _tiny_profile(tmp_path)

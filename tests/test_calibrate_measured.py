@@ -224,8 +224,8 @@ def test_cpu_calibration_writes_coefficients_the_measured_model_runs(tmp_path, m
         per_layer = step.breakdown(BatchShape((c,) * b, ()))["decode_attention_s"] / layers
         assert per_layer == pytest.approx(p.median_s, rel=1e-3), (b, c)
     # ... and `kvsim run` takes it through a scenario.
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
 
     scenario = scenario_from_dict(
         {

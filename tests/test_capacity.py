@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sim
-from sim.cli import app
+from sim.cli.main import app
 from sim.errors import InputError
 from sim.latency.band import StepTimeBand
 from sim.planning.capacity import (
@@ -245,7 +245,7 @@ def test_capacity_band_defaults_to_the_models_own() -> None:
 
 
 def test_cli_capacity_reports_the_band(tmp_path) -> None:
-    from sim.cli import app
+    from sim.cli.main import app
 
     (tmp_path / "s.yaml").write_text(json.dumps(dd1_scenario(100)))
     common = ["capacity", str(tmp_path / "s.yaml"), "--slo", "ttft_p99=20ms", "-j", "1"]

@@ -13,8 +13,8 @@ import sim
 from sim.errors import InputError
 from sim.planning.grid import resolved_data
 from sim.planning.replicates import seed_free, seed_replicates
-from sim.resolution import resolve
-from sim.scenario import scenario_from_dict
+from sim.scenario.resolve import resolve
+from sim.scenario.schema import scenario_from_dict
 from tests.hostile.cases_capacity import PINNED, SESSIONS
 from tests.sweep_helpers import dd1_scenario
 

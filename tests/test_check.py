@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sim.ci.check import Status, check_paths, compare, exit_code
 from sim.ci.junit import github_annotation, in_github_actions, junit_xml
-from sim.cli import app
+from sim.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -237,12 +237,12 @@ def test_annotation_escapes_percent_and_newlines(failing):
 
 
 def test_simulator_crash_is_a_junit_error_not_a_traceback(passing, monkeypatch):
-    import sim.runner
+    import sim.engine.run
 
     def boom(*args, **kwargs):
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(sim.runner, "run", boom)
+    monkeypatch.setattr(sim.engine.run, "run", boom)
     (outcome,) = check_paths([passing])
     assert not outcome.passed and outcome.crashed
     assert "the simulator raised RuntimeError: engine exploded" in outcome.reason
@@ -254,8 +254,8 @@ def test_simulator_crash_is_a_junit_error_not_a_traceback(passing, monkeypatch):
 
 def test_check_not_scenarios_refuses_yaml_reports_inside_checked_folders(tmp_path):
     """A .yaml/.yml report under a checked folder is refused however it is spelled."""
-    from sim.ci.cli import check_not_scenarios
-    from sim.outdir import OutputPathError
+    from sim.cli.ci import check_not_scenarios
+    from sim.files.outdir import OutputPathError
 
     folder = tmp_path / "d"
     (folder / "sub").mkdir(parents=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli.main import app
 
 runner = CliRunner()
 

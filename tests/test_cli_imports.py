@@ -1,4 +1,4 @@
-"""`import sim.cli` (what `kvsim --help` loads) stays light: no data or plotting stack; and
+"""`import sim.cli.main` (what `kvsim --help` loads) stays light: no data or plotting stack; and
 `kvsim run` loads pyarrow (it writes Parquet) but not pandas.
 
 typer and rich are the CLI itself; pandas, pyarrow, matplotlib (and torch, never) load only in
@@ -26,7 +26,7 @@ def _modules_after(statement: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("statement", ["import sim.cli", "import sim"])
+@pytest.mark.parametrize("statement", ["import sim.cli.main", "import sim"])
 def test_cli_import_loads_no_heavy_package(statement):
     loaded = _modules_after(statement)
     assert "sim" in loaded  # the subprocess imported the package under test
@@ -35,14 +35,14 @@ def test_cli_import_loads_no_heavy_package(statement):
 
 def test_the_heavy_check_sees_a_heavy_import():
     """The check above can fail: pandas loaded after the CLI shows up."""
-    loaded = _modules_after("import sim.cli, pandas")
+    loaded = _modules_after("import sim.cli.main, pandas")
     assert "pandas" in loaded
 
 
 #: What `kvsim run` loads: typer's app called as the console script calls it, in a fresh
 #: interpreter, then the names of the modules loaded (main() would end the process first).
 _RUN = (
-    "import json, sys; from sim.cli import app; "
+    "import json, sys; from sim.cli.main import app; "
     "app(sys.argv[1:], standalone_mode=False); "
     "print(json.dumps(sorted(sys.modules)))"
 )
@@ -67,7 +67,7 @@ def test_kvsim_run_loads_no_pandas(tmp_path, scenario):
     """`kvsim run` writes its tables with pyarrow alone: pandas (~0.2 s) is not imported."""
     loaded = _modules_after_run(*scenario, "-o", str(tmp_path / "out"))
     assert (tmp_path / "out" / "requests.parquet").exists()  # the run ran and wrote
-    assert "pyarrow" in loaded and "sim.engine" in loaded
+    assert "pyarrow" in loaded and "sim.engine.engine" in loaded
     assert not {name for name in loaded if name.split(".")[0] in HEAVY_FOR_RUN}
 
 

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli.main import app
 from sim.cluster.capacity import ROUTERS, answers_frame, gpus_needed
 from sim.cluster.compare import Slo
 from sim.errors import InputError
-from sim.scenario import Scenario, scenario_from_dict, scenario_to_yaml
+from sim.scenario.schema import Scenario, scenario_from_dict, scenario_to_yaml
 
 
 def _scenario(num_requests: int = 60) -> Scenario:

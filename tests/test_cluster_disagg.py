@@ -17,12 +17,12 @@ from sim.cluster.compare import Slo
 from sim.cluster.links import get_link, kv_transfer_bytes, link_names, transfer_time_s
 from sim.cluster.pd_connector import DecodeSide, PrefillSide, TransferLedger
 from sim.cluster.run import build_disagg_result, build_engine, run_disaggregated
+from sim.engine.run import run
 from sim.errors import InputError
 from sim.kv.types import TokenContent
-from sim.memory import block_bytes
-from sim.overrides import apply_overrides
-from sim.runner import run
-from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from sim.memory.derive import block_bytes
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Request, RequestState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,7 @@ def _check_invariants(engine, result) -> None:
 
 def _check_pool_tables(result) -> None:
     """Each pool's `requests` table is in `request_id` order (rows are written as requests
-    end, `sim.records.RequestRows`), and its summary, gathered from the table's chunks as they
+    end, `sim.output.records.RequestRows`), and its summary, gathered from the table's chunks as they
     were written, counts the same rows and states as the table."""
     for pool in (result.prefill, result.decode):
         ids = pool.requests["request_id"]
@@ -345,7 +345,7 @@ def test_decode_pool_too_small_for_a_prompt_aborts_it_and_frees_the_prefill_bloc
     # Shrink the decode pool alone: its own (audited) manager over 40 blocks.
     from dataclasses import replace
 
-    from sim.cluster.disagg import DisaggEngine
+    from sim.engine.disagg import DisaggEngine
 
     decode_config = replace(
         engine.decode.config, kv=replace(engine.decode.config.kv, num_gpu_blocks=40)
@@ -545,8 +545,8 @@ def test_cpu_offload_with_disaggregation_is_refused_as_input():
 def test_kvsim_disagg_writes_the_tables_and_refuses_a_co_located_scenario(tmp_path):
     from typer.testing import CliRunner
 
-    from sim.cli import app
-    from sim.scenario import scenario_to_yaml
+    from sim.cli.main import app
+    from sim.scenario.schema import scenario_to_yaml
 
     cli = CliRunner()
     link = {"bandwidth_Gbps": 8, "efficiency": 1.0, "latency_us": 100_000}

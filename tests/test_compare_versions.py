@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 import sim
-from sim.cli import app
+from sim.cli.main import app
 from sim.planning.versions import CORRECTED, variants, violation_counts
 
 runner = CliRunner()
@@ -179,7 +179,7 @@ def test_cli_bad_set_key_is_exit_2(tmp_path):
 
 
 def test_figure_marks_refused_designs():
-    from sim.planning.versions_plot import compare_versions_figure
+    from sim.plots.versions import compare_versions_figure
 
     table = sim.compare_versions(_null_block_hang(), workers=1)
     fig = compare_versions_figure(table)
@@ -194,7 +194,7 @@ def test_latency_panels_say_they_count_finished_requests_and_name_the_shortfall(
     with nothing saying so; it read as a fast design."""
     import pandas as pd
 
-    from sim.planning.versions_plot import PANELS, compare_versions_figure
+    from sim.plots.versions import PANELS, compare_versions_figure
 
     metrics = {column: 1.0 for _, columns, _ in PANELS for column in columns}
     table = pd.DataFrame(

@@ -1,4 +1,4 @@
-"""The decode cohort (`sim.scheduler.cohort`) changes no result, only the work per step.
+"""The decode cohort (`sim.scheduler.fast.cohort`) changes no result, only the work per step.
 
 Two levels: the cohort's own bookkeeping against a naive model that keeps every member's
 tokens explicitly (hypothesis), and whole replays with the cohort on and off (and with the
@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from sim.ci.fuzz_cases import FUZZ_STEP_TIME, sim_time_limit_s
 from sim.ci.selfcheck import tables_of
-from sim.engine import Engine
+from sim.engine.engine import Engine
+from sim.engine.run import builtin_scenario_path, resolve, run
 from sim.kv.types import TokenContent
 from sim.latency.batch import BatchShape, DecodeBulk
-from sim.results import build_result
-from sim.runner import builtin_scenario_path, resolve, run
-from sim.scenario import scenario_from_dict
-from sim.scheduler.cohort import DecodeCohort
+from sim.output.results import build_result
+from sim.scenario.schema import scenario_from_dict
+from sim.scheduler.fast.cohort import DecodeCohort
 from sim.scheduler.request import Request
 
 
@@ -245,7 +245,7 @@ def replay_cases(draw, design: str) -> tuple[dict, int]:
         "engine": {
             "num_replicas": draw(st.sampled_from([1, 1, 2])),
             # The prefix-cache router only where it does something (V1, prefix caching):
-            # kvsim refuses it elsewhere (sim.no_effect).
+            # kvsim refuses it elsewhere (sim.scenario.no_effect).
             "router": draw(
                 st.sampled_from(
                     ["round_robin", "least_outstanding", "least_kv_usage"]

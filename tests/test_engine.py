@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.overrides import apply_overrides
-from sim.results import write_result
-from sim.runner import builtin_scenario_path, run
-from sim.scenario import scenario_from_dict
+from sim.engine.run import builtin_scenario_path, run
+from sim.output.results import write_result
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -137,7 +137,7 @@ def test_cli_stop_flags(flag, stopped, tmp_path):
 
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     cli = CliRunner().invoke(
         app,
@@ -271,7 +271,7 @@ def test_v1_engine_prompt_over_max_model_len_is_ignored_at_arrival():
 
 
 def test_a_pool_too_small_for_max_model_len_is_refused_like_vllm():
-    from sim.scenario import ScenarioError
+    from sim.scenario.schema import ScenarioError
 
     scenario = scenario_from_dict(
         _inline(
@@ -387,8 +387,8 @@ def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypat
     head, no block freed since), the V1 one an `allocate_slots` whose None cannot have (same
     head, no fewer tokens asked, no block freed, no prefix caching): every table is the same
     when they ask every time."""
-    from sim.scheduler.v0 import V0Scheduler
-    from sim.scheduler.v1 import V1Scheduler
+    from sim.scheduler.v0.scheduler import V0Scheduler
+    from sim.scheduler.v1.scheduler import V1Scheduler
 
     overrides = {"workload.first_n": 300, "workload.rate_scale": 3, "scheduler.design": design}
     overrides.update(extra)

@@ -1,4 +1,4 @@
-"""The engine's clock-advancing step loop changes no table (`sim.engine.Clock`).
+"""The engine's clock-advancing step loop changes no table (`sim.engine.engine.Clock`).
 
 A replica whose step ends strictly before the next scheduled SimPy event moves the clock itself
 instead of yielding a timeout. Each run here is made twice, with that loop and with the plain
@@ -19,17 +19,17 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.engine
-import sim.runner
+import sim.engine.engine
+import sim.engine.run
 from sim.cluster.config import ClusterMode
-from sim.engine import Clock, Engine
-from sim.results import build_result
-from sim.runner import builtin_scenario_path, resolve, run
-from sim.scenario import load_scenario, scenario_from_dict
+from sim.engine.engine import Clock, Engine
+from sim.engine.run import builtin_scenario_path, resolve, run
+from sim.output.results import build_result
+from sim.scenario.schema import load_scenario, scenario_from_dict
 from tests.test_decode_cohort import DESIGNS, replay_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-# A disaggregated scenario runs on `sim.cluster.disagg`'s own loop, not on this engine's.
+# A disaggregated scenario runs on `sim.engine.disagg`'s own loop, not on this engine's.
 SCENARIOS = [
     path
     for path in sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -55,12 +55,12 @@ class _CountingClock(Clock):
 def _both_loops(monkeypatch, path: Path, overrides: dict) -> tuple[dict, dict]:
     """The tables of `path` run with the clock-advancing loop and with the plain loop."""
     _CountingClock.advances = 0
-    monkeypatch.setattr(sim.engine, "Clock", _CountingClock)
-    monkeypatch.setattr(sim.runner, "Engine", Engine)
+    monkeypatch.setattr(sim.engine.engine, "Clock", _CountingClock)
+    monkeypatch.setattr(sim.engine.run, "Engine", Engine)
     advancing = _csv_tables(run(path, overrides=overrides))
     assert _CountingClock.advances > 0  # the comparison is not vacuous
     plain_engine = functools.partial(Engine, yield_every_step=True)
-    monkeypatch.setattr(sim.runner, "Engine", plain_engine)
+    monkeypatch.setattr(sim.engine.run, "Engine", plain_engine)
     plain = _csv_tables(run(path, overrides=overrides))
     return advancing, plain
 

@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import sim.host_memory
-import sim.resolution
-import sim.runner
-from sim.cli import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_INTERNAL, EXIT_INTERRUPTED, app
+import sim.engine.run
+import sim.memory.host
+import sim.scenario.resolve
+from sim.cli.main import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_INTERNAL, EXIT_INTERRUPTED, app
 from sim.errors import MAX_ERROR_CHARS, InputError, one_line
-from sim.scenario import ScenarioError, load_scenario
+from sim.scenario.schema import ScenarioError, load_scenario
 from sim.workload.errors import WorkloadError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def tiny(tmp_path: Path, name: str = "tiny", blocks: int = 16, expect: str = "no
 
 def test_input_errors_share_one_base():
     assert issubclass(ScenarioError, InputError) and issubclass(WorkloadError, InputError)
-    from sim.cli import INPUT_ERRORS
+    from sim.cli.main import INPUT_ERRORS
 
     assert ValueError not in INPUT_ERRORS and FileNotFoundError not in INPUT_ERRORS
 
@@ -67,7 +67,7 @@ def test_internal_value_error_is_not_bad_input(tmp_path, monkeypatch):
     def buggy(*args, **kwargs):
         raise ValueError("an internal invariant broke")
 
-    monkeypatch.setattr(sim.runner, "run", buggy)
+    monkeypatch.setattr(sim.engine.run, "run", buggy)
     result = runner.invoke(
         app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(tmp_path / "o")]
     )
@@ -93,7 +93,7 @@ def test_ctrl_c_is_exit_130(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.runner, "run", interrupted)
+    monkeypatch.setattr(sim.engine.run, "run", interrupted)
     result = runner.invoke(
         app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(tmp_path / "o")]
     )
@@ -103,7 +103,7 @@ def test_ctrl_c_is_exit_130(tmp_path, monkeypatch):
 
 def test_console_script_exit_2_is_one_line(tmp_path):
     """Through `main()` (the installed `kvsim`), not only the in-process test runner."""
-    code = "import sys; from sim.cli import main; sys.argv = ['kvsim', *sys.argv[1:]]; main()"
+    code = "import sys; from sim.cli.main import main; sys.argv = ['kvsim', *sys.argv[1:]]; main()"
     done = subprocess.run(
         [sys.executable, "-c", code, "run", str(tmp_path / "nope.yaml"), "--no-plots"],
         capture_output=True,
@@ -122,8 +122,8 @@ def _no_workload(*args, **kwargs):
 
 def test_pool_of_400_million_blocks_is_refused_up_front(tmp_path, monkeypatch):
     """Regression: num_gpu_blocks 400000000 was killed by the kernel after eating all memory."""
-    monkeypatch.setattr(sim.host_memory, "available_memory", lambda: (16 << 30, "MemAvailable"))
-    monkeypatch.setattr(sim.resolution, "load_workload", _no_workload)
+    monkeypatch.setattr(sim.memory.host, "available_memory", lambda: (16 << 30, "MemAvailable"))
+    monkeypatch.setattr(sim.scenario.resolve, "load_workload", _no_workload)
     path = tiny(tmp_path, blocks=400_000_000)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(tmp_path / "o")])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
@@ -134,7 +134,7 @@ def test_pool_of_400_million_blocks_is_refused_up_front(tmp_path, monkeypatch):
 
 def test_pool_of_1e12_blocks_is_refused_up_front(tmp_path, monkeypatch):
     """Regression: 1e12 blocks gave a MemoryError traceback. No machine has 380 TB."""
-    monkeypatch.setattr(sim.resolution, "load_workload", _no_workload)
+    monkeypatch.setattr(sim.scenario.resolve, "load_workload", _no_workload)
     path = tiny(tmp_path, blocks=10**12)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(tmp_path / "o")])
     assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output
@@ -144,11 +144,11 @@ def test_pool_of_1e12_blocks_is_refused_up_front(tmp_path, monkeypatch):
 def test_pool_estimate_counts_cpu_blocks_only_for_v0(monkeypatch):
     from sim.kv.config import Design
 
-    monkeypatch.setattr(sim.host_memory, "available_memory", lambda: (2_000, "test"))
+    monkeypatch.setattr(sim.memory.host, "available_memory", lambda: (2_000, "test"))
     # v0-v2: (3 + 2) blocks x 240 B = 1200 B > half of 2000 B; v1-engine has no CPU pool.
-    assert "3 GPU + 2 CPU blocks" in sim.host_memory.check_pool_fits(Design.V0_V2, 3, 2)
-    assert sim.host_memory.check_pool_fits(Design.V0_V2, 2, 2) is None  # 960 B
-    assert sim.host_memory.check_pool_fits(Design.V1_ENGINE, 2, 10**9) is None  # 760 B
+    assert "3 GPU + 2 CPU blocks" in sim.memory.host.check_pool_fits(Design.V0_V2, 3, 2)
+    assert sim.memory.host.check_pool_fits(Design.V0_V2, 2, 2) is None  # 960 B
+    assert sim.memory.host.check_pool_fits(Design.V1_ENGINE, 2, 10**9) is None  # 760 B
 
 
 # ---------------------------------------------------------------- error text
@@ -269,13 +269,13 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, args, message):
 @pytest.mark.parametrize("design", ["v0-v1", "v0-v2", "v0-fixed", "v1-engine"])
 def test_bytes_per_block_bound_what_a_pool_takes(design):
     """The refusal is only as good as its estimate: building a pool stays within it."""
-    from sim.host_memory import peak_bytes_per_block
     from sim.kv.config import Design
+    from sim.memory.host import peak_bytes_per_block
 
     for prefix_caching in (False, True):
         for cpu in (False, True):
             measured = peak_bytes_per_block(Design(design), 20_000, prefix_caching, cpu=cpu)
-            assert measured <= sim.host_memory.BYTES_PER_BLOCK[Design(design)]
+            assert measured <= sim.memory.host.BYTES_PER_BLOCK[Design(design)]
 
 
 def test_output_piped_into_head_is_not_an_internal_error(tmp_path):
@@ -287,7 +287,7 @@ def test_output_piped_into_head_is_not_an_internal_error(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     script = (
-        "import sys; from sim.cli import main; "
+        "import sys; from sim.cli.main import main; "
         "sys.argv = ['kvsim', 'run', 'scenarios/swa_4_vs_3_v0_v2.yaml', '--no-plots', "
         f"'-o', {str(tmp_path / 'out')!r}]; main()"
     )

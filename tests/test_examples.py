@@ -82,7 +82,7 @@ def test_workflow_steps_run_as_written(user_repo: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true", "COLUMNS": "200"}
     for command in rest:
         done = subprocess.run(
-            [sys.executable, "-c", "from sim.cli import main; main()", *command[1:]],
+            [sys.executable, "-c", "from sim.cli.main import main; main()", *command[1:]],
             cwd=user_repo,
             env=env,
             capture_output=True,

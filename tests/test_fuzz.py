@@ -24,9 +24,9 @@ from sim.ci.selfcheck import (
     tables_of,
     without_shortcuts,
 )
-from sim.cli import app
-from sim.runner import run
-from sim.scenario import load_scenario, scenario_to_yaml
+from sim.cli.main import app
+from sim.engine.run import run
+from sim.scenario.schema import load_scenario, scenario_to_yaml
 
 runner = CliRunner()
 

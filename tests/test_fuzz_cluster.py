@@ -24,7 +24,7 @@ from sim.ci.fuzz_cases import FUZZ_ROUTERS, MULTI_REPLICA_SHARE, draw_case, gene
 from sim.cluster.config import ClusterMode
 from sim.kv.config import Design
 from sim.routing import Router
-from sim.scenario import scenario_to_yaml
+from sim.scenario.schema import scenario_to_yaml
 
 
 def _multi(design: str, count: int, master_seed: int = 0):
@@ -49,7 +49,7 @@ def test_cases_draw_every_router_and_2_to_4_replicas(design):
     multi = [e for e in engines if e.num_replicas > 1]
     assert {e.num_replicas for e in multi} == {2, 3, 4}
     # prefix_cache_aware and KV events only where they do something (the V1 engine; the router
-    # with prefix caching): elsewhere kvsim refuses them (sim.no_effect).
+    # with prefix caching): elsewhere kvsim refuses them (sim.scenario.no_effect).
     v1 = design == "v1-engine"
     routers = set(FUZZ_ROUTERS) - (set() if v1 else {"prefix_cache_aware"})
     assert set(Counter(e.router for e in multi)) == routers
@@ -113,7 +113,7 @@ def test_the_cross_check_compares_the_kv_events_too():
     # The decode shortcuts must not change the events either: a case that records them has
     # them among the tables the cross-check compares (and they agree).
     from sim.ci.selfcheck import tables_of, without_shortcuts
-    from sim.runner import run
+    from sim.engine.run import run
 
     _, scenario = next(
         (i, s)

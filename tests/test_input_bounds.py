@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.errors import PathError
-from sim.input_files import (
+from sim.files.inputs import (
     NotRegularFileError,
     non_regular_reason,
     read_capped_bytes,
@@ -93,7 +93,7 @@ def test_read_capped_bytes_refuses_past_the_limit(tmp_path):
 
 
 def test_scenario_over_the_cap_names_the_cap_and_the_way_out(tmp_path):
-    from sim.scenario import MAX_SCENARIO_BYTES, ScenarioError, load_scenario
+    from sim.scenario.schema import MAX_SCENARIO_BYTES, ScenarioError, load_scenario
 
     path = tmp_path / "big.yaml"
     path.write_bytes(b"# " + b"x" * MAX_SCENARIO_BYTES)
@@ -103,7 +103,7 @@ def test_scenario_over_the_cap_names_the_cap_and_the_way_out(tmp_path):
 
 def test_scenario_crlf_and_bom_still_read(tmp_path):
     """Reading bytes (for the cap) keeps what read_text accepted: CRLF ends, a UTF-8 BOM."""
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
     from tests.hostile.harness import tiny
 
     path = tmp_path / "s.yaml"
@@ -115,8 +115,8 @@ def test_scenario_crlf_and_bom_still_read(tmp_path):
 
 
 def test_step_counts_are_bounded_before_any_list_is_built():
-    from sim.scenario import ScenarioError
-    from sim.step_cli import MAX_STEP_SEQS, parse_decodes, parse_prefills
+    from sim.cli.step import MAX_STEP_SEQS, parse_decodes, parse_prefills
+    from sim.scenario.schema import ScenarioError
 
     assert len(parse_decodes([f"{MAX_STEP_SEQS}x1"])) == MAX_STEP_SEQS
     with pytest.raises(ScenarioError, match="--decode .* sequences in one step"):
@@ -136,26 +136,26 @@ def test_step_counts_are_bounded_before_any_list_is_built():
 
 
 def test_replicas_enter_the_pool_estimate(monkeypatch):
-    import sim.host_memory
+    import sim.memory.host
     from sim.kv.config import Design
 
-    monkeypatch.setattr(sim.host_memory, "available_memory", lambda: (10**9, "test"))
+    monkeypatch.setattr(sim.memory.host, "available_memory", lambda: (10**9, "test"))
     # 1000 blocks x 240 B = 240 kB for one replica: fits in 500 MB; x 10,000 replicas does not.
-    assert sim.host_memory.check_pool_fits(Design.V0_V2, 1000, 0) is None
-    said = sim.host_memory.check_pool_fits(Design.V0_V2, 1000, 0, num_replicas=10_000)
+    assert sim.memory.host.check_pool_fits(Design.V0_V2, 1000, 0) is None
+    said = sim.memory.host.check_pool_fits(Design.V0_V2, 1000, 0, num_replicas=10_000)
     assert said is not None and said.startswith("10000 replicas of 1000 GPU")
     # Replicas cost memory of their own, beyond their blocks.
-    per_replica = sim.host_memory.REPLICA_BYTES
-    assert sim.host_memory.check_pool_fits(Design.V0_V2, 1, 0, 10**9 // per_replica) is not None
+    per_replica = sim.memory.host.REPLICA_BYTES
+    assert sim.memory.host.check_pool_fits(Design.V0_V2, 1, 0, 10**9 // per_replica) is not None
 
 
 def test_num_replicas_is_named_when_they_do_not_fit(monkeypatch, tmp_path):
-    import sim.host_memory
-    from sim.resolution import resolve
-    from sim.scenario import ScenarioError, load_scenario
+    import sim.memory.host
+    from sim.scenario.resolve import resolve
+    from sim.scenario.schema import ScenarioError, load_scenario
     from tests.hostile.harness import tiny
 
-    monkeypatch.setattr(sim.host_memory, "available_memory", lambda: (10**8, "test"))
+    monkeypatch.setattr(sim.memory.host, "available_memory", lambda: (10**8, "test"))
     path = tmp_path / "s.yaml"
     path.write_text(tiny().replace("expect:", "engine: {num_replicas: 10000}\nexpect:"))
     with pytest.raises(ScenarioError, match="^engine.num_replicas: 10000 replicas of 64"):

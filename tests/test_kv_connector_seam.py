@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from sim.engine import Engine, EngineConfig, RunRecords
+from sim.engine.engine import Engine, EngineConfig, RunRecords
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv.types import Segment
 from sim.kv_connector.base import (
@@ -22,7 +22,7 @@ from sim.kv_connector.base import (
     TransferReport,
 )
 from sim.latency.linear import LinearStepTime
-from sim.results import requests_frame, steps_frame
+from sim.output.results import requests_frame, steps_frame
 from sim.scheduler import SchedulerConfig
 from sim.scheduler.request import Request, StepPlan
 from sim.workload.request import RequestSpec

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.ci.fuzz_cases import generate_case
-from sim.engine import Engine
+from sim.engine.engine import Engine
+from sim.engine.run import resolve, run
 from sim.kv_events import (
     KV_EVENT_COLUMNS,
     AllBlocksCleared,
@@ -25,11 +26,10 @@ from sim.kv_events import (
     KVEventStream,
     kv_events_frame,
 )
-from sim.overrides import apply_overrides
-from sim.results import build_result, requests_frame, write_result
+from sim.output.results import build_result, requests_frame, write_result
 from sim.routing import CacheIndex, ReplicaView, Router
-from sim.runner import resolve, run
-from sim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import Scenario, ScenarioError, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -315,7 +315,7 @@ def test_an_empty_table_has_the_columns():
 
 def test_v0_designs_refuse_kv_events():
     """The v0 engine emits no events: `engine.kv_events` there would be an empty table, so it
-    is refused (sim.no_effect), not accepted."""
+    is refused (sim.scenario.no_effect), not accepted."""
     case = apply_overrides(
         _inline([{"arrival_s": 0.0, "prompt_tokens": 40, "output_tokens": 2}], 1),
         {"scheduler.design": "v0-v2", "engine.kv_events": True},

@@ -16,16 +16,16 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.engine import Engine
+from sim.engine.engine import Engine
+from sim.engine.run import resolve, run
 from sim.kv.types import BlockHash, TokenContent
 from sim.kv_connector.cpu_tier import NOT_READY, LRUCpuTier
 from sim.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVEventStream
-from sim.overrides import apply_overrides
-from sim.results import requests_frame
+from sim.output.results import requests_frame
 from sim.routing import CacheIndex, ReplicaView
 from sim.routing.prefix_cache_aware import leading_blocks_held
-from sim.runner import resolve, run
-from sim.scenario import Scenario, scenario_from_dict
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import Scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

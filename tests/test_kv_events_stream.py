@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.kv_events.stream as stream_module
+from sim.engine.run import run
+from sim.files.tables import write_table
 from sim.kv_events import (
     KVEventStream,
     kv_events_chunks,
@@ -20,11 +22,9 @@ from sim.kv_events import (
     write_kv_events,
 )
 from sim.kv_events.stream import RAW_COLUMNS
-from sim.overrides import apply_overrides
-from sim.results import write_result, write_tables
-from sim.runner import run
-from sim.scenario import load_scenario
-from sim.table_files import write_table
+from sim.output.results import write_result, write_tables
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "sim/data/traces/mooncake_fast25/conversation_trace.jsonl"

@@ -11,17 +11,17 @@ from hypothesis import strategies as st
 
 from sim.audit import AuditLevel
 from sim.ci.fuzz_cases import generate_case
-from sim.engine import Engine, EngineConfig, RunRecords
+from sim.engine.engine import Engine, EngineConfig, RunRecords
+from sim.engine.run import resolve, run
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv.types import BlockHash, Segment
 from sim.kv_connector.cpu_tier import NOT_READY, LRUCpuTier
 from sim.kv_connector.link import PCIE_GEN5_X16_GBPS, Link, TransferQueue, host_link
 from sim.kv_connector.offloading import OffloadingConfig
 from sim.latency.linear import LinearStepTime
-from sim.overrides import apply_overrides
-from sim.results import requests_frame, steps_frame
-from sim.runner import resolve, run
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.output.results import requests_frame, steps_frame
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import ScenarioError, scenario_from_dict
 from sim.scheduler import SchedulerConfig
 from sim.workload.request import RequestSpec
 

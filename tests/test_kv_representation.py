@@ -14,7 +14,7 @@ from sim.audit.v1 import AuditedV1Manager
 from sim.audit.violations import ViolationKind
 from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
 from sim.kv.types import NoFreeBlocksError, Segment, Sequence, TokenContent, num_leading_nulls
-from sim.kv.v0_v1_alloc import CachedBlockAllocator, Device, UncachedBlockAllocator
+from sim.kv.v0_v1.alloc import CachedBlockAllocator, Device, UncachedBlockAllocator
 from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
 from sim.kv.v1_engine import KVCacheManager, make_kv_cache_manager
 from sim.kv.v1_engine.free_queue import FreeBlockQueue, UncachedFreeBlockQueue

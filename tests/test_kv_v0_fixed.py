@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sim.kv.config import KVCacheConfig, make_manager
 from sim.kv.protocol import PoolIntrospection, V0BlockManager
 from sim.kv.types import AllocStatus, SequenceStatus, TokenContent
-from sim.kv.v0_fixed import CorrectedBlockSpaceManager
+from sim.kv.v0_fixed.manager import CorrectedBlockSpaceManager
 from sim.kv.v0_v2.cpu_gpu import Device
 from tests.kv_v0_helpers import admit, decode, group, used
 from tests.test_kv_v0_v2 import ops, run_ops

@@ -22,8 +22,8 @@ from sim.kv.types import (
     TokenContent,
     cdiv,
 )
-from sim.kv.v0_v1 import BlockSpaceManagerV1
-from sim.kv.v0_v1_alloc import CachedBlockAllocator, Device, LRUEvictor, PhysicalBlock
+from sim.kv.v0_v1.alloc import CachedBlockAllocator, Device, LRUEvictor, PhysicalBlock
+from sim.kv.v0_v1.manager import BlockSpaceManagerV1
 
 RUNNING = SequenceStatus.RUNNING
 

@@ -205,8 +205,8 @@ def test_prefill_attention_matches_its_term_formula():
 @pytest.mark.parametrize("design, engine", [("v0-v2", "v0"), ("v1-engine", "v1")])
 def test_a_scenario_without_step_time_runs_the_measured_model(design, engine):
     """The runner's default is `measured`, with the overhead of the scheduler's generation."""
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
 
     scenario = scenario_from_dict(
         {
@@ -249,7 +249,7 @@ def test_measured_coefficients_path_is_relative_to_the_scenario(tmp_path):
     """A refit (same layout as the shipped JSON) is picked up from beside the scenario."""
     import json
 
-    from sim.runner import run
+    from sim.engine.run import run
 
     refit = shipped_coefficients() | {
         "engine": {

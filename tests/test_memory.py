@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
-from sim.memory import (
+from sim.memory.derive import (
     ActivationSource,
     BlockCountSource,
     block_bytes,
@@ -13,7 +13,7 @@ from sim.memory import (
     given_num_gpu_blocks,
     num_kv_groups,
 )
-from sim.memory_terms import (
+from sim.memory.terms import (
     ACTIVATION_FIT,
     GIB,
     NON_TORCH_GIB,
@@ -174,7 +174,7 @@ def test_activation_is_the_larger_of_forward_and_sampler():
         LLAMA, max_num_batched_tokens=8192, max_num_seqs=1024, sampler=SamplerPath.V1_PYTORCH
     )
     assert got == expected
-    assert round(got / GIB, 2) == 4.77  # sim.memory_terms docstring; vLLM 0.11 logged 4.76
+    assert round(got / GIB, 2) == 4.77  # sim.memory.terms docstring; vLLM 0.11 logged 4.76
 
 
 def test_large_vocabulary_costs_more_activation():

@@ -13,9 +13,9 @@ import statistics
 
 import pytest
 
-from sim import memory_validation
-from sim.memory_terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
-from sim.memory_validation import (
+from sim.memory import validation as memory_validation
+from sim.memory.terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
+from sim.memory.validation import (
     PROFILED_RELEASE,
     Split,
     compare_all,

@@ -3,10 +3,10 @@
 import pytest
 
 from sim.catalog import get_gpu, get_model
-from sim.memory import derive_num_gpu_blocks
-from sim.memory_terms import VllmEngine, weight_bytes
-from sim.runner import resolve, run
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.engine.run import resolve, run
+from sim.memory.derive import derive_num_gpu_blocks
+from sim.memory.terms import VllmEngine, weight_bytes
+from sim.scenario.schema import ScenarioError, scenario_from_dict
 
 REQUESTS = [{"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 4}]
 LINEAR = {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}}
@@ -130,7 +130,7 @@ def test_kvsim_run_prints_one_row_per_kv_group(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     scenario = _scenario(
         model="gemma-2-9b",
@@ -168,7 +168,7 @@ def test_hybrid_scenario_is_identical_with_the_decode_shortcuts_off():
     from sim.audit.v1 import AuditedV1Manager
     from sim.kv.config import KVCacheConfig, KVCacheGroupSpec, make_manager
     from sim.scheduler import SchedulerConfig
-    from sim.scheduler.fast_path import fast_path_enabled
+    from sim.scheduler.fast.layer import fast_path_enabled
 
     groups = (KVCacheGroupSpec(8), KVCacheGroupSpec(None))
     hybrid = make_manager("v1-engine", KVCacheConfig(num_gpu_blocks=9, kv_cache_groups=groups))

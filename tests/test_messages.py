@@ -6,13 +6,13 @@ import pytest
 
 from sim.cluster.capacity import ROUTERS, check_routers
 from sim.errors import InputError
-from sim.overrides import apply_overrides, assignment_at_fault
-from sim.scenario import ScenarioError, naming, scenario_from_dict
+from sim.scenario.overrides import apply_overrides, assignment_at_fault
+from sim.scenario.schema import ScenarioError, naming, scenario_from_dict
 from tests.hostile.harness import tiny
 
 
 def _tiny() -> dict:
-    from sim.scenario import load_yaml
+    from sim.scenario.schema import load_yaml
 
     return load_yaml(tiny())
 

@@ -188,4 +188,6 @@ def test_a_stale_or_disabled_build_imports_the_sources_and_only_stale_warns(sele
         finder = meta_path[0]
         spec = finder.find_spec("sim.kv.types", None)
         assert spec is not None and spec.origin == str(source_path("sim.kv.types"))
-        assert finder.find_spec("sim.engine", None) is None  # never compiled: the path finder's
+        assert (
+            finder.find_spec("sim.engine.engine", None) is None
+        )  # never compiled: the path finder's

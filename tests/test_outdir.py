@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import sim.results
-import sim.runner
-from sim import outdir_lock
-from sim.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app
-from sim.outdir import (
+import sim.engine.run
+import sim.output.results
+from sim.cli.main import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app
+from sim.files import lock as outdir_lock
+from sim.files.lock import lock_path
+from sim.files.outdir import (
     FolderBusyError,
     OutputPathError,
     commit_staging,
@@ -24,8 +25,7 @@ from sim.outdir import (
     staged_folder,
     start_staging,
 )
-from sim.outdir_lock import lock_path
-from sim.scenario import ScenarioError, load_scenario, name_problem
+from sim.scenario.schema import ScenarioError, load_scenario, name_problem
 from tests.test_errors import tiny
 
 runner = CliRunner()
@@ -79,7 +79,7 @@ def foreign_folder(tmp: Path) -> Path:
 def test_bad_output_folder_is_bad_input_before_the_run(tmp_path, monkeypatch, make, message):
     out = make(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    monkeypatch.setattr(sim.runner, "run", _must_not_run)
+    monkeypatch.setattr(sim.engine.run, "run", _must_not_run)
     result = runner.invoke(app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(out)])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     (line,) = result.stderr.strip().splitlines()
@@ -109,13 +109,13 @@ def test_unwritable_parent_is_bad_input(tmp_path):
 def test_interrupted_write_leaves_the_old_run_intact(tmp_path, old_run, monkeypatch):
     """Regression: Ctrl-C while writing left an old summary.json next to new tables."""
     before = snapshot(old_run)
-    real_write = sim.results.write_arrow_table  # how `kvsim run` writes its violations
+    real_write = sim.output.results.write_arrow_table  # how `kvsim run` writes its violations
 
     def write_then_interrupt(table, folder, name):
         real_write(table, folder, name)  # a new table is half-way into the temporary folder
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.results, "write_arrow_table", write_then_interrupt)
+    monkeypatch.setattr(sim.output.results, "write_arrow_table", write_then_interrupt)
     path = tiny(tmp_path, "bigger", blocks=32)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(old_run)])
     assert result.exit_code == EXIT_INTERRUPTED
@@ -125,14 +125,14 @@ def test_interrupted_write_leaves_the_old_run_intact(tmp_path, old_run, monkeypa
 
 
 def test_interrupted_api_write_result_leaves_no_new_folder(tmp_path, monkeypatch):
-    result = sim.runner.run(tiny(tmp_path))
+    result = sim.engine.run.run(tiny(tmp_path))
 
     def interrupt(frame, path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.results, "_write_csv", interrupt)
+    monkeypatch.setattr(sim.output.results, "_write_csv", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        sim.results.write_result(result, tmp_path / "new")
+        sim.output.results.write_result(result, tmp_path / "new")
     assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
 
 
@@ -208,7 +208,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
 
 
 def test_run_into_a_held_folder_is_refused_before_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(sim.runner, "run", _must_not_run)
+    monkeypatch.setattr(sim.engine.run, "run", _must_not_run)
     out = tmp_path / "out"
     with folder_lock(out):
         result = runner.invoke(app, ["run", str(tiny(tmp_path)), "--no-plots", "-o", str(out)])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.workload.loaders as loaders
-from sim.runner import builtin_scenario_path
+from sim.engine.run import builtin_scenario_path
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import load_azure
 from sim.workload.plain_csv import NotPlain, read_plain_azure, timestamp_text

@@ -17,14 +17,14 @@ import pytest
 from rich.console import Console
 
 import sim
-import sim.plots as plots
-from sim.cli import next_steps
+import sim.plots.run as plots
+from sim.cli.main import next_steps
 from sim.kv.config import Design
 from sim.latency.band import StepTimeBand
 from sim.planning.capacity import capacity_search
 from sim.planning.executor import start_method
 from sim.planning.tables import METRIC_HEADERS, capacity_view, legend, results_table
-from sim.scenario import ScenarioError
+from sim.scenario.schema import ScenarioError
 from tests.sweep_helpers import dd1_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from sim.plot_common import name_figure, subject_of, table_subject
-from sim.plots_planning import throughput_latency
+from sim.plots.common import name_figure, subject_of, table_subject
+from sim.plots.planning import throughput_latency
 
 
 def _sweep_table() -> pd.DataFrame:

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 import sim
-import sim.plots as plots
+import sim.plots.run as plots
+from sim.output.results import write_result
 from sim.planning.capacity import capacity_search
-from sim.results import write_result
 from tests.sweep_helpers import dd1_scenario
 
 SWA = Path(__file__).resolve().parent.parent / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
@@ -80,7 +80,7 @@ def test_sweep_and_capacity_plots(tmp_path) -> None:
 
 
 def test_plot_command_on_a_run_dir(tmp_path, violating_run) -> None:
-    from sim.cli import app
+    from sim.cli.main import app
 
     write_result(violating_run, tmp_path / "run")
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "run")])

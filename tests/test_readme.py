@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
+KVSIM = [sys.executable, "-c", "from sim.cli.main import main; main()"]
 
 
 def blocks(language: str) -> list[str]:
@@ -152,7 +152,7 @@ def _table_commands() -> list[tuple[str, list[str]]]:
 def test_readme_command_table_names_real_commands_and_flags() -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     table = _table_commands()
     assert {name for name, _ in table} >= {"run", "check", "fuzz", "shrink", "sweep", "capacity"}

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.engine.run import run
 from sim.kv.protocol import PoolStats
 from sim.kv.types import TokenContent
-from sim.overrides import apply_overrides
 from sim.routing import (
     CacheIndex,
     LeastKVUsage,
@@ -22,8 +22,8 @@ from sim.routing import (
     SessionAffinity,
 )
 from sim.routing.prefix_cache_aware import leading_blocks_held
-from sim.runner import run
-from sim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -143,7 +143,7 @@ def test_round_robin_misses_the_prefix_that_prefix_aware_hits():
 
 def test_prefix_aware_without_prefix_caching_is_refused():
     # No cache to see: every score would be -outstanding (least outstanding under another
-    # name), so the router would do nothing it says; refused (sim.no_effect).
+    # name), so the router would do nothing it says; refused (sim.scenario.no_effect).
     with pytest.raises(ScenarioError, match="cache.enable_prefix_caching is false"):
         _routes("prefix_cache_aware", _PREFIXED, caching=False)
 
@@ -279,7 +279,7 @@ def test_session_affinity_without_session_ids_is_least_outstanding():
 
 
 def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monkeypatch):
-    import sim.engine_arrivals
+    import sim.engine.arrivals
     from sim.scheduler import Request
 
     def request_of(spec):
@@ -289,7 +289,7 @@ def test_session_affinity_keeps_a_session_on_one_replica_through_the_engine(monk
         request.session_id = spec.request_id % 2  # two sessions, alternating
         return request
 
-    monkeypatch.setattr(sim.engine_arrivals, "request_of", request_of)
+    monkeypatch.setattr(sim.engine.arrivals, "request_of", request_of)
     result = _routes("session_affinity", _PREFIXED, caching=True)
     # r0 (session 0) -> 0, r1 (session 1) -> least outstanding = 1; then they stick.
     assert list(result.requests["replica"]) == [0, 1, 0, 1, 0]

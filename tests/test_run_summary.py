@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sim.cli import _design_row, _manager_row, _step_time_row
+from sim.cli.main import _design_row, _manager_row, _step_time_row
 from sim.kv.config import Design
-from sim.plot_common import subject_of
+from sim.plots.common import subject_of
 
 
 def test_v1_design_names_its_pinned_release():

@@ -16,13 +16,20 @@ import sim.scheduler
 from sim.audit import audited
 from sim.kv import Design, KVCacheConfig, make_manager
 from sim.scheduler import Policy, SchedulerConfig, V0Scheduler, V1Scheduler
-from sim.scheduler.v0_shortcuts import V0DecodeShortcuts
-from sim.scheduler.v1_shortcuts import V1DecodeShortcuts
+from sim.scheduler.fast.v0 import V0DecodeShortcuts
+from sim.scheduler.fast.v1 import V1DecodeShortcuts
 
 SCHEDULER_DIR = Path(sim.scheduler.__file__).parent
 
 #: The faithful phases: upstream's methods, read line by line against the cited source.
-FAITHFUL_MODULES = ["v0_base", "v0_running", "v0_swapped", "v0_prefills", "v0", "v1_running"]
+FAITHFUL_MODULES = [
+    "v0/base",
+    "v0/running",
+    "v0/swapped",
+    "v0/prefills",
+    "v0/scheduler",
+    "v1/running",
+]
 
 #: Names only the decode shortcuts may use (their state on `Request`, their helpers).
 SHORTCUT_NAMES = {
@@ -64,7 +71,7 @@ def test_faithful_phases_have_no_shortcut_code(module):
 def test_v1_faithful_code_touches_the_shortcuts_only_in_update_after_schedule():
     """v1.py's one use of a shortcut name: `_update_after_schedule` advances the quiet
     decodes' computed tokens with the others (upstream advances every scheduled request)."""
-    tree = ast.parse((SCHEDULER_DIR / "v1.py").read_text())
+    tree = ast.parse((SCHEDULER_DIR / "v1" / "scheduler.py").read_text())
     users = set()
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef):
@@ -76,7 +83,7 @@ def test_v1_faithful_code_touches_the_shortcuts_only_in_update_after_schedule():
 
 
 def test_scheduler_modules_are_at_most_400_lines():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in SCHEDULER_DIR.glob("*.py")}
+    sizes = {p.name: len(p.read_text().splitlines()) for p in SCHEDULER_DIR.rglob("*.py")}
     assert {name: n for name, n in sizes.items() if n > 400} == {}
 
 

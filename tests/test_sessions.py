@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine import Engine
+from sim.engine.engine import Engine
+from sim.engine.run import resolve, run
+from sim.engine.sessions import SessionTurns
 from sim.kv.types import Sequence
-from sim.results import summary_json, write_result
-from sim.runner import resolve, run
-from sim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from sim.output.results import summary_json, write_result
+from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Request, RequestState
-from sim.session_turns import SessionTurns
 from sim.workload import WorkloadConfig, load_workload
 from sim.workload.request import UNIQUE_KEY_BASE, RequestSpec
 from sim.workload.sessions import MIN_SHARED_BLOCKS, synthetic_sessions
@@ -366,7 +366,7 @@ def test_same_seed_gives_identical_session_tables(tmp_path):
 
 def test_session_table_example():
     """The module docstring's example: 2 turns, arrivals 0 and 3 s, finishes 1 and 4 s."""
-    from sim.session_metrics import session_summary, sessions_frame
+    from sim.output.sessions import session_summary, sessions_frame
 
     turns = pd.DataFrame(
         {
@@ -513,7 +513,7 @@ def test_mooncake_sessions_run_open_loop_with_session_metrics():
 def test_fuzz_draws_sessions_cases_and_leaves_the_others_unchanged(monkeypatch):
     from sim.ci import fuzz_cases
     from sim.ci.fuzz_cases import case_seed, generate_case
-    from sim.scenario import scenario_to_yaml
+    from sim.scenario.schema import scenario_to_yaml
 
     cases = [generate_case("v1-engine", case_seed(0, i)) for i in range(60)]
     with_sessions = [c for c in cases if c.workload.kind == "sessions"]
@@ -539,7 +539,7 @@ def test_pinned_fuzz_case_seeds_still_draw_their_inline_cases():
 
 def test_self_contained_scenario_makes_the_mooncake_sessions_path_absolute(tmp_path):
     """`kvsim run` saves the scenario as run (for `kvsim shrink`): the trace must still resolve."""
-    from sim.runner import self_contained
+    from sim.engine.run import self_contained
 
     data = _scenario()
     data["workload"] = {"kind": "sessions", "sessions": {"source": "mooncake", "path": "t.jsonl"}}
@@ -550,7 +550,7 @@ def test_self_contained_scenario_makes_the_mooncake_sessions_path_absolute(tmp_p
 def test_is_session_workload_agrees_with_the_requests(tmp_path):
     """Decided from the metadata, the answer is still whether any request is a session turn,
     for every kind of workload (sessions, Mooncake sessions, a trace, synthetic, inline)."""
-    from sim.session_metrics import is_session_workload
+    from sim.output.sessions import is_session_workload
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,8,2\n0.1,8,2\n")

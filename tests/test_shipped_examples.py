@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.ci.expect_summary import metric, misses
-from sim.cli import app
+from sim.cli.main import app
 from sim.cluster.config import ClusterMode
-from sim.overrides import parse_assignment
-from sim.runner import run
-from sim.scenario import ScenarioError, SummaryBound, load_scenario
+from sim.engine.run import run
+from sim.scenario.overrides import parse_assignment
+from sim.scenario.schema import ScenarioError, SummaryBound, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

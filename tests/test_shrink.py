@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from sim.ci.check import check_paths
 from sim.ci.shrink import NothingToShrink, ddmin, minimize_int, shrink
-from sim.cli import app
-from sim.runner import run
-from sim.scenario import load_scenario, scenario_from_dict
+from sim.cli.main import app
+from sim.engine.run import run
+from sim.scenario.schema import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL_AZURE = ROOT / "scenarios" / "mistral_azure_conv_swa.yaml"
@@ -196,7 +196,7 @@ def test_no_progress_fuzz_finding_shrinks_to_the_max_model_len_prompt(tmp_path):
     """`kvsim shrink --kind no_progress` on the V1 fuzz case that hangs (vLLM #29496): what is
     left is the one chunked prompt of exactly max_model_len tokens."""
     from sim.ci.fuzz_cases import generate_case
-    from sim.scenario import scenario_to_yaml
+    from sim.scenario.schema import scenario_to_yaml
 
     source = tmp_path / "fuzz.yaml"
     source.write_text(scenario_to_yaml(generate_case("v1-engine", 673228719)))

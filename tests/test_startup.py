@@ -1,8 +1,8 @@
-"""vLLM's startup refusals (`sim.startup`), options that would do nothing (`sim.no_effect`), and
+"""vLLM's startup refusals (`sim.scenario.startup`), options that would do nothing (`sim.scenario.no_effect`), and
 summary.json recording what ran.
 
 The rules are vLLM's own (`SchedulerConfig` and `ModelConfig.verify_with_parallel_config` of
-each pinned release, cited in `sim.startup`); the properties below restate them independently
+each pinned release, cited in `sim.scenario.startup`); the properties below restate them independently
 so that a rule drifting from its statement fails here.
 """
 
@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from sim.catalog import ModelSpec
-from sim.cli import app
-from sim.engine import Engine
+from sim.cli.main import app
+from sim.engine.engine import Engine
 from sim.kv.config import Design
-from sim.resolution import preflight, resolve
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scenario.resolve import preflight, resolve
+from sim.scenario.schema import ScenarioError, scenario_from_dict
+from sim.scenario.startup import check_tensor_parallel, check_token_budget
 from sim.scheduler import SchedulerConfig
-from sim.startup import check_tensor_parallel, check_token_budget
 from sim.workload.errors import WorkloadError
 
 RELEASES = [

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli.main import app
+from sim.cli.step import breakdown_terms, parse_decodes, parse_prefills
 from sim.latency import BatchShape, LinearStepTime
-from sim.scenario import ScenarioError
-from sim.step_cli import breakdown_terms, parse_decodes, parse_prefills
+from sim.scenario.schema import ScenarioError
 
 ARGS = ["step", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--step-time", "roofline"]
 

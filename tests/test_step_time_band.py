@@ -21,7 +21,7 @@ from sim.latency import (
     scaled,
 )
 from sim.latency.roofline import ROOFLINE_BAND
-from sim.results import summary_json
+from sim.output.results import summary_json
 from tests.sweep_helpers import dd1_scenario
 
 GEMMA = get_model("gemma-2-9b")
@@ -96,6 +96,6 @@ def test_run_reports_the_band_and_the_factor() -> None:
 
 
 def _dd1(num_requests: int):
-    from sim.scenario import scenario_from_dict
+    from sim.scenario.schema import scenario_from_dict
 
     return scenario_from_dict(dd1_scenario(num_requests))

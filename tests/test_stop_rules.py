@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from sim.engine.replica import request_of
 from sim.kv.v0_v2.cpu_gpu import CpuGpuBlockAllocator
-from sim.replica import request_of
-from sim.scheduler.v0 import maybe_stop_sequence
-from sim.scheduler.v1 import check_stop
+from sim.scheduler.v0.scheduler import maybe_stop_sequence
+from sim.scheduler.v1.scheduler import check_stop
 from sim.workload.request import RequestSpec
 
 

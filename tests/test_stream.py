@@ -18,12 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import sim.records
-import sim.runner
+import sim.engine.run
+import sim.output.records
 from sim.ci.fuzz_cases import FUZZ_STEP_TIME
-from sim.cli import EXIT_INTERRUPTED, app
-from sim.engine import Engine
-from sim.records import (
+from sim.cli.main import EXIT_INTERRUPTED, app
+from sim.engine.engine import Engine
+from sim.engine.run import file_sinks, resolve
+from sim.files.tables import write_table
+from sim.output.records import (
     REQUEST_COLUMNS,
     REQUEST_DTYPE,
     STEP_COLUMNS,
@@ -32,12 +34,10 @@ from sim.records import (
     MemorySink,
     RequestRows,
 )
-from sim.results import build_result, write_result
-from sim.run_stats import chunked_mean, exact_percentiles
-from sim.runner import file_sinks, resolve
-from sim.scenario import scenario_from_dict
+from sim.output.results import build_result, write_result
+from sim.output.stats import chunked_mean, exact_percentiles
+from sim.scenario.schema import scenario_from_dict
 from sim.scheduler import Request
-from sim.table_files import write_table
 from sim.workload.config import ArrivalConfig, LengthsConfig
 from sim.workload.request import RequestSpec
 from sim.workload.synthetic import (
@@ -137,7 +137,9 @@ def test_crash_mid_run_leaves_no_half_written_table(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(out)]).exit_code == 0
     before = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
-    monkeypatch.setattr(sim.records, "DEFAULT_CHUNK_ROWS", 2)  # several chunks reach the files
+    monkeypatch.setattr(
+        sim.output.records, "DEFAULT_CHUNK_ROWS", 2
+    )  # several chunks reach the files
     real = Engine._record_step
     calls = itertools.count()
 
@@ -413,7 +415,7 @@ def test_kvsim_run_streams_the_same_files_the_api_writes(tmp_path):
     cli_out = tmp_path / "cli"
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(cli_out)])
     assert result.exit_code == 0, result.output
-    api_out = write_result(sim.runner.run(path), tmp_path / "api")
+    api_out = write_result(sim.engine.run.run(path), tmp_path / "api")
     for name in ("requests", "steps", "violations"):
         assert (cli_out / f"{name}.csv").read_bytes() == (api_out / f"{name}.csv").read_bytes()
         pd.testing.assert_frame_equal(
@@ -495,7 +497,7 @@ def test_is_session_workload_does_not_read_a_streamed_trace_again(tmp_path, monk
     """Regression: `is_session_workload` iterated every request, one more full reading of a
     streamed trace file only to learn it has no sessions; the metadata answers now."""
     import sim.workload.trace_stream as trace_stream
-    from sim.session_metrics import is_session_workload
+    from sim.output.sessions import is_session_workload
     from sim.workload import WorkloadConfig, load_workload
 
     _vidur_trace(tmp_path / "t.csv", 50)

@@ -1,4 +1,4 @@
-"""Strict scenario values (`sim.strict`): types, 64 bits, finite floats, resolvable times,
+"""Strict scenario values (`sim.scenario.fields`): types, 64 bits, finite floats, resolvable times,
 steps that take time, pool routers, and `--set` given twice."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from sim.cluster.config import PoolSection, RouterName
 from sim.latency import StepTimeConfig
-from sim.overrides import apply_overrides, parse_overrides
 from sim.routing import Router
-from sim.scenario import ScenarioError, load_yaml, scenario_from_dict
-from sim.strict import INT64_MAX, MAX_TIME_S, Float, Int, time_error
+from sim.scenario.fields import INT64_MAX, MAX_TIME_S, Float, Int, time_error
+from sim.scenario.overrides import apply_overrides, parse_overrides
+from sim.scenario.schema import ScenarioError, load_yaml, scenario_from_dict
 from tests.hostile.harness import tiny
 
 

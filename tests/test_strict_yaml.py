@@ -7,8 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import strict_yaml
-from sim.strict_yaml import FAST_LOADER, StrictLoader, load_yaml
+from sim.files import strict_yaml
+from sim.files.strict_yaml import FAST_LOADER, StrictLoader, load_yaml
 
 needs_libyaml = pytest.mark.skipif(
     FAST_LOADER is StrictLoader, reason="PyYAML was built without libyaml"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import sim
 from sim.planning.executor import CACHE_FILE
 from sim.planning.grid import build_points, expand_grid, parse_sets, scenario_key
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scenario.schema import ScenarioError, scenario_from_dict
 from tests.sweep_helpers import dd1_scenario
 
 STABLE = ["point", "key", "workload.rate_scale", "ttft_p99_s", "num_finished", "error"]
@@ -150,7 +150,7 @@ def test_dask_local_cluster_matches_local() -> None:
 
 
 def test_cli_sweep_writes_table_and_names_bad_key(tmp_path) -> None:
-    from sim.cli import app
+    from sim.cli.main import app
 
     (tmp_path / "s.yaml").write_text(json.dumps(dd1_scenario(20)))
     runner = CliRunner()

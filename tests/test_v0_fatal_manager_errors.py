@@ -16,11 +16,11 @@ from sim.audit import AuditError, AuditLevel, ViolationKind, audited
 from sim.ci.fuzz import run_case
 from sim.ci.fuzz_cases import generate_case
 from sim.ci.selfcheck import first_difference, tables_of, without_shortcuts
+from sim.engine.run import run
 from sim.kv import AllocStatus, Design, KVCacheConfig, make_manager
 from sim.kv.types import DoubleFreeError, Sequence, SequenceGroup, SequenceStatus
 from sim.kv.v0_v2 import BlockSpaceManagerV2
-from sim.runner import run
-from sim.scenario import load_scenario, scenario_from_dict
+from sim.scenario.schema import load_scenario, scenario_from_dict
 from tests.kv_v0_helpers import decode
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"

@@ -1,4 +1,4 @@
-"""`sim.kv.v0_v1_evictor.LRUEvictor` picks the victim of upstream's literal scan, every time.
+"""`sim.kv.v0_v1.evictor.LRUEvictor` picks the victim of upstream's literal scan, every time.
 
 The oracle below transcribes vLLM 0.5.4 `vllm/core/evictor_v1.py:L53-96`
 (@fc93e5614374688bddc432279244ba7fbf8169c2): an insertion-ordered table scanned from the front.
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from sim.kv.config import KVCacheConfig
 from sim.kv.types import NoFreeBlocksError, Segment, Sequence, SequenceGroup, TokenContent
-from sim.kv.v0_v1 import BlockSpaceManagerV1
-from sim.kv.v0_v1_alloc import CachedBlockAllocator, Device, PhysicalBlock
-from sim.kv.v0_v1_evictor import LRUEvictor
+from sim.kv.v0_v1.alloc import CachedBlockAllocator, Device, PhysicalBlock
+from sim.kv.v0_v1.evictor import LRUEvictor
+from sim.kv.v0_v1.manager import BlockSpaceManagerV1
 
 _T = TypeVar("_T")
 

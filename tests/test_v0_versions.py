@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 import sim
 from sim.ci.check import explicit_yaml
-from sim.cli import _design_row, app
+from sim.cli.main import _design_row, app
+from sim.engine.run import resolve
 from sim.kv.config import Design
 from sim.kv.v0_versions import DEFAULT_V0, V0Version, resolve_v0_version
-from sim.plot_common import subject_of
-from sim.runner import resolve
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.plots.common import subject_of
+from sim.scenario.schema import ScenarioError, scenario_from_dict
 
 runner = CliRunner()
 

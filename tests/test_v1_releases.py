@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.audit import AuditLevel, audited
+from sim.engine.run import resolve, run
 from sim.kv import Design, KVCacheConfig, make_manager
 from sim.kv.types import Segment, Sequence, TokenContent
 from sim.kv.v1_engine import KVCacheManager
 from sim.kv.v1_engine.free_queue import FreeBlockQueue
 from sim.kv.v1_engine.releases import LATEST, VllmRelease, resolve_release
-from sim.runner import resolve, run
-from sim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Policy, Request, SchedulerConfig, V1Scheduler
-from sim.scheduler.v1_release import FirstChunkGate, FullSequenceGate
+from sim.scheduler.v1.release import FirstChunkGate, FullSequenceGate
 
 BS = 16
 ROOT = Path(__file__).resolve().parents[1]

@@ -61,7 +61,7 @@ def test_kvsim_verify_hybrid_10000_operations():
             pytest.skip(mark.kwargs["reason"])
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     result = CliRunner().invoke(
         app, ["verify", "--design", "v1-engine", "--hybrid", "--num-ops", "10000", "--seed", "4"]
@@ -76,7 +76,7 @@ def test_kvsim_verify_hybrid_10000_operations():
 def test_verify_hybrid_on_a_v0_design_is_bad_input(design):
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     result = CliRunner().invoke(app, ["verify", "--design", design, "--hybrid", "--num-ops", "1"])
     assert result.exit_code == 2
@@ -91,8 +91,8 @@ def test_real_hybrid_coordinator_under_kvsims_scheduler_gives_identical_tables()
     for mark in V011:
         if mark.name == "skip":
             pytest.skip(mark.kwargs["reason"])
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
     from sim.vllm_real.loader import resolve_root
 
     requests = [

@@ -140,7 +140,7 @@ def test_real_v1_evictor_sees_an_access_to_a_block_it_holds():
         if mark.name == "skip":
             pytest.skip(mark.kwargs["reason"])
     from sim.kv.types import Segment, TokenContent
-    from sim.kv.v0_v1 import BlockSpaceManagerV1
+    from sim.kv.v0_v1.manager import BlockSpaceManagerV1
     from sim.vllm_real.v0_adapter import make_real_v0
 
     config = KVCacheConfig(num_gpu_blocks=6, enable_prefix_caching=True)
@@ -191,7 +191,7 @@ def _run_on_real(monkeypatch, name: str, overrides: dict | None, version: str, m
     failing if kvsim's model of the design is built at all."""
     from collections import Counter
 
-    from sim.runner import builtin_scenario_path, run
+    from sim.engine.run import builtin_scenario_path, run
     from sim.vllm_real.loader import import_vllm, load_vllm
 
     root = _root(version)
@@ -213,7 +213,7 @@ def _run_on_real(monkeypatch, name: str, overrides: dict | None, version: str, m
     def no_model(*args, **kwargs):
         raise AssertionError("kvsim's model was built instead of vLLM's manager")
 
-    monkeypatch.setattr("sim.replica.make_manager", no_model)
+    monkeypatch.setattr("sim.engine.replica.make_manager", no_model)
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
     real = run(scenario or builtin_scenario_path(), overrides=overrides, vllm_root=root)
     monkeypatch.undo()
@@ -231,7 +231,7 @@ def test_kvsim_run_on_real_manager_matches_the_model(case, monkeypatch):
             pytest.skip(mark.kwargs["reason"])
     import pandas as pd
 
-    from sim.runner import builtin_scenario_path, run
+    from sim.engine.run import builtin_scenario_path, run
 
     real, calls, root = _run_on_real(monkeypatch, name, overrides, version, module)
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / name if name else None
@@ -266,7 +266,7 @@ def test_kvsim_run_default_scenario_on_real_v0_v2_matches_the_model(monkeypatch)
             pytest.skip(mark.kwargs["reason"])
     import pandas as pd
 
-    from sim.runner import run
+    from sim.engine.run import run
 
     real, calls, _ = _run_on_real(monkeypatch, None, None, "0.5.4", "core.block_manager_v2")
     model = run()
@@ -282,8 +282,8 @@ def test_vllm_root_of_a_version_without_the_design_is_bad_input():
     for mark in V054:
         if mark.name == "skip":
             pytest.skip(mark.kwargs["reason"])
-    from sim.runner import run
-    from sim.scenario import ScenarioError
+    from sim.engine.run import run
+    from sim.scenario.schema import ScenarioError
 
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v1_engine.yaml"
     with pytest.raises(ScenarioError, match="vllm_root: .*0.10"):
@@ -410,7 +410,7 @@ def test_kvsim_verify_v1_engine_10000_operations_against_0_11():
             pytest.skip(mark.kwargs["reason"])
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     result = CliRunner().invoke(
         app, ["verify", "--design", "v1-engine", "--vllm-version", "0.11.0", "--num-ops", "10000"]

@@ -22,7 +22,7 @@ import warnings
 import pytest
 
 from sim.cluster.run import run_disaggregated
-from sim.scenario import scenario_from_dict
+from sim.scenario.schema import scenario_from_dict
 from tests.vllm_install import load_or_skip
 
 warnings.filterwarnings("ignore", module="requests")

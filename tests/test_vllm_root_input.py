@@ -12,9 +12,9 @@ def test_vllm_root_that_is_not_an_install_is_bad_input(tmp_path):
     and exited 0. Now a folder without vLLM is bad input: one line, exit status 2."""
     from typer.testing import CliRunner
 
-    from sim.cli import app
-    from sim.runner import run
-    from sim.scenario import ScenarioError
+    from sim.cli.main import app
+    from sim.engine.run import run
+    from sim.scenario.schema import ScenarioError
 
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_v2.yaml"
     for root in (tmp_path / "missing", tmp_path):
@@ -31,8 +31,8 @@ def test_vllm_root_that_is_not_an_install_is_bad_input(tmp_path):
 
 def test_vllm_root_with_v0_fixed_is_bad_input(tmp_path):
     """v0-fixed is kvsim's own design: there is no vLLM code to run for it."""
-    from sim.runner import run
-    from sim.scenario import ScenarioError
+    from sim.engine.run import run
+    from sim.scenario.schema import ScenarioError
 
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "swa_4_vs_3_v0_fixed.yaml"
     with pytest.raises(ScenarioError, match="scheduler.design: v0-fixed"):

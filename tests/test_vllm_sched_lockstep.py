@@ -183,7 +183,7 @@ def test_an_exception_raised_outside_vllm_is_not_reported_as_vllm():
 
 # --------------------------------------------------------------------------- the CLI
 def test_cli_verify_scheduler_reports_both_pins():
-    from sim.cli import app
+    from sim.cli.main import app
 
     _install()
     args = ["verify", "--scheduler", "--num-workloads", "3", "--fast-path"]
@@ -208,7 +208,7 @@ def test_cli_verify_scheduler_reports_both_pins():
     ],
 )
 def test_cli_verify_scheduler_bad_input_is_exit_2(args, message):
-    from sim.cli import app
+    from sim.cli.main import app
 
     result = CliRunner().invoke(app, ["verify", "--scheduler", *args])
     assert result.exit_code == 2, result.output

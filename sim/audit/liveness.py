@@ -1,6 +1,6 @@
 """Liveness: the diagnosis recorded as a `no_progress` violation when a queue can never move.
 
-The engine (`sim.engine`) detects two ways a replica stops making progress:
+The engine (`sim.engine.engine`) detects two ways a replica stops making progress:
 
 * **stalled**: nothing runs, every arrival is in, and no waiting (or swapped) request can be
   admitted, so the scheduler would return an empty batch forever;

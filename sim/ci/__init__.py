@@ -8,5 +8,5 @@
 * `sim.ci.shrink`: delta debugging of a violating scenario down to a minimal inline reproducer
   (`ddmin`: the generic searches; `shrink_candidate`: a candidate and its oracle;
   `shrink_phases`: the phases);
-* `sim.ci.cli`: the typer commands (`register(app)`).
+* `sim.cli.ci`: the typer commands (`register(app)`).
 """

@@ -31,9 +31,9 @@ from sim.ci.outcome import CheckOutcome, FirstViolation, Status, display_path
 from sim.ci.scenario_yaml import explicit_yaml
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError, one_line
-from sim.input_files import refuse_non_regular
-from sim.results import RunResult
-from sim.scenario import Scenario, ScenarioError, load_scenario, naming
+from sim.files.inputs import refuse_non_regular
+from sim.output.results import RunResult
+from sim.scenario.schema import Scenario, ScenarioError, load_scenario, naming
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -138,7 +138,7 @@ def compare(
 
 def check_scenario(path: Path, scenario: Scenario | None = None) -> CheckOutcome:
     """Run one scenario file and compare it with its expectations (bad input raises)."""
-    from sim.runner import run
+    from sim.engine.run import run
 
     scenario = scenario if scenario is not None else load_scenario(path)
     start = time.perf_counter()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sim.scenario import ScenarioError, SummaryBound
+from sim.scenario.schema import ScenarioError, SummaryBound
 
 
 def metric(summary: Mapping[str, Any], name: str, source: str = "<scenario>") -> float:

@@ -49,10 +49,10 @@ from sim.ci.selfcheck import (
 )
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError
+from sim.files.outdir import write_text_atomic
 from sim.kv.config import Design
-from sim.outdir import write_text_atomic
-from sim.results import RunResult
-from sim.scenario import Scenario, ScenarioError
+from sim.output.results import RunResult
+from sim.scenario.schema import Scenario, ScenarioError
 from sim.workload.errors import WorkloadError
 
 DEFAULT_BUDGET_S = 60.0
@@ -111,7 +111,7 @@ class FuzzReport:
     num_violating_cases: int = 0
     #: Cases that reached their simulated-time cap (a preemption livelock; not a violation).
     num_time_limited: int = 0
-    #: Cases the scenario validation refused (a generator out of step with `sim.runner`).
+    #: Cases the scenario validation refused (a generator out of step with `sim.engine.run`).
     num_invalid_cases: int = 0
     first_invalid: str | None = None
     saved: dict[str, Path] = field(default_factory=dict)
@@ -214,7 +214,7 @@ def _run(scenario: Scenario) -> RunResult:
         from sim.cluster.run import combined_result, run_disaggregated
 
         return combined_result(run_disaggregated(scenario))
-    from sim.runner import run
+    from sim.engine.run import run
 
     return run(scenario)
 

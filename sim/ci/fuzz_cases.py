@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.kv.config import Design
-from sim.scenario import Scenario, scenario_from_dict
+from sim.scenario.schema import Scenario, scenario_from_dict
 from sim.workload.config import SessionsConfig
 from sim.workload.sessions import synthetic_sessions
 
@@ -113,7 +113,7 @@ def _cache_and_scheduler(
     watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
     # vLLM refuses to start unless one max-length request fits the pool (v0: G blocks; V1
     # engine: G - 1, block 0 being the null block, and one more with a sliding window); see
-    # `sim.resolution._check_cache_fits`.
+    # `sim.scenario.resolve._check_cache_fits`.
     usable_blocks = num_gpu_blocks if is_v0 else num_gpu_blocks - 2
     max_model_len = _int(rng, 2 * block_size, usable_blocks * block_size)
     max_num_seqs = _int(rng, 1, 8)
@@ -230,7 +230,7 @@ def _cluster(seed: int, design: Design, cache: dict) -> dict:
     if rng.random() < 0.5:
         engine["kv_events"] = True
     # Drawn above all the same (a case seed stands for the same draws), then fitted to what
-    # does something, since kvsim refuses the rest (`sim.no_effect`): the v0 engine emits no
+    # does something, since kvsim refuses the rest (`sim.scenario.no_effect`): the v0 engine emits no
     # KV events and so has no prefix-cache router (least outstanding is what it would route
     # by); on the V1 engine that router comes with the prefix cache it routes by.
     if design is not Design.V1_ENGINE:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import yaml
 
-from sim.scenario import Scenario, scenario_to_yaml
+from sim.scenario.schema import Scenario, scenario_to_yaml
 
 
 def explicit_yaml(scenario: Scenario) -> str:

@@ -2,7 +2,7 @@
 
 Two things can be wrong with kvsim rather than with the design it models:
 
-* an **internal error**: an exception escapes `sim.runner.run`. The real code's failures that
+* an **internal error**: an exception escapes `sim.engine.run.run`. The real code's failures that
   kvsim models (NoFreeBlocksError, vLLM 0.5.4's IndexError, ...) never escape: the auditor
   records them as violations and the engine stops the run with a `fatal_error`. Anything that
   does escape is a bug in kvsim, reported with its traceback and the case seed to replay.
@@ -29,8 +29,8 @@ import json
 import traceback
 from dataclasses import dataclass
 
-from sim.results import RunResult
-from sim.scenario import Scenario
+from sim.output.results import RunResult
+from sim.scenario.schema import Scenario
 
 #: One case in this many (by case seed) is also run with the shortcuts off and compared.
 CROSS_CHECK_EVERY = 8

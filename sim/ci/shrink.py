@@ -34,7 +34,7 @@ from sim.ci.scenario_yaml import explicit_yaml
 from sim.ci.shrink_candidate import InvalidCandidate, Oracle, build, to_inline
 from sim.ci.shrink_phases import Shrinker, cut
 from sim.errors import InputError
-from sim.scenario import Scenario, load_scenario, naming
+from sim.scenario.schema import Scenario, load_scenario, naming
 
 MAX_ROUNDS = 3
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.kv.types import Segment
-from sim.scenario import Scenario, ScenarioError
+from sim.scenario.schema import Scenario, ScenarioError
 from sim.workload.config import InlineRequest, WorkloadConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.request import PREFIX_KEY_BASE, UNIQUE_KEY_BASE, RequestSpec
@@ -76,7 +76,7 @@ def _prefix_of(
 
 def to_inline(scenario: Scenario, base_dir: Path) -> tuple[Scenario, list[Req], Pool]:
     """The scenario with every resolved number explicit, and its workload as `Req`s."""
-    from sim.runner import resolve
+    from sim.engine.run import resolve
 
     resolved = resolve(scenario, base_dir)
     inputs = resolved.inputs
@@ -134,7 +134,7 @@ def build(base: Scenario, requests: Sequence[Req], pool: Pool) -> Scenario:
 
 
 class InvalidCandidate(Exception):
-    """A candidate the schema or `sim.runner` refuses (e.g. a pool too small to start)."""
+    """A candidate the schema or `sim.engine.run` refuses (e.g. a pool too small to start)."""
 
 
 class Oracle:
@@ -152,7 +152,7 @@ class Oracle:
 
     def observe(self, requests: Sequence[Req], pool: Pool) -> tuple[set[str], object | None]:
         """(kinds shown, the RunResult or None when the simulator raised)."""
-        from sim.runner import run
+        from sim.engine.run import run
 
         self.num_runs += 1
         try:

@@ -30,9 +30,9 @@ import pandas as pd
 from sim.cluster.compare import Slo, at_rate, cluster_metrics, meets_slo
 from sim.cluster.config import ClusterMode
 from sim.errors import InputError
-from sim.overrides import apply_overrides
 from sim.planning.executor import map_tasks
-from sim.scenario import Scenario, scenario_from_dict
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import Scenario, scenario_from_dict
 
 #: The routers `engine.router` accepts, in the order the CLI lists them.
 ROUTERS = (

@@ -1,6 +1,6 @@
 """Co-located vs disaggregated on one workload: the same metrics for either kind of run.
 
-`cluster_metrics(scenario)` runs the scenario (co-located through `sim.runner.run`,
+`cluster_metrics(scenario)` runs the scenario (co-located through `sim.engine.run.run`,
 disaggregated through `sim.cluster.run`) and returns one flat row: the cluster's shape and GPU
 count, TTFT and TPOT percentiles, throughput, and for a disaggregated run the KV transfer cost
 (bytes and time per request, and its share of TTFT). `meets_slo` says whether a row meets
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from sim.cluster.config import ClusterMode
 from sim.cluster.run import num_gpus, run_disaggregated
-from sim.overrides import apply_overrides
-from sim.runner import run
-from sim.scenario import Scenario
+from sim.engine.run import run
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.schema import Scenario
 
 
 @dataclass(frozen=True, slots=True)

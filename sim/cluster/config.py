@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.cluster.links import get_link
 from sim.errors import InputError
-from sim.strict import Int
+from sim.scenario.fields import Int
 
 #: The routers a pool (or `engine.router`) may name (`sim.routing.Router`'s values).
 RouterName = Literal[

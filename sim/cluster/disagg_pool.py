@@ -1,7 +1,7 @@
 """One pool of a disaggregated run: its replicas, router and records, and a step's row.
 
-`sim.cluster.disagg.DisaggEngine` holds two of these (prefill and decode). Each pool records
-into its own in-memory `RunRecords` (the `requests` and `steps` tables of `sim.records`, with
+`sim.engine.disagg.DisaggEngine` holds two of these (prefill and decode). Each pool records
+into its own in-memory `RunRecords` (the `requests` and `steps` tables of `sim.output.records`, with
 the run statistics listening), so a disaggregated run writes the same tables per pool as a
 co-located run writes for its one pool.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.engine import EngineConfig, Replica, RunRecords
+from sim.engine.engine import EngineConfig, Replica, RunRecords
 from sim.latency.batch import BatchShape
-from sim.records import REQUEST_DTYPE, STEP_DTYPE, ColumnarTable, RequestRows, memory_sinks
+from sim.output.records import REQUEST_DTYPE, STEP_DTYPE, ColumnarTable, RequestRows, memory_sinks
+from sim.output.stats import RunStats
 from sim.routing import ReplicaView, RoutingPolicy, make_policy
-from sim.run_stats import RunStats
 from sim.scheduler import StepPlan
 
 
@@ -28,7 +28,7 @@ class DisaggPool:
     step_time: object
     replicas: list[Replica]
     records: RunRecords
-    #: The `requests` table's row writer: rows in `request_id` order (`sim.records`).
+    #: The `requests` table's row writer: rows in `request_id` order (`sim.output.records`).
     rows: RequestRows
     policy: RoutingPolicy
     views: list[ReplicaView]
@@ -71,7 +71,7 @@ def record_step(
     start_s: float,
     duration_s: float,
 ) -> None:
-    """A `sim.engine.STEP_COLUMNS` row (V1 replicas: no swapped queue)."""
+    """A `sim.engine.engine.STEP_COLUMNS` row (V1 replicas: no swapped queue)."""
     stats = replica.pool_stats()
     scheduler = replica.scheduler
     num_prefill_tokens = sum(chunk for _, chunk in shape.prefill_chunks)

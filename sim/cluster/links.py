@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.errors import InputError
-from sim.strict import Float
+from sim.scenario.fields import Float
 
 
 class LinkSpec(BaseModel):

@@ -1,7 +1,7 @@
 """Run a disaggregated scenario: resolve each pool as its own scenario, run, build tables.
 
 Each pool is the scenario with the pool's `gpu`, `tp` and `replicas` in place of `hardware:`
-and `engine.num_replicas`, resolved by `sim.runner.resolve` exactly as a co-located run is, so
+and `engine.num_replicas`, resolved by `sim.engine.run.resolve` exactly as a co-located run is, so
 its KV pool is derived from its own GPU (`cache.num_gpu_blocks: derive`) and its step time
 from its own GPU and TP. The link's KV bytes come from the model's geometry at the scenario's
 block size and KV dtype (`sim.memory.block_bytes`, all heads: the ranks' shards summed).
@@ -18,14 +18,14 @@ import pandas as pd
 
 from sim.catalog import get_model
 from sim.cluster.config import ClusterMode, ClusterSection, PoolSection
-from sim.cluster.disagg import DisaggEngine, DisaggRecords
 from sim.cluster.links import get_link
+from sim.engine.disagg import DisaggEngine, DisaggRecords
+from sim.engine.run import resolve
 from sim.kv.config import Design
-from sim.memory import block_bytes
-from sim.no_effect import PREFIX_ROUTER_KNOBS
-from sim.results import RunResult, build_result
-from sim.runner import resolve
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.memory.derive import block_bytes
+from sim.output.results import RunResult, build_result
+from sim.scenario.no_effect import PREFIX_ROUTER_KNOBS
+from sim.scenario.schema import Scenario, ScenarioError, load_scenario
 
 #: The client's view of each request in a disaggregated run (`DisaggResult.requests`).
 CLIENT_COLUMNS = [
@@ -148,7 +148,7 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
 
 
 def _check_disagg(scenario: Scenario) -> None:
-    """Settings `kvsim disagg` would accept and do nothing with: bad input (`sim.no_effect`)."""
+    """Settings `kvsim disagg` would accept and do nothing with: bad input (`sim.scenario.no_effect`)."""
     if scenario.engine.kv_events:
         raise ScenarioError(
             "engine.kv_events: kvsim disagg writes no kv_events table; set it to false "

@@ -127,9 +127,9 @@ class KVCacheConfig:
 
 
 _DESIGN_CLASSES = {
-    Design.V0_V1: ("sim.kv.v0_v1", "BlockSpaceManagerV1"),
+    Design.V0_V1: ("sim.kv.v0_v1.manager", "BlockSpaceManagerV1"),
     Design.V0_V2: ("sim.kv.v0_v2", "BlockSpaceManagerV2"),
-    Design.V0_FIXED: ("sim.kv.v0_fixed", "CorrectedBlockSpaceManager"),
+    Design.V0_FIXED: ("sim.kv.v0_fixed.manager", "CorrectedBlockSpaceManager"),
     Design.V1_ENGINE: ("sim.kv.v1_engine", "make_kv_cache_manager"),
 }
 

@@ -8,7 +8,7 @@ each transfer completes (bytes / bandwidth + latency, `sim.kv_connector.link`) a
 at the first poll at or after that time.
 
 How the V1 scheduler calls it (`vllm/v1/core/sched/scheduler.py @0.11.0`, mirrored in
-`sim.scheduler.v1` and `sim.kv_connector.hooks`):
+`sim.scheduler.v1.scheduler` and `sim.kv_connector.hooks`):
 
 1. waiting loop, a request with no computed tokens: after the local prefix lookup,
    `get_num_new_matched_tokens(request, num_local_computed_tokens)` (L386-402). An async match

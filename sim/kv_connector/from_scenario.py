@@ -12,8 +12,8 @@ from sim.catalog import ModelSpec, get_gpu
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv_connector.link import host_link
 from sim.kv_connector.offloading import OffloadingConfig
-from sim.memory import block_bytes
-from sim.scenario import Scenario, ScenarioError
+from sim.memory.derive import block_bytes
+from sim.scenario.schema import Scenario, ScenarioError
 
 
 def offloading_config(

@@ -1,6 +1,6 @@
 """The V1 scheduler's side of a KV connector: the state upstream keeps in `Scheduler`.
 
-`sim.scheduler.v1` calls these hooks where vLLM 0.11.0's `vllm/v1/core/sched/scheduler.py`
+`sim.scheduler.v1.scheduler` calls these hooks where vLLM 0.11.0's `vllm/v1/core/sched/scheduler.py`
 calls its connector (line numbers in `sim.kv_connector.base`). They hold what the upstream
 scheduler holds for it: the ids whose loads finished (`finished_recving_kv_req_ids`, L135), the
 finished requests whose blocks wait for their stores (`_free_request` with

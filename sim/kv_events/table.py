@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.files.tables import FileSink, write_table
 from sim.kv_events.stream import MEDIA, EventKind, KVEventStream, RawRows
-from sim.table_files import FileSink, write_table
 
 if TYPE_CHECKING:  # imported where a table is built: `kvsim run` without events loads no pandas
     import pandas as pd

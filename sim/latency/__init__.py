@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.errors import InputError
-from sim.input_files import require_regular_file
+from sim.files.inputs import require_regular_file
 from sim.latency.band import UNKNOWN_BAND, StepTimeBand, band_of
 from sim.latency.batch import BatchShape
 from sim.latency.calibrated import CalibratedStepTime
@@ -30,7 +30,7 @@ from sim.latency.profile import StepTimeProfile, load_profile
 from sim.latency.protocol import StepTimeModel
 from sim.latency.roofline import Efficiencies, RooflineStepTime
 from sim.latency.scaled import ScaledStepTime, scaled
-from sim.strict import Float
+from sim.scenario.fields import Float
 
 __all__ = [
     "BatchShape",
@@ -137,7 +137,7 @@ class StepTimeConfig(_Closed):
 
 def _load_coefficients(path: Path) -> Any:
     """A measured model's coefficients JSON; a missing, non-regular or non-JSON file is one
-    line naming it (a FIFO is refused before it is opened: `sim.input_files`)."""
+    line naming it (a FIFO is refused before it is opened: `sim.files.inputs`)."""
     require_regular_file(path, lambda reason: InputError(f"coefficients {path}: {reason}"))
     try:
         return json.loads(path.read_text(encoding="utf-8"))

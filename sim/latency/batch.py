@@ -35,7 +35,7 @@ class BatchShape:
     """One step's work. Decode context lengths exclude the token being decoded.
 
     Decodes come as a list of contexts (`decode_context_tokens`) and, for a scheduler that
-    keeps its steady decodes in a cohort (`sim.scheduler.cohort`), as `bulk`: a count and sums
+    keeps its steady decodes in a cohort (`sim.scheduler.fast.cohort`), as `bulk`: a count and sums
     that stand for many more. Models read decodes only through the properties below, so both
     forms give the same step time.
     """

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sim.catalog import ModelSpec
 from sim.errors import InputError
-from sim.input_files import refuse_non_regular
-from sim.outdir import write_text_atomic
+from sim.files.inputs import refuse_non_regular
+from sim.files.outdir import write_text_atomic
 
 SCHEMA_VERSION = 1
 PROFILE_KIND = "kvsim.step_time_profile"

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.scenario import Scenario
+    from sim.scenario.schema import Scenario
 
 
 def load_base(
     scenario: Scenario | str | Path | dict | None, base_dir: str | Path | None = None
 ) -> tuple[Scenario, Path]:
     """A scenario object (from an object, a dict, a path, or None for the built-in default)."""
-    from sim.runner import builtin_scenario_path
-    from sim.scenario import Scenario, load_scenario, scenario_from_dict
+    from sim.engine.run import builtin_scenario_path
+    from sim.scenario.schema import Scenario, load_scenario, scenario_from_dict
 
     if scenario is None:
         scenario = builtin_scenario_path()
@@ -56,9 +56,9 @@ def sweep(
     `sim.planning.executor.start_method` starts so that a script needs no `__main__` guard on
     Linux; `workers=1` runs in this process).
     """
-    from sim.overrides import apply_overrides
     from sim.planning.executor import run_points, write_table
     from sim.planning.grid import build_points
+    from sim.scenario.overrides import apply_overrides
 
     base, base_path = load_base(scenario, base_dir)
     if overrides:

@@ -21,9 +21,9 @@ from sim.latency.band import StepTimeBand
 
 def model_band(scenario_data: dict[str, Any], label: str) -> StepTimeBand:
     """The band of the step-time model a configuration runs."""
+    from sim.engine.run import step_time_model
     from sim.latency.band import band_of
-    from sim.runner import step_time_model
-    from sim.scenario import scenario_from_dict
+    from sim.scenario.schema import scenario_from_dict
 
     scenario = scenario_from_dict(scenario_data, label or "capacity scenario")
     return band_of(step_time_model(scenario))

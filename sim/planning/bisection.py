@@ -14,7 +14,7 @@ from sim.planning.executor import run_point
 from sim.planning.grid import scenario_key
 from sim.planning.replicates import closed_loop
 from sim.planning.slo import Slo, check_slos
-from sim.scenario import scenario_from_dict
+from sim.scenario.schema import scenario_from_dict
 
 
 def search_capacity(

@@ -63,7 +63,7 @@ from sim.planning.slo import (
     parse_seeds,
     parse_slo,
 )
-from sim.scenario import ScenarioError, scenario_from_dict
+from sim.scenario.schema import ScenarioError, scenario_from_dict
 from sim.workload.load import check_input_files
 
 
@@ -100,8 +100,8 @@ def capacity_search(
     `on_total(n)` is called once with the number of searches, after every input is checked and
     before any search starts (the CLI checks and makes its output folder there).
     """
-    from sim.overrides import apply_overrides
     from sim.planning import load_base
+    from sim.scenario.overrides import apply_overrides
 
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")

@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
-from sim.outdir import check_regular_file, staged_file
+from sim.files.outdir import check_regular_file, staged_file
 from sim.planning.grid import SweepPoint
 
 #: Summary metrics copied into a sweep row, in column order.
@@ -109,8 +109,8 @@ def run_point(
     """Run one point and return its row; never raises (the error goes in the row).
 
     `step_time_factor` multiplies every step time (`sim.run`'s argument of that name)."""
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
 
     start = time.perf_counter()
     row: dict[str, Any] = {"point": index, "key": key, **overrides}

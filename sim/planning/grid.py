@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.overrides import apply_overrides, parse_sets
-from sim.scenario import Scenario, ScenarioError, scenario_from_dict
+from sim.scenario.overrides import apply_overrides, parse_sets
+from sim.scenario.schema import Scenario, ScenarioError, scenario_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +131,11 @@ def build_points(
 
 def check_point(data: dict[str, Any], overrides: dict[str, Any], base_dir: str | Path) -> None:
     """Refuse (ScenarioError) a point that would only become an error row: its startup checks
-    (`sim.resolution.preflight`, no workload loaded) say it cannot run.
+    (`sim.scenario.resolve.preflight`, no workload loaded) say it cannot run.
 
     Regression: `kvsim sweep --set scheduler.max_model_len=256,100000` ran point 0, wrote an
     error row for point 1 and exited 0."""
-    from sim.resolution import preflight
+    from sim.scenario.resolve import preflight
 
     settings = ", ".join(f"{key}={value}" for key, value in overrides.items())
     try:
@@ -145,5 +145,5 @@ def check_point(data: dict[str, Any], overrides: dict[str, Any], base_dir: str |
         raise ScenarioError(f"{where}: {error}".splitlines()[0]) from None
 
 
-#: parse_sets lives in sim.overrides (every command's --set); sweep imports it from here too.
+#: parse_sets lives in sim.scenario.overrides (every command's --set); sweep imports it from here too.
 __all__ = ["build_points", "expand_grid", "parse_sets", "scenario_key", "validate_axes"]

@@ -3,7 +3,7 @@
 Two mistakes a planning command can make with a workload (issue 20, section 7):
 
 * **Replicates that are not independent.** A seed replicate sets the scenario's top-level
-  ``seed``, but a workload that pins ``workload.seed`` ignores it (`sim.resolution.resolve`
+  ``seed``, but a workload that pins ``workload.seed`` ignores it (`sim.scenario.resolve.resolve`
   hands the top-level seed down only when the workload names none), and a trace, an inline
   list or sessions inferred from a Mooncake trace draw nothing at all. Three "replicates" are
   then one run three times: a zero-width interval over "3 runs". `seed_replicates` sends each
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.planning.slo import SloError
-from sim.scenario import Scenario, ScenarioError, scenario_from_dict
+from sim.scenario.schema import Scenario, ScenarioError, scenario_from_dict
 from sim.workload.config import WorkloadConfig
 
 _WINDOWS_HINT = (

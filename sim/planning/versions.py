@@ -38,7 +38,7 @@ from sim.kv.v0_versions import V0_VERSIONS_BY_DESIGN
 from sim.kv.v1_engine.releases import RELEASE_NAMES
 from sim.planning.executor import METRIC_COLUMNS, map_tasks, summary_row
 from sim.planning.grid import resolved_data, scenario_key
-from sim.scenario import Scenario, ScenarioError
+from sim.scenario.schema import Scenario, ScenarioError
 from sim.workload.load import check_input_files
 
 #: The table's columns, in order: which variant, whether it ran, then the metrics.
@@ -96,8 +96,8 @@ def violation_counts(kinds: pd.Series) -> str:
 
 def run_variant(scenario_data: dict[str, Any], label: str, key: str, index: int) -> dict[str, Any]:
     """Run one variant; a refusal of the scenario (`InputError`) becomes the row's reason."""
-    from sim.runner import run
-    from sim.scenario import scenario_from_dict
+    from sim.engine.run import run
+    from sim.scenario.schema import scenario_from_dict
 
     start = time.perf_counter()
     row: dict[str, Any] = {"variant": label, "key": key, "point": index}
@@ -135,8 +135,8 @@ def compare_versions(
     its output folder there). A scenario that every variant refuses at startup is bad input
     (ScenarioError), raised before `before_run`.
     """
-    from sim.overrides import apply_overrides
     from sim.planning import load_base
+    from sim.scenario.overrides import apply_overrides
 
     base, base_path = load_base(scenario, base_dir)
     if overrides:
@@ -188,9 +188,9 @@ def compare_versions(
 
 
 def _refusal(data: dict[str, Any], base_dir: Path) -> str | None:
-    """The one-line reason a variant cannot start (`sim.resolution.preflight`), or None."""
-    from sim.resolution import preflight
-    from sim.scenario import scenario_from_dict
+    """The one-line reason a variant cannot start (`sim.scenario.resolve.preflight`), or None."""
+    from sim.scenario.resolve import preflight
+    from sim.scenario.schema import scenario_from_dict
 
     try:
         preflight(scenario_from_dict(data, "variant"), base_dir)

@@ -2,8 +2,8 @@
 
 from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
-from sim.scheduler.v0 import V0Scheduler
-from sim.scheduler.v1 import V1Scheduler
+from sim.scheduler.v0.scheduler import V0Scheduler
+from sim.scheduler.v1.scheduler import V1Scheduler
 
 __all__ = [
     "Policy",

@@ -10,7 +10,7 @@ import contextlib
 
 from sim.audit import AuditError
 from sim.audit.base import AuditorBase
-from sim.scheduler.fast_path import sync
+from sim.scheduler.fast.layer import sync
 from sim.scheduler.request import Request, RequestState, StepPlan
 
 

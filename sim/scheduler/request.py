@@ -44,7 +44,7 @@ class RequestState(enum.Enum):
 
 class Membership(enum.Enum):
     """Whether a running decode is a member of its scheduler's decode cohort
-    (`sim.scheduler.cohort`): its tokens then advance without it being visited."""
+    (`sim.scheduler.fast.cohort`): its tokens then advance without it being visited."""
 
     OUTSIDE = "outside"
     MEMBER = "member"
@@ -79,7 +79,7 @@ class Request:
     touch_len: int | None = None
     #: Decode steps were skipped since the manager last saw this request (sync before a call).
     needs_sync: bool = False
-    #: Position in its scheduler's running queue (smaller runs first); see `sim.scheduler.cohort`.
+    #: Position in its scheduler's running queue (smaller runs first); see `sim.scheduler.fast.cohort`.
     order_key: int = 0
     #: Decode cohort membership; while a member: the clock its token count was taken at, the
     #: count then, and the clock of its next event (None: not filed, a stale entry).

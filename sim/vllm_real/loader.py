@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import InputError, PathError
-from sim.input_files import refuse_non_regular, require_folder
+from sim.files.inputs import refuse_non_regular, require_folder
 
 #: Where `scripts/setup_vllm.sh` installs, relative to the repository root.
 REPO_ROOT = Path(__file__).resolve().parents[2]

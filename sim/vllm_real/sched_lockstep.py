@@ -12,7 +12,7 @@ get the same requests before the same steps; after every step we compare
 The first disagreement ends the workload with a `SchedDivergence`. Where vLLM's own code raises
 (the real engine would die), the workload ends with a `RealRaised` naming the exception's type
 and the step; it is reported, never a crash of the comparison, and kvsim must end the run on
-the same step (`StepPlan.fatal_error`; e.g. `sim.scheduler.priority_ties`, on with
+the same step (`StepPlan.fatal_error`; e.g. `sim.scheduler.v1.priority_ties`, on with
 `V1Scheduler.use_exact_arrival_times`), else that is the divergence.
 
 By default kvsim's scheduler runs with the decode fast path and cohort off, so its plan lists
@@ -38,7 +38,7 @@ from sim.audit.v1 import AuditedV1Manager
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.request import Request
-from sim.scheduler.v1 import V1Scheduler
+from sim.scheduler.v1.scheduler import V1Scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
 from sim.vllm_real.v1_sched_adapter import (
     RealV1Scheduler,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.input_files import refuse_non_regular
+from sim.files.inputs import refuse_non_regular
 from sim.workload.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class RowLocator:
 
 
 def require_file(path: Path) -> None:
-    """A trace must be an existing regular file: never a FIFO or device (`sim.input_files`)."""
+    """A trace must be an existing regular file: never a FIFO or device (`sim.files.inputs`)."""
     if not path.exists():
         raise WorkloadError(path, "file not found")
     refuse_non_regular(path, lambda reason: WorkloadError(path, reason))

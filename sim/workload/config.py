@@ -47,7 +47,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sim.strict import Float, Int, Seconds
+from sim.scenario.fields import Float, Int, Seconds
 
 TraceFormat = Literal["auto", "canonical", "azure", "mooncake", "vidur", "lengths"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from sim.input_files import require_regular_file
+from sim.files.inputs import require_regular_file
 from sim.kv.types import Segment
-from sim.strict import time_error
+from sim.scenario.fields import time_error
 from sim.workload.config import WorkloadConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import detect_format, load_lengths, load_trace
@@ -46,7 +46,7 @@ def load_workload(spec: WorkloadConfig, base_dir: Path | str = ".") -> Workload:
 
 def _resolvable(workload: Workload, spec: WorkloadConfig) -> Workload:
     """`workload`, if its last arrival is a time float64 still resolves a millisecond at
-    (`sim.strict.MAX_TIME_S`); a rate of 1e-300 or a trace at 1e300 s is refused, naming the
+    (`sim.scenario.fields.MAX_TIME_S`); a rate of 1e-300 or a trace at 1e300 s is refused, naming the
     knob that put it there. Requests are sorted by arrival, so the last one is the latest."""
     if not len(workload):
         return workload

@@ -18,7 +18,7 @@ With block size 16 the context holds 8 full blocks (128 tokens), so turn 2 can h
 Synthetic sessions are closed loop: turn 1 arrives at the session's start, turn k > 1 arrives
 `think_s` after turn k-1 finished (`RequestSpec.think_s`; the engine schedules it). A turn that
 does not finish normally (ignored, failed, aborted, or cut short of its output tokens) ends its
-session: its later turns never arrive (`sim.engine`).
+session: its later turns never arrive (`sim.engine.engine`).
 
 Mooncake sessions (`infer_sessions`) keep the trace's arrival times (open loop): the trace has
 arrivals but no finish times, so a think time cannot be told apart from the original service

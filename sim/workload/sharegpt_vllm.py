@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.outdir import staged_file
+from sim.files.outdir import staged_file
 
 
 @dataclass(frozen=True, slots=True)

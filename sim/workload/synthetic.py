@@ -22,7 +22,7 @@ from typing import overload
 
 import numpy as np
 
-from sim.input_files import refuse_non_regular
+from sim.files.inputs import refuse_non_regular
 from sim.workload.config import ArrivalConfig, LengthDist, LengthsConfig
 from sim.workload.errors import WorkloadError
 from sim.workload.loaders import LengthSamples, load_lengths, load_trace
@@ -131,7 +131,7 @@ class LazySpecs(Sequence[RequestSpec]):
     """The requests of a seeded synthetic workload, drawn chunk by chunk as they are iterated.
 
     Ids 0..n-1 in arrival order (`in_arrival_order`: the engine consumes them as they come,
-    `sim.engine.in_arrival_order`). Indexing re-draws up to the index (no request is kept);
+    `sim.engine.engine.in_arrival_order`). Indexing re-draws up to the index (no request is kept);
     a slice from the start is the same workload with fewer requests.
 
     Example: LazySpecs(3, poisson 2/s, fixed lengths 10/5, seed 0) iterates three

@@ -1,6 +1,6 @@
 """Class 1, never damage what is not ours: output targets, shared paths, scenario names, locks.
 
-The rule these cases hold kvsim to (`sim.outdir`): an output path that exists and is not a
+The rule these cases hold kvsim to (`sim.files.outdir`): an output path that exists and is not a
 regular file is never renamed over. A character device or a FIFO is written in place (so
 ``--json /dev/stdout`` works, and ``--junit /dev/null`` leaves /dev/null a device); a FIFO
 with no reader is refused rather than waited on; a block device, a socket or a symlink to
@@ -97,7 +97,7 @@ def _run_dir(rel: str, scenario: str = "s.yaml") -> Setup:
     def make(folder: Path) -> None:
         from typer.testing import CliRunner
 
-        from sim.cli import app
+        from sim.cli.main import app
 
         old = Path.cwd()
         os.chdir(folder)

@@ -128,7 +128,7 @@ def argv_in(case: Case, folder: Path) -> list[str]:
 def run_in_process(argv: list[str], folder: Path) -> Answer:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     old = Path.cwd()
     os.chdir(folder)
@@ -148,7 +148,7 @@ import resource, runpy, sys
 limit = 6 * 1024**3
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 sys.argv = ["kvsim"] + sys.argv[1:]
-from sim.cli import main
+from sim.cli.main import main
 main()
 """
 

@@ -1,0 +1,121 @@
+"""`kvsim calibrate`: time real kernels with PyTorch and fit a step-time profile.
+
+torch is imported only when the command runs (it lives in the optional `calibrate` extra:
+`pip install -e '.[calibrate]'`), so `import sim` and every other command stay torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def calibrate(
+    model: Annotated[
+        str, typer.Option("--model", help="Catalog model name, e.g. llama-3.1-8b.")
+    ] = "llama-3.1-8b",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path(
+        "profile.json"
+    ),
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds the timing sweep may take.")
+    ] = 300.0,
+    device: Annotated[
+        str, typer.Option("--device", help="cpu or cuda (default: cuda when present).")
+    ] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, float16 or bfloat16.")] = "auto",
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Catalog GPU for the report's datasheet ratios.")
+    ] = None,
+    tp: Annotated[
+        int, typer.Option("--tp", help="Tensor-parallel size the geometry is split by.")
+    ] = 1,
+    block_size: Annotated[int, typer.Option("--block-size")] = 16,
+    report_dir: Annotated[
+        Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
+    ] = None,
+) -> None:
+    """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`,
+    plus the measured model's coefficients refitted from the same timings (PROFILE.coefficients.json).
+
+    `--budget` is honoured: timing stops at the deadline (started here, before torch loads)
+    and the fits use the cases measured so far."""
+    from calibrate.budget import Deadline
+    from sim.cli.main import console, fail
+    from sim.errors import InputError
+    from sim.files.outdir import check_output_dir, check_output_file
+
+    if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
+        raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
+    deadline = Deadline(budget)
+    _check_catalog_names(model, gpu)  # before the timing sweep, which takes minutes
+
+    try:
+        import torch
+    except ImportError:
+        raise fail("kvsim calibrate needs torch: pip install -e '.[calibrate]'") from None
+    from calibrate.cli import run_calibration
+
+    check_output_file(out)  # before the timing sweep, which takes minutes
+    if report_dir is not None:
+        check_output_dir(report_dir)
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    if device == "cpu":
+        from calibrate.cli import CPU_NOTE
+
+        console.print(f"[yellow]note:[/] {CPU_NOTE}", highlight=False, soft_wrap=True)
+    console.print(
+        f"calibrating {model} on {device} ({dtype}) within about {budget:g} s plus the fit",
+        highlight=False,
+    )
+    profile = run_calibration(
+        model,
+        out,
+        budget,
+        device,
+        dtype,
+        tp=tp,
+        block_size=block_size,
+        gpu=gpu,
+        report_dir=report_dir or out.parent,
+        progress=True,
+        deadline=deadline,
+    )
+    console.print(
+        f"profile for {profile.model.name} on {device} ({dtype}) written to {out} "
+        f"in {profile.metadata.wall_s:g} s",
+        highlight=False,
+    )
+    for note in profile.grid.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    console.print(f"use it with: step_time: {{calibrated: {out}}}", highlight=False)
+    from calibrate.to_measured import coefficients_path, usage_lines
+
+    for line in usage_lines(coefficients_path(out)):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _check_catalog_names(model: str, gpu: str | None) -> None:
+    """`--model` and `--gpu` name catalog entries; a miss names the option typed (it used to
+    surface after the timing sweep, as "unknown GPU ..." with no option)."""
+    from sim.catalog import CatalogError, get_gpu, get_model
+    from sim.errors import InputError
+
+    for option, name, lookup in (("--model", model, get_model), ("--gpu", gpu, get_gpu)):
+        if name is None:
+            continue
+        try:
+            lookup(name)
+        except CatalogError as error:
+            raise InputError(f"{option} {name!r}: {error}") from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(calibrate)

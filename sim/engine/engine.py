@@ -1,0 +1,378 @@
+"""The engine: the only module where simulated time passes (SimPy).
+
+An arrival process feeds requests at their trace times to a router; one process per replica
+runs the step loop::
+
+    plan = scheduler.schedule(now)               # pure
+    dt   = step_time.predict_s(batch of plan)    # pure
+    yield env.timeout(dt)                        # or, when no event is due first, no yield
+    scheduler.update(plan, now + dt)              # tokens appended, finished requests freed
+
+Most steps end before anything else can happen: no arrival, no other replica's step is due
+first. Such a step moves the clock itself (`Clock.advance_to`) instead of yielding a SimPy
+timeout, which would only come back to the same process at the same time (see `_replica_loop`).
+
+An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
+whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
+aborts what is left with the reason, so every request ends in exactly one terminal state, and
+records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liveness`).
+
+A closed-loop session turn (`sim.engine.sessions`) arrives when the turn before it has finished,
+plus its think time: the hook `_turns_ended` schedules it, or ends the session. The arrivals,
+routing and turns are `sim.engine.arrivals.EngineArrivals`; this module is the step loop.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterable, Sized
+from itertools import chain
+
+import simpy
+
+from sim.audit import ViolationPolicy
+from sim.audit.liveness import Stall, diagnose
+from sim.engine.arrivals import EngineArrivals
+from sim.engine.replica import (  # re-exported: the engine's parts live in sim.engine.replica
+    Clock as Clock,
+)
+from sim.engine.replica import EngineConfig as EngineConfig
+from sim.engine.replica import Replica as Replica
+from sim.engine.replica import RunRecords as RunRecords
+from sim.engine.replica import batch_shape as batch_shape
+from sim.engine.replica import in_arrival_order as in_arrival_order
+from sim.engine.replica import request_of
+from sim.engine.sessions import SessionTurns
+from sim.kv_events import attach_streams
+from sim.latency.batch import BatchShape
+from sim.output import records as records_module
+from sim.output.records import (
+    REQUEST_DTYPE,
+    STEP_DTYPE,
+    ColumnarTable,
+    RequestRows,
+    TableSinks,
+    memory_sinks,
+)
+from sim.output.records import (
+    STEP_COLUMNS as STEP_COLUMNS,  # re-exported: the steps table's columns
+)
+from sim.output.stats import RunStats
+from sim.routing import CacheIndex, ReplicaView, make_policy
+from sim.scheduler import Request, RequestState, StepPlan
+from sim.workload.request import RequestSpec
+
+
+class Engine(EngineArrivals):
+    """Replays `specs` through `config.num_replicas` replicas with `step_time`.
+
+    The tables go to `sinks` (in memory by default; `sim.files.tables.FileSink` streams them to
+    files), `chunk_rows` rows at a time (default `sim.output.records.DEFAULT_CHUNK_ROWS`). A request's row is made when it reaches its terminal
+    state, and the engine then holds it no more: memory follows the requests in flight, not
+    the trace.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        specs: Iterable[RequestSpec],
+        step_time,
+        progress: Callable[[int, int], None] | None = None,
+        sinks: TableSinks | None = None,
+        chunk_rows: int | None = None,
+        *,
+        yield_every_step: bool = False,
+    ) -> None:
+        """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
+        tests compare the clock-advancing loop with; the tables are identical)."""
+        self.config = config
+        self.yield_every_step = yield_every_step
+        self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
+        #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A
+        #: lazy source (a multi-million-request synthetic load) has none and stays lazy.
+        self._turns: SessionTurns | None = None
+        if not (getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized)):
+            ordered = list(self._specs)
+            self._turns = SessionTurns.of(ordered)
+            if self._turns is not None:
+                ordered = self._turns.open_loop
+                # A closed-loop turn arrives when its session says, after requests with
+                # larger ids: its row waits, and the rows are sorted at the end.
+                ids_ascending = False
+            self._specs = iter(ordered)
+        #: Closed-loop turns that came due after the run stopped (they never arrived).
+        self._turns_not_arrived: list[RequestSpec] = []
+        #: The spec taken from `_specs` whose arrival time has not come (it has not arrived).
+        self._next_spec: RequestSpec | None = None
+        self.step_time = step_time
+        self.progress = progress
+        self.env = Clock()
+        self.sinks = sinks or memory_sinks()
+        chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
+        stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
+        requests = ColumnarTable(REQUEST_DTYPE, self.sinks.requests, chunk_rows)
+        steps = ColumnarTable(STEP_DTYPE, self.sinks.steps, chunk_rows)
+        requests.listeners.append(stats.on_requests)
+        steps.listeners.append(stats.on_steps)
+        self.records = RunRecords(requests, steps, stats, num_gpu_blocks=config.kv.num_gpu_blocks)
+        self._rows = RequestRows(requests, ids_ascending)
+        self._current_step = 0
+        window = getattr(step_time, "decode_window", None)
+        self.replicas = [
+            Replica(i, config, self._clock, window) for i in range(config.num_replicas)
+        ]
+        self._arrivals_done = False
+        self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
+        # KV events: each V1 pool feeds the router's index and/or a recording stream.
+        self._cache_index = (
+            CacheIndex(
+                config.num_replicas, config.router_staleness_s, self._now, config.kv.block_size
+            )
+            if config.router.reads_kv_events
+            else None
+        )
+        self._event_streams = attach_streams(
+            self.replicas,
+            config.kv.block_size,
+            self._now,
+            self._cache_index.feeds if self._cache_index is not None else None,
+            config.kv_events,
+            spill=self.sinks.spill_to_file,  # tables to files: events spill too
+        )
+        self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
+        self._stop: str | None = None
+        self._num_terminal = 0
+        self._open_loop_done = False
+
+    def _now(self) -> float:
+        return self.env.now
+
+    def _clock(self) -> tuple[float, int]:
+        return (self.env.now, self._current_step)
+
+    # ------------------------------------------------------------------ processes
+    def _idle(self, replica: Replica, transfer_s: float | None) -> simpy.Event:
+        """What an idle replica waits for: the next arrival, or the next KV transfer's
+        completion if one is in flight (whichever comes first)."""
+        replica.wakeup = self.env.event()
+        if transfer_s is None:
+            return replica.wakeup
+        return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
+
+    def _replica_loop(self, replica: Replica):
+        scheduler = replica.scheduler
+        env = self.env
+        policy = self.config.violation_policy
+        stop_at_any = policy is ViolationPolicy.STOP_ANY
+        stop_at_raise = policy is ViolationPolicy.STOP
+        max_sim_time_s = self.config.max_sim_time_s
+        predict_s = self.step_time.predict_s
+        advance = not self.yield_every_step
+        empty_streak = 0
+        while self._stop is None:
+            if not scheduler.has_unfinished():
+                transfer_s = replica.next_kv_transfer_s()
+                if self._arrivals_done and transfer_s is None:
+                    return
+                yield self._idle(replica, transfer_s)
+                if replica.connector_hooks is not None:
+                    replica.connector_hooks.poll(env.now)  # frees blocks kept for stores
+                continue
+            self._current_step = replica.num_steps
+            plan = scheduler.schedule(self.env.now)
+            ended = len(plan.ignored) + len(plan.failed)
+            if ended:
+                replica.outstanding -= ended
+                self._on_terminal(plan.ignored + plan.failed)
+                self._turns_ended(plan.ignored + plan.failed)
+            stop = self._stop_in(replica, plan, stop_at_any, stop_at_raise)
+            if stop is not None:
+                # The engine dies (or the policy ends the run) in this call: its row has no
+                # batch (none ran) but keeps the preemptions made, which the requests count.
+                self._record_step(replica, plan, BatchShape((), ()), env.now, 0.0)
+                replica.num_steps += 1
+                self._stop = stop
+                return
+            if plan.is_empty:
+                if ended or plan.num_preempted:
+                    # The queues changed, as after an empty engine step: the step gets its row
+                    # (zero duration, no tokens) so that its preemptions are in the steps
+                    # table too, and the scheduler runs again at once. A design that preempts
+                    # and readmits forever without running anything (a livelock the real
+                    # engine would share) is cut off.
+                    self._record_step(replica, plan, batch_shape(plan), env.now, 0.0)
+                    replica.num_steps += 1
+                    empty_streak += 1
+                    if empty_streak <= 2 * scheduler.num_unfinished() + 8:
+                        continue
+                    self._no_progress(replica, Stall.LIVELOCK, empty_streak)
+                    self._abort(
+                        scheduler.unfinished(),
+                        "livelock: steps keep preempting without running anything",
+                    )
+                    return
+                transfer_s = replica.next_kv_transfer_s()
+                if not self._arrivals_done or transfer_s is not None:
+                    # Waiting for an arrival, or for a KV transfer that lets a parked request
+                    # (or freed blocks) make progress: not a stall.
+                    yield self._idle(replica, transfer_s)
+                    continue
+                self._no_progress(replica, Stall.STALLED)
+                self._abort(
+                    scheduler.unfinished(),
+                    "stalled: nothing running and no waiting request can be admitted "
+                    f"({replica.pool_stats().num_free} free blocks)",
+                )
+                return
+            empty_streak = 0
+            shape = batch_shape(plan)
+            duration_s = predict_s(shape)
+            start_s = env.now
+            end_s = start_s + duration_s  # the float a timeout would end at
+            if advance and end_s < env.peek():
+                # Nothing else can run before the step ends (`Clock`): no yield.
+                env.advance_to(end_s)
+            else:
+                yield env.timeout(duration_s)
+            finished = scheduler.update(plan, env.now)
+            if finished:
+                replica.outstanding -= len(finished)
+                self._on_terminal(finished)
+                self._turns_ended(finished)
+            self._record_step(replica, plan, shape, start_s, duration_s)
+            replica.num_steps += 1
+            if plan.fatal_error is not None:
+                # The step's update failed (e.g. freeing a finished request raised).
+                self._stop = self._stop_in(replica, plan, False, False)
+                return
+            if max_sim_time_s is not None and env.now >= max_sim_time_s:
+                self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
+
+    def _stop_in(
+        self, replica: Replica, plan: StepPlan, stop_at_any: bool, stop_at_raise: bool
+    ) -> str | None:
+        """Why the run ends in this scheduler call (a fatal engine error, a stop policy)."""
+        if plan.fatal_error is not None:
+            self.records.fatal_error = plan.fatal_error
+            return f"fatal engine error: {plan.fatal_error}"
+        if stop_at_any and replica.manager.violations:
+            first = replica.manager.violations[0]
+            return f"stopped at the first violation ({first.kind.value}): {first.message}"
+        if stop_at_raise and replica.manager.first_raised is not None:
+            first = replica.manager.first_raised
+            return f"stopped where the real engine raises ({first.kind.value}): {first.message}"
+        return None
+
+    def _record_step(
+        self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
+    ) -> None:
+        stats = replica.pool_stats()
+        scheduler = replica.scheduler
+        chunks = shape.prefill_chunks
+        num_prefill_tokens = 0
+        prior_tokens = 0
+        for prior, chunk in chunks:
+            num_prefill_tokens += chunk
+            prior_tokens += prior
+        # The BatchShape properties, summed once here (this runs on every step).
+        num_decode_seqs = shape.num_decode_seqs
+        self.records.steps.append(
+            (
+                replica.index,
+                replica.num_steps,
+                start_s,
+                duration_s,
+                len(chunks),
+                num_prefill_tokens,
+                num_decode_seqs,
+                num_decode_seqs + num_prefill_tokens,
+                shape.decode_context_sum + prior_tokens,
+                plan.num_preempted,
+                len(scheduler.waiting),
+                len(scheduler.running),
+                len(scheduler.swapped) if scheduler.engine == "v0" else 0,  # type: ignore[union-attr]
+                stats.num_free,
+                stats.num_total - stats.num_free,
+                stats.num_evictable,
+            )
+        )
+
+    def _no_progress(self, replica: Replica, stall: Stall, num_empty_steps: int = 0) -> None:
+        """Record the stuck queue as a `no_progress` violation, before its requests are
+        aborted (the diagnosis reads the queues and the blocks they hold)."""
+        diagnosis = diagnose(replica.scheduler, replica.manager, stall, num_empty_steps)
+        replica.manager.record_no_progress(diagnosis)
+
+    def _abort(self, requests: Iterable[Request], reason: str) -> None:
+        aborted = []
+        for request in requests:
+            if not request.state.is_terminal:
+                request.finish(RequestState.ABORTED, reason, self.env.now)
+                aborted.append(request)
+        self._on_terminal(aborted)
+        self._turns_ended(aborted)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunRecords:
+        """Run to the end; the tables are complete (and their sinks closed) on return.
+
+        On any exception the sinks are aborted (files left unfinished for the caller to
+        discard, `sim.files.outdir`) and the exception propagates.
+        """
+        try:
+            self._simulate()
+            self._finish()
+        except BaseException:
+            self.sinks.abort()
+            raise
+        return self.records
+
+    def _simulate(self) -> None:
+        self.env.process(self._arrivals())
+        for replica in self.replicas:
+            self.env.process(self._replica_loop(replica))
+        # The cyclic GC keeps re-walking the millions of live objects of a long replay (~10% of
+        # its time) and finds nothing: requests, sequences and plans form no reference cycles
+        # (peak memory is the same with it off). It is switched back on however the run ends.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+            if self._stop is None and not self._arrivals_done:
+                # Session turns wait on a request that a stuck replica never finishes: with
+                # no turn left to come, the replica diagnoses its queue and ends.
+                self._arrivals_done = True
+                for replica in self.replicas:
+                    self._wake(replica)
+                self.env.run()
+            # The run is over: no turn follows the aborts below, and the turns still waiting
+            # for their session's previous turn never arrive (`_finish` records them).
+            if self._turns is not None:
+                self._turns_not_arrived.extend(self._turns.after_request.values())
+            self._turns = None
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _finish(self) -> None:
+        """Every request accounted for: the unfinished aborted, then the never-arrived (whose
+        ids come after every arrived one's when ids ascend), each with the reason."""
+        reason = self._stop or "run ended"
+        for replica in self.replicas:
+            self._abort(replica.scheduler.unfinished(), reason)
+            self.records.violations.extend(replica.manager.violations)
+        never_arrived = self._specs
+        if self._next_spec is not None:
+            never_arrived = chain((self._next_spec,), never_arrived)
+            self._next_spec = None
+        for spec in chain(never_arrived, self._turns_not_arrived):
+            request = request_of(spec)
+            request.finish(RequestState.ABORTED, f"never arrived: {reason}", self.env.now)
+            self._rows.arrived(spec.request_id)
+            self._rows.terminal(request)
+        self._rows.close()
+        self.records.steps.close()
+        if self.config.kv_events:
+            self.records.kv_events = self._event_streams
+        self.records.stopped_early = self._stop
+        self.records.end_s = self.env.now

@@ -1,0 +1,1 @@
+"""kvsim's corrected v0 design: BlockSpaceManagerV2 with admission and allocation in agreement."""

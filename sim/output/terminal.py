@@ -1,0 +1,189 @@
+"""What `kvsim run` shows on the terminal: a late progress bar, the summary table, the first
+violations and the commands to run next.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from sim.cli.exits import console, err_console
+
+
+class LazyProgress:
+    """A progress bar that appears only once a run has taken more than `delay_s` seconds."""
+
+    def __init__(self, description: str, enabled: bool = True, delay_s: float = 1.5) -> None:
+        self.description = description
+        self.enabled = enabled and sys.stderr.isatty()
+        self.delay_s = delay_s
+        self.start = time.perf_counter()
+        self._progress: Any = None  # a rich Progress, made on first need
+        self._task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._progress is None:
+            if time.perf_counter() - self.start < self.delay_s:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self._progress = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=total)
+        self._progress.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
+    """One row per hybrid KV-cache group: "sliding 4096, 21 layers, peak 375 blocks"."""
+    rows = []
+    for group in groups or []:
+        window = group["sliding_window"]
+        kind = "full" if window is None else f"sliding {window}"
+        peak = group.get("peak_blocks")
+        text = f"{kind}, {group['num_layers']} layers"
+        if peak is not None:
+            text += f", peak {peak} blocks"
+        rows.append((f"  KV group {group['group_id']}", text))
+    return rows
+
+
+def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) -> None:
+    table = Table(title=f"kvsim run: {name}", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    states = summary["states"]
+    rows = [
+        ("design", _design_row(inputs.get("design"), inputs.get("vllm_version"))),
+        ("block manager", _manager_row(inputs.get("block_manager"))),
+        ("step time", _step_time_row(inputs.get("step_time"), summary.get("step_time_band"))),
+        ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
+        ("sliding window (tokens)", inputs.get("sliding_window")),
+        *_kv_group_rows(inputs.get("kv_cache_groups")),
+        ("requests", summary["num_requests"]),
+        ("  finished / ignored", f"{states['finished']} / {states['ignored']}"),
+        ("  failed / aborted", f"{states['failed']} / {states['aborted']}"),
+        ("violations", summary["num_violations"]),
+        ("  kinds", ", ".join(summary["violation_kinds"]) or "-"),
+        ("simulated time (s)", summary["simulated_s"]),
+        ("steps", summary["num_steps"]),
+        ("throughput (req/s)", summary["throughput_req_per_s"]),
+        ("throughput (tok/s)", summary["throughput_tok_per_s"]),
+        ("TTFT p50 / p99 (s)", f"{_fmt(summary['ttft_p50_s'])} / {_fmt(summary['ttft_p99_s'])}"),
+        ("TPOT p50 / p99 (s)", f"{_fmt(summary['tpot_p50_s'])} / {_fmt(summary['tpot_p99_s'])}"),
+        ("E2E p50 / p99 (s)", f"{_fmt(summary['e2e_p50_s'])} / {_fmt(summary['e2e_p99_s'])}"),
+        ("preemptions", summary["num_preemptions"]),
+        ("KV used mean / max", f"{_fmt(summary['kv_util_mean'])} / {_fmt(summary['kv_util_max'])}"),
+    ]
+    for metric, value in rows:
+        table.add_row(metric, _fmt(value))
+    console.print(table)
+    if summary.get("fatal_error"):
+        console.print(f"[bold red]fatal engine error:[/] {escape(summary['fatal_error'])}")
+    if summary.get("stopped_early"):
+        console.print(f"[yellow]run stopped early:[/] {escape(summary['stopped_early'])}")
+    if out_dir is not None:
+        console.print(
+            f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)"
+        )
+    for line in next_steps(summary, out_dir):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def _design_row(design: str | None, vllm_version: str | None = None) -> str | None:
+    """'v0-v2' -> 'v0-v2 = vLLM 0.5.4 v0, BlockSpaceManagerV2': which vLLM it models."""
+    from sim.kv.config import Design
+
+    try:
+        return f"{design} = {Design(design).upstream_at(vllm_version)}"
+    except ValueError:
+        return design
+
+
+def _manager_row(manager: dict | None) -> str:
+    """Which block manager ran: kvsim's model, or vLLM's real code (`--vllm-root`)."""
+    if not manager or manager.get("kind") != "real":
+        return "kvsim's model"
+    return f"vLLM {manager.get('vllm_version')} real code ({manager.get('vllm_root')})"
+
+
+def _step_time_row(step_time: dict | None, band: dict | None) -> str:
+    """'measured, x0.92-x1.06 of it' : the step-time model and how sure it is.
+
+    Example: ({"measured": {}}, {"low_factor": 0.924, "high_factor": 1.057, ...}) ->
+    "measured (real steps x0.924-x1.057 of it)"; an unvalidated band says so.
+    """
+    name = next(iter(step_time), "?") if step_time else "?"
+    if not band:
+        return name
+    low, high = band.get("low_factor"), band.get("high_factor")
+    if low == high == 1.0:
+        return f"{name} (no validated error band)"
+    extrapolated = ", extrapolated" if band.get("extrapolated") else ""
+    return f"{name} (real steps x{low:g}-x{high:g} of it{extrapolated})"
+
+
+def next_steps(summary: dict, out_dir: Path | None) -> list[str]:
+    """What to run after a run that found violations: shrink one kind, then check it in CI.
+
+    Example (kinds admission_undercount and leaked_blocks, outputs in runs/x)::
+
+        next: shrink it to a minimal reproducer, then keep that as a CI check:
+          kvsim shrink runs/x -o runs/x/minimal.yaml --kind admission_undercount
+          kvsim check runs/x/minimal.yaml
+        (one kind per shrink; the others: leaked_blocks)
+    """
+    kinds = list(summary.get("violation_kinds") or [])
+    if not kinds:
+        return []
+    source = str(out_dir) if out_dir is not None else "SCENARIO.yaml"
+    minimal = str(out_dir / "minimal.yaml") if out_dir is not None else "minimal.yaml"
+    lines = [
+        "[bold]next:[/] shrink it to a minimal reproducer, then keep that as a CI check "
+        "(its expect: lists the kinds it shows; check exits 1 when that changes):",
+        f"  kvsim shrink {escape(source)} -o {escape(minimal)} --kind {kinds[0]}",
+        f"  kvsim check {escape(minimal)}",
+    ]
+    if len(kinds) > 1:
+        lines.append(f"(one kind per shrink; the others: {', '.join(kinds[1:])})")
+    return lines
+
+
+def print_violations(result, limit: int = 5) -> None:
+    """The first `limit` violations, one line each (from the run's list: no pandas needed)."""
+    count = result.num_violations
+    if not count:
+        return
+    console.print(f"[bold]first {min(limit, count)} of {count} violations:[/]")
+    for kind, time_s, message in result.first_violations(limit):
+        console.print(
+            f"  [red]{kind}[/] at t={_fmt(time_s)} s: {escape(message)}",
+            highlight=False,
+        )

@@ -1,0 +1,370 @@
+"""Resolve a scenario into concrete numbers: every default made explicit (`resolve`).
+
+What a run will use, each reported in `ResolvedRun.inputs`: where the block count came from
+(given, or derived by `sim.memory` with every term), the sliding window, the token budget,
+the step-time model, and the workload source. `sim.engine.run.run` runs the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sim.audit import AuditLevel
+from sim.catalog import ModelSpec, get_gpu, get_model
+from sim.cluster.config import ClusterMode
+from sim.engine.engine import EngineConfig
+from sim.errors import InputError
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv_connector.from_scenario import offloading_config
+from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
+from sim.memory.derive import (
+    KvLayout,
+    block_bytes,
+    derive_num_gpu_blocks,
+    given_num_gpu_blocks,
+    hybrid_layout_of,
+    is_hybrid_model,
+)
+from sim.memory.host import check_pool_fits
+from sim.memory.terms import VllmEngine
+from sim.routing import Router
+from sim.scenario.no_effect import check_no_effect
+from sim.scenario.schema import Scenario, ScenarioError
+from sim.scenario.startup import check_tensor_parallel, check_token_budget
+from sim.scheduler import SchedulerConfig
+from sim.workload import Workload, load_workload
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    scenario: Scenario
+    engine: EngineConfig
+    workload: Workload
+    step_time: StepTimeModel
+    inputs: dict
+
+
+def _model(scenario: Scenario) -> ModelSpec | None:
+    if scenario.model is None:
+        return None
+    try:
+        return get_model(scenario.model)
+    except InputError as error:
+        raise ScenarioError(f"model: {error}".splitlines()[0]) from None
+
+
+def _kv_config(
+    scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict
+) -> KVCacheConfig:
+    """The KV pool: given, or derived by `sim.memory` as the scenario's engine would size it.
+
+    The V1 engine gives a model with both sliding-window and full layers (Gemma-2) the hybrid
+    layout: `num_gpu_blocks` blocks of `group_size` layers, shared by the KV-cache groups, each
+    request holding one table per group (`sim.kv.v1_engine.hybrid_coordinator`). The manager gets
+    vLLM's own block count and the groups (`inputs["kv_cache_groups"]`). Example: Gemma-2-9B,
+    42 layers -> 2 groups of 21 layers; 20,000 blocks, which vLLM reports as
+    20,000 // 2 * 16 = 160,000 tokens. A scenario that sets `cache.sliding_window` itself
+    overrides the model's layers: one group, and `num_gpu_blocks // num_kv_groups` blocks (the
+    token capacity vLLM reports) for a derived pool.
+    """
+    cache = scenario.cache
+    hw = scenario.hardware
+    kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    engine = VllmEngine(scenario.scheduler.design.api)
+    hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
+    kv_layout: KvLayout = "hybrid" if hybrid else "uniform"
+    # The hybrid allocator's groups, unless the scenario overrides the model's windows.
+    layout = None
+    if model is not None and hybrid and cache.sliding_window == "model":
+        layout = hybrid_layout_of(model)
+    if cache.num_gpu_blocks == "derive":
+        assert model is not None
+        try:
+            budget = derive_num_gpu_blocks(
+                model,
+                get_gpu(hw.gpu),
+                tp=hw.tensor_parallel_size,
+                block_size=cache.block_size,
+                gpu_memory_utilization=cache.gpu_memory_utilization,
+                kv_dtype=kv_dtype,
+                weight_dtype=scenario.model_dtype,
+                max_num_batched_tokens=token_budget,
+                max_num_seqs=scenario.scheduler.max_num_seqs,
+                kv_layout=kv_layout,
+                engine=engine,
+            )
+        except InputError as error:
+            raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
+        num_gpu_blocks = budget.num_gpu_blocks
+        if layout is None:
+            num_gpu_blocks //= budget.num_kv_groups
+        inputs["memory"] = budget.as_dict()
+        inputs["num_gpu_blocks_source"] = "derived"
+    else:
+        num_gpu_blocks = cache.num_gpu_blocks
+        inputs["num_gpu_blocks_source"] = "given"
+        if model is not None:  # what the given blocks amount to, for the record
+            budget = given_num_gpu_blocks(
+                num_gpu_blocks,
+                model,
+                tp=hw.tensor_parallel_size,
+                block_size=cache.block_size,
+                kv_dtype=kv_dtype,
+                kv_layout=kv_layout if layout is not None else "uniform",
+            )
+            inputs["memory"] = budget.as_dict()
+    inputs["kv_layout"] = kv_layout
+    if engine is VllmEngine.V1:  # no swap space (`sim.scenario.no_effect`): 0 is what runs
+        num_cpu_blocks = 0
+    elif cache.num_cpu_blocks is not None:
+        num_cpu_blocks = cache.num_cpu_blocks
+    elif model is not None:
+        one_block = block_bytes(
+            model, block_size=cache.block_size, kv_dtype=kv_dtype, tp=hw.tensor_parallel_size
+        )
+        num_cpu_blocks = int(cache.swap_space_gib * 2**30 // one_block)
+    else:
+        num_cpu_blocks = 0
+    window = cache.sliding_window
+    if window == "model":
+        window = (
+            model.sliding_window if model is not None and model.layer_pattern == "sliding" else None
+        )
+    config = KVCacheConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=cache.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        sliding_window=window,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        watermark=cache.watermark,
+        max_model_len=None,
+        kv_cache_groups=layout.groups if layout is not None else (),
+    )
+    if layout is not None:
+        inputs["kv_cache_groups"] = [
+            {
+                "group_id": group_id,
+                "sliding_window": group.sliding_window,
+                "num_layers": len(layers),
+            }
+            for group_id, (group, layers) in enumerate(
+                zip(layout.groups, layout.group_layers, strict=True)
+            )
+        ]
+    inputs["num_gpu_blocks"] = num_gpu_blocks
+    inputs["num_cpu_blocks"] = num_cpu_blocks
+    inputs["sliding_window"] = window
+    return config
+
+
+def _startup(
+    scenario: Scenario, inputs: dict, replicas_field: str = "engine.num_replicas"
+) -> tuple:
+    """The scheduler and KV pool a run starts with, after every startup check (vLLM's and
+    kvsim's); fills `inputs` with what they resolved to. Loads no workload.
+
+    `replicas_field` is where the user set `engine.num_replicas` (a disaggregated pool's
+    `cluster.prefill.replicas`, say), for the message when the replicas do not fit in memory.
+    """
+    if scenario.cluster.mode is ClusterMode.DISAGGREGATED:
+        # Two pools and a link: `sim.cluster.run` resolves each pool through here.
+        raise ScenarioError(
+            "cluster.mode: a disaggregated scenario runs with `kvsim disagg` "
+            "(sim.cluster.run.run_disaggregated), not as one co-located engine"
+        )
+    check_no_effect(scenario)
+    model = _model(scenario)
+    sched = scenario.scheduler
+    max_model_len = sched.max_model_len or (
+        model.max_position_embeddings if model is not None else None
+    )
+    if max_model_len is None:
+        raise ScenarioError("scheduler.max_model_len: needed when the scenario has no model")
+    scheduler_config = SchedulerConfig(
+        max_model_len=max_model_len,
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        policy=sched.policy,
+        preemption_mode=sched.preemption_mode,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        decode_fast_path=sched.decode_fast_path,
+        decode_cohort=sched.decode_cohort,
+    )
+    token_budget = scheduler_config.token_budget(sched.design.api)
+    # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
+    # `--vllm-root .vllm/0.5.4` runs), so the model and the real code agree by default.
+    pin = sched.resolved_vllm_version
+    check_token_budget(sched.design, pin, scheduler_config, token_budget)
+    check_tensor_parallel(model, scenario.hardware.tensor_parallel_size, pin)
+    inputs["design"] = sched.design.value
+    # kvsim's model of the design; `run(vllm_root=...)` replaces it with vLLM's real code.
+    inputs["block_manager"] = {"kind": "model", "vllm_version": None, "vllm_root": None}
+    inputs["max_model_len"] = max_model_len
+    inputs["max_num_batched_tokens"] = token_budget
+    kv = _kv_config(scenario, model, token_budget, inputs)
+    kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len, "vllm_pin": pin})
+    inputs["vllm_version"] = pin
+    _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
+    _check_cache_fits(sched.design, kv, max_model_len, token_budget)
+    offload = offloading_config(scenario, model, kv, inputs)
+    if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
+        scheduler_config = replace(scheduler_config, decode_fast_path=False, decode_cohort=False)
+    num_replicas = scenario.engine.num_replicas
+    too_big = check_pool_fits(sched.design, kv.num_gpu_blocks, kv.num_cpu_blocks, num_replicas)
+    if too_big is not None:  # refuse now: building the pools would eat all memory
+        field = replicas_field if num_replicas > 1 else "cache.num_gpu_blocks"
+        raise ScenarioError(f"{field}: {too_big}")
+    return model, scheduler_config, kv, offload
+
+
+def preflight(scenario: Scenario, base_dir: str | Path = ".") -> None:
+    """Every check `resolve` makes before a run, without loading the workload: what a sweep
+    or compare-versions asks of each point before running any (a bad point is bad input).
+    The workload's files are checked to exist and be regular files, but not read."""
+    from sim.workload.load import check_input_files
+
+    model, *_ = _startup(scenario, {})
+    _step_time(scenario, model, Path(base_dir), {})
+    check_input_files(scenario.workload, base_dir)
+
+
+def resolve(
+    scenario: Scenario, base_dir: str | Path = ".", replicas_field: str = "engine.num_replicas"
+) -> ResolvedRun:
+    """Every number the run will use, from a validated scenario (`replicas_field`: see
+    `_startup`)."""
+    base_dir = Path(base_dir)
+    inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
+    model, scheduler_config, kv, offload = _startup(scenario, inputs, replicas_field)
+    workload_config = scenario.workload
+    if "seed" not in workload_config.model_fields_set:
+        workload_config = workload_config.model_copy(update={"seed": scenario.seed})
+    workload = load_workload(workload_config, base_dir)
+    inputs["workload"] = {
+        "name": getattr(workload, "name", ""),
+        "num_requests": len(workload.requests),
+    }
+    if "sessions" in workload.metadata:  # how a trace's requests were grouped into sessions
+        inputs["workload"]["sessions"] = workload.metadata["sessions"]
+    step_time = _step_time(scenario, model, base_dir, inputs)
+    engine = EngineConfig(
+        design=scenario.scheduler.design,
+        kv=kv,
+        scheduler=scheduler_config,
+        num_replicas=scenario.engine.num_replicas,
+        router=Router(scenario.engine.router),
+        router_load_weight=scenario.engine.router_load_weight,
+        router_staleness_s=scenario.engine.router_staleness_s,
+        kv_events=scenario.engine.kv_events,
+        violation_policy=scenario.engine.violation_policy,
+        audit_level=AuditLevel(scenario.engine.audit_level),
+        max_sim_time_s=scenario.engine.max_sim_time_s,
+        kv_connector=offload,
+    )
+    return ResolvedRun(scenario, engine, workload, step_time, inputs)
+
+
+def _check_v0_startup(design: Design, kv: KVCacheConfig, chunked_prefill: bool) -> None:
+    """Pairs vLLM 0.5.4's v0 engine refuses at startup with a sliding window: bad input, said
+    before the block manager is built (which would raise as upstream does).
+
+    * prefix caching, any v0 block manager (`CacheConfig._verify_prefix_caching`,
+      config.py:L492-499 @v0.5.4);
+    * chunked prefill with BlockSpaceManagerV1 (`EngineArgs.create_engine_config`,
+      arg_utils.py:L855-860 @v0.5.4; the V2 manager is allowed).
+
+    Regression: `--set cache.enable_prefix_caching=true` on the bundled Mistral (4,096-token
+    window) scenario reached the v0 manager's ValueError and was reported as a kvsim bug; and
+    v0-v1 ran chunked prefill with a window, which vLLM never does.
+    """
+    if design.api != "v0" or kv.sliding_window is None:
+        return
+    window = f"a sliding window (here {kv.sliding_window} tokens)"
+    if kv.enable_prefix_caching:
+        raise ScenarioError(
+            f"cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with "
+            f"{window}; set it to false, or use scheduler.design: v1-engine"
+        )
+    if chunked_prefill and design is Design.V0_V1:
+        raise ScenarioError(
+            f"scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
+            f"prefill with {window}; set it to false, or use scheduler.design: v0-v2"
+        )
+
+
+def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> None:
+    """vLLM refuses to start when one max-length request cannot fit in the pool.
+
+    v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
+    V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
+    request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
+    cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks; a hybrid model
+    needs the sum over its KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0).
+    Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
+    """
+    bs, num_blocks = kv.block_size, kv.num_gpu_blocks
+    if design.api == "v0":
+        if max_model_len > bs * num_blocks:
+            raise ScenarioError(
+                f"scheduler.max_model_len: {max_model_len} tokens is larger than the KV cache "
+                f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
+            )
+        return
+    windows = [g.sliding_window for g in kv.kv_cache_groups] or [kv.sliding_window]
+    # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
+    needed = 0
+    for window in windows:
+        if window is None:
+            needed += -(-max_model_len // bs)
+        else:
+            needed += -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
+    if needed > num_blocks - 1:
+        raise ScenarioError(
+            f"scheduler.max_model_len: one {max_model_len}-token request needs {needed} blocks but "
+            f"only {num_blocks - 1} are usable (block 0 is the null block); vLLM would refuse to start"
+        )
+
+
+def absolute_step_time_paths(config: StepTimeConfig, base_dir: Path) -> StepTimeConfig:
+    """The calibrated profile / measured coefficients path made absolute from base_dir."""
+    for kind, field in (("calibrated", "profile"), ("measured", "coefficients")):
+        section = getattr(config, kind)
+        path = getattr(section, field, None) if section is not None else None
+        if path is not None and not Path(path).is_absolute():
+            section = section.model_copy(update={field: str(base_dir / path)})
+            config = config.model_copy(update={kind: section})
+    return config
+
+
+def _asdict(config: KVCacheConfig) -> dict:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
+    config = absolute_step_time_paths(
+        scenario.step_time or StepTimeConfig.model_validate({"measured": {}}), base_dir
+    )
+    inputs["step_time"] = config.model_dump(mode="json", exclude_none=True)
+    if model is None:
+        assert config.linear is not None
+        return LinearStepTime(**config.linear.model_dump())
+    try:
+        return make_step_time(
+            config,
+            model,
+            scenario.hardware.gpu,
+            tp=scenario.hardware.tensor_parallel_size,
+            kv_dtype=None
+            if scenario.cache.kv_cache_dtype == "auto"
+            else scenario.cache.kv_cache_dtype,
+            engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
+        )
+    except InputError as error:
+        raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None
+
+
+def step_time_model(scenario: Scenario, base_dir: str | Path = "."):
+    """The scenario's step-time model alone (no workload, no KV pool): e.g. for its band."""
+    return _step_time(scenario, _model(scenario), Path(base_dir), {})

@@ -1,0 +1,407 @@
+"""The scenario file: a closed pydantic schema (unknown keys are errors naming key and file).
+
+Example (the 4-vs-3 case on v0 BlockSpaceManagerV2)::
+
+    name: swa-4-vs-3-v0-v2
+    cache: {block_size: 16, num_gpu_blocks: 10, sliding_window: 24}
+    scheduler: {design: v0-v2, max_model_len: 160}
+    workload:
+      kind: inline
+      requests:
+        - {arrival_s: 0.0, prompt_tokens: 112, output_tokens: 8}
+        - {arrival_s: 0.0, prompt_tokens: 64, output_tokens: 8}
+    step_time: {linear: {fixed_s: 0.01}}
+    expect: {violations: [admission_undercount, leaked_blocks]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sim.audit import AuditLevel, ViolationKind, ViolationPolicy
+from sim.catalog import get_gpu
+from sim.cluster.config import ClusterSection, RouterName
+from sim.errors import InputError
+from sim.files.inputs import read_capped_bytes, refuse_non_regular
+from sim.files.strict_yaml import StrictLoader, load_yaml
+from sim.kv.config import Design
+from sim.kv.v0_versions import resolve_v0_version
+from sim.kv.v1_engine.releases import resolve_release
+from sim.latency import StepTimeConfig
+from sim.memory.terms import weight_format
+from sim.scenario.fields import Bool, Float, Int, Seconds
+from sim.scheduler.config import Policy, PreemptionMode
+from sim.workload.config import WorkloadConfig
+
+
+class ScenarioError(InputError):
+    """A scenario that cannot be read or is invalid; the message is one line naming the file."""
+
+
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Scenario errors raised inside (resolving and running a loaded scenario) name its file.
+
+    `sim.scenario.resolve.resolve` sees a validated `Scenario`, not where it came from, so its
+    errors name the field only ("scheduler.max_model_len: ..."); the command that loaded the
+    file wraps the run in this, and the user reads "s.yaml: scheduler.max_model_len: ...".
+    An error that already starts with the file, or with an option (`--set ...: ...`, about the
+    command line rather than the file), is left as it is.
+    """
+    try:
+        yield
+    except ScenarioError as error:
+        text = str(error)
+        if text.startswith((f"{path}:", "--")):
+            raise
+        raise ScenarioError(f"{path}: {text}") from None
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CacheSection(_Closed):
+    #: Strict: YAML `true` is not a block size (lax validation turned it into 1, and the error
+    #: that followed blamed scheduler.max_model_len).
+    block_size: Int = Field(default=16, ge=1)
+    #: A number, or "derive" to compute it from the model, GPU and memory settings.
+    num_gpu_blocks: Annotated[Int, Field(ge=1)] | Literal["derive"] = "derive"
+    num_cpu_blocks: Int | None = Field(default=None, ge=0)
+    #: CPU swap space per replica, used when num_cpu_blocks is not given (vLLM default 4 GiB).
+    swap_space_gib: Float = Field(default=4.0, ge=0)
+    #: Tokens; "model" takes the model's window where all its layers are sliding (Mistral).
+    sliding_window: Annotated[Int, Field(ge=1)] | Literal["model"] | None = "model"
+    enable_prefix_caching: Bool = False
+    watermark: Float = Field(default=0.01, ge=0, lt=1)
+    gpu_memory_utilization: Float = Field(default=0.9, gt=0, le=1)
+    kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
+    #: V1 engine: host memory (GiB per GPU) for vLLM's CPU KV offloading connector; 0: off.
+    cpu_offload_gib: Float = Field(default=0.0, ge=0)
+    #: Tokens per offloaded block (a multiple of block_size); None: block_size.
+    cpu_offload_block_size: Int | None = Field(default=None, ge=1)
+
+
+class SchedulerSection(_Closed):
+    design: Design = Design.V0_V2
+    max_model_len: Int | None = Field(default=None, ge=1)
+    max_num_seqs: Int = Field(default=256, ge=1)
+    max_num_batched_tokens: Int | None = Field(default=None, ge=1)
+    enable_chunked_prefill: Bool = False
+    policy: Policy = Policy.FCFS
+    preemption_mode: PreemptionMode = PreemptionMode.AUTO
+    long_prefill_token_threshold: Int = Field(default=0, ge=0)
+    #: A speed-up that changes no result (tests prove it); false calls the manager every step.
+    decode_fast_path: Bool = True
+    #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
+    decode_cohort: Bool = True
+    #: The vLLM version the design models. v1-engine (`sim.kv.v1_engine.releases`): "4ac7713",
+    #: "0.11.0" or "0.33.0", unset = the latest (0.33.0). v0 designs (`sim.kv.v0_versions`):
+    #: "0.5.4" (the release; the default) or, for v0-v2 only, "0.5.4+7380".
+    vllm_version: str | None = None
+
+    @model_validator(mode="after")
+    def _version_of_design(self) -> SchedulerSection:
+        if self.vllm_version is None:
+            return self
+        try:
+            if self.design is Design.V1_ENGINE:
+                resolve_release(self.vllm_version)
+            else:
+                resolve_v0_version(self.design.value, self.vllm_version)
+        except ValueError as error:
+            raise ValueError(f"vllm_version: {error}") from None
+        return self
+
+    @property
+    def resolved_vllm_version(self) -> str:
+        """The exact vLLM version a run models: `vllm_version`, or the design's default
+        ("0.33.0" for v1-engine, the "0.5.4" release for the v0 designs)."""
+        if self.design is Design.V1_ENGINE:
+            return resolve_release(self.vllm_version, default_latest=True).value
+        return resolve_v0_version(self.design.value, self.vllm_version).value
+
+
+class EngineSection(_Closed):
+    num_replicas: Int = Field(default=1, ge=1)
+    router: RouterName = "round_robin"
+    #: prefix_cache_aware only: score = leading prompt blocks held - weight * outstanding.
+    router_load_weight: Float = Field(default=1.0, ge=0)
+    #: prefix_cache_aware only: seconds from a replica's KV event to the router seeing it.
+    router_staleness_s: Seconds = 0.0
+    #: Write the replicas' KV cache events as the `kv_events` table (V1 engine only).
+    kv_events: Bool = False
+    #: record (carry on), stop (end where the real engine raises: an allocation that ran dry,
+    #: a double free, ...) or stop_any (end at the first violation of any kind).
+    violation_policy: ViolationPolicy = ViolationPolicy.RECORD
+    audit_level: AuditLevel = AuditLevel.CHEAP
+    max_sim_time_s: Seconds | None = Field(default=None, gt=0)
+
+
+class HardwareSection(_Closed):
+    #: A catalog name, or a geometry dict for a GPU outside the catalog (the `GpuSpec` fields:
+    #: memory_gb, memory_visible_gib, hbm_bandwidth_GBps, bf16_tflops, fp16_tflops,
+    #: interconnect_GBps, ...), as `model:` accepts a dict.
+    gpu: str | dict[str, Any] = "h100-sxm"
+    tensor_parallel_size: Int = Field(default=1, ge=1)
+
+    @field_validator("gpu")
+    @classmethod
+    def _catalog_gpu(cls, gpu: str | dict[str, Any]) -> str | dict[str, Any]:
+        """A catalog name is looked up here, so an unknown one is reported as hardware.gpu,
+        not under whichever section first uses the GPU (step_time, cache.num_gpu_blocks)."""
+        if isinstance(gpu, str):
+            try:
+                get_gpu(gpu)
+            except InputError as error:
+                raise ValueError(str(error)) from None
+        return gpu
+
+    @model_validator(mode="after")
+    def _gpu_geometry(self) -> HardwareSection:
+        if isinstance(self.gpu, dict):
+            try:
+                get_gpu(self.gpu)
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"gpu.{where}: {first['msg']}") from None
+        return self
+
+
+class SummaryBound(_Closed):
+    """Bounds on one summary metric of the run: `{min: 0.5}`, `{max: 0.2}` or both."""
+
+    min: float | None = Field(default=None, allow_inf_nan=False)
+    max: float | None = Field(default=None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> SummaryBound:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
+class ExpectSection(_Closed):
+    """What `kvsim check` compares with: `violations: none` or a list of kinds that must occur;
+    and `summary:`, bounds on metrics of the run's summary (`sim.ci.expect_summary`), so a
+    scenario can state what it shows: `summary: {ttft_p50_s: {max: 0.2}}`."""
+
+    violations: Literal["none", "any"] | list[ViolationKind] = "none"
+    summary: dict[str, SummaryBound] = Field(default_factory=dict)
+
+    @field_validator("violations", mode="before")
+    @classmethod
+    def _known_kinds(cls, value: Any) -> Any:
+        """An unknown kind is named with the known ones (the union's own error named neither:
+        "expect.violations.literal['none','any']: Input should be 'none' or 'any')."""
+        known = ", ".join(kind.value for kind in ViolationKind)
+        items = [value] if isinstance(value, str) and value not in ("none", "any") else value
+        if not isinstance(items, list):
+            if isinstance(value, str):
+                return value
+            raise ValueError(f"expected none, any or a list of violation kinds ({known})")
+        for item in items:
+            if not isinstance(item, str) or item not in {k.value for k in ViolationKind}:
+                raise ValueError(
+                    f"unknown violation kind {item!r}; give none, any or a list of: {known}"
+                )
+        return value
+
+
+#: A scenario name becomes one folder name (runs/NAME, plus kvsim's ``.NAME.partial-*``
+#: staging sibling), so it must fit in a file name (255 bytes) with room to spare.
+MAX_NAME_BYTES = 128
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one folder name under runs/ (None: it can).
+
+    A name with a path separator, a leading dot ('..', '.hidden') or an absolute path would
+    put the run outside runs/ (or hide it); an empty one would make runs/ itself the target.
+    """
+    if not name:
+        return "is empty"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name.startswith("."):
+        return "starts with '.'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"is {len(name.encode('utf-8'))} bytes long (at most {MAX_NAME_BYTES})"
+    return None
+
+
+class Scenario(_Closed):
+    name: str = "scenario"
+    description: str = ""
+    seed: Int = Field(default=0, ge=0)
+    #: A catalog model name, or a geometry (see `sim.catalog`); needed by measured, roofline, derive.
+    model: str | dict[str, Any] | None = "llama-3.1-8b"
+    #: How the checkpoint stores its weights: auto (the model's dtype), bfloat16, float16, fp8,
+    #: int8, awq-int4, gptq-int4, mxfp4. Changes the weight bytes `num_gpu_blocks: derive` uses.
+    model_dtype: str = "auto"
+    hardware: HardwareSection = HardwareSection()
+    cache: CacheSection = CacheSection()
+    scheduler: SchedulerSection = SchedulerSection()
+    engine: EngineSection = EngineSection()
+    #: Co-located (default) or prefill/decode disaggregated pools (`sim.cluster.config`).
+    cluster: ClusterSection = ClusterSection()
+    workload: WorkloadConfig
+    #: None: the measured default. Else {measured: {...}}, {roofline: {...}}, {calibrated: PROFILE}
+    #: or {linear: {...}}.
+    step_time: StepTimeConfig | None = None
+    expect: ExpectSection = ExpectSection()
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem is not None:
+            shown = repr(name if len(name) <= 40 else name[:40] + "...")
+            raise ValueError(
+                f"{shown} {problem}; the name is the run's folder (runs/<name>): give one "
+                "folder name, without '/', '\\' or a leading '.'"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        try:
+            weight_format(self.model_dtype)
+        except ValueError as error:
+            raise ValueError(f"model_dtype: {error}") from None
+        if self.cache.num_gpu_blocks == "derive" and self.model is None:
+            raise ValueError("cache.num_gpu_blocks: 'derive' needs a model")
+        if self.model is None and (self.step_time is None or self.step_time.linear is None):
+            raise ValueError("step_time: only the linear model works without a model")
+        return self
+
+
+#: Error types whose message is clearer with the value the user wrote (the rest say it).
+_SHOW_INPUT = {"finite_number", "less_than_equal", "greater_than", "greater_than_equal"}
+
+
+def _shown(value: Any) -> str:
+    """A value as the user typed it in YAML: true, 1e+300, '16' (quoted: it was a string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:39] + "…"
+    return type(value).__name__
+
+
+def _where(loc: tuple) -> str:
+    """The dotted field path of a pydantic error location, without pydantic's union branch
+    names ('int', 'constrained-int', "literal['derive']", 'function-after[...]')."""
+    parts = [str(p) for p in loc]
+    return ".".join(p for p in parts if not _is_branch(p))
+
+
+def _is_branch(part: str) -> bool:
+    return part in {"int", "float", "bool", "str", "dict[str,any]", "list[...]", "none"} or (
+        "[" in part or part.startswith("constrained-")
+    )
+
+
+def _format_validation_error(path: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = _where(first["loc"])
+    if first["type"] == "extra_forbidden":
+        parent, _, key = where.rpartition(".")
+        return f"{path}: unknown key '{key}'" + (f" in '{parent}'" if parent else "")
+    if first["type"] == "missing":
+        return f"{path}: missing required key '{where}'"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"].endswith("_type") or first["type"] in _SHOW_INPUT:
+        message += f", got {_shown(first.get('input'))}"
+    return f"{path}: {where}: {message}" if where else f"{path}: {message}"
+
+
+def scenario_from_dict(
+    data: Any, source: str = "<scenario>", *, source_of: Callable[[str], str] | None = None
+) -> Scenario:
+    """The validated scenario; an error names `source` (or `source_of(field)`: `--set` names
+    the assignment that set the field at fault) and the field."""
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}"
+        )
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as error:
+        if source_of is not None:
+            source = source_of(".".join(str(p) for p in error.errors()[0]["loc"]))
+        raise ScenarioError(_format_validation_error(source, error)) from None
+
+
+#: The largest scenario file read (bytes). A scenario is settings plus, at most, a small
+#: inline workload; loading YAML takes seconds per MiB even with libyaml
+#: (benchmarks/inline_yaml.py: 13 MB in 32 s, 117 s without), and the parsed requests are
+#: Python objects many times the file's size. A big workload belongs in a trace file
+#: (`workload: {kind: trace, path: ...}`), which is read as columns, not as YAML.
+MAX_SCENARIO_BYTES = 4 << 20
+
+
+def _scenario_too_big(path: Path, size: int) -> ScenarioError:
+    return ScenarioError(
+        f"{path}: {size} bytes, more than a scenario file may have ({MAX_SCENARIO_BYTES} bytes); "
+        "put a big inline workload in a trace file (workload: {kind: trace, path: ...})"
+    )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every problem is a one-line `ScenarioError`.
+
+    A path that is not a regular file (a FIFO, a device, a socket, a folder) is refused
+    before it is opened, and a file over `MAX_SCENARIO_BYTES` before it is read.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ScenarioError(f"{path}: no such file")
+    refuse_non_regular(path, lambda reason: ScenarioError(f"{path}: {reason} (a scenario)"))
+    try:
+        raw = read_capped_bytes(path, MAX_SCENARIO_BYTES, lambda n: _scenario_too_big(path, n))
+        data = load_yaml(raw.decode("utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ScenarioError(f"{path}{where}: invalid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScenarioError(f"{path}: cannot read: {error}") from None
+    return scenario_from_dict(data, str(path))
+
+
+def scenario_to_yaml(scenario: Scenario) -> str:
+    data = scenario.model_dump(mode="json", exclude_unset=True)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+__all__ = [
+    "MAX_SCENARIO_BYTES",
+    "Scenario",
+    "ScenarioError",
+    "StrictLoader",
+    "load_scenario",
+    "load_yaml",
+    "scenario_from_dict",
+    "scenario_to_yaml",
+]
