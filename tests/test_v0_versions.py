@@ -1,4 +1,4 @@
-"""`scheduler.vllm_version` for the v0 designs (`sim.kv.v0_versions`): the pins each design takes,
+"""`scheduler.vllm_version` for the v0 designs (`sim.kv.pins`): the pins each design takes,
 the default (the 0.5.4 release), the #7371 IndexError the pin switches, and every report naming
 the exact version."""
 
@@ -17,7 +17,7 @@ from sim.ci.check import explicit_yaml
 from sim.cli.main import _design_row, app
 from sim.engine.run import resolve
 from sim.kv.config import Design
-from sim.kv.v0_versions import DEFAULT_V0, V0Version, resolve_v0_version
+from sim.kv.pins import VllmPin, manager_pin, resolve_pin
 from sim.plots.common import subject_of
 from sim.scenario.schema import ScenarioError, scenario_from_dict
 
@@ -71,9 +71,11 @@ def test_each_design_resolves_its_default_and_explicit_pins(design, version, pin
 
 
 def test_the_v0_default_is_the_release_the_real_code_mode_runs():
-    assert DEFAULT_V0 is V0Version.RELEASE_0_5_4
-    assert resolve_v0_version("v0-v2", None).empty_append_raises
-    assert not resolve_v0_version("v0-v2", "0.5.4+7380").empty_append_raises
+    assert all(resolve_pin(design, None) is VllmPin.V0_5_4 for design in ("v0-v1", "v0-v2"))
+    assert resolve_pin("v0-v2", None).empty_append_raises
+    assert not resolve_pin("v0-v2", "0.5.4+7380").empty_append_raises
+    # A v0-V2 manager built without a pin keeps the behaviour it always had: #7380's fix.
+    assert not manager_pin("v0-v2", None).empty_append_raises
 
 
 @pytest.mark.parametrize(

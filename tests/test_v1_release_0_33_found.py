@@ -4,7 +4,7 @@
 * A step that starts with one request does not apply `long_prefill_token_threshold` (0.33.0
   `sched/scheduler.py:L754-762`): `V1ReleasePolicies.lone_request_ignores_threshold`.
 * A sliding-window group of W = 1 caches no block (0.33.0's `reachable_block_mask` keeps the
-  `cdiv(W - 1, bs) = 0` blocks a hit needs): `VllmRelease.caches_only_reachable_window_blocks`.
+  `cdiv(W - 1, bs) = 0` blocks a hit needs): `VllmPin.caches_only_reachable_window_blocks`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The version-pinned V1 engine: 4ac7713, 0.11.0 and 0.33.0 (`sim.kv.v1_engine.releases`).
+"""The version-pinned V1 engine: 4ac7713, 0.11.0 and 0.33.0 (`sim.kv.pins`).
 
 Each behaviour that differs between releases has exact-id tests on every pin, the full-fit gate
 has a thrash test, and the 0.11.0 pin runs in lockstep with the real vLLM 0.11.0 manager.
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from sim.audit import AuditLevel, audited
 from sim.engine.run import resolve, run
 from sim.kv import Design, KVCacheConfig, make_manager
+from sim.kv.pins import VllmPin, manager_pin, resolve_pin
 from sim.kv.types import Segment, Sequence, TokenContent
 from sim.kv.v1_engine import KVCacheManager
 from sim.kv.v1_engine.free_queue import FreeBlockQueue
-from sim.kv.v1_engine.releases import LATEST, VllmRelease, resolve_release
 from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Policy, Request, SchedulerConfig, V1Scheduler
 from sim.scheduler.v1.release import FirstChunkGate, FullSequenceGate
@@ -47,9 +47,9 @@ def free_ids(m: KVCacheManager) -> list[int]:
 
 # ------------------------------------------------------------------------------- pins
 def test_release_names_resolve_and_unknown_ones_are_refused():
-    assert resolve_release(None) is VllmRelease.C4AC7713  # managers built without a pin
-    assert resolve_release(None, default_latest=True) is LATEST is VllmRelease.V0_33_0
-    assert resolve_release("0.11.0") is VllmRelease.V0_11_0
+    assert manager_pin("v1-engine", None) is VllmPin.C4AC7713  # managers built without a pin
+    assert resolve_pin("v1-engine", None) is VllmPin.V0_33_0  # scenarios: the latest
+    assert resolve_pin("v1-engine", "0.11.0") is VllmPin.V0_11_0
     with pytest.raises(ValueError, match="unknown vLLM version '0.9'"):
         make(10, "0.9")
 
@@ -443,7 +443,7 @@ def test_vllm_version_on_a_v0_design_is_a_one_line_error():
         },
         "step_time": {"linear": {"fixed_s": 0.01}},
     }
-    # v0-v2 has v0 versions of its own (`sim.kv.v0_versions`), and a V1 release is not one.
+    # v0-v2 has v0 versions of its own (`sim.kv.pins`), and a V1 release is not one.
     with pytest.raises(ScenarioError, match=r"unknown vLLM version '0.11.0' for v0-v2"):
         scenario_from_dict(data, "s.yaml")
 

@@ -17,7 +17,7 @@ def explicit_yaml(scenario: Scenario) -> str:
 
     Generated scenarios (fuzz findings, shrunk reproducers) are checked in as regression
     tests; they must not change meaning if a schema default changes later (as v0's did: the
-    unpinned v0 designs model the 0.5.4 release, `sim.kv.v0_versions`).
+    unpinned v0 designs model the 0.5.4 release, `sim.kv.pins`).
     """
     text = scenario_to_yaml(scenario)
     data = yaml.safe_load(text)

@@ -154,7 +154,8 @@ def _verify_scheduler(
     trace: Path | None,
 ) -> None:
     from sim.errors import InputError
-    from sim.kv.v1_engine.releases import resolve_release
+    from sim.kv.config import Design
+    from sim.kv.pins import resolve_pin
     from sim.vllm_real.loader import load_vllm
     from sim.vllm_real.lockstep import v1_pin_for
     from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
@@ -167,7 +168,7 @@ def _verify_scheduler(
         raise InputError(f"--num-workloads must be positive, got {num_workloads}")
     for one in pins or ():
         try:
-            resolve_release(one)
+            resolve_pin(Design.V1_ENGINE, one)
         except ValueError as exc:  # an unknown pin is bad input
             raise InputError(f"--pin: {exc}") from None
     workloads = None

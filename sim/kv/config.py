@@ -14,7 +14,7 @@ class Design(enum.Enum):
     """The block-manager designs kvsim models, each pinned to one upstream version."""
 
     #: v0 BlockSpaceManagerV1, vLLM 0.5.4 (same decisions at fc93e56; ring reuse for sliding
-    #: window). Versions: `sim.kv.v0_versions`.
+    #: window). Pins: `sim.kv.pins`.
     V0_V1 = "v0-v1"
     #: v0 BlockSpaceManagerV2, vLLM 0.5.4 release, or 0.5.4 + #7380 by `vllm_pin` (null-block
     #: drop; the can_allocate undercount).
@@ -22,7 +22,7 @@ class Design(enum.Enum):
     #: v0 V2 with a sliding-window block table that admits what it allocates (kvsim's fix).
     V0_FIXED = "v0-fixed"
     #: V1-engine KVCacheManager, vLLM ~0.10 @ 4ac7713, or a later release by `vllm_pin`
-    #: ("0.11.0", "0.33.0"; see `sim.kv.v1_engine.releases`).
+    #: ("0.11.0", "0.33.0"; see `sim.kv.pins`).
     V1_ENGINE = "v1-engine"
 
     @property
@@ -42,18 +42,19 @@ class Design(enum.Enum):
 
         Example: ``Design("v1-engine").upstream_at("0.33.0") == "vLLM 0.33.0 V1 engine"``;
         ``Design("v0-v2").upstream_at("0.5.4+7380") == "vLLM 0.5.4 + #7380 v0, BlockSpaceManagerV2"``
-        (`sim.kv.v0_versions`).
+        (`sim.kv.pins`).
         """
         if vllm_version is None:
             return self.upstream
-        if self is not Design.V1_ENGINE:
-            from sim.kv.v0_versions import resolve_v0_version
+        from sim.kv.pins import VllmPin, find_pin, resolve_pin
 
-            words = resolve_v0_version(self.value, vllm_version).words
+        if self is not Design.V1_ENGINE:
+            words = resolve_pin(self, vllm_version).words
             if self is Design.V0_FIXED:
                 return f"kvsim's corrected v0 on {words} v0 code (no vLLM release)"
             return f"{words} v0, {_V0_MANAGER[self]}"
-        if vllm_version == "4ac7713":
+        # A real run records the install's version, which may name no pin ('0.6.5.dev').
+        if find_pin(vllm_version) is VllmPin.C4AC7713:
             return "vLLM ~0.10 V1 engine @ 4ac7713"
         return f"vLLM {vllm_version} V1 engine"
 
@@ -96,12 +97,11 @@ class KVCacheConfig:
     enable_prefix_caching: bool = False
     watermark: float = 0.01
     max_model_len: int | None = None
-    #: The upstream release a design follows where releases differ from its pinned commit
-    #: (None: the pinned commit). v0 (`sim.kv.v0_versions`): "0.5.4" selects the vLLM 0.5.4
-    #: wheel's v0-V2 block table, which predates #7380 (see `sim.kv.v0_v2.block_table`);
-    #: None and "0.5.4+7380" have the fix (a scenario's runs get "0.5.4" unless they name
-    #: another). For v1-engine: "4ac7713",
-    #: "0.11.0" or "0.33.0" (`sim.kv.v1_engine.releases`; None is 4ac7713).
+    #: The name of the `sim.kv.pins.VllmPin` the design follows (`manager_pin` resolves it;
+    #: None: the behaviour a manager always had, `UNPINNED_MANAGER`). v0: "0.5.4" selects
+    #: the vLLM 0.5.4 wheel's v0-V2 block table, which predates #7380 (see
+    #: `sim.kv.v0_v2.block_table`); None and "0.5.4+7380" have the fix (a scenario's runs get
+    #: "0.5.4" unless they name another). v1-engine: "4ac7713" (= None), "0.11.0" or "0.33.0".
     vllm_pin: str | None = None
     #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full and
     #: sliding-window layers; `sim.kv.v1_engine.hybrid_layout`). Empty: one group, sliding

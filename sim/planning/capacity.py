@@ -173,7 +173,7 @@ def capacity_search(
         mean, low, high = confidence_interval(capacities)
         low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
         row = {"config": _label(config), **config, "num_replicates": len(mine)}
-        # The exact vLLM version the probes modelled ("0.5.4", "0.33.0"; `sim.kv.v0_versions`).
+        # The exact vLLM version the probes modelled ("0.5.4", "0.33.0"; `sim.kv.pins`).
         versions = {p.get("vllm_version") for res in mine for p in res["probes"]}
         row["vllm_version"] = ", ".join(sorted(v for v in versions if v)) or None
         row.update(

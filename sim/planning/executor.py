@@ -89,7 +89,7 @@ def summary_row(result) -> dict[str, Any]:
         "num_aborted": states["aborted"],
         "violation_kinds": ",".join(s["violation_kinds"]),
         "num_gpu_blocks": result.inputs.get("num_gpu_blocks"),
-        #: The exact vLLM version modelled ("0.5.4", "0.33.0", ...; `sim.kv.v0_versions`).
+        #: The exact vLLM version modelled ("0.5.4", "0.33.0", ...; `sim.kv.pins`).
         "vllm_version": result.inputs.get("vllm_version"),
         "offered_rate_req_per_s": offered_rate(result.requests["arrival_s"]),
     }

@@ -34,8 +34,7 @@ import pandas as pd
 
 from sim.errors import InputError
 from sim.kv.config import Design
-from sim.kv.v0_versions import V0_VERSIONS_BY_DESIGN
-from sim.kv.v1_engine.releases import RELEASE_NAMES
+from sim.kv.pins import PINS_BY_DESIGN
 from sim.planning.executor import METRIC_COLUMNS, map_tasks, summary_row
 from sim.planning.grid import resolved_data, scenario_key
 from sim.scenario.schema import Scenario, ScenarioError
@@ -78,11 +77,11 @@ class Variant:
 
 def variants() -> list[Variant]:
     """Every pinned design: the three v0 designs at their default (the 0.5.4 release), v0-v2
-    also at 0.5.4 + #7380 (`sim.kv.v0_versions`), then the V1 engine at each pinned release."""
+    also at 0.5.4 + #7380 (`sim.kv.pins`), then the V1 engine at each pinned release."""
     v0 = [Variant(Design.V0_V1), Variant(Design.V0_V2)]
-    v0 += [Variant(Design.V0_V2, version.value) for version in V0_VERSIONS_BY_DESIGN["v0-v2"][1:]]
+    v0 += [Variant(Design.V0_V2, pin.value) for pin in PINS_BY_DESIGN[Design.V0_V2][1:]]
     v0.append(Variant(Design.V0_FIXED))
-    return v0 + [Variant(Design.V1_ENGINE, release) for release in RELEASE_NAMES]
+    return v0 + [Variant(Design.V1_ENGINE, pin.value) for pin in PINS_BY_DESIGN[Design.V1_ENGINE]]
 
 
 def violation_counts(kinds: pd.Series) -> str:

@@ -38,8 +38,7 @@ from sim.errors import InputError
 from sim.files.inputs import read_capped_bytes, refuse_non_regular
 from sim.files.strict_yaml import StrictLoader, load_yaml
 from sim.kv.config import Design
-from sim.kv.v0_versions import resolve_v0_version
-from sim.kv.v1_engine.releases import resolve_release
+from sim.kv.pins import resolve_pin
 from sim.latency import StepTimeConfig
 from sim.memory.terms import weight_format
 from sim.scenario.fields import Bool, Float, Int, Seconds
@@ -108,9 +107,9 @@ class SchedulerSection(_Closed):
     decode_fast_path: Bool = True
     #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
     decode_cohort: Bool = True
-    #: The vLLM version the design models. v1-engine (`sim.kv.v1_engine.releases`): "4ac7713",
-    #: "0.11.0" or "0.33.0", unset = the latest (0.33.0). v0 designs (`sim.kv.v0_versions`):
-    #: "0.5.4" (the release; the default) or, for v0-v2 only, "0.5.4+7380".
+    #: The vLLM version the design models (`sim.kv.pins`). v1-engine: "4ac7713", "0.11.0" or
+    #: "0.33.0", unset = the latest (0.33.0). v0 designs: "0.5.4" (the release; the default)
+    #: or, for v0-v2 only, "0.5.4+7380".
     vllm_version: str | None = None
 
     @model_validator(mode="after")
@@ -118,10 +117,7 @@ class SchedulerSection(_Closed):
         if self.vllm_version is None:
             return self
         try:
-            if self.design is Design.V1_ENGINE:
-                resolve_release(self.vllm_version)
-            else:
-                resolve_v0_version(self.design.value, self.vllm_version)
+            resolve_pin(self.design, self.vllm_version)
         except ValueError as error:
             raise ValueError(f"vllm_version: {error}") from None
         return self
@@ -130,9 +126,7 @@ class SchedulerSection(_Closed):
     def resolved_vllm_version(self) -> str:
         """The exact vLLM version a run models: `vllm_version`, or the design's default
         ("0.33.0" for v1-engine, the "0.5.4" release for the v0 designs)."""
-        if self.design is Design.V1_ENGINE:
-            return resolve_release(self.vllm_version, default_latest=True).value
-        return resolve_v0_version(self.design.value, self.vllm_version).value
+        return resolve_pin(self.design, self.vllm_version).value
 
 
 class EngineSection(_Closed):

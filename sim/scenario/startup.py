@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from sim.catalog import ModelSpec
 from sim.kv.config import Design
+from sim.kv.pins import resolve_pin
 from sim.scenario.schema import ScenarioError
 from sim.scheduler import SchedulerConfig
 
@@ -67,7 +68,10 @@ scheduler.enable_chunked_prefill: true, or a budget of at least 256)
             f"vLLM {release} refuses to start (a budget of at least {config.max_num_seqs})"
         )
     threshold = config.long_prefill_token_threshold
-    if release == "0.33.0" and threshold > config.max_model_len:
+    if (
+        resolve_pin(design, release).bounds_long_prefill_threshold
+        and threshold > config.max_model_len
+    ):
         raise ScenarioError(
             f"scheduler.long_prefill_token_threshold: {threshold} is larger than max_model_len "
             f"{config.max_model_len}; vLLM 0.33.0 refuses to start"

@@ -45,7 +45,7 @@ Reuses the V2 components (`sim.kv.v0_v2`), following vLLM 0.5.4 @ 00c3d68 everyw
 
 from __future__ import annotations
 
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
 from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus, TokenContent, cdiv
 from sim.kv.v0_v2.block_table import BlockTable
 from sim.kv.v0_v2.cpu_gpu import Device, DeviceAllocator
@@ -120,6 +120,7 @@ class WindowedBlockTable(BlockTable):
 class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
     """V2 with `WindowedBlockTable` and exact swap counts: admission and allocation agree."""
 
+    design = Design.V0_FIXED
     table_cls = WindowedBlockTable
 
     def __init__(self, config: KVCacheConfig) -> None:

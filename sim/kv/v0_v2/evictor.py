@@ -7,7 +7,7 @@ a full tie the earliest inserted wins (the scan only replaces on a strict improv
 `update` changes the time in place and does not move the entry; `add` over an id already in
 the table replaces its data and keeps its place. This is the 0.5.4 release's evictor; main at
 00c3d68 already had #7193, whose scan stops at the first later entry and whose `update` moves
-the entry to the end, which kvsim does not model (`sim.kv.v0_versions`).
+the entry to the end, which kvsim does not model (`sim.kv.pins`).
 
 Worked example::
 

@@ -22,7 +22,8 @@ Without a window: None.
 
 from __future__ import annotations
 
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.pins import manager_pin
 from sim.kv.protocol import PoolStats
 from sim.kv.types import AllocStatus, Sequence, SequenceGroup, SequenceStatus
 from sim.kv.v0_v2.block_table import BlockTable, Release054BlockTable
@@ -35,12 +36,16 @@ _RUNNING = SequenceStatus.RUNNING
 
 
 class BlockSpaceManagerV2:
+    #: The design this class models (its pins: `sim.kv.pins.PINS_BY_DESIGN`).
+    design = Design.V0_V2
     table_cls: type[BlockTable] = BlockTable
 
     def __init__(self, config: KVCacheConfig) -> None:
         if config.sliding_window is not None and config.enable_prefix_caching:
             raise ValueError("Prefix caching is not supported with sliding window (vLLM 0.5.4)")
         self.config = config
+        #: The pinned vLLM code (`sim.kv.pins`); None in the config is 0.5.4 + #7380.
+        self.pin = manager_pin(self.design, config.vllm_pin)
         self.block_size = config.block_size
         self.num_total_gpu_blocks = config.num_gpu_blocks
         self.num_total_cpu_blocks = config.num_cpu_blocks
@@ -91,7 +96,8 @@ class BlockSpaceManagerV2:
 
     def _new_table(self, blocks: list[Block] | None = None) -> BlockTable:
         table_cls = self.table_cls
-        if self.config.vllm_pin == "0.5.4" and table_cls is BlockTable:
+        # v0-fixed's own table writes nothing on an empty append, whatever the pin.
+        if self.pin.empty_append_raises and table_cls is BlockTable:
             table_cls = Release054BlockTable
         return table_cls(
             self.block_size, self.block_allocator, self.max_block_sliding_window, blocks

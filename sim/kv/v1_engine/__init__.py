@@ -1,5 +1,5 @@
 """Model of vLLM's V1-engine KV cache (`vllm/v1/core/*` @ 4ac7713, about v0.10.0), with the
-behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `releases`): one
+behaviours of 0.11.0 and 0.33.0 selectable by `KVCacheConfig.vllm_pin` (see `sim.kv.pins`): one
 `KVCacheManager` over a unitary or a hybrid coordinator (models with full and sliding-window
 layers), as upstream 0.11.0 has it."""
 

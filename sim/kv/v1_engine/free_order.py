@@ -26,8 +26,8 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
+from sim.kv.pins import VllmPin
 from sim.kv.v1_engine.free_queue import FreeQueue
-from sim.kv.v1_engine.releases import VllmRelease
 
 if TYPE_CHECKING:
     from sim.kv.v1_engine.block_pool import KVCacheBlock
@@ -62,6 +62,6 @@ class UncachedFirst(FreeOrder):
             queue.append_n([block.block_id for block in released if block.block_hash is not None])
 
 
-def free_order_for(release: VllmRelease) -> FreeOrder:
-    """The free-order strategy of a pinned release."""
-    return UncachedFirst() if release.reuses_uncached_blocks_first else AppendInFreeOrder()
+def free_order_for(pin: VllmPin) -> FreeOrder:
+    """The free-order strategy of a pin."""
+    return UncachedFirst() if pin.reuses_uncached_blocks_first else AppendInFreeOrder()

@@ -5,7 +5,7 @@ group 4ac7713 `L67-410` matches, docs/vllm-v1-changes.md) over a `KVCacheCoordin
 upstream: `UnitaryKVCacheCoordinator` for one KV group (full attention, or all layers
 sliding-window when `config.sliding_window` is set, spec §6.2-6.4) and
 `HybridKVCacheCoordinator` for several (`coordinator.make_coordinator`). Pinned per release by
-`config.vllm_pin` (`releases.py`): the free order of the block pool (`free_order.py`) and the
+`config.vllm_pin` (`sim.kv.pins`): the free order of the block pool (`free_order.py`) and the
 full-sequence admission count (`admission.py`) differ by release.
 
 There is no admission query. `allocate_slots` counts the blocks a step needs and takes them
@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.pins import manager_pin
 from sim.kv.types import Sequence
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
@@ -50,7 +51,6 @@ from sim.kv.v1_engine.decode_shortcuts import DecodeShortcuts
 from sim.kv.v1_engine.free_order import free_order_for
 from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.pool_queries import PoolQueries
-from sim.kv.v1_engine.releases import resolve_release
 from sim.kv.v1_engine.single_type import SingleTypeManager
 
 
@@ -75,12 +75,12 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self.enable_caching = config.enable_prefix_caching
         self.max_model_len = config.max_model_len
         self.sliding_window = config.sliding_window
-        #: The pinned release (`releases.py`); None in the config is 4ac7713.
-        self.vllm_release = resolve_release(config.vllm_pin)
+        #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
+        self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
         self.block_pool = BlockPool(
-            config.num_gpu_blocks, self.enable_caching, free_order_for(self.vllm_release)
+            config.num_gpu_blocks, self.enable_caching, free_order_for(self.pin)
         )
-        only_reachable = self.vllm_release.caches_only_reachable_window_blocks
+        only_reachable = self.pin.caches_only_reachable_window_blocks
         self.coordinator: KVCacheCoordinator[Any]
         if hybrid:
             self.coordinator = HybridKVCacheCoordinator(

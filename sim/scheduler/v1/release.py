@@ -1,7 +1,7 @@
 """The V1 scheduler's release-dependent rules for WAITING requests, one small class each.
 
 `V1Scheduler` asks `policies_for(manager, token_budget)` once; the manager says which vLLM
-release it is pinned to (`KVCacheManager.vllm_release`; a manager that does not say, such as
+release it is pinned to (`KVCacheManager.pin`; a manager that does not say, such as
 the real-vLLM adapter, is taken as 4ac7713).
 
 * Admission gate (may a waiting request be admitted at all, before its first chunk is
@@ -43,8 +43,8 @@ import abc
 from dataclasses import dataclass
 from typing import Protocol
 
+from sim.kv.pins import V1_BASELINE, VllmPin
 from sim.kv.types import Sequence
-from sim.kv.v1_engine.releases import BASELINE, VllmRelease
 from sim.scheduler.request import Request, StepPlan
 
 
@@ -163,7 +163,7 @@ class RefundScheduledVictim(PriorityVictimRule):
 class V1ReleasePolicies:
     """The release-dependent rules of one scheduler."""
 
-    release: VllmRelease
+    release: VllmPin
     admission: AdmissionGate
     oversized_prompt: OversizedPromptRule
     priority_victim: PriorityVictimRule
@@ -177,10 +177,10 @@ class V1ReleasePolicies:
 
 def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
     """The rules of the release `manager` is pinned to (4ac7713 when it does not say)."""
-    release = getattr(manager, "vllm_release", None)
-    if not isinstance(release, VllmRelease):
-        release = BASELINE
-    if release is VllmRelease.V0_33_0:
+    release = getattr(manager, "pin", None)
+    if not isinstance(release, VllmPin):
+        release = V1_BASELINE
+    if release is VllmPin.V0_33_0:
         return V1ReleasePolicies(
             release,
             FullSequenceGate(token_budget),
