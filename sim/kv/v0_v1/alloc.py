@@ -162,7 +162,10 @@ class UncachedBlockAllocator(_RefCounting):
     num_evictable_blocks = 0
 
     def allocate(self, block_hash: int | None = None, num_hashed_tokens: int = 0) -> PhysicalBlock:
-        """Hash arguments are accepted and ignored, as upstream (swap passes them)."""
+        """Hash arguments are accepted and ignored, as upstream (swap passes them).
+
+        Upstream: `vllm/core/block_manager_v1.py:L182-189 (0.5.4)`.
+        """
         free_blocks = self._free_blocks
         if not free_blocks:
             raise NoFreeBlocksError(OUT_OF_BLOCKS_MSG)
@@ -176,6 +179,8 @@ class UncachedBlockAllocator(_RefCounting):
 
         Same blocks, order (LIFO pops) and counts as the calls; the caller raises
         `NoFreeBlocksError` when it gets fewer blocks than it asked for.
+
+        kvsim's own (no upstream counterpart).
         """
         assert ref_count > 0, f"allocate_n with ref_count {ref_count}"
         free_blocks = self._free_blocks
@@ -195,27 +200,42 @@ class UncachedBlockAllocator(_RefCounting):
         return blocks
 
     def free(self, block: PhysicalBlock) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L191-196 (0.5.4)`."""
         if self._drop(block):
             self._free_blocks.append(block)
 
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
         """`free(block)` for each block in order (a finished table): same checks, same
-        DoubleFreeError at the same block, with every earlier free done."""
+        DoubleFreeError at the same block, with every earlier free done.
+
+        kvsim's own (no upstream counterpart).
+        """
         self._free_blocks.extend(self._released(blocks))
 
     @property
     def num_free_blocks(self) -> int:
+        """Upstream `get_num_free_blocks`: `vllm/core/block_manager_v1.py:L198-199 (0.5.4)`."""
         return len(self._free_blocks)
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a plain call (read several times per engine step)."""
+        """`num_free_blocks` as a plain call (read several times per engine step).
+
+        kvsim's own (no upstream counterpart).
+        """
         return len(self._free_blocks)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
+        """Every block object of the pool, by block number
+
+        Kvsim's own (no upstream counterpart).
+        """
         return iter(self._all_blocks)
 
     def free_block_ids(self) -> list[int]:
-        """Free list bottom to top: the last id is the next one `allocate` returns."""
+        """Free list bottom to top: the last id is the next one `allocate` returns.
+
+        kvsim's own (no upstream counterpart).
+        """
         return [b.block_id for b in self._free_blocks]
 
 
@@ -253,6 +273,7 @@ class CachedBlockAllocator(_RefCounting):
         return block
 
     def allocate(self, block_hash: int | None = None, num_hashed_tokens: int = 0) -> PhysicalBlock:
+        """Upstream: `vllm/core/block_manager_v1.py:L103-122 (0.5.4)`."""
         if block_hash is None:
             block_hash = next(self._unhashed_counter)
         if block_hash in self.evictor:
@@ -273,6 +294,7 @@ class CachedBlockAllocator(_RefCounting):
         return block
 
     def free(self, block: PhysicalBlock) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L124-133 (0.5.4)`."""
         if self._drop(block):
             self.evictor.add(block)
             assert block.block_hash is not None  # a cached allocator's block
@@ -280,7 +302,10 @@ class CachedBlockAllocator(_RefCounting):
 
     def free_n(self, blocks: Iterable[PhysicalBlock]) -> None:
         """`free(block)` for each block in order (a finished table): same checks, same
-        DoubleFreeError at the same block, with every earlier free done."""
+        DoubleFreeError at the same block, with every earlier free done.
+
+        kvsim's own (no upstream counterpart).
+        """
         evictor = self.evictor
         hash_to_block = self.hash_to_block
         for block in self._released(blocks):
@@ -289,10 +314,14 @@ class CachedBlockAllocator(_RefCounting):
             del hash_to_block[block.block_hash]
 
     def contains_block(self, block_hash: int) -> bool:
+        """Upstream: `vllm/core/block_manager_v1.py:L142-143 (0.5.4)`."""
         return block_hash in self.hash_to_block or block_hash in self.evictor
 
     def update_hash(self, block_hash: int, block: PhysicalBlock) -> None:
-        """Re-key a live block (promotion of a block that just became full)."""
+        """Re-key a live block (promotion of a block that just became full).
+
+        Upstream: `vllm/core/block_manager_v1.py:L145-151 (0.5.4)`.
+        """
         assert not self.contains_block(block_hash), f"hash {block_hash} already cached"
         assert block.block_hash is not None  # a cached allocator's block
         del self.hash_to_block[block.block_hash]
@@ -301,17 +330,26 @@ class CachedBlockAllocator(_RefCounting):
 
     @property
     def num_free_blocks(self) -> int:
+        """Upstream `get_num_free_blocks`: `vllm/core/block_manager_v1.py:L135-137 (0.5.4)`."""
         return self.num_blocks - len(self._created) + len(self.evictor)
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a plain call, as `UncachedBlockAllocator.count_free_blocks`."""
+        """`num_free_blocks` as a plain call, as `UncachedBlockAllocator.count_free_blocks`.
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.num_blocks - len(self._created) + len(self.evictor)
 
     @property
     def num_evictable_blocks(self) -> int:
+        """Blocks with refcount 0 that the evictor holds (kvsim's own (no upstream counterpart))."""
         return len(self.evictor)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
+        """Every block object handed out so far, by block number
+
+        Kvsim's own (no upstream counterpart).
+        """
         return iter(self._created)
 
 

@@ -111,6 +111,7 @@ class LRUEvictor:
         return len(self.hash_to_block)
 
     def add(self, block: PhysicalBlock) -> None:
+        """Upstream: `vllm/core/evictor_v1.py:L86-87 (0.5.4)`."""
         block_hash = block.block_hash
         assert block_hash is not None, f"{block} has no hash: it is not a cached block"
         assert block_hash not in self.hash_to_block, f"hash of {block} already in the evictor"
@@ -119,6 +120,7 @@ class LRUEvictor:
             self._append(block_hash, block)
 
     def remove(self, block_hash: int) -> PhysicalBlock:
+        """Upstream: `vllm/core/evictor_v1.py:L89-95 (0.5.4)`."""
         if block_hash not in self.hash_to_block:
             raise ValueError("Attempting to remove block that's not in the evictor")
         if self._runs_valid:
@@ -127,6 +129,7 @@ class LRUEvictor:
         return self.hash_to_block.pop(block_hash)
 
     def evict(self) -> PhysicalBlock:
+        """Upstream: `vllm/core/evictor_v1.py:L67-84 (0.5.4)`."""
         if not self.hash_to_block:
             raise NoFreeBlocksError(EVICTOR_EMPTY_MSG)
         if not self._runs_valid:
@@ -158,7 +161,10 @@ class LRUEvictor:
 
     def on_last_accessed_changed(self, block: PhysicalBlock) -> None:
         """`block.last_accessed` was just written; if the block is an entry of ours with a new
-        time, its run no longer holds (the runs are rebuilt before the next `evict`)."""
+        time, its run no longer holds (the runs are rebuilt before the next `evict`).
+
+        kvsim's own (no upstream counterpart).
+        """
         block_hash = block.block_hash
         if block_hash is None or not self._runs_valid:
             return

@@ -34,7 +34,10 @@ class _HashCache:
 
 
 def unique(blocks: BlockTable) -> BlockTable:
-    """Distinct blocks in first-occurrence order (where the order does not matter)."""
+    """Distinct blocks in first-occurrence order (where the order does not matter).
+
+    kvsim's own (no upstream counterpart).
+    """
     return list(dict.fromkeys(blocks))
 
 
@@ -71,7 +74,10 @@ class SequenceBlockHasher:
         self._seq_id_to_hashes: dict[int, _HashCache] = {}
 
     def full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
-        """The chained hashes of `seq`'s first `num_blocks` full blocks (computed once each)."""
+        """The chained hashes of `seq`'s first `num_blocks` full blocks (computed once each).
+
+        kvsim's own (no upstream counterpart).
+        """
         cache = self._seq_id_to_hashes.get(seq.seq_id)
         if cache is None or cache.content is not seq.content:
             cache = _HashCache(seq.content)
@@ -87,6 +93,8 @@ class SequenceBlockHasher:
 
         For a partial last block that is the whole sequence: bs=16, L=20, i=1 hashes 20
         tokens, so two identical 20-token prompts share block 1.
+
+        Upstream `Sequence.hash_of_block`: `vllm/sequence.py:L317-325 (0.5.4)`.
         """
         end = (logical_idx + 1) * self.block_size
         if end <= seq.num_tokens:
@@ -97,7 +105,15 @@ class SequenceBlockHasher:
         )
 
     def num_hashed_tokens_of_block(self, logical_idx: int) -> int:
+        """Tokens that block `logical_idx`'s hash covers.
+
+        Upstream `Sequence.num_hashed_tokens_of_block`: `vllm/sequence.py:L327-328 (0.5.4)`.
+        """
         return (logical_idx + 1) * self.block_size
 
     def forget(self, seq_id: int) -> None:
+        """Drop the cached hashes of a sequence that left the manager
+
+        Kvsim's own (no upstream counterpart).
+        """
         self._seq_id_to_hashes.pop(seq_id, None)

@@ -102,7 +102,11 @@ class BlockSpaceManagerV1(ManagerQueries):
 
     # --------------------------------------------------------------- admission
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
-        """Blocks `can_allocate` compares: ``min(cdiv(L, bs), w)``; 112 tokens, w=2 -> 2."""
+        """Blocks `can_allocate` compares: ``min(cdiv(L, bs), w)``; 112 tokens, w=2 -> 2.
+
+        Upstream: the count in `BlockSpaceManagerV1.can_allocate`,
+        `vllm/core/block_manager_v1.py:L273-284 (0.5.4)`.
+        """
         seqs = seq_group.seqs
         if len(seqs) == 1 and seqs[0].status is SequenceStatus.WAITING:
             seq = seqs[0]  # `get_seqs(WAITING)[0]` of the common one-sequence group
@@ -114,7 +118,10 @@ class BlockSpaceManagerV1(ManagerQueries):
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
-        """NEVER if ``G - req < Wm``; OK if ``F - req >= Wm``; else LATER (L268-294)."""
+        """NEVER if ``G - req < Wm``; OK if ``F - req >= Wm``; else LATER (L268-294).
+
+        Upstream: `vllm/core/block_manager_v1.py:L267-293 (0.5.4)`.
+        """
         num_required = self.admission_blocks(seq_group)
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
             return AllocStatus.NEVER
@@ -159,6 +166,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         return table
 
     def allocate(self, seq_group: SequenceGroup) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L321-346 (0.5.4)`."""
         seqs = seq_group.seqs
         if len(seqs) == 1 and seqs[0].status is SequenceStatus.WAITING:
             waiting = seqs  # `get_seqs(WAITING)` of the common one-sequence group (only read)
@@ -177,7 +185,10 @@ class BlockSpaceManagerV1(ManagerQueries):
 
     # ------------------------------------------------------------------ decode
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
-        """One free block per RUNNING seq; no watermark (L353-364)."""
+        """One free block per RUNNING seq; no watermark (L353-364).
+
+        Upstream: `vllm/core/block_manager_v1.py:L348-358 (0.5.4)`.
+        """
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
         seqs = seq_group.seqs
@@ -218,6 +229,8 @@ class BlockSpaceManagerV1(ManagerQueries):
 
         Ring example, w=2, table [9, 8] and the seq grows to 33 tokens: logical block 2
         reuses ``table[2 % 2] = 9`` (no allocation), giving [9, 8, 9].
+
+        Upstream: `vllm/core/block_manager_v1.py:L425-469 (0.5.4)`.
         """
         if num_lookahead_slots != 0:
             raise ValueError("lookahead allocation not supported in BlockSpaceManagerV1")
@@ -247,7 +260,10 @@ class BlockSpaceManagerV1(ManagerQueries):
         return [(last_block.block_id, new_block.block_id)]
 
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
-        """Child shares the parent's table; +1 per distinct block (ring tables repeat)."""
+        """Child shares the parent's table; +1 per distinct block (ring tables repeat).
+
+        Upstream: `vllm/core/block_manager_v1.py:L471-485 (0.5.4)`.
+        """
         src = self.block_tables.get(parent_seq.seq_id)
         if src is None:
             return
@@ -263,7 +279,10 @@ class BlockSpaceManagerV1(ManagerQueries):
         return list(blocks)
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
-        """``need = distinct blocks + swapped seqs``; NEVER if ``G < need`` (L519-540)."""
+        """``need = distinct blocks + swapped seqs``; NEVER if ``G < need`` (L519-540).
+
+        Upstream: `vllm/core/block_manager_v1.py:L503-523 (0.5.4)`.
+        """
         if num_lookahead_slots != 0:
             raise ValueError("BlockSpaceManagerV1 does not support lookahead allocation")
         num_required = len(self._get_physical_blocks(seq_group)) + seq_group.num_seqs(
@@ -276,6 +295,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         return AllocStatus.LATER
 
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        """Upstream: `vllm/core/block_manager_v1.py:L570-572 (0.5.4)`."""
         return len(self._get_physical_blocks(seq_group)) <= self.cpu_allocator.num_free_blocks
 
     def _swap_block_table(
@@ -314,11 +334,17 @@ class BlockSpaceManagerV1(ManagerQueries):
         return [(a.block_id, b.block_id) for a, b in mapping.items()]
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
-        """SWAPPED seqs CPU -> GPU; returns [(cpu_id, gpu_id)]."""
+        """SWAPPED seqs CPU -> GPU; returns [(cpu_id, gpu_id)].
+
+        Upstream: `vllm/core/block_manager_v1.py:L546-568 (0.5.4)`.
+        """
         return self._swap(seq_group, SequenceStatus.SWAPPED, self.cpu_allocator, self.gpu_allocator)
 
     def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
-        """RUNNING seqs GPU -> CPU; returns [(gpu_id, cpu_id)]."""
+        """RUNNING seqs GPU -> CPU; returns [(gpu_id, cpu_id)].
+
+        Upstream: `vllm/core/block_manager_v1.py:L574-595 (0.5.4)`.
+        """
         return self._swap(seq_group, SequenceStatus.RUNNING, self.gpu_allocator, self.cpu_allocator)
 
     # -------------------------------------------------------------------- free
@@ -334,6 +360,7 @@ class BlockSpaceManagerV1(ManagerQueries):
             allocator.free_n(run)
 
     def free(self, seq: Sequence) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L612-618 (0.5.4)`."""
         table = self.block_tables.pop(seq.seq_id, None)
         if table is None:
             return  # already freed or never scheduled
@@ -342,16 +369,20 @@ class BlockSpaceManagerV1(ManagerQueries):
         self._free_block_table(table)
 
     def get_block_table(self, seq: Sequence) -> list[int]:
+        """Upstream: `vllm/core/block_manager_v1.py:L638-640 (0.5.4)`."""
         return [b.block_id for b in self.block_tables[seq.seq_id]]
 
     def get_num_free_gpu_blocks(self) -> int:
+        """Upstream: `vllm/core/block_manager_v1.py:L646-647 (0.5.4)`."""
         return self.gpu_allocator.count_free_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
+        """Upstream: `vllm/core/block_manager_v1.py:L649-650 (0.5.4)`."""
         return self.cpu_allocator.num_free_blocks
 
     # ---------------------------------------------------------- prefix caching
     def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L652-662 (0.5.4)`."""
         if self.enable_caching:
             gpu, cpu = self.gpu_allocator, self.cpu_allocator
             assert isinstance(gpu, CachedBlockAllocator) and isinstance(cpu, CachedBlockAllocator)
@@ -378,6 +409,7 @@ class BlockSpaceManagerV1(ManagerQueries):
             table[i].computed = True
 
     def mark_blocks_as_computed(self, seq_group: SequenceGroup) -> None:
+        """Upstream: `vllm/core/block_manager_v1.py:L701-704 (0.5.4)`."""
         if self.enable_caching:
             for seq in seq_group.get_seqs():
                 self._compute_full_blocks_in_seq(seq)
@@ -394,6 +426,7 @@ class BlockSpaceManagerV1(ManagerQueries):
         return ids
 
     def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        """Upstream: `vllm/core/block_manager_v1.py:L688-699 (0.5.4)`."""
         if not self.enable_caching:
             return []
         ids_list = [ids for ids in map(self._all_computed_block_ids, seqs) if ids]

@@ -48,6 +48,8 @@ class ManagerQueries:
         quiet and 33 is returned (the third block). With caching the answer is 32 (block 1
         fills) unless block 1 is the prompt's content-keyed tail, then 20 (call every step
         until it fills). None when the table is unknown or swapped out.
+
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq.seq_id)
         if not table:
@@ -90,11 +92,17 @@ class ManagerQueries:
         """Catch up on skipped quiet decodes: a no-op, this manager keeps no per-token state.
 
         (Its hash memo is extended lazily from the sequence's content when next needed.)
+
+        kvsim's own (no upstream counterpart).
         """
         return None
 
     # ----------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
+        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`)
+
+        Kvsim's own (no upstream counterpart).
+        """
         gpu = self.gpu_allocator  # positional: called several times per engine step
         return PoolStats(
             self.num_total_gpu_blocks,
@@ -105,7 +113,10 @@ class ManagerQueries:
 
     def pool_is_conserved(self) -> bool:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
-        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True.
+
+        kvsim's own (no upstream counterpart).
+        """
         gpu = self.gpu_allocator
         num_free = self.gpu_allocator.count_free_blocks()
         return (
@@ -114,10 +125,17 @@ class ManagerQueries:
         )
 
     def block_refcounts(self) -> dict[int, int]:
+        """Refcount of every GPU block id that any table holds, for the auditor
+
+        Kvsim's own (no upstream counterpart).
+        """
         return {b.block_id: b.ref_count for b in self.gpu_allocator.blocks() if b.ref_count > 0}
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
-        """GPU table ids (ring repeats included); [] when unknown or swapped out."""
+        """GPU table ids (ring repeats included); [] when unknown or swapped out.
+
+        kvsim's own (no upstream counterpart).
+        """
         table = self.block_tables.get(seq_id, [])
         return [b.block_id for b in table if b.device is Device.GPU]
 
@@ -130,6 +148,8 @@ class ManagerQueries:
         is unchanged up to the entry that was last at the last call if that entry still is
         the same block; otherwise (copy-on-write replaced it, or the table is a new list)
         the set is rebuilt.
+
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq_id)
         if not table:
@@ -159,9 +179,17 @@ class ManagerQueries:
         return len(block_ids)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
+        """The most GPU blocks one sequence can hold from now on, or None (unbounded)
+
+        Kvsim's own (no upstream counterpart).
+        """
         return self.block_sliding_window
 
     def recover_leaked_blocks(self) -> int:
+        """Give back ids no table holds (V1 leaks none: returns 0)
+
+        Kvsim's own (no upstream counterpart).
+        """
         num_recovered = 0
         for block, num_refs in self._leaked:
             for _ in range(num_refs):

@@ -21,7 +21,10 @@ from sim.kv.v0_v2.naive import Block, NaiveBlockAllocator
 
 
 def signed_cdiv(a: int, b: int) -> int:
-    """math.ceil(a / b) in integers, also for negative a: signed_cdiv(-15, 16) == 0."""
+    """math.ceil(a / b) in integers, also for negative a: signed_cdiv(-15, 16) == 0.
+
+    kvsim's own (no upstream counterpart).
+    """
     return -(-a // b)
 
 
@@ -72,7 +75,10 @@ class BlockTable:
         return [content.block_key(i, self.block_size) for i in range(start_block, end_block)]
 
     def allocate(self, content: TokenContent) -> None:
-        """Blocks for every token of `content`: full blocks first, then one mutable tail."""
+        """Blocks for every token of `content`: full blocks first, then one mutable tail.
+
+        Upstream: `vllm/core/block/block_table.py:L76-95 (0.5.4)`.
+        """
         assert not self.blocks, "table already allocated"
         num_tokens = content.num_tokens
         assert num_tokens > 0, "cannot allocate an empty sequence"
@@ -110,6 +116,9 @@ class BlockTable:
         Indices below `num_leading_null` are null already, so the scan starts there (a
         one-token decode moves the end by at most one index). Example (bs=16, M=6): 3 leading nulls and
         C=160 give end 4, so only index 3 is freed and nulled.
+
+        Upstream: the window drop at the top of `BlockTable.append_token_ids`,
+        `vllm/core/block/block_table.py:L133-142 (0.5.4)`.
         """
         assert self.max_block_sliding_window is not None
         null = self.allocator.allocate_or_get_null_block()
@@ -129,7 +138,10 @@ class BlockTable:
         num_lookahead_slots: int = 0,
         num_computed_slots: int | None = None,
     ) -> None:
-        """Append the `num_new_tokens` unseen tokens of `content` (BlockTable L103-156)."""
+        """Append the `num_new_tokens` unseen tokens of `content` (BlockTable L103-156).
+
+        Upstream: `vllm/core/block/block_table.py:L103-156 (0.5.4)`.
+        """
         blocks = self.blocks
         assert blocks, "no blocks have been allocated"
         bs = self.block_size
@@ -208,6 +220,7 @@ class BlockTable:
         self.num_full_slots += num_new_tokens
 
     def ensure_num_empty_slots(self, num_empty_slots: int) -> None:
+        """Upstream: `vllm/core/block/block_table.py:L158-185 (0.5.4)`."""
         num_empty = len(self.blocks) * self.block_size - self.num_full_slots
         if num_empty >= num_empty_slots:
             return
@@ -219,7 +232,10 @@ class BlockTable:
     def get_num_blocks_touched_by_append_slots(
         self, num_new_tokens: int, num_lookahead_slots: int
     ) -> int:
-        """Worst case ``1 + ceil((n - first) / bs)`` (L333-351): 1 for a plain decode."""
+        """Worst case ``1 + ceil((n - first) / bs)`` (L333-351): 1 for a plain decode.
+
+        Upstream: `vllm/core/block/block_table.py:L333-351 (0.5.4)`.
+        """
         first_chunk = self.block_size - self.num_full_slots % self.block_size
         return 1 + signed_cdiv(num_new_tokens + num_lookahead_slots - first_chunk, self.block_size)
 
@@ -238,6 +254,8 @@ class BlockTable:
         (X=201) indices 0..5 are null and the table has 13 blocks. Candidates: 13*16 + 1 = 209
         and (6 + 6 + 1)*16 + 1 = 209, so decodes 202..208 are quiet and 209 is returned.
         None with lookahead slots (or an empty table).
+
+        kvsim's own (no upstream counterpart).
         """
         blocks = self.blocks
         if not blocks or self.max_lookahead_slots > 0:
@@ -278,6 +296,8 @@ class BlockTable:
         `decode_touch_len`'s rule those tokens fit the existing blocks, which are unshared,
         and none fills a prefix-caching block. Example (bs=16): 13 blocks, 201 slots, target
         206 -> block 12 goes from 9 to 14 tokens.
+
+        kvsim's own (no upstream counterpart).
         """
         pos = self.num_full_slots
         if num_full_slots <= pos:
@@ -308,6 +328,7 @@ class BlockTable:
 
     # -- fork / free ---------------------------------------------------------------------
     def fork(self) -> BlockTable:
+        """Upstream: `vllm/core/block/block_table.py:L187-208 (0.5.4)`."""
         assert self.blocks
         if any(b.is_null for b in self.blocks):
             # vLLM walks the prev_block chain, which here runs through block objects that
@@ -325,7 +346,10 @@ class BlockTable:
         return child
 
     def free(self) -> None:
-        """Free every block in order (in bulk: tables hold hundreds of blocks)."""
+        """Free every block in order (in bulk: tables hold hundreds of blocks).
+
+        Upstream: `vllm/core/block/block_table.py:L210-221 (0.5.4)`.
+        """
         self.allocator.free_blocks(self.blocks)
         self.blocks = []
         self.num_leading_null = 0
@@ -333,17 +357,24 @@ class BlockTable:
     # -- views ---------------------------------------------------------------------------
     @property
     def physical_block_ids(self) -> list[int]:
+        """Upstream: `vllm/core/block/block_table.py:L224-238 (0.5.4)`."""
         return [b.block_id for b in self.blocks]  # type: ignore[misc]
 
     def is_on_gpu(self) -> bool:
-        """GPU ids are ``0..G-1``: a table is on the GPU iff its last id is below G."""
+        """GPU ids are ``0..G-1``: a table is on the GPU iff its last id is below G.
+
+        kvsim's own (no upstream counterpart).
+        """
         last_id = self.blocks[-1].block_id if self.blocks else None
         return last_id is not None and last_id < self._num_gpu_blocks
 
     def num_live_blocks(self) -> int:
         """Non-null blocks. The sliding-window drop nulls indices from 0 upward, so null entries
         are a prefix (`num_leading_null` long) and the rest are distinct blocks: O(1), not a set
-        (this runs at every audited allocation). Example: [null, null, 7, 8] -> 2."""
+        (this runs at every audited allocation). Example: [null, null, 7, 8] -> 2.
+
+        kvsim's own (no upstream counterpart).
+        """
         return len(self.blocks) - self.num_leading_null
 
 

@@ -77,16 +77,21 @@ class LRUEvictor:
 
     @property
     def num_blocks(self) -> int:
+        """Upstream: `vllm/core/evictor_v2.py:L120-121 (0.5.4)`."""
         return len(self._entries)
 
     @property
     def num_heap_items(self) -> int:
-        """Live plus stale heap items; at most 3 x `num_blocks` + the floor (64)."""
+        """Live plus stale heap items; at most 3 x `num_blocks` + the floor (64).
+
+        kvsim's own (no upstream counterpart).
+        """
         return len(self._heap)
 
     def add(
         self, block_id: int, content_hash: int, num_hashed_tokens: int, last_accessed: float
     ) -> None:
+        """Upstream: `vllm/core/evictor_v2.py:L104-108 (0.5.4)`."""
         version = self._counter
         self._counter += 1
         entry = self._entries.get(block_id)
@@ -102,6 +107,7 @@ class LRUEvictor:
         self._push(block_id, entry)
 
     def update(self, block_id: int, last_accessed: float) -> None:
+        """Upstream: `vllm/core/evictor_v2.py:L110-111 (0.5.4)`."""
         entry = self._entries[block_id]  # KeyError on an absent id, as upstream
         entry.last_accessed = last_accessed
         entry.version = self._counter
@@ -109,13 +115,17 @@ class LRUEvictor:
         self._push(block_id, entry)
 
     def remove(self, block_id: int) -> None:
+        """Upstream: `vllm/core/evictor_v2.py:L113-117 (0.5.4)`."""
         if block_id not in self._entries:
             raise ValueError("Attempting to remove block that's not in the evictor")
         del self._entries[block_id]
         self._compact_if_stale()
 
     def evict(self) -> tuple[int, int]:
-        """(block id, content hash) of the victim, removed from the evictor."""
+        """(block id, content hash) of the victim, removed from the evictor.
+
+        Upstream: `vllm/core/evictor_v2.py:L84-102 (0.5.4)`.
+        """
         if not self._entries:
             raise ValueError("No usable cache memory left")
         heap = self._heap
@@ -132,6 +142,7 @@ class LRUEvictor:
                 return block_id, entry.content_hash
 
     def block_ids(self) -> list[int]:
+        """The ids the evictor holds, for the auditor (kvsim's own (no upstream counterpart))."""
         return list(self._entries)
 
     def _push(self, block_id: int, entry: EvictorEntry) -> None:

@@ -72,6 +72,11 @@ class BlockSpaceManagerV2:
 
     # -- admission -----------------------------------------------------------------------
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
+        """Blocks `can_allocate` counts for the first WAITING sequence: ``min(cdiv(L, bs), M)``.
+
+        Upstream: the count in `BlockSpaceManagerV2.can_allocate`,
+        `vllm/core/block_manager_v2.py:L116-130 (0.5.4)`.
+        """
         # The first WAITING seq (`get_seqs(WAITING)[0]` without building the list); the
         # auditor asks this right after every `can_allocate`, which asks it too.
         for seq in seq_group.seqs:
@@ -86,6 +91,7 @@ class BlockSpaceManagerV2:
         return num_required
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
+        """Upstream: `vllm/core/block_manager_v2.py:L110-142 (0.5.4)`."""
         num_required = self.admission_blocks(seq_group)
         num_free = self._gpu.count_free_blocks()
         if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
@@ -108,6 +114,7 @@ class BlockSpaceManagerV2:
         self._last_access_tracker.add_seq(seq_id)
 
     def allocate(self, seq_group: SequenceGroup) -> None:
+        """Upstream: `vllm/core/block_manager_v2.py:L154-193 (0.5.4)`."""
         block_tables = self.block_tables
         waiting = [s for s in seq_group.seqs if s.status is _WAITING]  # `get_seqs(WAITING)`
         assert waiting, "no WAITING sequence to allocate"
@@ -125,6 +132,7 @@ class BlockSpaceManagerV2:
         return seq.num_tokens - table.num_full_slots
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
+        """Upstream: `vllm/core/block_manager_v2.py:L195-222 (0.5.4)`."""
         num_touched = 0
         for seq in seq_group.seqs:  # the RUNNING ones, as `get_seqs(RUNNING)`
             if seq.status is _RUNNING:
@@ -135,6 +143,7 @@ class BlockSpaceManagerV2:
         return num_touched <= self._gpu.count_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Upstream: `vllm/core/block_manager_v2.py:L224-239 (0.5.4)`."""
         table = self.block_tables[seq.seq_id]
         table.append_token_ids(
             seq.content,
@@ -154,6 +163,8 @@ class BlockSpaceManagerV2:
         (`BlockTable.decode_touch_len`). Example (bs=16, no window, no caching): a 20-token
         prompt has 2 blocks; decodes at 21..32 are quiet and 33 is returned. None when the
         table is unknown or swapped out, or lookahead slots were used.
+
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq.seq_id)
         if table is None or not table.is_on_gpu():
@@ -167,6 +178,8 @@ class BlockSpaceManagerV2:
         had been called: tokens ``0..L-2`` written. Example (bs=16): last call at X=21 (21
         slots), the scheduler skipped 22..25 and syncs at L=26: slots become 25, block 1
         holds 9 tokens. A no-op when nothing was skipped.
+
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq.seq_id)
         if table is None:
@@ -180,12 +193,14 @@ class BlockSpaceManagerV2:
 
     # -- fork / free ---------------------------------------------------------------------
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
+        """Upstream: `vllm/core/block_manager_v2.py:L319-328 (0.5.4)`."""
         if parent_seq.seq_id not in self.block_tables:
             return
         self.block_tables[child_seq.seq_id] = self.block_tables[parent_seq.seq_id].fork()
         self._track(child_seq.seq_id)
 
     def free(self, seq: Sequence) -> None:
+        """Upstream: `vllm/core/block_manager_v2.py:L241-258 (0.5.4)`."""
         table = self.block_tables.get(seq.seq_id)
         if table is None:
             return
@@ -242,36 +257,48 @@ class BlockSpaceManagerV2:
         return table.blocks
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
+        """Upstream: `vllm/core/block_manager_v2.py:L330-344 (0.5.4)`."""
         return self._can_swap(seq_group, Device.GPU, SequenceStatus.SWAPPED, num_lookahead_slots)
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Upstream: `vllm/core/block_manager_v2.py:L346-381 (0.5.4)`."""
         return self._swap(seq_group, SequenceStatus.SWAPPED, Device.CPU, Device.GPU)
 
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        """Upstream: `vllm/core/block_manager_v2.py:L383-399 (0.5.4)`."""
         return self._can_swap(seq_group, Device.CPU, SequenceStatus.RUNNING) is AllocStatus.OK
 
     def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Upstream: `vllm/core/block_manager_v2.py:L401-436 (0.5.4)`."""
         return self._swap(seq_group, SequenceStatus.RUNNING, Device.GPU, Device.CPU)
 
     # -- queries -------------------------------------------------------------------------
     def get_block_table(self, seq: Sequence) -> list[int]:
+        """Upstream: `vllm/core/block_manager_v2.py:L268-270 (0.5.4)`."""
         return self.block_tables[seq.seq_id].physical_block_ids
 
     def get_num_free_gpu_blocks(self) -> int:
-        """Free GPU blocks (the GPU allocator's count)."""
+        """Free GPU blocks (the GPU allocator's count).
+
+        Upstream: `vllm/core/block_manager_v2.py:L438-439 (0.5.4)`.
+        """
         return self._gpu.count_free_blocks()
 
     def get_num_free_cpu_blocks(self) -> int:
+        """Upstream: `vllm/core/block_manager_v2.py:L441-442 (0.5.4)`."""
         return self.block_allocator.num_free_blocks(Device.CPU)
 
     def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None:
+        """Upstream: `vllm/core/block_manager_v2.py:L279-287 (0.5.4)`."""
         if self.enable_caching:
             self._last_access_tracker.update_last_access(seq.seq_id, access_time)
 
     def mark_blocks_as_computed(self, seq_group: SequenceGroup) -> None:
+        """Upstream: `vllm/core/block_manager_v2.py:L289-294 (0.5.4)`."""
         return None  # "useless for block_v2" (block_manager_v2.py:L289-294)
 
     def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        """Upstream: `vllm/core/block_manager_v2.py:L296-317 (0.5.4)`."""
         per_seq = [
             self._computed_tracker.get_cached_computed_blocks_and_update(
                 s.seq_id, self.block_tables[s.seq_id].physical_block_ids
@@ -282,6 +309,10 @@ class BlockSpaceManagerV2:
 
     # -- PoolIntrospection ---------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
+        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`)
+
+        Kvsim's own (no upstream counterpart).
+        """
         return PoolStats(
             self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
             self._gpu.count_free_blocks(),
@@ -291,7 +322,10 @@ class BlockSpaceManagerV2:
 
     def pool_is_conserved(self) -> bool:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
-        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True.
+
+        kvsim's own (no upstream counterpart).
+        """
         num_free = self._gpu.count_free_blocks()
         return (
             num_free + self._gpu_refcounter.num_positive == self.num_total_gpu_blocks
@@ -299,21 +333,37 @@ class BlockSpaceManagerV2:
         )
 
     def block_refcounts(self) -> dict[int, int]:
+        """Refcount of every GPU block id in use, for the auditor
+
+        Kvsim's own (no upstream counterpart).
+        """
         return self.block_allocator.gpu.refcounter.positive()
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
+        """The GPU block ids of `seq`'s table, null entries included
+
+        Kvsim's own (no upstream counterpart).
+        """
         table = self.block_tables.get(seq_id)
         if table is None or not table.is_on_gpu():
             return []
         return table.physical_block_ids
 
     def num_seq_blocks(self, seq_id: int) -> int:
+        """The number of entries in `seq`'s table, null entries included
+
+        Kvsim's own (no upstream counterpart).
+        """
         table = self.block_tables.get(seq_id)
         if table is None or not table.is_on_gpu():
             return 0
         return table.num_live_blocks()
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
+        """The most live GPU blocks `seq` can hold from now on, or None (module docstring)
+
+        Kvsim's own (no upstream counterpart).
+        """
         window = self.max_block_sliding_window
         if window is None:
             return None
@@ -323,9 +373,17 @@ class BlockSpaceManagerV2:
         return window + 1 + -(-table.max_lookahead_slots // self.block_size)  # cdiv
 
     def recover_leaked_blocks(self) -> int:
+        """Give back ids popped by a failed `allocate` (the real engine has crashed there)
+
+        Kvsim's own (no upstream counterpart).
+        """
         return self.block_allocator.gpu.recover_leaked_blocks()
 
     @property
     def null_block_id(self) -> int | None:
+        """The id of the shared sliding-window null block, or None before it exists
+
+        Kvsim's own (no upstream counterpart).
+        """
         null = self.block_allocator.null_block
         return None if null is None else null.block_id

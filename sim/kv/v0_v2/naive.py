@@ -57,6 +57,7 @@ class RefCounter:
         self.num_positive = sum(1 for count in refcounts.values() if count > 0)
 
     def incr(self, block_id: int) -> int:
+        """Upstream: `vllm/core/block/common.py:L40-48 (0.5.4)`."""
         count = self._refcounts[block_id] + 1
         self._refcounts[block_id] = count
         if count == 1:
@@ -64,6 +65,7 @@ class RefCounter:
         return count
 
     def decr(self, block_id: int) -> int:
+        """Upstream: `vllm/core/block/common.py:L50-59 (0.5.4)`."""
         count = self._refcounts[block_id]
         if count <= 0:
             raise DoubleFreeError(f"block {block_id} freed with refcount 0")
@@ -74,7 +76,10 @@ class RefCounter:
         return count
 
     def incr_many(self, block_ids: list[int]) -> None:
-        """`incr` each id in order, in one loop (a prompt's ids are taken in bulk)."""
+        """`incr` each id in order, in one loop (a prompt's ids are taken in bulk).
+
+        kvsim's own (no upstream counterpart).
+        """
         refcounts = self._refcounts
         num_new_positive = 0
         for block_id in block_ids:
@@ -85,9 +90,11 @@ class RefCounter:
         self.num_positive += num_new_positive
 
     def get(self, block_id: int) -> int:
+        """Upstream: `vllm/core/block/common.py:L61-63 (0.5.4)`."""
         return self._refcounts[block_id]
 
     def positive(self) -> dict[int, int]:
+        """Whether `block_id`'s refcount is above 0 (kvsim's own (no upstream counterpart))."""
         return {i: c for i, c in self._refcounts.items() if c > 0}
 
 
@@ -110,11 +117,18 @@ class NaiveBlockAllocator:
 
     @property
     def refcounts(self) -> Mapping[int, int]:
-        """Id -> refcount, live: block tables read refcounts here without a call per block."""
+        """Id -> refcount, live: block tables read refcounts here without a call per block.
+
+        kvsim's own (no upstream counterpart).
+        """
         return self._refcounts
 
     # -- ids ---------------------------------------------------------------------------
     def allocate_block_id(self) -> int:
+        """Pop the next free id (NoFreeBlocksError when none is left).
+
+        Upstream `_allocate_block_id`: `vllm/core/block/naive_block.py:L129-135 (0.5.4)`.
+        """
         if not self._free_block_ids:
             raise NoFreeBlocksError()
         block_id = self._free_block_ids.popleft()
@@ -122,6 +136,10 @@ class NaiveBlockAllocator:
         return block_id
 
     def free_block_id(self, block: Block) -> None:
+        """Drop one reference to `block`'s id; at 0 the id goes back to the free deque.
+
+        Upstream `_free_block_id`: `vllm/core/block/naive_block.py:L137-145 (0.5.4)`.
+        """
         assert block.block_id is not None, "freeing a block without an id"
         if self.refcounter.decr(block.block_id) == 0:
             self._free_block_ids.appendleft(block.block_id)
@@ -133,12 +151,14 @@ class NaiveBlockAllocator:
 
     # -- blocks ------------------------------------------------------------------------
     def allocate_mutable_block(self, prev: Block | None) -> Block:
+        """Upstream: `vllm/core/block/naive_block.py:L108-127 (0.5.4)`."""
         total = prev.num_tokens_total if prev is not None else 0
         return Block(self.allocate_block_id(), prev, num_tokens_total=total)
 
     def allocate_immutable_block(
         self, prev: Block | None, key: ContentKey | None, content_hash: int | None = None
     ) -> Block:
+        """Upstream: `vllm/core/block/naive_block.py:L64-83 (0.5.4)`."""
         block = self.allocate_mutable_block(prev)
         self.append_tokens(block, self.block_size, key)
         return block
@@ -186,6 +206,7 @@ class NaiveBlockAllocator:
             block.block_id = self.cow_block_if_not_appendable(block)
 
     def cow_block_if_not_appendable(self, block: Block) -> int:
+        """Upstream: `vllm/core/block/naive_block.py:L215-238 (0.5.4)`."""
         src_id = block.block_id
         assert src_id is not None
         if self.refcounter.get(src_id) <= 1:
@@ -196,6 +217,7 @@ class NaiveBlockAllocator:
         return dst_id
 
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        """Upstream: `vllm/core/block/naive_block.py:L240-247 (0.5.4)`."""
         cows = self._copy_on_writes
         if not cows:  # fast path: almost every append copies nothing
             return []
@@ -211,6 +233,8 @@ class NaiveBlockAllocator:
         unless the pool was corrupt (a free id still referenced): then it is copied, as
         `append_tokens` would. Example (bs=16): prev holds 16 of 32 tokens total -> a block
         with 1 token, 33 total.
+
+        kvsim's own (no upstream counterpart).
         """
         free_ids = self._free_block_ids
         if not free_ids:
@@ -227,6 +251,7 @@ class NaiveBlockAllocator:
         return block
 
     def free(self, block: Block) -> None:
+        """Upstream: `vllm/core/block/naive_block.py:L147-153 (0.5.4)`."""
         self.free_block_id(block)
 
     def free_run(self, blocks: list[Block], start: int) -> int:
@@ -236,6 +261,8 @@ class NaiveBlockAllocator:
         Null blocks are skipped, as `CpuGpuBlockAllocator.free` skips them; each other block
         goes through `free_block_id`. Example: GPU ids 0..9, blocks with ids [null, 3, 4, 12]
         and start 0: frees 3 and 4, returns 3 (12 is a CPU id).
+
+        kvsim's own (no upstream counterpart).
         """
         refcounts = self._refcounts
         for idx in range(start, len(blocks)):
@@ -248,27 +275,43 @@ class NaiveBlockAllocator:
         return len(blocks)
 
     def fork(self, blocks: list[Block]) -> list[Block]:
-        """New block objects sharing every id of `blocks` (refcount +1 each)."""
+        """New block objects sharing every id of `blocks` (refcount +1 each).
+
+        Upstream: `vllm/core/block/naive_block.py:L155-186 (0.5.4)`.
+        """
         return fork_blocks(self.refcounter, blocks)
 
     # -- counts ------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        """None.
+
+        Upstream `NaiveBlockAllocator.get_num_free_blocks`: `vllm/core/block/naive_block.py:L188-189
+        (0.5.4)`.
+        """
         return len(self._free_block_ids)
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a call (the managers read it several times per engine step)."""
+        """`num_free_blocks` as a call (the managers read it several times per engine step).
+
+        kvsim's own (no upstream counterpart).
+        """
         return len(self._free_block_ids)
 
     @property
     def num_total_blocks(self) -> int:
+        """None.
+
+        Upstream `NaiveBlockAllocator.get_num_total_blocks`:
+        `vllm/core/block/naive_block.py:L191-192 (0.5.4)`.
+        """
         return len(self.all_block_ids)
 
     #: Never any without caching; a constant, not a property: `pool_stats` reads it per step.
     num_evictable_blocks = 0
 
     def free_block_ids(self) -> list[int]:
-        """The free deque, front first (for tests)."""
+        """The free deque, front first (for tests). kvsim's own (no upstream counterpart)."""
         return list(self._free_block_ids)
 
     def get_num_blocks_touched(self, blocks: list[Block], num_lookahead_slots: int = 0) -> int:
@@ -289,17 +332,24 @@ class NaiveBlockAllocator:
 
     # -- swap ----------------------------------------------------------------------------
     def swap_out(self, blocks: list[Block]) -> None:
+        """Upstream: `vllm/core/block/naive_block.py:L321-323 (0.5.4)`."""
         for block in blocks:
             self.free_block_id(block)
 
     def swap_in(self, blocks: list[Block]) -> None:
-        """Give every block object a fresh id here: sharing between objects is lost."""
+        """Give every block object a fresh id here: sharing between objects is lost.
+
+        Upstream: `vllm/core/block/naive_block.py:L325-343 (0.5.4)`.
+        """
         for block in blocks:
             block.block_id = self.allocate_block_id()
 
     # -- leaks ---------------------------------------------------------------------------
     def recover_leaked_blocks(self) -> int:
-        """Free leaked blocks newest first, which restores the deque's pre-failure order."""
+        """Free leaked blocks newest first, which restores the deque's pre-failure order.
+
+        kvsim's own (no upstream counterpart).
+        """
         num = len(self.leaked_blocks)
         for block in reversed(self.leaked_blocks):
             self.free(block)
@@ -308,20 +358,26 @@ class NaiveBlockAllocator:
 
     # -- prefix-caching hooks (no-ops without caching) ----------------------------------
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        """Upstream: `vllm/core/block/naive_block.py:L249-256 (0.5.4)`."""
         return None
 
     def get_computed_block_ids(
         self, prev_ids: list[int], block_ids: list[int], skip_last: bool
     ) -> list[int]:
+        """Upstream: `vllm/core/block/naive_block.py:L266-271 (0.5.4)`."""
         return []
 
     def get_common_computed_block_ids(self, per_seq_ids: list[list[int]]) -> list[int]:
+        """Upstream: `vllm/core/block/naive_block.py:L273-280 (0.5.4)`."""
         return []
 
 
 def fork_blocks(refcounter: RefCounter, blocks: list[Block]) -> list[Block]:
     """A chain of new block objects sharing every id of `blocks`, each id's refcount +1
-    (both allocators' `fork`, naive_block.py / prefix_caching_block.py @00c3d68)."""
+    (both allocators' `fork`, naive_block.py / prefix_caching_block.py @00c3d68).
+
+    kvsim's own (no upstream counterpart).
+    """
     forked: list[Block] = []
     prev = None
     for block in blocks:

@@ -117,19 +117,28 @@ class PrefixCachingBlockAllocator:
         self._hashless.free_block_id(block)
 
     def free_block_id(self, block: Block) -> None:
+        """Drop one reference to `block`'s id; at 0 a cached id goes to the evictor, others
+        to the free pool.
+
+        Upstream `_free_block_id`: `vllm/core/block/prefix_caching_block.py:L314-334 (0.5.4)`.
+        """
         if block.content_hash is not None:
             self._decr_refcount_cached_block(block)
         else:
             self._decr_refcount_hashless_block(block)
 
     def free(self, block: Block) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L336-344 (0.5.4)`."""
         self.free_block_id(block)
 
     def free_run(self, blocks: list[Block], start: int) -> int:
         """Free ``blocks[start:]`` in order up to the first block whose id is not in this pool
         (another device's, or None); return its index, else ``len(blocks)``. Null blocks are
         skipped (see `NaiveBlockAllocator.free_run`); each other block goes through
-        `free_block_id` (a cached block enters the evictor)."""
+        `free_block_id` (a cached block enters the evictor).
+
+        kvsim's own (no upstream counterpart).
+        """
         owned = self._trackers  # one entry per id of this pool
         for idx in range(start, len(blocks)):
             block = blocks[idx]
@@ -149,13 +158,17 @@ class PrefixCachingBlockAllocator:
         return chain_hash(prev.content_hash, key)
 
     def allocate_mutable_block(self, prev: Block | None) -> Block:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L181-204 (0.5.4)`."""
         total = prev.num_tokens_total if prev is not None else 0
         return Block(self._allocate_block_id(), prev, num_tokens_total=total)
 
     def allocate_immutable_block(
         self, prev: Block | None, key: ContentKey | None, content_hash: int | None = None
     ) -> Block:
-        """Reuse the cached id of this content, else allocate and promote (L132-166)."""
+        """Reuse the cached id of this content, else allocate and promote (L132-166).
+
+        Upstream: `vllm/core/block/prefix_caching_block.py:L132-166 (0.5.4)`.
+        """
         if content_hash is None:
             assert key is not None, "a full block needs its content key"
             content_hash = self._hash_of(prev, key)
@@ -173,6 +186,7 @@ class PrefixCachingBlockAllocator:
     def allocate_immutable_blocks(
         self, prev: Block | None, keys: list[ContentKey | None]
     ) -> list[Block]:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L168-179 (0.5.4)`."""
         blocks: list[Block] = []
         try:
             for key in keys:
@@ -186,7 +200,10 @@ class PrefixCachingBlockAllocator:
     def append_tokens(
         self, block: Block, num_tokens: int, key: ContentKey | None, content_hash: int | None = None
     ) -> None:
-        """Write tokens (CoW if shared); a block that fills up is promoted (L721-746)."""
+        """Write tokens (CoW if shared); a block that fills up is promoted (L721-746).
+
+        kvsim's own (no upstream counterpart).
+        """
         if block.is_null:
             raise NullBlockWriteError("null block should not be modified")
         assert block.content_hash is None, "appending to an immutable block"
@@ -213,6 +230,7 @@ class PrefixCachingBlockAllocator:
                 block.block_id = self.promote_to_immutable_block(block)
 
     def promote_to_immutable_block(self, block: Block) -> int:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L413-450 (0.5.4)`."""
         assert block.content_hash is not None and block.block_id is not None
         cached_id = self._cached_blocks.get(block.content_hash)
         if cached_id is None:
@@ -225,6 +243,7 @@ class PrefixCachingBlockAllocator:
         return cached_id
 
     def cow_block_if_not_appendable(self, block: Block) -> int:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L452-475 (0.5.4)`."""
         src_id = block.block_id
         assert src_id is not None
         if self.refcounter.get(src_id) <= 1:
@@ -235,6 +254,7 @@ class PrefixCachingBlockAllocator:
         return dst_id
 
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L477-484 (0.5.4)`."""
         cows = self._copy_on_writes
         if not cows:  # fast path: almost every append copies nothing
             return []
@@ -242,30 +262,52 @@ class PrefixCachingBlockAllocator:
         return cows
 
     def fork(self, blocks: list[Block]) -> list[Block]:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L346-378 (0.5.4)`."""
         return fork_blocks(self.refcounter, blocks)
 
     # -- counts --------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        """None.
+
+        Upstream `PrefixCachingBlockAllocator.get_num_free_blocks`:
+        `vllm/core/block/prefix_caching_block.py:L380-385 (0.5.4)`.
+        """
         return self._hashless.num_free_blocks + self.evictor.num_blocks
 
     def count_free_blocks(self) -> int:
-        """`num_free_blocks` as a call, as `NaiveBlockAllocator.count_free_blocks`."""
+        """`num_free_blocks` as a call, as `NaiveBlockAllocator.count_free_blocks`.
+
+        kvsim's own (no upstream counterpart).
+        """
         return self._hashless.num_free_blocks + self.evictor.num_blocks
 
     @property
     def num_total_blocks(self) -> int:
+        """None.
+
+        Upstream `PrefixCachingBlockAllocator.get_num_total_blocks`:
+        `vllm/core/block/prefix_caching_block.py:L387-388 (0.5.4)`.
+        """
         return self._hashless.num_total_blocks
 
     @property
     def num_evictable_blocks(self) -> int:
+        """Blocks with refcount 0 whose content is cached (the evictor's)
+
+        Kvsim's own (no upstream counterpart).
+        """
         return self.evictor.num_blocks
 
     def free_block_ids(self) -> list[int]:
-        """The hashless free deque, front first (for tests)."""
+        """The hashless free deque, front first (for tests).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self._hashless.free_block_ids()
 
     def is_block_cached(self, block: Block) -> bool:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L407-411 (0.5.4)`."""
         assert block.content_hash is not None
         return block.content_hash in self._cached_blocks
 
@@ -273,6 +315,8 @@ class PrefixCachingBlockAllocator:
         """The id cached under `content_hash` (active or in the evictor), else None.
 
         Read-only; vLLM has no such query. Used by kvsim's corrected design to count swaps.
+
+        kvsim's own (no upstream counterpart).
         """
         return self._cached_blocks.get(content_hash)
 
@@ -295,11 +339,15 @@ class PrefixCachingBlockAllocator:
 
     # -- swap ----------------------------------------------------------------------------
     def swap_out(self, blocks: list[Block]) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L593-601 (0.5.4)`."""
         for block in blocks:
             self.free_block_id(block)
 
     def swap_in(self, blocks: list[Block]) -> None:
-        """Full blocks go through the cache (identical content is shared again)."""
+        """Full blocks go through the cache (identical content is shared again).
+
+        Upstream: `vllm/core/block/prefix_caching_block.py:L603-627 (0.5.4)`.
+        """
         for block in blocks:
             if block.num_tokens == self.block_size:
                 tmp = self.allocate_immutable_block(block.prev, None, block.content_hash)
@@ -310,6 +358,7 @@ class PrefixCachingBlockAllocator:
 
     # -- access / computed ---------------------------------------------------------------
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L486-501 (0.5.4)`."""
         for block_id in block_ids:
             if self._trackers[block_id].active:
                 self._trackers[block_id].last_accessed = now
@@ -319,13 +368,17 @@ class PrefixCachingBlockAllocator:
                 raise ValueError("Mark block as accessed which is not belonged to GPU")
 
     def block_is_computed(self, block_id: int) -> bool:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L516-520 (0.5.4)`."""
         tracker = self._trackers[block_id]
         return tracker.computed if tracker.active else block_id in self.evictor
 
     def get_computed_block_ids(
         self, prev_ids: list[int], block_ids: list[int], skip_last: bool
     ) -> list[int]:
-        """Extend `prev_ids` in place with computed ids (gaps are skipped, not a stop)."""
+        """Extend `prev_ids` in place with computed ids (gaps are skipped, not a stop).
+
+        Upstream: `vllm/core/block/prefix_caching_block.py:L522-540 (0.5.4)`.
+        """
         cur_size = len(block_ids) - (1 if skip_last else 0)
         assert 0 <= len(prev_ids) <= cur_size
         for block_id in block_ids[len(prev_ids) : cur_size]:
@@ -334,12 +387,17 @@ class PrefixCachingBlockAllocator:
         return prev_ids
 
     def get_common_computed_block_ids(self, per_seq_ids: list[list[int]]) -> list[int]:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L542-561 (0.5.4)`."""
         if len(per_seq_ids) == 1:
             return per_seq_ids[0]
         common = commonprefix([ids for ids in per_seq_ids if ids])
         return list(common) if common else []
 
     def recover_leaked_blocks(self) -> int:
+        """Give back ids popped by a failed `allocate` (the real engine has crashed there)
+
+        Kvsim's own (no upstream counterpart).
+        """
         num = len(self.leaked_blocks)
         for block in reversed(self.leaked_blocks):
             self.free(block)

@@ -20,13 +20,16 @@ class ComputedBlocksTracker:
         self._seq_to_computed: dict[int, tuple[list[int], bool]] = {}
 
     def add_seq(self, seq_id: int) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L861-865 (0.5.4)`."""
         assert seq_id not in self._seq_to_computed
         self._seq_to_computed[seq_id] = ([], False)
 
     def remove_seq(self, seq_id: int) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L867-871 (0.5.4)`."""
         del self._seq_to_computed[seq_id]
 
     def get_cached_computed_blocks_and_update(self, seq_id: int, block_ids: list[int]) -> list[int]:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L873-917 (0.5.4)`."""
         prev_ids, has_gap = self._seq_to_computed[seq_id]
         if has_gap:
             return prev_ids
@@ -45,22 +48,29 @@ class LastAccessBlocksTracker:
         self._seq_to_last_access_s: dict[int, float | None] = {}
 
     def add_seq(self, seq_id: int) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L929-933 (0.5.4)`."""
         assert seq_id not in self._seq_to_last_access_s
         self._seq_to_last_access_s[seq_id] = None
 
     def remove_seq(self, seq_id: int) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L935-939 (0.5.4)`."""
         del self._seq_to_last_access_s[seq_id]
 
     def has_access_time(self, seq_id: int) -> bool:
         """Whether `update_seq_blocks_last_access` would stamp anything (a KeyError if the seq
-        is not tracked, as there)."""
+        is not tracked, as there).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self._seq_to_last_access_s[seq_id] is not None
 
     def update_last_access(self, seq_id: int, now_s: float) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L941-943 (0.5.4)`."""
         assert seq_id in self._seq_to_last_access_s
         self._seq_to_last_access_s[seq_id] = now_s
 
     def update_seq_blocks_last_access(self, seq_id: int, block_ids: list[int]) -> None:
+        """Upstream: `vllm/core/block/prefix_caching_block.py:L945-955 (0.5.4)`."""
         now_s = self._seq_to_last_access_s[seq_id]
         if now_s is not None:
             self._allocator.mark_blocks_as_accessed(block_ids, now_s)

@@ -39,7 +39,10 @@ def admission_cap_blocks(
     max_in_flight_tokens: int,
     max_model_len: int | None,
 ) -> int | None:
-    """The per-request admission cap in blocks; None for full attention (no cap)."""
+    """The per-request admission cap in blocks; None for full attention (no cap).
+
+    kvsim's own (no upstream counterpart).
+    """
     if sliding_window is None:
         return None
     num_tokens = sliding_window - 1 + max_in_flight_tokens
@@ -61,6 +64,8 @@ def num_blocks_to_admit(
 
     `num_tokens` is already clamped to max_model_len; `num_computed_tokens` counts the tokens
     computed before this step plus the prefix hits.
+
+    kvsim's own (no upstream counterpart).
     """
     block_size = manager.block_size
     num_required = cdiv(num_tokens, block_size)

@@ -97,10 +97,14 @@ class BlockPool:
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
+        """Upstream: `vllm/v1/core/block_pool.py:L385-391 (0.11.0)`."""
         return len(self.free_block_queue)
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """The first cached block with `block_hash`, or None (a cache miss)."""
+        """The first cached block with `block_hash`, or None (a cache miss).
+
+        Upstream: `vllm/v1/core/block_pool.py:L163-186 (0.11.0)`.
+        """
         blocks_by_id = self.cached_block_hash_to_block.get(block_hash)
         if not blocks_by_id:
             return None
@@ -108,7 +112,10 @@ class BlockPool:
 
     # ----------------------------------------------------------------------------- commands
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes."""
+        """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes.
+
+        Upstream: `vllm/v1/core/block_pool.py:L257-284 (0.11.0)`.
+        """
         new_blocks: list[KVCacheBlock] = []
         self.get_new_blocks_into(num_blocks, new_blocks)
         return new_blocks
@@ -118,6 +125,8 @@ class BlockPool:
 
         The manager's allocation path: `allocate_slots` answers with the ids, which the queue
         hands out anyway, so no second pass over the blocks is needed to collect them.
+
+        kvsim's own (no upstream counterpart).
         """
         queue = self.free_block_queue
         if num_blocks > len(queue):
@@ -163,7 +172,10 @@ class BlockPool:
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-cache hits; an evictable hit leaves the free queue."""
+        """Take a reference on prefix-cache hits; an evictable hit leaves the free queue.
+
+        Upstream: `vllm/v1/core/block_pool.py:L322-336 (0.11.0)`.
+        """
         for block in blocks:
             if block.is_null:
                 continue  # upstream bumps it, but never reads the null block's refcount
@@ -184,6 +196,8 @@ class BlockPool:
         in reverse: its tail block (longest hash chain, least likely to be shared) goes first.
         A double free raises with the blocks before it decremented (and counted) but none
         of them queued, as it always has.
+
+        Upstream: `vllm/v1/core/block_pool.py:L338-353 (0.11.0)`.
         """
         # The hot loop of a request's end (every block of its table): counts are kept in
         # locals and applied once, the queue is appended to once.

@@ -51,7 +51,10 @@ def make_single_type_manager(
     only_reachable_cached: bool,
 ) -> SingleTypeManager:
     """`get_manager_for_kv_cache_spec` (`single_type_kv_cache_manager.py @0.11.0`) for the two
-    attention types kvsim models."""
+    attention types kvsim models.
+
+    kvsim's own (no upstream counterpart).
+    """
     if sliding_window is None:
         return FullAttentionManager(block_pool, block_size)
     return SlidingWindowManager(
@@ -91,40 +94,65 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
     # ------------------------------------------------------------------- held blocks
     @abc.abstractmethod
     def group_peak_held_blocks(self) -> list[int]:
-        """Per group: the most blocks its tables ever held at once."""
+        """Per group: the most blocks its tables ever held at once.
+
+        kvsim's own (no upstream counterpart).
+        """
 
     # ------------------------------------------------------------------------ hashing
     @abc.abstractmethod
     def block_hashes(self, request: Sequence, num_blocks: int) -> HashesT:
-        """The request's hashes, extended to at least `num_blocks` full blocks."""
+        """The request's hashes, extended to at least `num_blocks` full blocks.
+
+        kvsim's own (no upstream counterpart).
+        """
 
     @abc.abstractmethod
     def num_hashed_blocks(self, request_id: int) -> int | None:
-        """Full blocks hashed so far for the request; None when it has no hash list."""
+        """Full blocks hashed so far for the request; None when it has no hash list.
+
+        kvsim's own (no upstream counterpart).
+        """
 
     def free_block_hashes(self, request_id: int) -> None:
+        """Drop `request_id`'s block hashes (it has finished)
+
+        Kvsim's own (no upstream counterpart).
+        """
         self.req_to_block_hashes.pop(request_id, None)
 
     # ---------------------------------------------------------------------- cache hits
     @abc.abstractmethod
     def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
-        """Per-group hit blocks and the hit length in tokens (`L185-190`)."""
+        """Per-group hit blocks and the hit length in tokens (`L185-190`).
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L185-190 (0.11.0)`.
+        """
 
     @abc.abstractmethod
     def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
         """A flat hit list (group 0's blocks, then group 1's...) as per-group lists; raises
-        ValueError when the list does not match `num_hit_tokens`."""
+        ValueError when the list does not match `num_hit_tokens`.
+
+        kvsim's own (no upstream counterpart).
+        """
 
     # ------------------------------------------------------------------ per-group steps
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        """`L163-174`: each group frees what left its window (full attention: nothing)."""
+        """`L163-174`: each group frees what left its window (full attention: nothing).
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
+        """
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
     ) -> int:
-        """`L47-76`: the sum over groups."""
+        """`L47-76`: the sum over groups.
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L47-76 (0.11.0)`.
+        """
         return sum(
             manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
             for manager, group_hits in zip(self.managers, hits, strict=True)
@@ -137,18 +165,24 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
             self.block_pool.touch(group_hits)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
-        """`L78-91`."""
+        """`L78-91`. Upstream: `vllm/v1/core/kv_cache_coordinator.py:L78-91 (0.11.0)`."""
         for manager, group_hits in zip(self.managers, hits, strict=True):
             manager.save_new_computed_blocks(request_id, group_hits)
 
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
-        """`L93-116`: every group's table grows to `cdiv(num_tokens, bs)` entries."""
+        """`L93-116`: every group's table grows to `cdiv(num_tokens, bs)` entries.
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L93-116 (0.11.0)`.
+        """
         return tuple(
             manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers
         )
 
     def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
-        """`allocate_new_blocks`, flat as ids (what `allocate_slots` answers)."""
+        """`allocate_new_blocks`, flat as ids (what `allocate_slots` answers).
+
+        kvsim's own (no upstream counterpart).
+        """
         return [
             block.block_id
             for group_blocks in self.allocate_new_blocks(request_id, num_tokens)
@@ -157,20 +191,29 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
 
     @abc.abstractmethod
     def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
-        """`L118-129`: each group caches the blocks `num_tokens` tokens fill."""
+        """`L118-129`: each group caches the blocks `num_tokens` tokens fill.
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L118-129 (0.11.0)`.
+        """
 
     def free(self, request_id: int) -> None:
-        """`L131-139`: each group frees its table, tail first, in group-id order."""
+        """`L131-139`: each group frees its table, tail first, in group-id order.
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L131-139 (0.11.0)`.
+        """
         for manager in self.managers:
             manager.free(request_id)
 
     def get_blocks(self, request_id: int) -> GroupBlocks:
-        """`L176-182`."""
+        """`L176-182`. Upstream: `vllm/v1/core/kv_cache_coordinator.py:L176-182 (0.11.0)`."""
         return tuple(manager.req_to_blocks.get(request_id) or [] for manager in self.managers)
 
     # ------------------------------------------------------- kvsim's queries over tables
     def num_cached_blocks(self, request_id: int) -> int:
-        """Leading table entries cached, the fewest over groups (equal in practice)."""
+        """Leading table entries cached, the fewest over groups (equal in practice).
+
+        kvsim's own (no upstream counterpart).
+        """
         return min(manager.num_cached_block[request_id] for manager in self.managers)
 
     def table_touch_len(self, request_id: int) -> int | None:
@@ -180,6 +223,8 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         allocation yet).
 
         Example (bs=16, one group, W=24): a table of 8 entries, 0..4 null -> min(129, 120) = 120.
+
+        kvsim's own (no upstream counterpart).
         """
         tables = self.get_blocks(request_id)
         if not tables[0] or request_id not in self.managers[0].num_cached_block:
@@ -194,7 +239,10 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
 
     def num_seq_blocks(self, request_id: int) -> int:
         """Non-null blocks over all groups (null entries are a prefix of each table, and a
-        block is never in two of a request's tables)."""
+        block is never in two of a request's tables).
+
+        kvsim's own (no upstream counterpart).
+        """
         total = 0
         for manager in self.managers:
             table = manager.req_to_blocks.get(request_id)
@@ -220,11 +268,18 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         (self.manager,) = self.managers
 
     def group_peak_held_blocks(self) -> list[int]:
+        """The pool's peak held blocks, as the one group's
+
+        Kvsim's own (no upstream counterpart).
+        """
         return [self.block_pool.peak_num_held_blocks - 1]
 
     def block_hashes(self, request: Sequence, num_blocks: int) -> list[BlockHash]:
         """Same values as `request.content.block_hashes(bs, n)` (parent of block 0 =
-        NONE_HASH), computed from the last hash kept."""
+        NONE_HASH), computed from the last hash kept.
+
+        kvsim's own (no upstream counterpart).
+        """
         hashes = self.req_to_block_hashes.setdefault(request.seq_id, [])
         parent = hashes[-1] if hashes else NONE_HASH
         for index in range(len(hashes), num_blocks):
@@ -233,15 +288,21 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return hashes
 
     def num_hashed_blocks(self, request_id: int) -> int | None:
+        """Full blocks of `seq` whose hash has been computed
+
+        Kvsim's own (no upstream counterpart).
+        """
         hashes = self.req_to_block_hashes.get(request_id)
         return None if hashes is None else len(hashes)
 
     def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
+        """Upstream: `vllm/v1/core/kv_cache_coordinator.py:L251-265 (0.11.0)`."""
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         hits = self.manager.find_longest_cache_hit(hashes, max_length)
         return (hits,), len(hits) * self.block_size
 
     def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
+        """One group: the hits are the group's (kvsim's own (no upstream counterpart))."""
         if num_hit_tokens != len(blocks) * self.block_size:
             raise ValueError(
                 f"num_new_computed_tokens={num_hit_tokens} does not match "
@@ -250,12 +311,22 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return (blocks,)
 
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.remove_skipped_blocks`:
+        `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
+        """
         if self.has_sliding_window:  # fast path: full attention skips nothing
             self.manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
     ) -> int:
+        """None.
+
+        Upstream `KVCacheCoordinator.get_num_blocks_to_allocate`:
+        `vllm/v1/core/kv_cache_coordinator.py:L47-76 (0.11.0)`.
+        """
         if hits[0]:
             return self.manager.get_num_blocks_to_allocate(request_id, num_tokens, hits[0])
         # fast path: no hits (every call but a new request's first), so none is evictable and
@@ -267,12 +338,18 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return -(-num_tokens // self.block_size) - len(table)
 
     def save_new_computed_blocks(self, request_id: int, hits: GroupBlocks) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.save_new_computed_blocks`:
+        `vllm/v1/core/kv_cache_coordinator.py:L78-91 (0.11.0)`.
+        """
         manager = self.manager
         # fast path: a running request without hits has nothing to save (most calls).
         if hits[0] or request_id not in manager.num_cached_block:
             manager.save_new_computed_blocks(request_id, hits[0])
 
     def allocate_new_block_ids(self, request_id: int, num_tokens: int) -> list[int]:
+        """`allocate_new_blocks`, returning the new ids (kvsim's own (no upstream counterpart))."""
         # fast path: the pool appends straight to the table and returns the ids it popped,
         # with no per-group tuple and no second pass over the blocks.
         table = self.manager.req_to_blocks[request_id]  # get_num_blocks_to_allocate made it
@@ -282,16 +359,31 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return self.block_pool.get_new_blocks_into(num_new_blocks, table)
 
     def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.cache_blocks`: `vllm/v1/core/kv_cache_coordinator.py:L118-129
+        (0.11.0)`.
+        """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
         self.manager.cache_blocks(request.seq_id, hashes, num_tokens)
 
     def free(self, request_id: int) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.free`: `vllm/v1/core/kv_cache_coordinator.py:L131-139
+        (0.11.0)`.
+        """
         self.manager.free(request_id)
 
     def num_cached_blocks(self, request_id: int) -> int:
+        """Blocks of `request_id` cached so far (kvsim's own (no upstream counterpart))."""
         return self.manager.num_cached_block[request_id]
 
     def table_touch_len(self, request_id: int) -> int | None:
+        """Tokens the next decode step may write before it needs a block
+
+        Kvsim's own (no upstream counterpart).
+        """
         # fast path: `KVCacheCoordinator.table_touch_len` for one table (called after every
         # real decode call), with no per-group tuple.
         manager = self.manager
@@ -309,6 +401,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return touch_len
 
     def num_seq_blocks(self, request_id: int) -> int:
+        """Entries of `seq`'s table, null entries included
+
+        Kvsim's own (no upstream counterpart).
+        """
         table = self.manager.req_to_blocks.get(request_id)
         if not table:
             return 0

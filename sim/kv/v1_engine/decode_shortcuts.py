@@ -49,6 +49,8 @@ class DecodeShortcuts:
         0..4 null. Candidates 8*16 + 1 = 129 and (5 + 1)*16 + 24 = 120: decodes 114..119 are
         quiet, 120 is returned (block 5 leaves the window). None when the request holds no
         table or used lookahead slots.
+
+        kvsim's own (no upstream counterpart).
         """
         request_id = request.seq_id
         max_need_tokens = self._req_to_max_need_tokens.get(request_id)
@@ -82,6 +84,8 @@ class DecodeShortcuts:
         Example (bs=16): last call at X=21 (T=21, skip 20), decodes 22..25 skipped, sync at
         L=26 (C=25) -> T=25, skip 24. A no-op when ``C <= T`` (nothing was skipped, e.g.
         between prefill chunks or after a failed call).
+
+        kvsim's own (no upstream counterpart).
         """
         request_id = request.seq_id
         max_need_tokens = self._req_to_max_need_tokens.get(request_id)
@@ -107,6 +111,8 @@ class DecodeShortcuts:
         never exceeds `cdiv(W - 1, bs) + 1`; e.g. bs=16, W=24, C=112: cdiv(113, 16) -
         floor(89 / 16) = 3, and with a full group as well 8 + 3 = 11. A request that holds
         nothing gets 0.
+
+        kvsim's own (no upstream counterpart).
         """
         coordinator = self.coordinator
         if not coordinator.has_sliding_window:

@@ -38,13 +38,21 @@ class FreeOrder(abc.ABC):
 
     @abc.abstractmethod
     def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
-        """Put `released` (refcount now 0, none null, in the caller's order) into `queue`."""
+        """Put `released` (refcount now 0, none null, in the caller's order) into `queue`.
+
+        Upstream: `BlockPool.free_blocks`, `vllm/v1/core/block_pool.py:L338-353 (0.11.0)`.
+        """
 
 
 class AppendInFreeOrder(FreeOrder):
     """4ac7713 / 0.11.0: all released blocks to the tail (LRU over every free block)."""
 
     def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
+        """Append every released block to the tail, in the order given.
+
+        Upstream: the tail append of `BlockPool.free_blocks`, `vllm/v1/core/block_pool.py:L338-353
+        (0.11.0)`.
+        """
         queue.append_n([block.block_id for block in released])
 
 
@@ -52,6 +60,10 @@ class UncachedFirst(FreeOrder):
     """0.33.0: blocks without a hash to the head (reused first), cached ones to the tail."""
 
     def requeue(self, queue: FreeQueue, released: list[KVCacheBlock], enable_caching: bool) -> None:
+        """Uncached blocks to the head, cached ones to the tail (all to the head without caching).
+
+        Upstream: `BlockPool.free_blocks`, `vllm/v1/core/block_pool.py:L816-849 (0.33.0)`.
+        """
         if not enable_caching:
             queue.prepend_n([block.block_id for block in released])
             return
@@ -63,5 +75,9 @@ class UncachedFirst(FreeOrder):
 
 
 def free_order_for(pin: VllmPin) -> FreeOrder:
-    """The free-order strategy of a pin."""
+    """The free-order strategy of a pin.
+
+    Upstream: `BlockPool.free_blocks`, `vllm/v1/core/block_pool.py:L338-353 (0.11.0)` vs `L816-849
+    (0.33.0)`.
+    """
     return UncachedFirst() if pin.reuses_uncached_blocks_first else AppendInFreeOrder()

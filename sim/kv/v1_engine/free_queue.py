@@ -37,11 +37,19 @@ class FreeBlockQueue(OrderedDict[int, None]):
         super().__init__(dict.fromkeys(block_ids))
 
     def popleft(self) -> int:
-        """Pop one id from the head (a decode crossing into a new block)."""
+        """Pop one id from the head (a decode crossing into a new block).
+
+        Upstream `FreeKVCacheBlockQueue.popleft`: `vllm/v1/core/kv_cache_utils.py:L268-299
+        (0.11.0)`.
+        """
         return self.popitem(False)[0]
 
     def popleft_n(self, num_blocks: int) -> list[int]:
-        """Pop `num_blocks` ids from the head (the least recently freed first)."""
+        """Pop `num_blocks` ids from the head (the least recently freed first).
+
+        Upstream `FreeKVCacheBlockQueue.popleft_n`: `vllm/v1/core/kv_cache_utils.py:L301-332
+        (0.11.0)`.
+        """
         if num_blocks > len(self):
             # Upstream asserts here; callers check the free count first.
             raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self)}")
@@ -54,13 +62,20 @@ class FreeBlockQueue(OrderedDict[int, None]):
         return block_ids
 
     def remove(self, block_id: int) -> None:
-        """Take a block out of the middle (a cache hit on an evictable block)."""
+        """Take a block out of the middle (a cache hit on an evictable block).
+
+        Upstream `FreeKVCacheBlockQueue.remove`: `vllm/v1/core/kv_cache_utils.py:L334-352 (0.11.0)`.
+        """
         if block_id not in self:
             raise ValueError(f"block {block_id} is not in the free queue")
         del self[block_id]
 
     def append_n(self, block_ids: Iterable[int]) -> None:
-        """Put blocks back at the tail, in the given order (first given = evicted first)."""
+        """Put blocks back at the tail, in the given order (first given = evicted first).
+
+        Upstream `FreeKVCacheBlockQueue.append_n`: `vllm/v1/core/kv_cache_utils.py:L376-398
+        (0.11.0)`.
+        """
         for block_id in block_ids:
             assert block_id not in self, f"block {block_id} appended to the free queue twice"
             self[block_id] = None
@@ -78,7 +93,10 @@ class FreeBlockQueue(OrderedDict[int, None]):
             self.move_to_end(block_id, last=False)
 
     def ids(self) -> list[int]:
-        """All free ids, head first (O(n); for tests and audits)."""
+        """All free ids, head first (O(n); for tests and audits).
+
+        kvsim's own (no upstream counterpart).
+        """
         return list(self)
 
 
@@ -96,23 +114,42 @@ class UncachedFreeBlockQueue(deque[int]):
     __slots__ = ()
 
     def popleft_n(self, num_blocks: int) -> list[int]:
+        """None.
+
+        Upstream `FreeKVCacheBlockQueue.popleft_n`: `vllm/v1/core/kv_cache_utils.py:L301-332
+        (0.11.0)`.
+        """
         if num_blocks > len(self):
             raise ValueError(f"cannot pop {num_blocks} blocks from a queue of {len(self)}")
         popleft = self.popleft
         return [popleft() for _ in range(num_blocks)]
 
     def remove(self, block_id: int) -> None:
+        """None.
+
+        Upstream `FreeKVCacheBlockQueue.remove`: `vllm/v1/core/kv_cache_utils.py:L334-352 (0.11.0)`.
+        """
         raise ValueError(f"block {block_id}: a pool without prefix caching has no hits to touch")
 
     def append_n(self, block_ids: Iterable[int]) -> None:
+        """None.
+
+        Upstream `FreeKVCacheBlockQueue.append_n`: `vllm/v1/core/kv_cache_utils.py:L376-398
+        (0.11.0)`.
+        """
         # No double-append check here: `BlockPool.free_blocks` refuses a block whose refcount
         # is already 0, so a block is queued once per release.
         self.extend(block_ids)
 
     def prepend_n(self, block_ids: list[int]) -> None:
+        """Put `block_ids` at the head of the queue, in the order given (0.33.0's free order)
+
+        Kvsim's own (no upstream counterpart).
+        """
         self.extendleft(reversed(block_ids))
 
     def ids(self) -> list[int]:
+        """The queued ids, head first (kvsim's own (no upstream counterpart))."""
         return list(self)
 
 

@@ -52,7 +52,10 @@ from sim.kv.v1_engine.single_type import SlidingWindowManager
 
 
 def group_block_hash(block_hash: BlockHash, group_id: int) -> BlockHash:
-    """The cache key of a block of group `group_id` (group 0: the plain hash)."""
+    """The cache key of a block of group `group_id` (group 0: the plain hash).
+
+    kvsim's own (no upstream counterpart).
+    """
     if group_id == 0:
         return block_hash
     return BlockHash(hash((block_hash, group_id)))
@@ -104,12 +107,16 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             raise ValueError("full-attention and sliding-window group ids must not interleave")
 
     def group_peak_held_blocks(self) -> list[int]:
+        """Peak blocks held by each group's manager (kvsim's own (no upstream counterpart))."""
         return list(self.peak_held_blocks)
 
     # ------------------------------------------------------------------------ hashing
     def block_hashes(self, request: Sequence, num_blocks: int) -> list[list[BlockHash]]:
         """Each group's keys, extended to at least `num_blocks` full blocks (group 0's are
-        the plain chain, as with one group)."""
+        the plain chain, as with one group).
+
+        kvsim's own (no upstream counterpart).
+        """
         per_group = self.req_to_block_hashes.setdefault(
             request.seq_id, [[] for _ in range(self.num_groups)]
         )
@@ -124,6 +131,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         return per_group
 
     def num_hashed_blocks(self, request_id: int) -> int | None:
+        """Full blocks of `seq` whose hash has been computed (every group shares it)
+
+        Kvsim's own (no upstream counterpart).
+        """
         hashes = self.req_to_block_hashes.get(request_id)
         return None if hashes is None else len(hashes[0])
 
@@ -174,7 +185,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
 
     def find_longest_cache_hit(self, request: Sequence, max_length: int) -> tuple[GroupBlocks, int]:
         """Per-group hit blocks and the hit length in tokens (the three steps above, `L352-415`),
-        over each group's cache keys (`group_block_hash`) of the request's full blocks."""
+        over each group's cache keys (`group_block_hash`) of the request's full blocks.
+
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L352-414 (0.11.0)`.
+        """
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
@@ -188,7 +202,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         return tuple(per_group), num_hit_blocks * self.block_size
 
     def split_hits(self, blocks: list[KVCacheBlock], num_hit_tokens: int) -> GroupBlocks:
-        """A hit has the same number H of blocks in every group: ``num_groups * H`` ids."""
+        """A hit has the same number H of blocks in every group: ``num_groups * H`` ids.
+
+        kvsim's own (no upstream counterpart).
+        """
         num_hit_blocks = num_hit_tokens // self.block_size
         if num_hit_tokens % self.block_size or len(blocks) != num_hit_blocks * self.num_groups:
             raise ValueError(
@@ -208,6 +225,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             self.peak_held_blocks[group_id] = held
 
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.remove_skipped_blocks`:
+        `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
+        """
         for group_id, manager in enumerate(self.managers):
             if isinstance(manager, SlidingWindowManager):
                 before = self.block_pool.num_held_blocks
@@ -215,12 +237,21 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
                 self._count(group_id, before)
 
     def touch(self, hits: GroupBlocks) -> None:
+        """Touch each group's hit blocks (refcount up, out of the free queue).
+
+        Upstream: `BlockPool.touch` per group, `vllm/v1/core/block_pool.py:L322-336 (0.11.0)`.
+        """
         for group_id, group_hits in enumerate(hits):
             before = self.block_pool.num_held_blocks
             self.block_pool.touch(group_hits)
             self._count(group_id, before)
 
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
+        """None.
+
+        Upstream `KVCacheCoordinator.allocate_new_blocks`:
+        `vllm/v1/core/kv_cache_coordinator.py:L93-116 (0.11.0)`.
+        """
         new_blocks = []
         for group_id, manager in enumerate(self.managers):
             before = self.block_pool.num_held_blocks
@@ -229,12 +260,21 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         return tuple(new_blocks)
 
     def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
+        """None.
+
+        Upstream `KVCacheCoordinator.cache_blocks`: `vllm/v1/core/kv_cache_coordinator.py:L118-129
+        (0.11.0)`.
+        """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
             manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
 
     def free(self, request_id: int) -> None:
-        """Each group frees its table, tail first, in group-id order (`L131-139`), counting each."""
+        """Each group frees its table, tail first, in group-id order (`L131-139`), counting each.
+
+        Upstream `KVCacheCoordinator.free`: `vllm/v1/core/kv_cache_coordinator.py:L131-139
+        (0.11.0)`.
+        """
         for group_id, manager in enumerate(self.managers):
             before = self.block_pool.num_held_blocks
             manager.free(request_id)

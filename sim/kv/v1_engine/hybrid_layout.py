@@ -47,11 +47,15 @@ class HybridLayout:
 
     @property
     def num_groups(self) -> int:
+        """The number of KV-cache groups (kvsim's own (no upstream counterpart))."""
         return len(self.groups)
 
     @property
     def num_padding_layers(self) -> int:
-        """Padding slots: memory vLLM reserves for layers that do not exist."""
+        """Padding slots: memory vLLM reserves for layers that do not exist.
+
+        kvsim's own (no upstream counterpart).
+        """
         return sum(self.group_size - len(layers) for layers in self.group_layers)
 
     def num_blocks(self, available_bytes: int, page_bytes_per_layer: int) -> int:
@@ -59,7 +63,10 @@ class HybridLayout:
         return int(available_bytes // page_bytes_per_layer // self.group_size)
 
     def reported_tokens(self, num_blocks: int, block_size: int) -> int:
-        """What vLLM logs as "GPU KV cache size": ``num_blocks // num_groups * block_size``."""
+        """What vLLM logs as "GPU KV cache size": ``num_blocks // num_groups * block_size``.
+
+        kvsim's own (no upstream counterpart).
+        """
         return num_blocks // self.num_groups * block_size
 
 
@@ -67,6 +74,8 @@ def hybrid_layout(layer_windows: Sequence[int | None]) -> HybridLayout:
     """Group layers given each layer's sliding window (None: full attention).
 
     Example: ``hybrid_layout([4096, None] * 21)`` -> 2 groups (sliding, full) of 21 layers.
+
+    kvsim's own (no upstream counterpart).
     """
     if not layer_windows:
         raise ValueError("a model needs at least one attention layer")
@@ -88,5 +97,7 @@ def alternating_layer_windows(num_layers: int, sliding_window: int) -> list[int 
     """Gemma-2's pattern: even layers sliding, odd layers full (HF `is_sliding`).
 
     Example: ``alternating_layer_windows(4, 8)`` -> ``[8, None, 8, None]``.
+
+    kvsim's own (no upstream counterpart).
     """
     return [sliding_window if index % 2 == 0 else None for index in range(num_layers)]

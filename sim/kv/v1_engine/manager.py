@@ -106,18 +106,27 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
 
     @classmethod
     def hybrid(cls, config: KVCacheConfig) -> KVCacheManager:
-        """The manager over `HybridKVCacheCoordinator` (two or more groups in the config)."""
+        """The manager over `HybridKVCacheCoordinator` (two or more groups in the config).
+
+        kvsim's own (no upstream counterpart).
+        """
         return cls(config, hybrid=True)
 
     @property
     def single_type_manager(self) -> SingleTypeManager:
-        """Group 0's manager (the only one with one group)."""
+        """Group 0's manager (the only one with one group).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.coordinator.managers[0]
 
     @property
     def req_to_block_hashes(self) -> dict[int, Any]:
         """Per request, its block hashes as the coordinator keeps them (one chain for one
-        group, one key list per group for several)."""
+        group, one key list per group for several).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.coordinator.req_to_block_hashes
 
     # ------------------------------------------------------------------------------ V1 API
@@ -128,6 +137,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         `num_tokens - 1` tokens; hits are whole blocks, so a fully cached 64-token prompt
         (bs=16) hits 3 blocks and recomputes the 4th (`L154-191 @0.11.0`). Sliding-window hits
         may start with null blocks (id 0).
+
+        Upstream: `vllm/v1/core/kv_cache_manager.py:L154-191 (0.11.0)`.
         """
         if not self.enable_caching:
             return [], 0
@@ -149,6 +160,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         Example (bs=16, 11 blocks, full attention): a fresh 112-token request takes blocks
         1..7 (`cdiv(112, 16) = 7`), leaving 3 free; another asking for 64 tokens then needs 4
         and gets None, with nothing changed.
+
+        Upstream: `vllm/v1/core/kv_cache_manager.py:L193-304 (0.11.0)`.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
@@ -209,7 +222,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
     ) -> int:
         """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`),
         summed over groups as `get_num_blocks_to_allocate` sums them; a pure query.
-        Example (bs=16, one group, no hits): a 200-token prompt needs 13."""
+        Example (bs=16, one group, no hits): a 200-token prompt needs 13.
+
+        kvsim's own (no upstream counterpart).
+        """
         num_tokens = request.num_tokens
         if self.max_model_len is not None:
             num_tokens = min(num_tokens, self.max_model_len)
@@ -237,6 +253,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         The request's block hashes are dropped too (upstream keeps them across preemption
         and drops them in `free_block_hashes` at finish); they are a pure function of the
         token content, so recomputing them later yields the same values.
+
+        Upstream: `vllm/v1/core/kv_cache_manager.py:L306-314 (0.11.0)`.
         """
         request_id = request.seq_id
         self.coordinator.free(request_id)
@@ -245,29 +263,47 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self._req_to_max_need_tokens.pop(request_id, None)
 
     def free_block_hashes(self, request: Sequence) -> None:
+        """Drop `request_id`'s block hashes (it has finished)
+
+        Kvsim's own (no upstream counterpart).
+        """
         self.coordinator.free_block_hashes(request.seq_id)
 
     # ---------------------------------------------------------------------- introspection
     def group_block_ids(self, request_id: int) -> tuple[list[int], ...]:
-        """The request's table in each group (null entries are block 0)."""
+        """The request's table in each group (null entries are block 0).
+
+        kvsim's own (no upstream counterpart).
+        """
         return tuple(
             [block.block_id for block in table] for table in self.coordinator.get_blocks(request_id)
         )
 
     def get_block_ids(self, request_id: int) -> list[int]:
+        """Upstream: `vllm/v1/core/kv_cache_manager.py:L387-389 (0.11.0)`."""
         return [block_id for table in self.group_block_ids(request_id) for block_id in table]
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
+        """`get_block_ids` of `seq` as one flat list (group 0 first)
+
+        Kvsim's own (no upstream counterpart).
+        """
         return self.get_block_ids(seq_id)
 
     def num_seq_blocks(self, seq_id: int) -> int:
         """Non-null blocks in the request's tables: each table's length less its leading
-        nulls (`SingleTypeManager.num_leading_null_blocks`, a kept count)."""
+        nulls (`SingleTypeManager.num_leading_null_blocks`, a kept count).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.coordinator.num_seq_blocks(seq_id)
 
     def group_num_held_blocks(self) -> list[int]:
         """Non-null blocks in each group's live tables (a prefix-shared block counts once per
-        group that holds it, however many requests share it)."""
+        group that holds it, however many requests share it).
+
+        kvsim's own (no upstream counterpart).
+        """
         counts = []
         for manager in self.coordinator.managers:
             held: set[int] = set()
@@ -278,9 +314,15 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
 
     def group_peak_held_blocks(self) -> list[int]:
         """The most blocks each group's tables ever held at once (the summary's per-group
-        block counts)."""
+        block counts).
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.coordinator.group_peak_held_blocks()
 
     def recover_leaked_blocks(self) -> int:
-        """Never leaks: a failed `allocate_slots` takes nothing."""
+        """Never leaks: a failed `allocate_slots` takes nothing.
+
+        kvsim's own (no upstream counterpart).
+        """
         return 0

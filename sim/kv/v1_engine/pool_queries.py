@@ -21,14 +21,25 @@ class PoolQueries:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks in the free queue.
+
+        Upstream `get_num_free_blocks`: `vllm/v1/core/block_pool.py:L385-391 (0.11.0)`.
+        """
         return len(self.block_pool.free_block_queue)
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool not in the free queue (the null block always counts as used)."""
+        """Fraction of the pool not in the free queue (the null block always counts as used).
+
+        Upstream `BlockPool.get_usage`: `vllm/v1/core/block_pool.py:L393-404 (0.11.0)`.
+        """
         return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
 
     def pool_stats(self) -> PoolStats:
+        """Free, used and cached block counts of the pool (`sim.kv.protocol.PoolStats`)
+
+        Kvsim's own (no upstream counterpart).
+        """
         pool = self.block_pool  # positional: called several times per engine step
         return PoolStats(
             pool.num_gpu_blocks,
@@ -39,7 +50,10 @@ class PoolQueries:
 
     def pool_is_conserved(self) -> bool:
         """`pool_stats().is_conserved` without building the stats: the auditor asks after
-        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True."""
+        every call. Example: 10 blocks, 4 free (1 evictable) and 6 held -> True.
+
+        kvsim's own (no upstream counterpart).
+        """
         pool = self.block_pool
         num_free = len(pool.free_block_queue)
         return (
@@ -48,5 +62,8 @@ class PoolQueries:
         )
 
     def block_refcounts(self) -> dict[int, int]:
-        """Block id -> refcount for held blocks; the null block (0) always reads 1."""
+        """Block id -> refcount for held blocks; the null block (0) always reads 1.
+
+        kvsim's own (no upstream counterpart).
+        """
         return {b.block_id: b.ref_cnt for b in self.block_pool.blocks if b.ref_cnt > 0}

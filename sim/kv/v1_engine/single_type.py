@@ -38,6 +38,10 @@ class SingleTypeManager(abc.ABC):
         self.num_cached_block: dict[int, int] = {}
 
     def blocks_of(self, request_id: int) -> list[KVCacheBlock]:
+        """`request_id`'s block list (empty when it has none)
+
+        Kvsim's own (no upstream counterpart).
+        """
         # Upstream's defaultdict creates an empty table on first access; so do we.
         return self.req_to_blocks.setdefault(request_id, [])
 
@@ -49,6 +53,9 @@ class SingleTypeManager(abc.ABC):
         Example (bs=16): a running request with 2 blocks asking for 64 tokens needs
         ``cdiv(64, 16) - 0 - 2 = 2``; a new one with 3 hits, one of them evictable, asking for
         64 tokens needs ``4 - 3 - 0 + 1 = 2``.
+
+        Upstream `SingleTypeKVCacheManager.get_num_blocks_to_allocate`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L59-86 (0.11.0)`.
         """
         num_required_blocks = cdiv(num_tokens, self.block_size)
         num_new_blocks = (
@@ -62,7 +69,11 @@ class SingleTypeManager(abc.ABC):
     def save_new_computed_blocks(
         self, request_id: int, new_computed_blocks: list[KVCacheBlock]
     ) -> None:
-        """Start a new request's table with its prefix hits (`L87-106`)."""
+        """Start a new request's table with its prefix hits (`L87-106`).
+
+        Upstream `SingleTypeKVCacheManager.save_new_computed_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L88-107 (0.11.0)`.
+        """
         if request_id not in self.num_cached_block:
             table = self.blocks_of(request_id)
             assert not table, f"request {request_id} has blocks but no cached count"
@@ -72,7 +83,11 @@ class SingleTypeManager(abc.ABC):
             raise ValueError(f"request {request_id} is running; it cannot take new prefix hits")
 
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> list[KVCacheBlock]:
-        """Grow the table to `cdiv(num_tokens, bs)` entries from the free pool (`L108-130`)."""
+        """Grow the table to `cdiv(num_tokens, bs)` entries from the free pool (`L108-130`).
+
+        Upstream `SingleTypeKVCacheManager.allocate_new_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L109-131 (0.11.0)`.
+        """
         table = self.blocks_of(request_id)
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(table)
         if num_new_blocks <= 0:
@@ -82,7 +97,11 @@ class SingleTypeManager(abc.ABC):
         return new_blocks
 
     def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
-        """Cache the blocks that `num_tokens` tokens fill completely (`L132-157`)."""
+        """Cache the blocks that `num_tokens` tokens fill completely (`L132-157`).
+
+        Upstream `SingleTypeKVCacheManager.cache_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L133-154 (0.11.0)`.
+        """
         num_cached_blocks = self.num_cached_block[request_id]
         num_full_blocks = num_tokens // self.block_size
         if num_full_blocks > num_cached_blocks:
@@ -93,7 +112,11 @@ class SingleTypeManager(abc.ABC):
         self.num_cached_block[request_id] = num_full_blocks
 
     def free(self, request_id: int) -> None:
-        """Release the whole table, tail first, so the tail is evicted first (`L159-174`)."""
+        """Release the whole table, tail first, so the tail is evicted first (`L159-174`).
+
+        Upstream `SingleTypeKVCacheManager.free`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L156-171 (0.11.0)`.
+        """
         table = self.req_to_blocks.pop(request_id, [])
         self.block_pool.free_blocks(reversed(table))
         self.num_cached_block.pop(request_id, None)
@@ -101,18 +124,29 @@ class SingleTypeManager(abc.ABC):
     def num_leading_null_blocks(self, request_id: int) -> int:
         """Null entries at the front of the request's table (kvsim's query, for the footprint
         bound and the decode fast path). Example (bs=16, W=24): after
-        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5; full attention: 0."""
+        `remove_skipped_blocks(r, 112)` blocks 0..4 are null -> 5; full attention: 0.
+
+        kvsim's own (no upstream counterpart).
+        """
         return self.req_to_num_null_blocks.get(request_id, 0)
 
     @abc.abstractmethod
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
     ) -> list[KVCacheBlock]:
-        """The longest prefix-cache hit for these hashes (each attention type has its rule)."""
+        """The longest prefix-cache hit for these hashes (each attention type has its rule).
+
+        Upstream `SingleTypeKVCacheManager.find_longest_cache_hit`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L194-232 (0.11.0)`.
+        """
 
     @abc.abstractmethod
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        """Free blocks no future token attends to (none for full attention)."""
+        """Free blocks no future token attends to (none for full attention).
+
+        Upstream `SingleTypeKVCacheManager.remove_skipped_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L235-246 (0.11.0)`.
+        """
 
 
 class FullAttentionManager(SingleTypeManager):
@@ -125,6 +159,8 @@ class FullAttentionManager(SingleTypeManager):
 
         Hashes are chained, so the first miss ends the search. Example (bs=16): 64 tokens all
         cached, max_length = 63 -> 3 blocks (the last block is recomputed).
+
+        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L252-285 (0.11.0)`.
         """
         hits: list[KVCacheBlock] = []
         for block_hash in block_hashes[: max_length // self.block_size]:
@@ -135,6 +171,7 @@ class FullAttentionManager(SingleTypeManager):
         return hits
 
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
+        """Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L287-290 (0.11.0)`."""
         return None
 
 
@@ -167,6 +204,11 @@ class SlidingWindowManager(SingleTypeManager):
     def save_new_computed_blocks(
         self, request_id: int, new_computed_blocks: list[KVCacheBlock]
     ) -> None:
+        """None.
+
+        Upstream `SingleTypeKVCacheManager.save_new_computed_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L88-107 (0.11.0)`.
+        """
         is_new = request_id not in self.num_cached_block
         super().save_new_computed_blocks(request_id, new_computed_blocks)
         if is_new and new_computed_blocks:
@@ -176,10 +218,20 @@ class SlidingWindowManager(SingleTypeManager):
                 self.req_to_num_null_blocks[request_id] = num_nulls
 
     def free(self, request_id: int) -> None:
+        """None.
+
+        Upstream `SingleTypeKVCacheManager.free`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L156-171 (0.11.0)`.
+        """
         super().free(request_id)
         self.req_to_num_null_blocks.pop(request_id, None)
 
     def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+        """None.
+
+        Upstream `SingleTypeKVCacheManager.cache_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L133-154 (0.11.0)`.
+        """
         if self._caches_nothing:
             # The cached count still advances (upstream stores it after an all-False mask).
             self.num_cached_block[request_id] = max(
@@ -200,6 +252,8 @@ class SlidingWindowManager(SingleTypeManager):
         Example (bs=4, W=8, so 2 contiguous blocks; max_length 19 -> 4 blocks considered):
         cached = {h0: 3, h2: 7, h3: 8} -> [NULL, NULL, 7, 8], i.e. 16 tokens computed
         (upstream's docstring example). cached = {h0: 3, h2: 7} -> [3] (the leading run).
+
+        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L313-373 (0.11.0)`.
         """
         num_contiguous_needed = cdiv(self.sliding_window - 1, self.block_size)
         max_num_blocks = max_length // self.block_size
@@ -224,6 +278,8 @@ class SlidingWindowManager(SingleTypeManager):
         Example (bs=16, W=16, C=112): the first useful block is floor(97 / 16) = 6, so blocks
         5, 4, ..., 0 are freed (in that order) and become null. With W=24 it is
         floor(89 / 16) = 5: blocks 4..0 are freed.
+
+        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L375-391 (0.11.0)`.
         """
         first_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
         table = self.req_to_blocks.get(request_id)
