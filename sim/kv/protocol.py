@@ -114,7 +114,7 @@ class DecodeFastPath(Protocol):
 
 @runtime_checkable
 class V0BlockManager(PoolIntrospection, Protocol):
-    """vLLM v0 `BlockSpaceManager` API (`vllm/core/interfaces.py @fc93e56`).
+    """vLLM v0 `BlockSpaceManager` API (`vllm/core/interfaces.py:L24-118 (0.5.4)`).
 
     kvsim's models also offer `DecodeFastPath` (`decode_touch_len`, `sync_decode`), an
     optional capability that is deliberately not a member here.

@@ -297,7 +297,12 @@ class SequenceGroup:
         return [s for s in self.seqs if not s.is_finished()]
 
     def get_max_num_running_seqs(self) -> int:
-        """Seqs this group may run (vLLM `sequence.py:L644-660 @fc93e56`)."""
+        """Seqs this group may run: upstream main's rule (`vllm/sequence.py:L644-660 @fc93e56`).
+
+        Kept from fc93e56 on purpose (not re-checked: that commit is not installed): the 0.5.4
+        wheel (`vllm/sequence.py:L529-545 (0.5.4)`) returns `best_of` whenever it exceeds
+        `num_seqs()`, with no prefill test; both agree for an unfinished ``best_of == 1`` request.
+        """
         if self.best_of == 1 and len(self.seqs) == 1:  # the common n=1 request, once per step
             return 0 if self.seqs[0].status in _FINISHED_STATUSES else 1
         if (

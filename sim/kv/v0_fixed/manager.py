@@ -40,7 +40,7 @@ Limitation: under chunked prefill the early chunks' tokens would map to null ent
 model counts blocks correctly but such KV would be lost, so a real implementation must
 allocate per chunk (as the V1 engine does).
 
-Reuses the V2 components (`sim.kv.v0_v2`), following vLLM 0.5.4 @ 00c3d68 everywhere else.
+Reuses the V2 components (`sim.kv.v0_v2`), following the vLLM 0.5.4 wheel everywhere else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Block allocators of vLLM v0 `BlockSpaceManagerV1` (its LRU evictor: `v0_v1_evictor`).
 
-Models `vllm/core/block_manager_v1.py:L21-210` at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2 (our own code, same behaviour).
+Models `vllm/core/block_manager_v1.py:L21-210 (0.5.4)` (our own code, same behaviour).
 
 * `UncachedBlockAllocator`: blocks 0..N-1 exist from the start in a Python list used as a
   stack. `allocate` pops from the end, so a fresh pool hands out N-1, N-2, ... and a freed
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sim.kv.types import DoubleFreeError, NoFreeBlocksError
 from sim.kv.v0_v1.evictor import LRUEvictor
 
-#: vLLM `block.py:L6 @fc93e56`: a block never accessed has last_accessed == -1.
+#: vLLM `vllm/block.py:L6 (0.5.4)`: a block never accessed has last_accessed == -1.
 DEFAULT_LAST_ACCESSED_S = -1.0
 
 OUT_OF_BLOCKS_MSG = "Out of memory! No free blocks are available."
@@ -86,8 +86,8 @@ class _RefCounting:
     def incref(self, block: PhysicalBlock) -> None:
         """One more owner of a block (fork, swap mapping hit).
 
-        vLLM increments without looking (`block.ref_count += 1`, block_manager_v1.py:L484-485
-        @fc93e56). A table can still name a block that went back to the free list or the
+        vLLM increments without looking (`block.ref_count += 1`, `vllm/core/block_manager_v1.py:L484-485
+        (0.5.4)`). A table can still name a block that went back to the free list or the
         evictor through another v0 bug (a multi-sequence allocate with caching gives shared
         blocks one reference); forking it revives the count while the block stays free, which
         the auditor then reports as a conservation breach, as in the real code.
@@ -108,7 +108,7 @@ class _RefCounting:
 
         Normally the count was 0. A fork of a block that is already free (see `incref`)
         leaves a positive count on a free block; upstream then assigns 1 (uncached
-        `allocate`, block_manager_v1.py:L187-188 @fc93e56) or increments (a cached block
+        `allocate`, `vllm/core/block_manager_v1.py:L187-188 (0.5.4)`) or increments (a cached block
         taken by creation or eviction, L116-120), without checking, and so do we. Such a
         block was counted held by `incref` already.
         """

@@ -1,6 +1,6 @@
 """The LRU evictor of vLLM v0 `BlockSpaceManagerV1`: upstream's victims, without its full scan.
 
-Models `vllm/core/evictor_v1.py:L53-96` at vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2
+Models `vllm/core/evictor_v1.py:L53-99 (0.5.4)`
 (our own code, same behaviour). Upstream keeps freed cached blocks in an OrderedDict keyed by
 hash, in insertion order, and `evict` scans it:
 

@@ -3,15 +3,14 @@
 Two things outside the manager decide which block it picks, and both live here:
 
 * `SequenceBlockHasher`: vLLM `Sequence.hash_of_block` / `num_hashed_tokens_of_block`
-  (`vllm/sequence.py:L396-407 @fc93e56`, spec: vllm-semantics.md section 2.7), the key a
+  (`vllm/sequence.py:L317-328 (0.5.4)`, spec: vllm-semantics.md section 2.7), the key a
   prefix-cached block is stored under. Upstream hashes the token prefix anew on every call
   (O(L^2)); we chain the hashes of full blocks and keep them per sequence (full blocks never
   change): equal token prefixes still get equal keys.
 * `set_order`: the order in which upstream frees ``set(table)``, i.e. how Python iterates a
   set of `PhysicalTokenBlock`s; with prefix caching it decides the evictor's order.
 
-Models vLLM 0.5.4 @ fc93e5614374688bddc432279244ba7fbf8169c2, like `sim.kv.v0_v1.manager` (our own
-code).
+Models the vLLM 0.5.4 wheel, like `sim.kv.v0_v1.manager` (our own code).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def set_order(blocks: BlockTable) -> BlockTable:
     """Distinct blocks in the order Python iterates ``set(blocks)`` under the block hash
     ``hash((device, block number))``.
 
-    Upstream `_free_block_table` frees ``set(table)`` (block_manager_v1.py:L597-610 @fc93e56);
+    Upstream `_free_block_table` frees ``set(table)`` (`vllm/core/block_manager_v1.py:L597-610 (0.5.4)`);
     with prefix caching that order decides the LRU evictor's insertion order, hence which
     block a later allocation evicts. vLLM's own `PhysicalTokenBlock` hashes by object address
     (irreproducible), so the lockstep adapter pins it to ``hash((device.value, number))``

@@ -1,7 +1,7 @@
 """vLLM v0 `BlockSpaceManagerV1`, faithfully (bugs included).
 
-Models `vllm/core/block_manager_v1.py:L213-702` at vLLM 0.5.4 @
-fc93e5614374688bddc432279244ba7fbf8169c2 (spec: vllm-semantics.md section 2). Our own code.
+Models `vllm/core/block_manager_v1.py:L213-704 (0.5.4)`, the 0.5.4 wheel the lockstep runs (spec:
+vllm-semantics.md section 2; fc93e56 makes the same decisions). Our own code.
 
 Sliding window is a ring of ``w = ceil(W / bs)`` physical blocks: logical block ``i >= w``
 reuses ``table[i % w]``. Worked example, G=10, bs=16, W=24 (w=2), empty pool:
@@ -31,7 +31,17 @@ Faithful quirks kept on purpose (each has a test):
 reproducible); we follow the order they have when hashed by ``(device, block number)``, as the
 lockstep adapter pins them (see `v0_v1_hashing.set_order`), so runs are deterministic and
 match it. Block content hashes (`Sequence.hash_of_block` upstream) are in `v0_v1_hashing` too.
-Encoder-decoder (cross-attention) tables are not modelled: kvsim groups have no encoder seq.
+Left out versus upstream (`vllm/core/block_manager_v1.py (0.5.4)`):
+
+* encoder-decoder cross tables: `free_cross`, `get_cross_block_table` (L620-626, L642-644),
+  the encoder count of `can_allocate` (L275-278) and its enc-dec refusals (kvsim groups have no
+  encoder seq);
+* `reset` (L628-636) and the public `get_all_computed_blocks` (L676-686; kept private here);
+* swap moves ids only: the (src, dst) mapping is returned, no KV is copied;
+* block hashes ignore LoRA (`hash_of_block` hashes ``(tokens, lora_int_id)``, vllm/sequence.py
+  L317-325) and token ids are kvsim's segment contents, not real ids;
+* sliding window with prefix caching is refused at construction, as vLLM's config refuses it
+  (vllm/config.py:L492-499), not by the manager.
 """
 
 from __future__ import annotations
@@ -70,7 +80,7 @@ class BlockSpaceManagerV1(ManagerQueries):
 
     def __init__(self, config: KVCacheConfig) -> None:
         if config.enable_prefix_caching and config.sliding_window is not None:
-            # config.py:L542-549 @fc93e56 (NotImplementedError upstream; ValueError here).
+            # `vllm/config.py:L492-499 (0.5.4)` (NotImplementedError upstream; ValueError here).
             raise ValueError(
                 "Prefix caching is not supported with sliding window (vLLM 0.5.4 forbids it)"
             )

@@ -1,6 +1,6 @@
 """kvsim's queries on the v0 `BlockSpaceManagerV1` model: the decode fast path and the pool
 introspection the auditor reads. No upstream counterpart; `v0_v1.py` keeps upstream's methods
-(`block_manager_v1.py @fc93e56`) and mixes these in.
+(`vllm/core/block_manager_v1.py:L213-704 (0.5.4)`) and mixes these in.
 
 `decode_touch_len` / `sync_decode` are the manager side of `sim.kv.protocol.DecodeFastPath`
 (tests/test_decode_fast_path.py proves the skipped calls change nothing); the rest is

@@ -1,4 +1,4 @@
-"""Per-sequence block table of v0 V2 (`vllm/core/block/block_table.py @00c3d68`).
+"""Per-sequence block table of v0 V2 (`vllm/core/block/block_table.py:L9-365 (0.5.4)`).
 
 `allocate` takes blocks for the *whole* token list (`L76-95`), ignoring the sliding window.
 `append_token_ids` (`L103-156`) then, in order: (1) with a window, gets or creates the null
@@ -31,7 +31,7 @@ def signed_cdiv(a: int, b: int) -> int:
 class BlockTable:
     #: The last chunk of a chunked prefill whose prompt is a multiple of the block size appends
     #: no token to a full table. The vLLM 0.5.4 release raises IndexError there (#7371); the
-    #: pinned commit 00c3d68 includes the fix (#7380). See `Release054BlockTable`.
+    #: pin 0.5.4+7380 has the fix (#7380, merged after the release). See `Release054BlockTable`.
     empty_append_raises = False
 
     def __init__(
@@ -202,7 +202,7 @@ class BlockTable:
                 if num != 0:
                     raise IndexError(message)  # tokens past the table: a kvsim bug
                 if not self.empty_append_raises:
-                    break  # the pinned commit 00c3d68 has #7380: nothing to write
+                    break  # #7380 (pin 0.5.4+7380): nothing to write
                 # The 0.5.4 release indexes blocks[first_idx] even for an empty append, so a
                 # full table (num_full_slots % bs == 0, no lookahead) raises here
                 # (block_table.py:L150-154 @0.5.4; vLLM #7371, fixed by #7380 on 2024-08-09).

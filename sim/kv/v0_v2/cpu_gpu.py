@@ -1,4 +1,4 @@
-"""GPU + CPU allocators behind one id space (`vllm/core/block/cpu_gpu_block_allocator.py @00c3d68`).
+"""GPU + CPU allocators behind one id space (`vllm/core/block/cpu_gpu_block_allocator.py:L10-336 (0.5.4)`).
 
 Absolute ids are GPU ``0..G-1`` then CPU ``G..G+C-1`` (`L55-57`); the physical id on a
 device is the index within that device's sorted ids, so CPU absolute id ``G+j`` is CPU

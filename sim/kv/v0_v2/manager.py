@@ -1,4 +1,4 @@
-"""vLLM v0 `BlockSpaceManagerV2`, faithfully (`vllm/core/block_manager_v2.py @00c3d68`, vLLM 0.5.4).
+"""vLLM v0 `BlockSpaceManagerV2`, faithfully (`vllm/core/block_manager_v2.py:L21-497 (0.5.4)`).
 
 Including its bug (issue #7470, spec section 4): with a sliding window, `can_allocate`
 counts ``min(R, M)`` blocks (``R = cdiv(L, bs)``, ``M = W//bs + 2``, `L75-86`, `L128-130`)
@@ -10,8 +10,17 @@ blocks, F=3. Seq B (64 tokens, R=4): can_allocate counts min(4, 3)=3 <= 3 -> OK;
 pops ids 7, 8, 9, then the deque is empty -> NoFreeBlocksError, and those 3 ids leak (F=0).
 `recover_leaked_blocks` gives them back (the real engine never does; it has crashed).
 
-Not modeled: encoder-decoder cross tables; vLLM rejects prefix caching with a sliding
-window at config time (config.py:L542-549 @fc93e56), and so do we.
+Left out versus upstream (`vllm/core/block_manager_v2.py (0.5.4)`):
+
+* encoder-decoder cross tables: `free_cross`, `get_cross_block_table` (L260-277), the encoder
+  count of `can_allocate` (L122-126) and `check_no_caching_or_swa_for_blockmgr_encdec`;
+* swap moves ids only: the (src, dst) mapping is returned, no KV is copied; copy-on-write
+  pairs likewise (`clear_copy_on_writes`);
+* block hashes are kvsim's content keys over segments, not hashes of real token ids;
+* vLLM rejects prefix caching with a sliding window at config time
+  (`vllm/config.py:L492-499 (0.5.4)`); so does the constructor here;
+* main's later evictor (#7193) and touched count (#6849), at 00c3d68 / fc93e56 but not in the
+  0.5.4 release (`sim.kv.pins`).
 
 Footprint bound (`max_seq_footprint`, spec 3.9): None until the table's first append of
 an unseen token (prefill and continuing chunks keep the whole prompt: that is this design);

@@ -1,7 +1,7 @@
 """Block records, refcounts and the naive (non-caching) v0 V2 block allocator.
 
-Models `vllm/core/block/naive_block.py` and `common.py` (RefCounter, CoW tracker) of vLLM
-0.5.4 @ 00c3d68 (spec section 3.1). Free ids live in a `deque`: allocation pops from the
+Models `vllm/core/block/naive_block.py` and `common.py` (RefCounter, CoW tracker) of the vLLM
+0.5.4 wheel (spec section 3.1). Free ids live in a `deque`: allocation pops from the
 left (`naive_block.py:L129-135`) and a block whose refcount reaches 0 is pushed back on the
 left (`L137-145`), so reuse is LIFO of the most recently freed id.
 
@@ -166,7 +166,7 @@ class NaiveBlockAllocator:
     def allocate_immutable_blocks(
         self, prev: Block | None, keys: list[ContentKey | None]
     ) -> list[Block]:
-        """Pop every id first, then build the blocks (naive_block.py:L85-106 @00c3d68).
+        """Pop every id first, then build the blocks (`vllm/core/block/naive_block.py:L85-106 (0.5.4)`).
 
         Same effect as `allocate_block_id` once per key, in bulk: a prompt takes hundreds of
         blocks. If the deque holds fewer ids than keys, vLLM pops them all and then raises.
@@ -374,7 +374,7 @@ class NaiveBlockAllocator:
 
 def fork_blocks(refcounter: RefCounter, blocks: list[Block]) -> list[Block]:
     """A chain of new block objects sharing every id of `blocks`, each id's refcount +1
-    (both allocators' `fork`, naive_block.py / prefix_caching_block.py @00c3d68).
+    (both allocators' `fork`, `vllm/core/block/naive_block.py:L155-186`, `prefix_caching_block.py:L346-378 (0.5.4)`).
 
     kvsim's own (no upstream counterpart).
     """

@@ -1,4 +1,4 @@
-"""The v0 V2 prefix-caching allocator (`vllm/core/block/prefix_caching_block.py @00c3d68`).
+"""The v0 V2 prefix-caching allocator (`vllm/core/block/prefix_caching_block.py:L46-627 (0.5.4)`).
 
 A full block's hash is ``chain_hash(parent_hash, content_key)`` (NONE_HASH for the first
 block), standing in for vLLM's ``hash((is_first, prev_hash, *token_ids))`` (`L813-834`).

@@ -1,4 +1,4 @@
-"""Per-sequence prefix-caching bookkeeping of v0 V2 (`prefix_caching_block.py:L837-955 @00c3d68`).
+"""Per-sequence prefix-caching bookkeeping of v0 V2 (`vllm/core/block/prefix_caching_block.py:L837-955 (0.5.4)`).
 
 `ComputedBlocksTracker` caches each seq's computed block ids, skipping the last block.
 It extends its list incrementally and, once a scan finds fewer computed blocks than

@@ -31,6 +31,13 @@ Flat block ids at the API: with several groups, `get_computed_blocks`, `get_bloc
 ids `allocate_slots` returns list group 0's blocks, then group 1's, and so on (upstream returns
 `KVCacheBlocks`, one list per group). The request is a `Sequence`: its id is `seq_id`, its
 length `num_tokens`, and C is `num_computed_tokens`, which the scheduler advances.
+
+Left out versus upstream (`vllm/v1/core/kv_cache_manager.py (0.11.0)`): EAGLE's dropped last
+hit block (`use_eagle`), decode context parallel (`dcp_world_size`), prefix-cache stats
+(`make_prefix_cache_stats`, L142-152), `reset_prefix_cache` (L316-330), cascade attention's
+`get_num_common_prefix_blocks` (L332-373) and `create_empty_block_list`; events go to a
+`KVEventSink` instead of `take_events` (L375-381). Block hashes carry no extra keys
+(multi-modal inputs, LoRA, cache salt: `kv_cache_utils.generate_block_hash_extra_keys`).
 """
 
 from __future__ import annotations

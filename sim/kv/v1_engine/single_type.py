@@ -1,7 +1,7 @@
 """Per-attention-type block logic of the V1 engine: full attention and sliding window.
 
 Models `SingleTypeKVCacheManager`, `FullAttentionManager` and `SlidingWindowManager`
-(`vllm/v1/core/single_type_kv_cache_manager.py:L16-394 @4ac7713`, spec §6.3). Each manager owns
+(`vllm/v1/core/single_type_kv_cache_manager.py @4ac7713`, spec §6.3). Each manager owns
 the block tables (`req_to_blocks`) of one KV group; all of them draw from one `BlockPool`.
 
 The block count a step needs and the blocks it then takes come from the same formula, so the
@@ -11,6 +11,11 @@ hits, a step needs
     cdiv(T, bs) - H - len(table) + #{hits that are evictable (ref 0, not null)}
 
 blocks, because touching an evictable hit takes it out of the free pool.
+
+Left out versus upstream (`vllm/v1/core/single_type_kv_cache_manager.py (0.11.0)`): the
+chunked-local, Mamba and cross-attention managers (`ChunkedLocalAttentionManager`,
+`MambaManager`, `CrossAttentionManager`), and `get_num_common_prefix_blocks` of every manager
+(cascade attention). Only full attention and sliding window are modelled.
 """
 
 from __future__ import annotations
