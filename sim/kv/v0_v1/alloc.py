@@ -225,9 +225,9 @@ class UncachedBlockAllocator(_RefCounting):
         return len(self._free_blocks)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
-        """Every block object of the pool, by block number
+        """Every block object of the pool, by block number.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return iter(self._all_blocks)
 
@@ -346,9 +346,9 @@ class CachedBlockAllocator(_RefCounting):
         return len(self.evictor)
 
     def blocks(self) -> Iterator[PhysicalBlock]:
-        """Every block object handed out so far, by block number
+        """Every block object handed out so far, by block number.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return iter(self._created)
 

@@ -111,8 +111,8 @@ class SequenceBlockHasher:
         return (logical_idx + 1) * self.block_size
 
     def forget(self, seq_id: int) -> None:
-        """Drop the cached hashes of a sequence that left the manager
+        """Drop the cached hashes of a sequence that left the manager.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         self._seq_id_to_hashes.pop(seq_id, None)

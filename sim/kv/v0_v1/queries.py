@@ -99,9 +99,9 @@ class ManagerQueries:
 
     # ----------------------------------------------------------- introspection
     def pool_stats(self) -> PoolStats:
-        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`)
+        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         gpu = self.gpu_allocator  # positional: called several times per engine step
         return PoolStats(
@@ -125,9 +125,9 @@ class ManagerQueries:
         )
 
     def block_refcounts(self) -> dict[int, int]:
-        """Refcount of every GPU block id that any table holds, for the auditor
+        """Refcount of every GPU block id that any table holds, for the auditor.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return {b.block_id: b.ref_count for b in self.gpu_allocator.blocks() if b.ref_count > 0}
 
@@ -179,16 +179,16 @@ class ManagerQueries:
         return len(block_ids)
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
-        """The most GPU blocks one sequence can hold from now on, or None (unbounded)
+        """The most GPU blocks one sequence can hold from now on, or None (unbounded).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.block_sliding_window
 
     def recover_leaked_blocks(self) -> int:
-        """Give back ids no table holds (V1 leaks none: returns 0)
+        """Give back ids no table holds (V1 leaks none: returns 0).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         num_recovered = 0
         for block, num_refs in self._leaked:

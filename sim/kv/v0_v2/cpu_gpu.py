@@ -41,17 +41,17 @@ class CpuGpuBlockAllocator:
         return self.gpu if device is Device.GPU else self.cpu
 
     def allocator_of(self, block_id: int) -> DeviceAllocator:
-        """The allocator that owns absolute block id `block_id`
+        """The allocator that owns absolute block id `block_id`.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.gpu if block_id < self.num_gpu_blocks else self.cpu
 
     @property
     def uses_content_keys(self) -> bool:
-        """Whether the allocators key full blocks by content (prefix caching)
+        """Whether the allocators key full blocks by content (prefix caching).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.gpu.uses_content_keys
 

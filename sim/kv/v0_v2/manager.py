@@ -318,9 +318,9 @@ class BlockSpaceManagerV2:
 
     # -- PoolIntrospection ---------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
-        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`)
+        """Free, used and cached block counts of the GPU pool (`sim.kv.protocol.PoolStats`).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return PoolStats(
             self.num_total_gpu_blocks,  # == gpu.num_total_blocks, fixed
@@ -342,16 +342,16 @@ class BlockSpaceManagerV2:
         )
 
     def block_refcounts(self) -> dict[int, int]:
-        """Refcount of every GPU block id in use, for the auditor
+        """Refcount of every GPU block id in use, for the auditor.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.block_allocator.gpu.refcounter.positive()
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
-        """The GPU block ids of `seq`'s table, null entries included
+        """The GPU block ids of `seq`'s table, null entries included.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq_id)
         if table is None or not table.is_on_gpu():
@@ -359,9 +359,9 @@ class BlockSpaceManagerV2:
         return table.physical_block_ids
 
     def num_seq_blocks(self, seq_id: int) -> int:
-        """The number of entries in `seq`'s table, null entries included
+        """The number of entries in `seq`'s table, null entries included.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         table = self.block_tables.get(seq_id)
         if table is None or not table.is_on_gpu():
@@ -369,9 +369,9 @@ class BlockSpaceManagerV2:
         return table.num_live_blocks()
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
-        """The most live GPU blocks `seq` can hold from now on, or None (module docstring)
+        """The most live GPU blocks `seq` can hold from now on, or None (module docstring).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         window = self.max_block_sliding_window
         if window is None:
@@ -382,17 +382,17 @@ class BlockSpaceManagerV2:
         return window + 1 + -(-table.max_lookahead_slots // self.block_size)  # cdiv
 
     def recover_leaked_blocks(self) -> int:
-        """Give back ids popped by a failed `allocate` (the real engine has crashed there)
+        """Give back ids popped by a failed `allocate` (the real engine has crashed there).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.block_allocator.gpu.recover_leaked_blocks()
 
     @property
     def null_block_id(self) -> int | None:
-        """The id of the shared sliding-window null block, or None before it exists
+        """The id of the shared sliding-window null block, or None before it exists.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         null = self.block_allocator.null_block
         return None if null is None else null.block_id

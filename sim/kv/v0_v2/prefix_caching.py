@@ -293,9 +293,9 @@ class PrefixCachingBlockAllocator:
 
     @property
     def num_evictable_blocks(self) -> int:
-        """Blocks with refcount 0 whose content is cached (the evictor's)
+        """Blocks with refcount 0 whose content is cached (the evictor's).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.evictor.num_blocks
 
@@ -394,9 +394,9 @@ class PrefixCachingBlockAllocator:
         return list(common) if common else []
 
     def recover_leaked_blocks(self) -> int:
-        """Give back ids popped by a failed `allocate` (the real engine has crashed there)
+        """Give back ids popped by a failed `allocate` (the real engine has crashed there).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         num = len(self.leaked_blocks)
         for block in reversed(self.leaked_blocks):

@@ -14,8 +14,9 @@ HybridKVCacheManager = KVCacheManager
 
 def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager:
     """The manager over the unitary coordinator, or over the hybrid one when the config has
-    several KV-cache groups (as `get_kv_cache_coordinator` picks, `kv_cache_coordinator.py:
-    L417-440 @0.11.0`). One explicit group is the unitary coordinator with that group's window."""
+    several KV-cache groups, as `get_kv_cache_coordinator` picks
+    (`vllm/v1/core/kv_cache_coordinator.py:L417-440 (0.11.0)`). One explicit group is the unitary
+    coordinator with that group's window."""
     groups = config.kv_cache_groups
     if len(groups) > 1:
         return KVCacheManager.hybrid(config)

@@ -115,9 +115,9 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         """
 
     def free_block_hashes(self, request_id: int) -> None:
-        """Drop `request_id`'s block hashes (it has finished)
+        """Drop `request_id`'s block hashes (it has finished).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         self.req_to_block_hashes.pop(request_id, None)
 
@@ -268,9 +268,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         (self.manager,) = self.managers
 
     def group_peak_held_blocks(self) -> list[int]:
-        """The pool's peak held blocks, as the one group's
+        """The pool's peak held blocks, as the one group's.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return [self.block_pool.peak_num_held_blocks - 1]
 
@@ -288,9 +288,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return hashes
 
     def num_hashed_blocks(self, request_id: int) -> int | None:
-        """Full blocks of `seq` whose hash has been computed
+        """Full blocks of `seq` whose hash has been computed.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         hashes = self.req_to_block_hashes.get(request_id)
         return None if hashes is None else len(hashes)
@@ -380,9 +380,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return self.manager.num_cached_block[request_id]
 
     def table_touch_len(self, request_id: int) -> int | None:
-        """Tokens the next decode step may write before it needs a block
+        """Tokens the next decode step may write before it needs a block.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         # fast path: `KVCacheCoordinator.table_touch_len` for one table (called after every
         # real decode call), with no per-group tuple.
@@ -401,9 +401,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         return touch_len
 
     def num_seq_blocks(self, request_id: int) -> int:
-        """Entries of `seq`'s table, null entries included
+        """Entries of `seq`'s table, null entries included.
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         table = self.manager.req_to_blocks.get(request_id)
         if not table:

@@ -142,9 +142,9 @@ class UncachedFreeBlockQueue(deque[int]):
         self.extend(block_ids)
 
     def prepend_n(self, block_ids: list[int]) -> None:
-        """Put `block_ids` at the head of the queue, in the order given (0.33.0's free order)
+        """Put `block_ids` at the head of the queue, in the order given (0.33.0's free order).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         self.extendleft(reversed(block_ids))
 

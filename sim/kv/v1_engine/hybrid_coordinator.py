@@ -131,9 +131,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         return per_group
 
     def num_hashed_blocks(self, request_id: int) -> int | None:
-        """Full blocks of `seq` whose hash has been computed (every group shares it)
+        """Full blocks of `seq` whose hash has been computed (every group shares it).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         hashes = self.req_to_block_hashes.get(request_id)
         return None if hashes is None else len(hashes[0])

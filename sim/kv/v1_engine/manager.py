@@ -270,9 +270,9 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self._req_to_max_need_tokens.pop(request_id, None)
 
     def free_block_hashes(self, request: Sequence) -> None:
-        """Drop `request_id`'s block hashes (it has finished)
+        """Drop `request_id`'s block hashes (it has finished).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         self.coordinator.free_block_hashes(request.seq_id)
 
@@ -291,9 +291,9 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         return [block_id for table in self.group_block_ids(request_id) for block_id in table]
 
     def seq_block_ids(self, seq_id: int) -> list[int]:
-        """`get_block_ids` of `seq` as one flat list (group 0 first)
+        """`get_block_ids` of `seq` as one flat list (group 0 first).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         return self.get_block_ids(seq_id)
 

@@ -36,9 +36,9 @@ class PoolQueries:
         return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
 
     def pool_stats(self) -> PoolStats:
-        """Free, used and cached block counts of the pool (`sim.kv.protocol.PoolStats`)
+        """Free, used and cached block counts of the pool (`sim.kv.protocol.PoolStats`).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         pool = self.block_pool  # positional: called several times per engine step
         return PoolStats(

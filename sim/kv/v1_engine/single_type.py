@@ -1,8 +1,9 @@
 """Per-attention-type block logic of the V1 engine: full attention and sliding window.
 
 Models `SingleTypeKVCacheManager`, `FullAttentionManager` and `SlidingWindowManager`
-(`vllm/v1/core/single_type_kv_cache_manager.py @4ac7713`, spec §6.3). Each manager owns
-the block tables (`req_to_blocks`) of one KV group; all of them draw from one `BlockPool`.
+(`vllm/v1/core/single_type_kv_cache_manager.py:L17-401 (0.11.0)`; written at 4ac7713, spec
+§6.3). Each manager owns the block tables (`req_to_blocks`) of one KV group; all of them draw
+from one `BlockPool`.
 
 The block count a step needs and the blocks it then takes come from the same formula, so the
 V1 engine cannot admit what it cannot allocate: with `T` tokens needing a slot and `H` prefix
@@ -43,9 +44,9 @@ class SingleTypeManager(abc.ABC):
         self.num_cached_block: dict[int, int] = {}
 
     def blocks_of(self, request_id: int) -> list[KVCacheBlock]:
-        """`request_id`'s block list (empty when it has none)
+        """`request_id`'s block list (empty when it has none).
 
-        Kvsim's own (no upstream counterpart).
+        kvsim's own (no upstream counterpart).
         """
         # Upstream's defaultdict creates an empty table on first access; so do we.
         return self.req_to_blocks.setdefault(request_id, [])
