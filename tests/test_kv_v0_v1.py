@@ -1,4 +1,6 @@
-"""vLLM v0 BlockSpaceManagerV1 model (vllm 0.5.4 @ fc93e56): exact vectors, quirks, properties.
+"""vLLM v0 BlockSpaceManagerV1 model (`vllm/core/block_manager_v1.py (0.5.4)`).
+
+Exact vectors, quirks, properties.
 
 Vectors are from vllm-semantics.md section 9 (bs=16, watermark 0.01 unless noted).
 """

@@ -1,4 +1,7 @@
-"""BlockSpaceManagerV2 (vLLM 0.5.4 @ 00c3d68): spec vectors 1, 3, 4, 8, exact ids, prefix caching, properties."""
+"""BlockSpaceManagerV2 (`vllm/core/block_manager_v2.py (0.5.4)`).
+
+Spec vectors 1, 3, 4, 8, exact ids, prefix caching, properties.
+"""
 
 from __future__ import annotations
 
@@ -160,8 +163,8 @@ def test_fork_after_swa_drop_is_rejected():
 
 def test_empty_append_on_full_table_raises_in_the_0_5_4_release_only():
     """vLLM #7371: a continuing chunk (no unseen tokens) of a prompt that fills its last block.
-    The 0.5.4 wheel indexes past the table (block_table.py:L150-154); the pinned commit 00c3d68
-    has the fix (#7380), where the append writes nothing."""
+    The 0.5.4 wheel indexes past the table (`vllm/core/block/block_table.py:L150-154 (0.5.4)`);
+    pin 0.5.4+7380 (and a manager built without a pin) has the fix, #7380: nothing is written."""
     released = make(10, vllm_pin="0.5.4")
     g = admit(released, group(1, 64))
     g.seqs[0].num_computed_tokens = 32

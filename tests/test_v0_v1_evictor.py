@@ -1,7 +1,7 @@
 """`sim.kv.v0_v1.evictor.LRUEvictor` picks the victim of upstream's literal scan, every time.
 
-The oracle below transcribes vLLM 0.5.4 `vllm/core/evictor_v1.py:L53-96`
-(@fc93e5614374688bddc432279244ba7fbf8169c2): an insertion-ordered table scanned from the front.
+The oracle below transcribes `LRUEvictor` of `vllm/core/evictor_v1.py:L53-99 (0.5.4)`: an
+insertion-ordered table scanned from the front.
 """
 
 from __future__ import annotations

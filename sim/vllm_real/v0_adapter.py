@@ -4,7 +4,7 @@
 `PoolIntrospection`, so kvsim's auditor, schedulers and engine can run on top of it, and the
 lockstep replayer can compare it with kvsim's models.
 
-How kvsim objects map to vLLM's (`vllm/sequence.py @fc93e56`):
+How kvsim objects map to vLLM's (`vllm/sequence.py (0.5.4)`):
 
 * each kvsim `Sequence` gets one real `vllm.sequence.Sequence` (same seq_id), whose tokens are
   ``seq.content.token_ids()`` and whose computed-token count and status are copied from ours
@@ -261,7 +261,8 @@ class RealV0Manager:
                 return []  # swapped out: no GPU table
             return [b.block_number for b in table]
         ids = list(table.physical_block_ids)
-        # Absolute ids: GPU 0..G-1, CPU from G on (`cpu_gpu_block_allocator.py:L56-70 @00c3d68`).
+        # Absolute ids: GPU 0..G-1, CPU from G on
+        # (`vllm/core/block/cpu_gpu_block_allocator.py:L56-70 (0.5.4)`).
         return [] if any(b >= self.num_total_gpu_blocks for b in ids) else ids
 
     def num_seq_blocks(self, seq_id: int) -> int:
