@@ -27,6 +27,7 @@ class Design(enum.Enum):
 
     @property
     def api(self) -> str:
+        """The engine API the design's manager serves: 'v0' or 'v1'."""
         return "v1" if self is Design.V1_ENGINE else "v0"
 
     @property

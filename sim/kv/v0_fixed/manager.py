@@ -87,6 +87,8 @@ class WindowedBlockTable(BlockTable):
     """A V2 table that allocates only the last window and treats null entries as holes."""
 
     def allocate(self, content: TokenContent) -> None:
+        """Null entries for the leading ``R - M`` blocks, real blocks for the last M (kvsim's fix;
+        V2 allocates all R, `vllm/core/block/block_table.py:L76-95 (0.5.4)`)."""
         assert not self.blocks, "table already allocated"
         num_tokens = content.num_tokens
         assert num_tokens > 0, "cannot allocate an empty sequence"
@@ -101,6 +103,8 @@ class WindowedBlockTable(BlockTable):
         self.num_full_slots = num_tokens
 
     def drop_out_of_window(self, num_computed_slots: int) -> None:
+        """V2's drop (`vllm/core/block/block_table.py:L133-142 (0.5.4)`), after `allocate` has
+        made the null block."""
         # The null block exists since allocate; never create it here.
         assert self.allocator.null_block is not None, "null block must exist before a drop"
         super().drop_out_of_window(num_computed_slots)
@@ -111,6 +115,8 @@ class WindowedBlockTable(BlockTable):
         super()._write_tokens(content, num_new_tokens)
 
     def fork(self) -> BlockTable:
+        """V2's fork (`vllm/core/block/block_table.py:L187-208 (0.5.4)`) over the real blocks;
+        null entries stay null in the child."""
         assert self.blocks
         shared = self.allocator.fork([b for b in self.blocks if not b.is_null])
         shared_iter = iter(shared)
@@ -127,6 +133,8 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
         super().__init__(config)
 
     def admission_blocks(self, seq_group: SequenceGroup) -> int:
+        """V2's ``min(R, M)``, plus 1 for the null block while it does not exist (module
+        docstring): exactly what `allocate` takes."""
         num_required = super().admission_blocks(seq_group)
         if self.max_block_sliding_window is not None and self.block_allocator.null_block is None:
             num_required += 1
@@ -201,6 +209,8 @@ class CorrectedBlockSpaceManager(BlockSpaceManagerV2):
     # then writes the skipped tokens (e.g. slots 65 -> 79 before a call at 80).
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
+        """``M + 1 + cdiv(k_max, bs)`` live blocks with a window (`allocate` takes only the last
+        M), None without one; kvsim's own."""
         window = self.max_block_sliding_window
         if window is None:
             return None
