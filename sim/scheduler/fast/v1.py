@@ -130,18 +130,7 @@ class V1DecodeShortcuts(DecodeShortcuts):
         decides who is cut off (`_walk`). A preemption victim (the last running request) that
         is a member leaves the cohort first. Returns the token budget left.
         """
-        sched = self.scheduler
-        max_model_len = self.max_model_len
-        touched = []
-        for request in cohort.pop_due():
-            seq = request.seq
-            if seq.content.num_tokens >= min(
-                seq.prompt_len + request.max_tokens - 1, max_model_len - 1
-            ):
-                cohort.leave(request)  # finishes after this step: the explicit path frees it
-                self.outsiders[request] = None
-            else:
-                touched.append(request)  # reached touch_len: calls here, stays a member
+        touched = self._take_due(cohort)
         members = len(cohort)
         if not touched and not self.outsiders:
             # Half the steps of a replay: nothing but members, one token each.
@@ -153,8 +142,37 @@ class V1DecodeShortcuts(DecodeShortcuts):
         explicit = [*self.outsiders, *touched]
         if len(explicit) > 1:
             explicit.sort(key=_order_key)
-        last_computable = max_model_len - 1
-        threshold = sched.step_threshold
+        quiet_flags, demands = self._demands(explicit)
+        members_key = self._members_key(cohort, explicit, demands, budget)
+        if members_key is None:
+            return self._walk(plan, budget, now_s)
+        budget = self._visit(cohort, explicit, quiet_flags, members_key, plan, budget, now_s)
+        if len(cohort):
+            plan.bulk = cohort.bulk()
+        return budget
+
+    def _take_due(self, cohort: DecodeCohort) -> list[Request]:
+        """The due members whose decode calls the manager in this step (they reached
+        `touch_len` and stay members); a due member that finishes after this step leaves the
+        cohort, an outsider (the explicit path frees it)."""
+        max_model_len = self.max_model_len
+        touched = []
+        for request in cohort.pop_due():
+            seq = request.seq
+            if seq.content.num_tokens >= min(
+                seq.prompt_len + request.max_tokens - 1, max_model_len - 1
+            ):
+                cohort.leave(request)
+                self.outsiders[request] = None
+            else:
+                touched.append(request)
+        return touched
+
+    def _demands(self, explicit: list[Request]) -> tuple[list[bool], list[int]]:
+        """Per explicit request (queue order): whether it is a quiet decode, and the tokens
+        it asks for (a due member's is counted with the members: 0)."""
+        last_computable = self.max_model_len - 1
+        threshold = self.scheduler.step_threshold
         quiet_flags = []
         demands = []
         for request in explicit:
@@ -172,18 +190,40 @@ class V1DecodeShortcuts(DecodeShortcuts):
                 if 0 < threshold < num_new:
                     num_new = threshold
                 demands.append(max(0, min(num_new, last_computable - seq.num_computed_tokens)))
-        # Members' tokens are counted before the first request with a larger key.
-        members_key = -1
-        if members and members + sum(demands) > budget:
+        return quiet_flags, demands
+
+    @staticmethod
+    def _members_key(
+        cohort: DecodeCohort, explicit: list[Request], demands: list[int], budget: int
+    ) -> int | None:
+        """The order key before which the members' tokens are counted (-1: no members), or
+        None when the budget could run out before the last member (the walk decides).
+        Example: members up to key 9, demands 5 (key 3) and 40 (key 12), 20 members, budget
+        50: 5 + 20 fit ahead of key 12, so the members are counted there (key 9)."""
+        members = len(cohort)
+        if not members:
+            return -1
+        if members + sum(demands) > budget:
             members_key = cohort.max_order_key()
             ahead = sum(
                 d for r, d in zip(explicit, demands, strict=True) if r.order_key < members_key
             )
-            if ahead + members > budget:
-                return self._walk(plan, budget, now_s)
-        elif members:
-            members_key = explicit[-1].order_key + 1 if explicit else 0  # count them at the end
-        members_counted = not members
+            return None if ahead + members > budget else members_key
+        return explicit[-1].order_key + 1 if explicit else 0  # count them at the end
+
+    def _visit(
+        self,
+        cohort: DecodeCohort,
+        explicit: list[Request],
+        quiet_flags: list[bool],
+        members_key: int,
+        plan: StepPlan,
+        budget: int,
+        now_s: float,
+    ) -> int:
+        """The running loop over the explicit requests, the members' tokens counted before
+        the first one behind `members_key`; returns the budget left."""
+        members_counted = not len(cohort)
         running = RUNNING
         for request, quiet in zip(explicit, quiet_flags, strict=True):
             if not members_counted and request.order_key > members_key:
@@ -193,30 +233,18 @@ class V1DecodeShortcuts(DecodeShortcuts):
                 break
             if request.state is not running:
                 continue  # preempted earlier in this walk
-            computed = request.seq.num_computed_tokens
             if request.membership is MEMBER:
-                # A due member whose decode needs the manager: upstream's turn, written out.
-                self.before_call(request)
-                allocation = sched.allocate_running(request, 1, plan, now_s)
-                if allocation is ALLOCATION_FAILED:
-                    continue
-                if allocation is ALLOCATION_PREEMPTED_SELF:
+                outcome = self._member_turn(cohort, request, plan, now_s)
+                if outcome is TurnOutcome.PREEMPTED_SELF:
                     break
-                self.after_call(request)
-                event_len = self.event_len(request)
-                if event_len is not None:
-                    cohort.refile(request, event_len)
-                else:  # every call from now on: this decode runs as an outsider's
-                    cohort.leave(request)
-                    self.outsiders[request] = None
-                    plan.scheduled.append(ScheduledWork(request, 1, computed, False))
+                if outcome is TurnOutcome.SCHEDULED:
                     budget -= 1
                 continue
             if quiet:
-                add_quiet_decode(request, plan, max_model_len - 1)
+                add_quiet_decode(request, plan, self.max_model_len - 1)
                 budget -= 1
                 continue
-            turn = sched.running_turn(request, budget, plan, now_s)
+            turn = self.scheduler.running_turn(request, budget, plan, now_s)
             if turn.outcome is TurnOutcome.FAILED:
                 continue  # it left `running`
             if turn.outcome is TurnOutcome.PREEMPTED_SELF:
@@ -224,9 +252,30 @@ class V1DecodeShortcuts(DecodeShortcuts):
             budget -= turn.num_new_tokens
         if not members_counted:
             budget -= len(cohort)
-        if len(cohort):
-            plan.bulk = cohort.bulk()
         return budget
+
+    def _member_turn(
+        self, cohort: DecodeCohort, request: Request, plan: StepPlan, now_s: float
+    ) -> TurnOutcome:
+        """A due member whose decode needs the manager: upstream's turn, written out. It is
+        refiled under its next event (its token counted with the members: NOTHING_DUE), or,
+        when every call from now on is real, leaves and runs as an outsider (SCHEDULED)."""
+        computed = request.seq.num_computed_tokens
+        self.before_call(request)
+        allocation = self.scheduler.allocate_running(request, 1, plan, now_s)
+        if allocation is ALLOCATION_FAILED:
+            return TurnOutcome.FAILED
+        if allocation is ALLOCATION_PREEMPTED_SELF:
+            return TurnOutcome.PREEMPTED_SELF
+        self.after_call(request)
+        event_len = self.event_len(request)
+        if event_len is not None:
+            cohort.refile(request, event_len)
+            return TurnOutcome.NOTHING_DUE
+        cohort.leave(request)
+        self.outsiders[request] = None
+        plan.scheduled.append(ScheduledWork(request, 1, computed, False))
+        return TurnOutcome.SCHEDULED
 
     # ------------------------------------------------------------------ the speed hooks
     def use_cohort(self, window: int | None) -> bool:
