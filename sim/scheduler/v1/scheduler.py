@@ -23,6 +23,9 @@ PRIORITY heap's tie mirror (`sim.scheduler.v1.priority_ties`, a `NoTieMirror` un
 die) and the speed layer's (`SpeedHooks`, a `NoSpeedLayer` unless
 `sim.scheduler.fast.v1.with_decode_shortcuts` installs the decode shortcuts).
 
+Line numbers (`L...`) are of `vllm/v1/core/sched/scheduler.py` in the release named, unless
+another file is; 4ac7713 decides as 0.11.0 except where `sim.scheduler.v1.release` says.
+
 There is no NEVER path: vLLM's frontend rejects a prompt longer than `max_model_len` before it
 is queued, which kvsim reports as ignored at arrival.
 
@@ -267,7 +270,8 @@ class V1Scheduler:
 
     def use_decode_cohort(self, window: int | None) -> bool:
         """Keep steady decodes in a decode cohort (`sim.scheduler.fast.cohort`) where the speed
-        layer can; call before the first step. False: every step visits every request."""
+        layer can (no upstream counterpart); call before the first step. False: every step
+        visits every request."""
         return self.speed.use_cohort(window)
 
     # ------------------------------------------------------------------ schedule
@@ -348,7 +352,7 @@ class V1Scheduler:
         self, request: Request, num_new: int, plan: StepPlan, now_s: float
     ) -> Allocation:
         """`allocate_slots` for a running request, preempting until it fits (0.11.0 L254-292,
-        0.33.0 L905-990)."""
+        0.33.0 L913-990)."""
         while True:
             try:
                 blocks = self.kv_cache_manager.allocate_slots(
@@ -400,7 +404,7 @@ class V1Scheduler:
 
     def _schedule_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
         """The waiting loop (0.11.0 L334-541, 0.33.0 L1049-1610): one `_admission_turn` per
-        head until the budget or `max_num_seqs` (0.11.0 L338-339, 0.33.0 L1071-1074) runs
+        head until the budget or `max_num_seqs` (0.11.0 L337-338, 0.33.0 L1072-1074) runs
         out. 4ac7713 / 0.11.0 collect the skipped requests into a side queue that is then
         prepended whole (0.11.0 L434, L541; 0.33.0 L1054-1060, L1607-1610): they return to the
         head in *reverse* skip order ([A, B] skipped -> waiting [B, A, ...])."""
@@ -433,11 +437,11 @@ class V1Scheduler:
             ties.return_skipped()
 
     def _admission_turn(self, request: Request, budget: int, now_s: float) -> AdmissionTurn:
-        """The waiting loop's body for the head (0.11.0 L340-507, 0.33.0 L1076-1530): a load
-        still running parks it (0.11.0 L342-353, 0.33.0 `_handle_blocked_waiting_request`
+        """The waiting loop's body for the head (0.11.0 L340-505, 0.33.0 L1076-1530): a load
+        still running parks it (0.11.0 L343-353, 0.33.0 `_handle_blocked_waiting_request`
         L3519-3554); the local prefix hit and the connector's external tokens (0.11.0
-        L364-402, 0.33.0 L1120-1160); its new tokens; `allocate_slots` behind the pinned
-        release's admission gate (0.11.0 L472-483, 0.33.0 L1435-1461); the connector's
+        L376-402, 0.33.0 L1120-1160); its new tokens; `allocate_slots` behind the pinned
+        release's admission gate (0.11.0 L471-483, 0.33.0 L1435-1461); the connector's
         `update_state_after_alloc` (0.11.0 L489-504, 0.33.0 L1478-1525)."""
         hooks = self.connector_hooks
         if request.state is RequestState.WAITING_FOR_REMOTE_KVS:
@@ -480,7 +484,7 @@ class V1Scheduler:
 
     def _waiting_num_new(self, seq: Sequence, num_computed: int) -> int:
         """A waiting request's new tokens before the budget: the rest of its tokens, capped by
-        `long_prefill_token_threshold` (0.11.0 L419-424, 0.33.0 L1330-1333). Example: a
+        `long_prefill_token_threshold` (0.11.0 L415-428, 0.33.0 L1330-1333). Example: a
         300-token prompt with a 100-token hit under a threshold of 128: 128."""
         num_new = seq.num_tokens - num_computed
         threshold = self.step_threshold
@@ -491,7 +495,7 @@ class V1Scheduler:
     def _allocate_waiting(
         self, seq: Sequence, num_tokens: int, num_new_hit: int, hit_block_ids: list[int]
     ) -> list[int] | None:
-        """`allocate_slots` for a waiting request (0.11.0 L472-483, 0.33.0 L1435-1452), behind
+        """`allocate_slots` for a waiting request (0.11.0 L471-483, 0.33.0 L1435-1452), behind
         the pinned release's admission gate (`release.AdmissionGate`: 0.33.0's full-sequence
         gate refuses like `allocate_slots`, None)."""
         manager = self.kv_cache_manager
@@ -504,7 +508,7 @@ class V1Scheduler:
         )
 
     def _admit(self, request: Request, turn: AdmissionTurn, plan: StepPlan, now_s: float) -> None:
-        """An allocated head joins `running` with its new tokens (0.11.0 L506-537, 0.33.0
+        """An allocated head joins `running` with its new tokens (0.11.0 L505-537, 0.33.0
         L1527-1590)."""
         seq = request.seq
         num_computed = turn.num_computed_tokens
@@ -584,16 +588,19 @@ class V1Scheduler:
         return len(self.waiting) + len(self.running)
 
     def has_unfinished(self) -> bool:
-        """`has_unfinished_requests` (`sched/interface.py`): anything waiting or running."""
+        """`has_unfinished_requests` (`sched/interface.py`, 0.11.0 L106-109, 0.33.0 L185):
+        anything waiting or running."""
         return bool(self.waiting or self.running)
 
     def unfinished(self) -> list[Request]:
-        """Every request not finished, running first, each brought up to date."""
+        """Every request not finished, running first, each brought up to date (kvsim's; upstream
+        keeps them in `self.requests`, 0.11.0 L1097-1101)."""
         self.materialize()
         return [*self.running, *self.waiting]
 
     def materialize(self) -> None:
-        """Bring every request's tokens up to date (the speed layer's decode cohort)."""
+        """Bring every request's tokens up to date (the speed layer's decode cohort; no upstream
+        counterpart: upstream's requests are never behind)."""
         self.speed.materialize()
 
     def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
@@ -608,7 +615,8 @@ class V1Scheduler:
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
-    """`check_stop` (`sched/utils.py`, 0.11.0 L43-48, 0.33.0 L98-140), its length rules: the
+    """`check_stop` (`sched/utils.py`, 0.11.0 L43-70, 0.33.0 L98-140), its length rules (0.11.0 L46-49,
+    0.33.0 L114-119): the
     finish reason, or None while the request runs on. Example: a 100-token prompt with
     max_tokens 8 stops at 108 tokens ("length: generated max_tokens"); with max_model_len 105
     it stops at 105 already.
