@@ -89,7 +89,6 @@ COMPILED: tuple[str, ...] = (
     "sim.scheduler.fast.v0",
     "sim.scheduler.v0.swapped",
     "sim.scheduler.v1.scheduler",
-    "sim.scheduler.v1.running",
     "sim.scheduler.fast.v1",
 )
 

@@ -14,6 +14,7 @@ from sim.scheduler import (
     V0Scheduler,
     V1Scheduler,
 )
+from sim.scheduler.fast.v1 import with_decode_shortcuts
 
 BS = 16
 
@@ -45,8 +46,10 @@ def _v0(num_gpu_blocks: int, design=Design.V0_V1, num_cpu_blocks: int = 0, **sch
 def _v1(num_gpu_blocks: int, **sched) -> V1Scheduler:
     kv = KVCacheConfig(num_gpu_blocks=num_gpu_blocks, block_size=BS)
     manager = audited(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
-    return V1Scheduler(
-        SchedulerConfig(max_model_len=sched.pop("max_model_len", 2048), **sched), manager
+    return with_decode_shortcuts(
+        V1Scheduler(
+            SchedulerConfig(max_model_len=sched.pop("max_model_len", 2048), **sched), manager
+        )
     )
 
 
@@ -271,8 +274,8 @@ def test_v1_preempts_the_last_running_request_and_skips_waiting_that_step():
 def test_v1_prefix_cache_hits_are_counted_at_admission():
     kv = KVCacheConfig(num_gpu_blocks=100, block_size=BS, enable_prefix_caching=True)
     manager = audited(make_manager(Design.V1_ENGINE, kv))
-    scheduler = V1Scheduler(
-        SchedulerConfig(max_model_len=2048, enable_chunked_prefill=True), manager
+    scheduler = with_decode_shortcuts(
+        V1Scheduler(SchedulerConfig(max_model_len=2048, enable_chunked_prefill=True), manager)
     )
     shared = TokenContent.unique(77, 64)
     first = Request.new(0, 0.0, shared.copy(), 2)

@@ -16,6 +16,7 @@ from sim.kv import Design, KVCacheConfig, make_manager
 from sim.kv.types import Segment, Sequence, SequenceStatus, TokenContent
 from sim.kv.v1_engine import KVCacheManager
 from sim.scheduler import Request, SchedulerConfig, V1Scheduler
+from sim.scheduler.fast.v1 import with_decode_shortcuts
 
 BS = 16
 OLD = ["4ac7713", "0.11.0"]
@@ -31,7 +32,7 @@ def _scheduler(pin: str) -> V1Scheduler:
         enable_chunked_prefill=True,
         long_prefill_token_threshold=12,
     )
-    return V1Scheduler(config, manager)
+    return with_decode_shortcuts(V1Scheduler(config, manager))
 
 
 def _request(request_id: int, prompt_tokens: int) -> Request:

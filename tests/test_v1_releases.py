@@ -22,6 +22,7 @@ from sim.kv.v1_engine import KVCacheManager
 from sim.kv.v1_engine.free_queue import FreeBlockQueue
 from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
 from sim.scheduler import Policy, Request, SchedulerConfig, V1Scheduler
+from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.v1.release import FirstChunkGate, FullSequenceGate
 
 BS = 16
@@ -173,8 +174,10 @@ def test_full_sequence_count_is_capped_by_the_sliding_window():
 def _v1(num_gpu_blocks: int, pin: str, **sched) -> V1Scheduler:
     kv = KVCacheConfig(num_gpu_blocks=num_gpu_blocks, block_size=BS, vllm_pin=pin)
     manager = audited(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
-    return V1Scheduler(
-        SchedulerConfig(max_model_len=sched.pop("max_model_len", 2048), **sched), manager
+    return with_decode_shortcuts(
+        V1Scheduler(
+            SchedulerConfig(max_model_len=sched.pop("max_model_len", 2048), **sched), manager
+        )
     )
 
 

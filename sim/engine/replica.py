@@ -28,6 +28,7 @@ from sim.output.records import (
 from sim.output.stats import RunStats
 from sim.routing import Router
 from sim.scheduler import Request, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
+from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.workload.request import RequestSpec
 
 
@@ -119,8 +120,8 @@ class Replica:
                 if config.kv_connector is not None
                 else None
             )
-            self.scheduler: V0Scheduler | V1Scheduler = V1Scheduler(
-                config.scheduler, self.manager, connector
+            self.scheduler: V0Scheduler | V1Scheduler = with_decode_shortcuts(
+                V1Scheduler(config.scheduler, self.manager, connector)
             )
         else:
             self.manager = AuditedV0Manager(manager, **kwargs)

@@ -37,6 +37,7 @@ from sim.audit.base import AuditLevel
 from sim.audit.v1 import AuditedV1Manager
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.scheduler.config import Policy, SchedulerConfig
+from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.request import Request
 from sim.scheduler.v1.scheduler import V1Scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
@@ -235,7 +236,7 @@ class KvsimSide:
             decode_fast_path=fast_path,
             decode_cohort=fast_path,
         )
-        self.scheduler = V1Scheduler(config, manager)
+        self.scheduler = with_decode_shortcuts(V1Scheduler(config, manager))
         self.scheduler.use_exact_arrival_times()  # arrival_s is vLLM's arrival_time here
         if fast_path:
             self.scheduler.use_decode_cohort(None)

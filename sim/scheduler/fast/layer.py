@@ -33,6 +33,12 @@ calls the layer only through named methods:
   `leave_running`), and after a step's outputs were applied (`after_update`: the quiet
   decodes' tokens and the cohort's bookkeeping).
 
+The V1 scheduler names its hooks itself instead (`sim.scheduler.v1.scheduler.SpeedHooks`:
+`joined`, `left`, `before_call`, `after_call`, `refusal_known`, `refused`, `step_done`,
+`materialize`, `use_cohort`; no-ops in its `NoSpeedLayer`): `V1DecodeShortcuts` implements
+them and `sim.scheduler.fast.v1.with_decode_shortcuts` installs it, so `v1/` imports nothing
+of this package (tests/test_scheduler_layout.py).
+
 The manager-side protocol is `DecodeFastPath` (`decode_touch_len`, `sync_decode`); the layer is
 on only when the manager has both (`fast_path_enabled`).
 """

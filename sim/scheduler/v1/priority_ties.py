@@ -13,6 +13,7 @@ kvsim's waiting queue is an ordered deque, so it cannot see this by itself. `Hea
 replays the heap operations the real scheduler makes (push on arrival and on preemption, pop
 on admission, the side heap of skipped requests) on a shadow heap whose entries raise exactly
 where the real ones would; `V1Scheduler` turns the first one into the step's `fatal_error`.
+Where the real heap cannot die, the scheduler holds a `NoTieMirror`, whose hooks do nothing.
 The lockstep tier (`tests/test_vllm_sched_lockstep.py`) checks it raises on the same step.
 
 Example: requests 0 and 1, both priority 0 and arrival 0.0, queued while nothing runs: pushing
@@ -93,3 +94,22 @@ class HeapTieMirror:
                 f"(vLLM 4ac7713/0.11.0 PRIORITY queue: requests {a.request_id} and "
                 f"{b.request_id} tie at priority {a.priority}, arrival {a.arrival_s})"
             )
+
+
+class NoTieMirror:
+    """The tie mirror's hooks where no real heap can die (FCFS, 0.33.0, or simulated arrival
+    times): every operation is a no-op and `error` stays None."""
+
+    error: str | None = None
+
+    def push(self, request: Request) -> None:
+        """Nothing to mirror."""
+
+    def pop(self) -> None:
+        """Nothing to mirror."""
+
+    def skip(self, request: Request) -> None:
+        """Nothing to mirror."""
+
+    def return_skipped(self) -> None:
+        """Nothing to mirror."""

@@ -1,56 +1,207 @@
-"""The vLLM V1-engine scheduler (`vllm/v1/core/sched/scheduler.py` at 0.11.0 / 4ac7713), pure Python.
+"""The vLLM V1-engine scheduler, pure Python: one class, `V1Scheduler`, mirroring
+`vllm/v1/core/sched/scheduler.py` (4ac7713 / 0.11.0 `Scheduler`; 0.33.0 where a release rule
+differs, through `sim.scheduler.v1.release`).
 
 There are no prefill/decode phases: each request has `num_computed_tokens` and is given
 `num_tokens - num_computed_tokens` new tokens (1 for a decode), clamped by
 `long_prefill_token_threshold`, the token budget and `max_model_len - 1 - C`.
 
-1. RUNNING first, in list order, while budget remains. `allocate_slots` returning None preempts
-   the last running request (or the worst priority) by recompute, until the current one fits or
-   is itself the victim, which ends the running loop.
-2. WAITING only if nothing was preempted in this step: stop at `max_num_seqs`; prefix hits are
-   looked up for a request with no computed tokens; without chunked prefill a prompt larger than
-   the budget is skipped; `allocate_slots` None breaks (head-of-line blocking, no preemption).
+1. RUNNING first, in list order, while budget remains (0.11.0 L208-320, 0.33.0 L793-1036).
+   `allocate_slots` returning None preempts the last running request (or the worst priority)
+   by recompute, until the current one fits or is itself the victim, which ends the loop.
+2. WAITING only if nothing was preempted in this step (0.11.0 L334-541, 0.33.0 L1049-1610):
+   stop at `max_num_seqs`; prefix hits are looked up for a request with no computed tokens;
+   without chunked prefill a prompt larger than the budget is skipped (0.33.0: stops the
+   loop); `allocate_slots` None breaks (head-of-line blocking, no preemption).
 3. Every scheduled request's `num_computed_tokens` advances at schedule time
    (`_update_after_schedule`); a token is sampled only once all its tokens are computed.
 
-Where later releases decide differently (the admission gate, a prompt over the budget without
-chunked prefill, a PRIORITY victim), the rule is the pinned release's (`v1_release.py`).
+Each loop takes one request per turn and the turn says what came of it: `TurnOutcome` for a
+running request, `Admission` for a waiting one. The hooks beside the loops: the KV connector's
+(`sim.kv_connector.hooks.ConnectorHooks`, no-ops without a connector), the 4ac7713 / 0.11.0
+PRIORITY heap's tie mirror (`sim.scheduler.v1.priority_ties`, a `NoTieMirror` unless it can
+die) and the speed layer's (`SpeedHooks`, a `NoSpeedLayer` unless
+`sim.scheduler.fast.v1.with_decode_shortcuts` installs the decode shortcuts).
+
+Line numbers (`L...`) are of `vllm/v1/core/sched/scheduler.py` in the release named, unless
+another file is; 4ac7713 decides as 0.11.0 except where `sim.scheduler.v1.release` says.
 
 There is no NEVER path: vLLM's frontend rejects a prompt longer than `max_model_len` before it
 is queued, which kvsim reports as ignored at arrival.
 
-Modules, as upstream's `schedule` orders its work: the running loop (L208-320) in
-`sim.scheduler.v1.running`; here the waiting loop (`_schedule_waiting`, L334-541),
-`_update_after_schedule` (L629-658) and `update_from_output` (`update`, L861-1022). The decode
-shortcuts (`sim.scheduler.fast.layer`, `sim.scheduler.fast.v1`) replace only the running loop.
+What the model leaves out (upstream code that has no counterpart here): structured output
+(grammar bitmasks, `get_grammar_bitmask`), speculative decoding (spec tokens, drafts,
+`update_draft_token_ids`, lookahead beyond `num_lookahead_slots`), LoRA (`max_loras`), encoder
+inputs and the encoder cache (`_try_schedule_encoder_inputs`, multimodal inputs, the EC
+connector), pooling models, `finish_requests` / aborts, stop strings and EOS (a request stops
+by length only, `check_stop`), stats and events (`make_stats`, KV events are `sim.kv_events`),
+the KV connector's invalid-block and failed-load recovery, 0.33.0's streaming sessions, pause
+states, async scheduling, DP prefill balancing and the adaptive long-prefill threshold.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from sim.audit import AuditedV1Manager, AuditError
-from sim.kv.types import SequenceStatus
+from sim.kv.types import Sequence, SequenceStatus
 from sim.kv_connector.base import KVConnector, MatchStatus, NoConnector
 from sim.kv_connector.hooks import ConnectorHooks
 from sim.scheduler.config import Policy, SchedulerConfig
-from sim.scheduler.fast.layer import fast_path_enabled
-from sim.scheduler.fast.v1 import V1DecodeShortcuts
-from sim.scheduler.lifecycle import finish, sample_token
+from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
-from sim.scheduler.v1.priority_ties import HeapTieMirror
+from sim.scheduler.v1.priority_ties import HeapTieMirror, NoTieMirror
 from sim.scheduler.v1.release import policies_for
-from sim.scheduler.v1.running import RunningPhase, V1RunningPhase
 
 
-class V1Scheduler(V1RunningPhase):
+class Allocation(enum.Enum):
+    """What `allocate_slots` for a running request came to (0.11.0 L254-292)."""
+
+    #: It fits (after preempting victims from the tail, maybe).
+    FITS = "fits"
+    #: It was itself the victim: the running loop ends (FCFS and 4ac7713 / 0.11.0).
+    PREEMPTED_SELF = "preempted_self"
+    #: The manager call failed (the auditor recorded why): the request failed, left `running`.
+    FAILED = "failed"
+
+
+class TurnOutcome(enum.Enum):
+    """One request's turn in the running loop."""
+
+    SCHEDULED = "scheduled"
+    #: No new tokens due (0.11.0 L238-252): the loop moves on (`continue`, not `break`).
+    NOTHING_DUE = "nothing_due"
+    PREEMPTED_SELF = "preempted_self"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTurn:
+    """A running turn's outcome and the tokens it scheduled (0 unless SCHEDULED)."""
+
+    outcome: TurnOutcome
+    num_new_tokens: int = 0
+
+
+class Admission(enum.Enum):
+    """One waiting request's turn in the waiting loop."""
+
+    #: Allocated: it moves to `running` with its new tokens.
+    ADMITTED = "admitted"
+    #: Set aside this step (its load runs, the connector says retry, or 0.11.0's oversized
+    #: prompt): it returns to the head of the queue after the loop.
+    SKIPPED = "skipped"
+    #: The manager call failed (the auditor recorded why): it leaves the queue, failed.
+    FAILED = "failed"
+    #: The waiting loop ends here (refused: head-of-line blocking; 0.33.0's oversized prompt).
+    STOP = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionTurn:
+    """A waiting turn's outcome; for ADMITTED its new and computed tokens, for FAILED why."""
+
+    outcome: Admission
+    num_new_tokens: int = 0
+    num_computed_tokens: int = 0
+    error: AuditError | None = None
+
+
+_NOTHING_DUE = RunningTurn(TurnOutcome.NOTHING_DUE)
+_TURN_OF = {
+    Allocation.PREEMPTED_SELF: RunningTurn(TurnOutcome.PREEMPTED_SELF),
+    Allocation.FAILED: RunningTurn(TurnOutcome.FAILED),
+}
+_SKIPPED = AdmissionTurn(Admission.SKIPPED)
+_STOP = AdmissionTurn(Admission.STOP)
+
+#: One request's turn: (request, budget, plan, now_s) -> its outcome.
+RequestTurn = Callable[[Request, int, StepPlan, float], RunningTurn]
+
+
+class RunningPhase(Protocol):
+    """The seam: a running phase, upstream's (`V1Scheduler.running_loop`) or the decode
+    shortcuts' (`sim.scheduler.fast.v1`); returns the budget left."""
+
+    def __call__(self, plan: StepPlan, budget: int, now_s: float) -> int: ...
+
+
+class SpeedHooks(Protocol):
+    """What the faithful scheduler tells the speed layer, and all it asks of it. Each call
+    changes no decision; `NoSpeedLayer` does nothing (`sim.scheduler.fast.layer` explains
+    the layer)."""
+
+    def joined(self, request: Request) -> None:
+        """`request` was appended to `running`."""
+
+    def left(self, request: Request) -> None:
+        """`request` left `running` (preempted or failed)."""
+
+    def before_call(self, request: Request) -> None:
+        """A real manager call on `request` follows (allocate, free)."""
+
+    def after_call(self, request: Request) -> None:
+        """A real `allocate_slots` on `request` succeeded."""
+
+    def refusal_known(self, request: Request, num_new_tokens: int) -> bool:
+        """True: `allocate_slots` for this waiting head is known to return None (skip it)."""
+        ...
+
+    def refused(self, request: Request, num_new_tokens: int) -> None:
+        """`allocate_slots` for this waiting head returned None."""
+
+    def step_done(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
+        """`update_from_output` applied the step's outputs; `finished` left `running`."""
+
+    def materialize(self) -> None:
+        """Bring every request's tokens up to date."""
+
+    def use_cohort(self, window: int | None) -> bool:
+        """Keep steady decodes in a cohort; False where the layer cannot."""
+        ...
+
+
+class NoSpeedLayer:
+    """The speed hooks with the layer off: every call is made, nothing is skipped."""
+
+    def joined(self, request: Request) -> None:
+        """Nothing to track."""
+
+    def left(self, request: Request) -> None:
+        """Nothing to track."""
+
+    def before_call(self, request: Request) -> None:
+        """Nothing was skipped, so the manager has nothing to catch up on."""
+
+    def after_call(self, request: Request) -> None:
+        """Nothing to track."""
+
+    def refusal_known(self, request: Request, num_new_tokens: int) -> bool:
+        """Never: every call is made."""
+        return False
+
+    def refused(self, request: Request, num_new_tokens: int) -> None:
+        """Nothing to remember."""
+
+    def step_done(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
+        """No quiet decode or cohort to bring up to date."""
+
+    def materialize(self) -> None:
+        """Every request is always up to date."""
+
+    def use_cohort(self, window: int | None) -> bool:
+        """No cohort without the layer."""
+        return False
+
+
+class V1Scheduler:
     """One replica's V1-engine scheduler over an audited `KVCacheManager`."""
 
     engine = "v1"
-    #: Skip an `allocate_slots` whose None answer is known (see `_schedule_waiting`); tests
-    #: turn it off to show that the skip changes no result.
-    skip_repeated_later = True
 
     def __init__(
         self,
@@ -58,51 +209,40 @@ class V1Scheduler(V1RunningPhase):
         kv_cache_manager: AuditedV1Manager,
         kv_connector: KVConnector | None = None,
     ) -> None:
+        """`Scheduler.__init__` (0.11.0 L45-177, 0.33.0 L87-500), the parts modelled."""
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         # What `SchedulerConfig.token_budget` resolves, never raised here: an explicit budget
         # below max_model_len without chunked prefill is refused at startup, as vLLM's
-        # SchedulerConfig refuses it (`sim.scenario.startup.check_token_budget`); kvsim used to raise
-        # it silently to max_model_len while summary.json recorded the budget asked for.
+        # SchedulerConfig refuses it (`sim.scenario.startup.check_token_budget`).
         self.token_budget = config.token_budget("v1")
         #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`).
         self.release_policies = policies_for(kv_cache_manager, self.token_budget)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        #: 4ac7713 / 0.11.0 under PRIORITY: where the real waiting heap would raise on a tie
-        #: (only with `use_exact_arrival_times`).
-        self._ties: HeapTieMirror | None = None
+        #: 4ac7713 / 0.11.0 under PRIORITY with exact arrival times: where the real waiting
+        #: heap would raise on a tie (`use_exact_arrival_times`); else its no-op hooks.
+        self._ties: HeapTieMirror | NoTieMirror = NoTieMirror()
         #: The PRIORITY victim's key: kvsim's total order, or vLLM's own (see there).
         self._victim_key: Callable[[Request], tuple[int, float] | tuple[int, float, int]] = (
             priority_key
         )
-        self._init_fast_path(config, kv_cache_manager)
-        #: The decode shortcuts (`sim.scheduler.fast.layer`); None: every call is made.
-        self.shortcuts: V1DecodeShortcuts | None = None
-        #: The running phase (the seam): upstream's loop, or the decode shortcuts' in its
-        #: place (`sim.scheduler.fast.layer`).
-        self.running_phase: RunningPhase = self._schedule_running
-        if fast_path_enabled(config, kv_cache_manager):
-            self.shortcuts = V1DecodeShortcuts(self)
-            self.running_phase = self.shortcuts.schedule_running
-        # Prefix-cache hits can only happen with caching on (a manager that does not say is
-        # taken to have it). Without them the waiting phase can skip known refusals.
-        self._prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
-        if not self._prefix_hits_possible:
-            self._num_free_blocks: Callable[[], int] = lambda: kv_cache_manager.num_free_blocks
+        #: The speed layer's hooks (`install_speed_layer`); off: every call is made.
+        self.speed: SpeedHooks = NoSpeedLayer()
+        #: The running phase (the seam): upstream's loop, or the decode shortcuts' in its place.
+        self.running_phase: RunningPhase = self.running_loop
+        #: Prefix-cache hits can only happen with caching on (a manager that does not say is
+        #: taken to have it); without, the lookup is a pure ([], 0) and is not made.
+        self.prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
         # PRIORITY preemptions during one running turn: the running-loop indices
         # of the victims and the tokens refunded to the budget (0.33.0's rule).
         self._victim_indices: list[int] = []
         self._refunded_tokens = 0
-        self._later_key: tuple[int, int, int] | None = None
-        self._later_num_new = 0
-        self._later_free = 0
         #: `long_prefill_token_threshold` as it applies in the current step (`schedule`).
-        self._step_threshold = config.long_prefill_token_threshold
+        self.step_threshold = config.long_prefill_token_threshold
         #: The KV connector's scheduler side (`sim.kv_connector`); no-ops without one.
         self.connector_hooks = ConnectorHooks(kv_connector or NoConnector(), kv_cache_manager)
 
-    # ------------------------------------------------------------------ queues
     def use_exact_arrival_times(self) -> bool:
         """Take `arrival_s` as vLLM's own `arrival_time` (the scheduler lockstep does): then
         equal ones are real ties, and 4ac7713 / 0.11.0's PRIORITY heap dies on comparing two
@@ -119,194 +259,285 @@ class V1Scheduler(V1RunningPhase):
             self.release_policies.unordered_priority_ties
         ):
             self._ties = HeapTieMirror()
-        return self._ties is not None
+        return isinstance(self._ties, HeapTieMirror)
 
-    def add_request(self, request: Request) -> None:
-        self._enqueue(request, front=False)
-        if self._ties is not None:
-            self._ties.push(request)
-
-    def _enqueue(self, request: Request, front: bool) -> None:
-        """FCFS: append (or prepend after preemption). PRIORITY: insert in (priority, arrival) order."""
-        if self.config.policy is Policy.PRIORITY:
-            index = len(self.waiting)
-            while index > 0 and priority_key(self.waiting[index - 1]) > priority_key(request):
-                index -= 1
-            self.waiting.insert(index, request)
-        elif front:
-            self.waiting.appendleft(request)
-        else:
-            self.waiting.append(request)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
-
-    def unfinished(self) -> list[Request]:
-        self.materialize()
-        return [*self.running, *self.waiting]
-
-    # ------------------------------------------------------------------ decode cohort
-    def materialize(self) -> None:
-        """Bring every request's tokens up to date (the decode cohort's members)."""
-        if self.shortcuts is not None:
-            self.shortcuts.materialize()
+    def install_speed_layer(self, hooks: SpeedHooks, running_phase: RunningPhase) -> None:
+        """Let the speed layer take the running phase and hear the hooks (no upstream
+        counterpart; `sim.scheduler.fast.v1.with_decode_shortcuts`). Call before the first
+        request."""
+        self.speed = hooks
+        self.running_phase = running_phase
 
     def use_decode_cohort(self, window: int | None) -> bool:
-        """Keep steady decodes in a `DecodeCohort` (see `sim.scheduler.fast.cohort`). Needs the
-        decode fast path and FCFS (a priority victim may sit anywhere in `running`). Call
-        before the first step; `materialize` brings every request up to date."""
-        if self.shortcuts is None or self.config.policy is not Policy.FCFS:
-            return False
-        self.shortcuts.use_cohort(window)
-        return True
+        """Keep steady decodes in a decode cohort (`sim.scheduler.fast.cohort`) where the speed
+        layer can (no upstream counterpart); call before the first step. False: every step
+        visits every request."""
+        return self.speed.use_cohort(window)
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
-        skipped: list[Request] = []
-        while self.waiting and budget > 0:
-            if len(self.running) == self.config.max_num_seqs:
-                break
-            request = self.waiting[0]
-            seq = request.seq
-            hooks = self.connector_hooks
-            # KV connector: a request whose load runs stays parked (0.11.0 L342-353).
-            if request.state is RequestState.WAITING_FOR_REMOTE_KVS:
-                if not hooks.update_waiting_for_remote_kv(request):
-                    skipped.append(self.waiting.popleft())
-                    if self._ties is not None:
-                        self._ties.skip(request)
-                    continue
-                request.state = RequestState.WAITING
-            if seq.num_computed_tokens == 0 and self._prefix_hits_possible:
-                hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
-            else:  # (without prefix caching the lookup is a pure ([], 0))
-                hit_block_ids, num_computed = [], seq.num_computed_tokens
-            num_external = 0
-            load_async = False
-            if hooks.enabled and seq.num_computed_tokens == 0:
-                # Tokens the connector holds beyond the local hit (0.11.0 L386-402).
-                match = hooks.get_num_new_matched_tokens(request, num_computed)
-                if match.status is MatchStatus.RETRY_LATER:
-                    skipped.append(self.waiting.popleft())
-                    if self._ties is not None:
-                        self._ties.skip(request)
-                    continue
-                num_external, load_async = match.num_external_tokens, match.load_async
-            if load_async:
-                num_new = 0  # loading: no new work until the load completes (L414-417)
-            else:
-                num_new = seq.num_tokens - num_computed - num_external
-                threshold = self._step_threshold
-                if 0 < threshold < num_new:
-                    num_new = threshold
-                if not self.config.enable_chunked_prefill and num_new > budget:
-                    if not self.release_policies.oversized_prompt.skips_to_next:
-                        break
-                    skipped.append(self.waiting.popleft())
-                    if self._ties is not None:
-                        self._ties.skip(request)
-                    continue
-                num_new = min(num_new, budget)
-            num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
-            # Without prefix hits, `allocate_slots` for a waiting request is None exactly when
-            # the blocks for its `num_new` tokens exceed the free ones: monotone in both. So
-            # a head that got None stays refused while it is unchanged, asks no fewer tokens
-            # and no block was freed; the repeat call, made on most steps of an overloaded
-            # replay, is skipped.
-            later_key = (request.request_id, seq.num_tokens, seq.num_computed_tokens)
-            free = self._num_free_blocks() if not self._prefix_hits_possible else 0
-            if (
-                not self._prefix_hits_possible
-                and self.skip_repeated_later
-                and not hooks.enabled
-                and later_key == self._later_key
-                and num_new >= self._later_num_new
-                and free <= self._later_free
-            ):
-                break
-            try:
-                if self.release_policies.admission.admits(
-                    self.kv_cache_manager, seq, hit_block_ids if num_new_hit else []
-                ):
-                    blocks = self.kv_cache_manager.allocate_slots(
-                        seq,
-                        num_new + num_external,
-                        num_new_hit,
-                        hit_block_ids,
-                        self.config.num_lookahead_slots,
-                    )
-                else:
-                    blocks = None  # 0.33.0's full-sequence gate: refused like allocate_slots
-            except AuditError as error:
-                self.waiting.popleft()
-                if self._ties is not None:
-                    self._ties.pop()
-                self._fail(request, plan, error, now_s)
-                continue
-            if blocks is None:
-                self._later_key, self._later_num_new, self._later_free = later_key, num_new, free
-                break
-            if hooks.enabled:  # (0.11.0 L489-504)
-                hooks.update_state_after_alloc(request, num_new_hit, num_external, now_s)
-                if load_async:
-                    skipped.append(self.waiting.popleft())
-                    if self._ties is not None:
-                        self._ties.skip(request)
-                    request.state = RequestState.WAITING_FOR_REMOTE_KVS
-                    continue
-                num_computed += num_external
-            self.waiting.popleft()
-            if self._ties is not None:
-                self._ties.pop()
-            self.running.append(request)
-            if self.shortcuts is not None:
-                self.shortcuts.join_running((request,))
-            self._refresh_touch(request)
-            request.state = RequestState.RUNNING
-            seq.status = SequenceStatus.RUNNING
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = now_s
-                request.num_prefix_hit_tokens = num_computed
-            seq.num_computed_tokens = num_computed
-            plan.scheduled.append(ScheduledWork(request, num_new, num_computed, True))
-            budget -= num_new
-        # 4ac7713 / 0.11.0 collect the skipped requests by `prepend_request` into a side queue
-        # that is then prepended whole (0.11.0 `sched/scheduler.py:L434`, `L541`): they return
-        # to the head in *reverse* skip order ([A, B] skipped -> waiting [B, A, ...]).
-        for request in skipped:
-            self._enqueue(request, front=True)
-        if skipped and self._ties is not None:
-            self._ties.return_skipped()
-
+    # ------------------------------------------------------------------ schedule
     def schedule(self, now_s: float) -> StepPlan:
+        """`schedule` (0.11.0 L179-627, 0.33.0 L699-1784): the running loop, the waiting loop
+        unless something was preempted, `_update_after_schedule`, the connector's metadata."""
         plan = StepPlan()
         self.connector_hooks.poll(now_s)  # the transfers the last step's worker reported
-        self._step_threshold = self.config.long_prefill_token_threshold
+        self.step_threshold = self.config.long_prefill_token_threshold
         if self.release_policies.lone_request_ignores_threshold and self.num_unfinished() <= 1:
-            self._step_threshold = 0  # 0.33.0: nobody to starve (`v1_release`)
+            self.step_threshold = 0  # 0.33.0 L754-762: nobody to starve (`release`)
         budget = self.running_phase(plan, self.token_budget, now_s)
         if plan.num_preempted == 0:
             self._schedule_waiting(plan, budget, now_s)
         self._update_after_schedule(plan)
         self.connector_hooks.build_connector_meta(plan, now_s)  # (0.11.0 L604-607)
-        if self._ties is not None and self._ties.error is not None:
+        if self._ties.error is not None:
             plan.fatal_error = self._ties.error  # the real engine died in this call or before
         return plan
 
+    def running_loop(
+        self, plan: StepPlan, budget: int, now_s: float, request_turn: RequestTurn | None = None
+    ) -> int:
+        """The running loop (0.11.0 L208-320, 0.33.0 L793-1036); returns the token budget
+        left. `request_turn` is one request's turn, `running_turn` unless the speed layer
+        gives its own."""
+        turn_of = request_turn or self.running_turn
+        index = 0
+        while index < len(self.running) and budget > 0:
+            turn = turn_of(self.running[index], budget, plan, now_s)
+            if self._victim_indices:  # PRIORITY victims left `running` (see `_preempt`)
+                index, budget = self._after_priority_preemption(index, budget)
+            outcome = turn.outcome
+            if outcome is TurnOutcome.FAILED:
+                continue  # it left `running`
+            if outcome is TurnOutcome.PREEMPTED_SELF:
+                if self.config.policy is Policy.FCFS or (
+                    self.release_policies.priority_victim.self_preemption_ends_loop
+                ):
+                    break
+                continue  # 0.33.0: the next request now sits at `index`
+            budget -= turn.num_new_tokens
+            index += 1
+        return budget
+
+    def running_turn(
+        self, request: Request, budget: int, plan: StepPlan, now_s: float
+    ) -> RunningTurn:
+        """The running loop's body for one request (0.11.0 L211-300, 0.33.0 L796-1036): its
+        new tokens, `allocate_slots` (preempting from the tail until they fit), the work."""
+        seq = request.seq
+        computed = seq.num_computed_tokens
+        num_new = self._clamp(seq.content.num_tokens - computed, budget)
+        num_new = min(num_new, self.config.max_model_len - 1 - computed)
+        if num_new <= 0:
+            return _NOTHING_DUE
+        self.speed.before_call(request)
+        allocation = self.allocate_running(request, num_new, plan, now_s)
+        if allocation is not Allocation.FITS:
+            return _TURN_OF[allocation]
+        self.speed.after_call(request)
+        plan.scheduled.append(
+            ScheduledWork(
+                request, num_new, seq.num_computed_tokens, self._is_prefill(request, num_new)
+            )
+        )
+        return RunningTurn(TurnOutcome.SCHEDULED, num_new)
+
+    def _clamp(self, num_new: int, budget: int) -> int:
+        """`long_prefill_token_threshold`, then the budget (0.11.0 L216-220, 0.33.0 L844-846).
+        Example: 100 new tokens, threshold 64, budget 48: 48."""
+        threshold = self.step_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        return min(num_new, budget)
+
+    def allocate_running(
+        self, request: Request, num_new: int, plan: StepPlan, now_s: float
+    ) -> Allocation:
+        """`allocate_slots` for a running request, preempting until it fits (0.11.0 L254-292,
+        0.33.0 L913-990)."""
+        while True:
+            try:
+                blocks = self.kv_cache_manager.allocate_slots(
+                    request.seq, num_new, 0, None, self.config.num_lookahead_slots
+                )
+            except AuditError as error:
+                self.speed.left(request)
+                self.running.remove(request)
+                self._fail(request, plan, error, now_s)
+                return Allocation.FAILED
+            if blocks is not None:
+                return Allocation.FITS
+            if self._preempt(plan) is request:
+                return Allocation.PREEMPTED_SELF
+
+    def _preempt(self, plan: StepPlan) -> Request:
+        """Preempt the last running request (PRIORITY: the worst) by recompute (0.11.0
+        L262-282; 0.33.0 L930-990 and `_preempt_request`, L1799-1843)."""
+        if self.config.policy is Policy.PRIORITY:
+            victim = max(self.running, key=self._victim_key)
+            victim_index = self.running.index(victim)
+            del self.running[victim_index]
+            self._victim_indices.append(victim_index)
+            self._refunded_tokens += self.release_policies.priority_victim.unschedule(plan, victim)
+        else:
+            victim = self.running.pop()
+        self.speed.left(victim)
+        self.speed.before_call(victim)
+        self.kv_cache_manager.free(victim.seq)
+        victim.state = RequestState.WAITING
+        victim.seq.status = SequenceStatus.PREEMPTED
+        victim.seq.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        plan.num_preempted += 1
+        self._enqueue(victim, front=True)
+        self._ties.push(victim)
+        return victim
+
+    def _after_priority_preemption(self, index: int, budget: int) -> tuple[int, int]:
+        """The running loop's index and budget after PRIORITY victims left `running`
+        (`release.PriorityVictimRule`: unchanged at 0.11.0, corrected at 0.33.0 L960-990)."""
+        rule = self.release_policies.priority_victim
+        for victim_index in self._victim_indices:
+            index = rule.index_after_removal(index, victim_index)
+        self._victim_indices.clear()
+        budget += self._refunded_tokens
+        self._refunded_tokens = 0
+        return index, budget
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
+        """The waiting loop (0.11.0 L334-541, 0.33.0 L1049-1610): one `_admission_turn` per
+        head until the budget or `max_num_seqs` (0.11.0 L337-338, 0.33.0 L1072-1074) runs
+        out. 4ac7713 / 0.11.0 collect the skipped requests into a side queue that is then
+        prepended whole (0.11.0 L434, L541; 0.33.0 L1054-1060, L1607-1610): they return to the
+        head in *reverse* skip order ([A, B] skipped -> waiting [B, A, ...])."""
+        skipped: list[Request] = []
+        ties = self._ties
+        while self.waiting and budget > 0:
+            if len(self.running) == self.config.max_num_seqs:
+                break
+            request = self.waiting[0]
+            turn = self._admission_turn(request, budget, now_s)
+            outcome = turn.outcome
+            if outcome is Admission.ADMITTED:
+                self.waiting.popleft()
+                ties.pop()
+                self._admit(request, turn, plan, now_s)
+                budget -= turn.num_new_tokens
+            elif outcome is Admission.SKIPPED:
+                skipped.append(self.waiting.popleft())
+                ties.skip(request)
+            elif outcome is Admission.FAILED:
+                assert turn.error is not None
+                self.waiting.popleft()
+                ties.pop()
+                self._fail(request, plan, turn.error, now_s)
+            else:
+                break
+        for request in skipped:
+            self._enqueue(request, front=True)
+        if skipped:
+            ties.return_skipped()
+
+    def _admission_turn(self, request: Request, budget: int, now_s: float) -> AdmissionTurn:
+        """The waiting loop's body for the head (0.11.0 L340-505, 0.33.0 L1076-1530): a load
+        still running parks it (0.11.0 L343-353, 0.33.0 `_handle_blocked_waiting_request`
+        L3519-3554); the local prefix hit and the connector's external tokens (0.11.0
+        L376-402, 0.33.0 L1120-1160); its new tokens; `allocate_slots` behind the pinned
+        release's admission gate (0.11.0 L471-483, 0.33.0 L1435-1461); the connector's
+        `update_state_after_alloc` (0.11.0 L489-504, 0.33.0 L1478-1525)."""
+        hooks = self.connector_hooks
+        if request.state is RequestState.WAITING_FOR_REMOTE_KVS:
+            if not hooks.update_waiting_for_remote_kv(request):
+                return _SKIPPED
+            request.state = RequestState.WAITING
+        seq = request.seq
+        if seq.num_computed_tokens == 0 and self.prefix_hits_possible:
+            hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
+        else:  # (without prefix caching the lookup is a pure ([], 0))
+            hit_block_ids, num_computed = [], seq.num_computed_tokens
+        num_external, load_async = 0, False
+        if hooks.enabled and seq.num_computed_tokens == 0:
+            match = hooks.get_num_new_matched_tokens(request, num_computed)
+            if match.status is MatchStatus.RETRY_LATER:
+                return _SKIPPED
+            num_external, load_async = match.num_external_tokens, match.load_async
+        # Loading: no new work until the load completes (0.11.0 L414-417).
+        num_new = 0 if load_async else self._waiting_num_new(seq, num_computed + num_external)
+        if num_new > budget and not self.config.enable_chunked_prefill:
+            return _SKIPPED if self.release_policies.oversized_prompt.skips_to_next else _STOP
+        num_new = min(num_new, budget)
+        num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
+        if self.speed.refusal_known(request, num_new):
+            return _STOP
+        try:
+            blocks = self._allocate_waiting(seq, num_new + num_external, num_new_hit, hit_block_ids)
+        except AuditError as error:
+            return AdmissionTurn(Admission.FAILED, error=error)
+        if blocks is None:
+            self.speed.refused(request, num_new)
+            return _STOP
+        if hooks.enabled:
+            hooks.update_state_after_alloc(request, num_new_hit, num_external, now_s)
+            if load_async:
+                request.state = RequestState.WAITING_FOR_REMOTE_KVS
+                return _SKIPPED
+            num_computed += num_external
+        return AdmissionTurn(Admission.ADMITTED, num_new, num_computed)
+
+    def _waiting_num_new(self, seq: Sequence, num_computed: int) -> int:
+        """A waiting request's new tokens before the budget: the rest of its tokens, capped by
+        `long_prefill_token_threshold` (0.11.0 L415-428, 0.33.0 L1330-1333). Example: a
+        300-token prompt with a 100-token hit under a threshold of 128: 128."""
+        num_new = seq.num_tokens - num_computed
+        threshold = self.step_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        return num_new
+
+    def _allocate_waiting(
+        self, seq: Sequence, num_tokens: int, num_new_hit: int, hit_block_ids: list[int]
+    ) -> list[int] | None:
+        """`allocate_slots` for a waiting request (0.11.0 L471-483, 0.33.0 L1435-1452), behind
+        the pinned release's admission gate (`release.AdmissionGate`: 0.33.0's full-sequence
+        gate refuses like `allocate_slots`, None)."""
+        manager = self.kv_cache_manager
+        if not self.release_policies.admission.admits(
+            manager, seq, hit_block_ids if num_new_hit else []
+        ):
+            return None
+        return manager.allocate_slots(
+            seq, num_tokens, num_new_hit, hit_block_ids, self.config.num_lookahead_slots
+        )
+
+    def _admit(self, request: Request, turn: AdmissionTurn, plan: StepPlan, now_s: float) -> None:
+        """An allocated head joins `running` with its new tokens (0.11.0 L505-537, 0.33.0
+        L1527-1590)."""
+        seq = request.seq
+        num_computed = turn.num_computed_tokens
+        self.running.append(request)
+        self.speed.joined(request)
+        self.speed.after_call(request)
+        request.state = RequestState.RUNNING
+        seq.status = SequenceStatus.RUNNING
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now_s
+            request.num_prefix_hit_tokens = num_computed
+        seq.num_computed_tokens = num_computed
+        plan.scheduled.append(ScheduledWork(request, turn.num_new_tokens, num_computed, True))
+
     @staticmethod
     def _update_after_schedule(plan: StepPlan) -> None:
-        """`_update_after_schedule` (L629-658): computed tokens advance now, for every
-        scheduled request (at 4ac7713 this includes a priority victim scheduled earlier in the
-        same step), the quiet decodes included."""
+        """`_update_after_schedule` (0.11.0 L629-658, 0.33.0 L1845-1877): computed tokens
+        advance now, for every scheduled request (at 4ac7713 this includes a priority victim
+        scheduled earlier in the same step), the quiet decodes included."""
         for work in plan.scheduled:
             work.request.seq.num_computed_tokens += work.num_tokens
         for request in plan.quiet:
             request.seq.num_computed_tokens += 1
 
+    # ------------------------------------------------------------------ outputs
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
-        """`update_from_output` (L861-1022): sample for requests whose tokens are all computed; finish them."""
+        """`update_from_output` (0.11.0 L861-1022, 0.33.0 L2259-2676): sample for requests
+        whose tokens are all computed; finish them (`_free_request`, 0.11.0 L1147-1160,
+        0.33.0 L3031-3062)."""
         finished: list[Request] = []
         running = RequestState.RUNNING
         max_model_len = self.config.max_model_len
@@ -324,21 +555,71 @@ class V1Scheduler(V1RunningPhase):
             reason = check_stop(request, max_model_len)
             if reason is None:
                 continue
-            self._sync(request)
-            self.connector_hooks.free_finished(request)  # `_free_request` (0.11.0 L1145-1158)
+            self.speed.before_call(request)
+            self.connector_hooks.free_finished(request)
             finish(request, reason, now_s)
             finished.append(request)
         if finished:
             self.running = [r for r in self.running if not r.state.is_terminal]
-        if self.shortcuts is not None:
-            self.shortcuts.after_update(plan, finished, now_s)
+        self.speed.step_done(plan, finished, now_s)
         return finished
+
+    # ------------------------------------------------------------------ queues
+    def add_request(self, request: Request) -> None:
+        """`add_request` (0.11.0 L1097-1101, 0.33.0 L2931-2962): into the waiting queue."""
+        self._enqueue(request, front=False)
+        self._ties.push(request)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        """FCFS: append (or prepend after preemption). PRIORITY: insert in (priority, arrival)
+        order (`sched/request_queue.py`, both releases)."""
+        if self.config.policy is Policy.PRIORITY:
+            index = len(self.waiting)
+            while index > 0 and priority_key(self.waiting[index - 1]) > priority_key(request):
+                index -= 1
+            self.waiting.insert(index, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    def num_unfinished(self) -> int:
+        """`get_num_unfinished_requests` (0.11.0 L1167-1168, 0.33.0 L3147-3155)."""
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished(self) -> bool:
+        """`has_unfinished_requests` (`sched/interface.py`, 0.11.0 L106-109, 0.33.0 L185):
+        anything waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def unfinished(self) -> list[Request]:
+        """Every request not finished, running first, each brought up to date (kvsim's; upstream
+        keeps them in `self.requests`, 0.11.0 L1097-1101)."""
+        self.materialize()
+        return [*self.running, *self.waiting]
+
+    def materialize(self) -> None:
+        """Bring every request's tokens up to date (the speed layer's decode cohort; no upstream
+        counterpart: upstream's requests are never behind)."""
+        self.speed.materialize()
+
+    def _fail(self, request: Request, plan: StepPlan, error: AuditError, now_s: float) -> None:
+        fail(self.kv_cache_manager, request, plan, error, now_s)
+
+    @staticmethod
+    def _is_prefill(request: Request, num_new: int) -> bool:
+        seq = request.seq
+        return not (
+            num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1
+        )
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
-    """`check_stop` (sched/utils.py @4ac7713), its length rules: the finish reason, or None
-    while the request runs on. Example: a 100-token prompt with max_tokens 8 stops at 108
-    tokens ("length: generated max_tokens"); with max_model_len 105 it stops at 105 already.
+    """`check_stop` (`sched/utils.py`, 0.11.0 L43-70, 0.33.0 L98-140), its length rules (0.11.0 L46-49,
+    0.33.0 L114-119): the
+    finish reason, or None while the request runs on. Example: a 100-token prompt with
+    max_tokens 8 stops at 108 tokens ("length: generated max_tokens"); with max_model_len 105
+    it stops at 105 already.
     """
     num_tokens = request.seq.content.num_tokens
     if num_tokens - request.seq.prompt_len >= request.max_tokens:
