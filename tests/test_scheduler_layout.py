@@ -16,18 +16,12 @@ import sim.scheduler
 from sim.audit import audited
 from sim.kv import Design, KVCacheConfig, make_manager
 from sim.scheduler import Policy, SchedulerConfig, V0Scheduler, V1Scheduler
-from sim.scheduler.fast.v0 import V0DecodeShortcuts
 from sim.scheduler.fast.v1 import V1DecodeShortcuts
 
 SCHEDULER_DIR = Path(sim.scheduler.__file__).parent
 
 #: The faithful phases: upstream's methods, read line by line against the cited source.
 FAITHFUL_MODULES = [
-    "v0/base",
-    "v0/running",
-    "v0/swapped",
-    "v0/prefills",
-    "v0/scheduler",
     "v1/running",
 ]
 
@@ -83,7 +77,11 @@ def test_v1_faithful_code_touches_the_shortcuts_only_in_update_after_schedule():
 
 
 def test_scheduler_modules_are_at_most_400_lines():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in SCHEDULER_DIR.rglob("*.py")}
+    sizes = {
+        p.name: len(p.read_text().splitlines())
+        for p in SCHEDULER_DIR.rglob("*.py")
+        if p != SCHEDULER_DIR / "v0" / "scheduler.py"  # upstream's size: test_layout_v0_scheduler
+    }
     assert {name: n for name, n in sizes.items() if n > 400} == {}
 
 
@@ -93,18 +91,6 @@ def _config(fast_path: bool, policy: Policy = Policy.FCFS) -> SchedulerConfig:
 
 def _manager(design: Design):
     return audited(make_manager(design, KVCacheConfig(num_gpu_blocks=64, block_size=16)))
-
-
-@pytest.mark.parametrize("fast_path", [False, True])
-def test_v0_running_phase_is_upstreams_unless_the_shortcuts_replace_it(fast_path):
-    scheduler = V0Scheduler(_config(fast_path), _manager(Design.V0_V2))
-    if fast_path:
-        assert isinstance(scheduler.shortcuts, V0DecodeShortcuts)
-        assert scheduler.running_phase == scheduler.shortcuts.schedule_running
-    else:
-        assert scheduler.shortcuts is None
-        assert scheduler.running_phase == scheduler._schedule_running
-    assert scheduler.use_decode_cohort(None) is fast_path
 
 
 @pytest.mark.parametrize("fast_path", [False, True])

@@ -2,18 +2,17 @@
 quiet decodes skipped, repeated LATER answers skipped, and the decode cohort's lazy step (the
 layer is described in `sim.scheduler.fast.layer`).
 
-The faithful scheduler (`sim.scheduler.v0.scheduler`) walks `running` with upstream's loop
-(`_schedule_running`, vllm/core/scheduler.py:L408-516 of 0.5.4). With a cohort, `lazy_running`
-first tries the lazy step, which visits only the outsiders and the members whose event is due;
-when it cannot (see `_lazy_step`), or without a cohort, it lets the walk run and answers each
-quiet decode's turn in it (`quiet_turn`): scheduled without a manager call; every other request
-takes upstream's turn. The layer reads nothing of the scheduler but what the hooks pass and its
-`running` queue (`V0Queues`); it makes the manager calls of its lazy step itself.
+The scheduler walks `running` with upstream's loop (`_schedule_running`, vllm/core/scheduler.py
+L408-516 of 0.5.4). With a cohort, `lazy_running` first tries the lazy step, which visits only
+the outsiders and the members whose event is due; when it cannot (`_lazy_step`), or without a
+cohort, the walk runs and `quiet_turn` schedules each quiet decode without a manager call. The
+layer reads nothing of the scheduler but the hooks' arguments and `running` (`V0Queues`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from sim.audit import AuditedV0Manager, AuditError
 from sim.kv.types import Sequence as KVSequence
@@ -32,8 +31,7 @@ from sim.scheduler.v0.hooks import NoShortcuts, V0Hooks, V0Queues
 from sim.scheduler.v0.outputs import RunningOutputs, RunningWalk
 
 MEMBER = Membership.MEMBER
-# Tested per `event_len` (~250 k times per Azure replay): on Python 3.11 an enum member read
-# through its class costs ~95 ns, a module global ~10 ns.
+# Read per `event_len` (~250 k times per Azure replay): ~10 ns as a global, ~95 via the enum.
 RUNNING = RequestState.RUNNING
 
 
@@ -61,15 +59,12 @@ class V0DecodeShortcuts(DecodeShortcuts):
         self.max_model_len = config.max_model_len
         self.lookahead = config.num_lookahead_slots
         # Bound once: they run on every touched decode, and the auditor's properties would
-        # look the inner method up again on each read. Measured on the compiled core
-        # (`sim.native`): reading the properties per call made the v1-engine Azure replay
-        # 3.41 s instead of 3.15 s (medians of 5 runs each).
+        # look the inner method up on each read (3.41 s instead of 3.15 s per Azure replay).
         self._touch_len_of: Callable[[KVSequence], int | None] = manager.decode_touch_len
         self._sync_decode: Callable[[KVSequence], None] = manager.sync_decode
         #: Free blocks as of the walk's last real call (`quiet_turn`'s test).
         self._walk_free = 0
-        # The next order key in front of `running` under a cohort (chunked prefill puts
-        # prefill-stage requests there); the base class keeps the one at the back.
+        # The next order key in front of `running` (chunked prefill's prefill-stage requests).
         self._front_key = -1
         #: (request id, its tokens) and free blocks of the last LATER answer (`known_later`).
         self._later_key: tuple[int, int] | None = None
@@ -88,14 +83,11 @@ class V0DecodeShortcuts(DecodeShortcuts):
 
     def known_later(self, request: Request) -> bool:
         """Speed-up of `can_allocate`: whether its answer for the head is known to be LATER.
-
-        `can_allocate` is a pure query of (request, free blocks), and every v0 design's answer
-        is monotone in the free blocks (OK iff free - required >= watermark; NEVER does not
-        depend on them). So a head that got LATER stays LATER while it is unchanged and no
-        block was freed: the repeat query of an overloaded replay, made on nearly every step,
-        is skipped. Example: LATER for request 7 with 300 tokens at 12 free blocks; next step
-        request 7 still has 300 tokens and 10 blocks are free: LATER without a call.
-        """
+        It is a pure query of (request, free blocks), monotone in the free blocks in every v0
+        design (OK iff free - required >= watermark; NEVER does not depend on them): a head
+        that got LATER stays LATER while it is unchanged and no block was freed. Example:
+        LATER for request 7 with 300 tokens at 12 free blocks; next step request 7 still has
+        300 tokens and 10 blocks are free: LATER without a call."""
         return (
             self.skip_repeated_later
             and self._later_key == (request.request_id, request.seq.content.num_tokens)
@@ -129,27 +121,31 @@ class V0DecodeShortcuts(DecodeShortcuts):
         chunking: bool,
         outputs: RunningOutputs,
     ) -> bool:
-        """One request's turn in the walk, if it is quiet. A decode whose manager calls would
-        change nothing (the manager said so with `decode_touch_len`) and whose
-        `can_append_slots` is then `free >= 1` is scheduled without them; the skipped tokens
-        are synced before the next real call. False: upstream's turn."""
-        if (
-            self._walk_free >= 1
-            and not request.is_prefill
-            and (not chunking or budget.num_batched_tokens < budget.token_budget)
-        ):
-            touch_len = request.touch_len
-            if touch_len is not None and request.seq.content.num_tokens < touch_len:
-                add_quiet_decode(request, plan, self.max_model_len)
-                outputs.decode.append(request)
-                # Counted without the per-request id sets: those only make a later subtract
-                # idempotent, and a request already walked is never preempted in this step
-                # (victims come from the tail).
-                budget.num_batched_tokens += 1
-                if chunking:
-                    budget.num_curr_seqs += 1
-                return True
-        return False
+        """One request's turn in the walk, if it is quiet: a decode whose `can_append_slots`
+        is then `free >= 1`, with room in the budget. False: upstream's turn."""
+        if self._walk_free < 1 or (chunking and budget.num_batched_tokens >= budget.token_budget):
+            return False
+        if not self._schedule_quiet(request, budget, plan, chunking):
+            return False
+        outputs.decode.append(request)
+        return True
+
+    def _schedule_quiet(
+        self, request: Request, budget: SchedulingBudget, plan: StepPlan, chunking: bool
+    ) -> bool:
+        """Schedule a decode whose manager calls would change nothing (the manager said so with
+        `decode_touch_len`) without them; the skipped tokens are synced before the next real
+        call. Counted without the budget's per-request id sets: those only make a later
+        subtract idempotent, and a request already scheduled is never preempted in this step
+        (victims come from the tail)."""
+        touch_len = request.touch_len
+        if request.is_prefill or touch_len is None or request.seq.content.num_tokens >= touch_len:
+            return False
+        add_quiet_decode(request, plan, self.max_model_len)
+        budget.num_batched_tokens += 1
+        if chunking:
+            budget.num_curr_seqs += 1
+        return True
 
     def after_turn(self) -> None:
         """Upstream's turn made real calls: the pool may have changed."""
@@ -165,12 +161,10 @@ class V0DecodeShortcuts(DecodeShortcuts):
         chunking: bool,
     ) -> RunningOutputs | None:
         """The running phase visiting only the outsiders and the members whose event is due,
-        in queue order; the other members decode in bulk (`plan.bulk`). The scheduled
-        prefill-stage requests leave `running` (into `outputs.prefill`, to go in front).
-
-        It returns None instead (the scheduler walks; nothing has changed before) when the
-        pool is so low that a call may fail or leave no free block for a quiet decode (the
-        walk's `free >= 1` test), or when the token budget would not cover every request.
+        in queue order; the other members decode in bulk (`plan.bulk`). None (the scheduler
+        walks; nothing has changed before) when the pool is so low that a call may fail or
+        leave no free block for a quiet decode (the walk's `free >= 1` test), or when the
+        token budget would not cover every request.
 
         A due member that finishes in this step leaves the cohort; one whose decode needs the
         manager (it reached `touch_len`) gets its calls here and stays, filed under its next
@@ -187,10 +181,10 @@ class V0DecodeShortcuts(DecodeShortcuts):
             else:
                 touched.append(request)
         if not touched and not self.outsiders:
-            return self._bulk_only(cohort, budget, plan, now_s, chunking)
+            return self._bulk_only(cohort, budget, plan, chunking)
         explicit = [*self.outsiders, *touched]
         if len(explicit) > 1:
-            explicit.sort(key=_order_key)
+            explicit.sort(key=attrgetter("order_key"))
         # One decode call takes at most 2 blocks (a new block, plus v0-V2's lazily created null
         # block or v0-V1's copy-on-write); with this margin every call's `can_append_slots`
         # holds and at least one block stays free for the quiet decodes after it.
@@ -223,15 +217,9 @@ class V0DecodeShortcuts(DecodeShortcuts):
     ) -> None:
         """Upstream's turn (L446-506) for an outsider of the lazy step: quiet, or its calls;
         a scheduled prefill-stage request leaves `running` (into `outputs.prefill`)."""
+        if self._schedule_quiet(request, budget, plan, chunking):
+            return  # quiet, as in the walk; an outsider because it finishes after this step
         seq = request.seq
-        touch_len = request.touch_len
-        if not request.is_prefill and touch_len is not None and seq.content.num_tokens < touch_len:
-            # Quiet, as in the walk; here because it finishes after this step.
-            add_quiet_decode(request, plan, self.max_model_len)
-            budget.num_batched_tokens += 1
-            if chunking:
-                budget.num_curr_seqs += 1
-            return
         # `_get_num_new_tokens` (L1189-1213); the budget covers every request here.
         num_new = seq.num_tokens - seq.num_computed_tokens if request.is_prefill else 1
         if chunking:
@@ -255,12 +243,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
             budget.add_num_seqs(request.request_id, request.group.get_max_num_running_seqs())
 
     def _bulk_only(
-        self,
-        cohort: DecodeCohort,
-        budget: SchedulingBudget,
-        plan: StepPlan,
-        now_s: float,
-        chunking: bool,
+        self, cohort: DecodeCohort, budget: SchedulingBudget, plan: StepPlan, chunking: bool
     ) -> RunningOutputs | None:
         """The lazy step of a step with nothing but members (about half of a replay's steps):
         each quiet, if one block is free and the budget covers them."""
@@ -334,7 +317,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
     def use_cohort(self, window: int | None) -> bool:
         """Keep steady decodes in a `DecodeCohort` from now on."""
         self.cohort = DecodeCohort(window)
-        self._renumber()
+        self.after_requeue()
         return True
 
     def event_len(self, request: Request) -> int | None:
@@ -347,19 +330,16 @@ class V0DecodeShortcuts(DecodeShortcuts):
         seq = request.seq
         return min(touch_len, seq.prompt_len + request.max_tokens - 1, self.max_model_len)
 
-    def _renumber(self) -> None:
-        """After a walk (the cohort is empty): number `running` afresh, all outsiders."""
-        running = self.queues.running
-        for key, request in enumerate(running):
-            request.order_key = key
-        self._back_key = len(running)
-        self._front_key = -1
-        self.outsiders = dict.fromkeys(running)
-
     def after_requeue(self) -> None:
-        """`running` was refilled by upstream's requeue."""
+        """`running` was refilled after a walk (the cohort is empty): under a cohort, number it
+        afresh, all outsiders."""
         if self.cohort is not None:
-            self._renumber()
+            running = self.queues.running
+            for key, request in enumerate(running):
+                request.order_key = key
+            self._back_key = len(running)
+            self._front_key = -1
+            self.outsiders = dict.fromkeys(running)
 
     def on_join(self, requests: Sequence[Request]) -> None:
         """`requests` were appended to `running` (as outsiders, under a cohort)."""
@@ -418,7 +398,3 @@ class V0DecodeShortcuts(DecodeShortcuts):
 
 #: The outputs of a lazy step that scheduled no request on its own: read, never written.
 _LAZY_NOTHING = RunningOutputs(RunningWalk.LAZY)
-
-
-def _order_key(request: Request) -> int:
-    return request.order_key

@@ -267,7 +267,7 @@ class V0Scheduler:
         plan: StepPlan,
         now_s: float,
     ) -> bool:
-        """The tail of the loop body (L586-600) after `_swap_in` (L1134-1142): the group runs,
+        """The tail of the loop body (L601-612) after `_swap_in` (L1134-1142): the group runs,
         gets its slots and its work; False if `_append_slots` failed it."""
         try:
             request.seq.status = SequenceStatus.RUNNING
@@ -292,8 +292,9 @@ class V0Scheduler:
     def _ignore(
         self, request: Request, reason: str, plan: StepPlan, now_s: float, free: bool = False
     ) -> None:
-        """A group upstream marks `FINISHED_IGNORED` (L560-570, L671-700); a swapped one is
-        freed first (the error of a free the auditor refuses is recorded, not raised)."""
+        """A group upstream marks `FINISHED_IGNORED` (L562-571, L691-699, L705-714). A swapped
+        one is freed first (0.5.4 frees nothing there; a free the auditor refuses is recorded,
+        not raised)."""
         if free:
             with contextlib.suppress(AuditError):
                 self.block_manager.free(request.seq)
@@ -434,7 +435,7 @@ class V0Scheduler:
     def _requeue(
         self, prefills: Sequence[Request], running: RunningOutputs, swapped_in: Sequence[Request]
     ) -> None:
-        """Put the step's requests back in the queues (L806-815, L881-895): the preempted
+        """Put the step's requests back in the queues (L807-816, L884-897): the preempted
         ones to the front of `waiting` (`extendleft` reverses: the earliest-preempted ends up
         first, spec 5.3), the swapped-out ones to `swapped`, and to `running` the new
         prefills, the kept ones and the swapped-in ones, in that order. (0.5.4's chunked
