@@ -83,11 +83,9 @@ COMPILED: tuple[str, ...] = (
     "sim.scheduler.v1.priority_ties",
     "sim.scheduler.request",
     "sim.scheduler.v0.scheduler",
-    "sim.scheduler.v0.base",
-    "sim.scheduler.v0.prefills",
-    "sim.scheduler.v0.running",
+    "sim.scheduler.v0.hooks",
+    "sim.scheduler.v0.outputs",
     "sim.scheduler.fast.v0",
-    "sim.scheduler.v0.swapped",
     "sim.scheduler.v1.scheduler",
     "sim.scheduler.fast.v1",
 )

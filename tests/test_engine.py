@@ -387,13 +387,13 @@ def test_skipping_known_later_answers_changes_no_result(design, extra, monkeypat
     head, no block freed since), the V1 one an `allocate_slots` whose None cannot have (same
     head, no fewer tokens asked, no block freed, no prefix caching): every table is the same
     when they ask every time."""
+    from sim.scheduler.fast.v0 import V0DecodeShortcuts
     from sim.scheduler.fast.v1 import V1DecodeShortcuts
-    from sim.scheduler.v0.scheduler import V0Scheduler
 
     overrides = {"workload.first_n": 300, "workload.rate_scale": 3, "scheduler.design": design}
     overrides.update(extra)
     skipping = run(builtin_scenario_path(), overrides=overrides)
-    monkeypatch.setattr(V0Scheduler, "skip_repeated_later", False)
+    monkeypatch.setattr(V0DecodeShortcuts, "skip_repeated_later", False)
     monkeypatch.setattr(V1DecodeShortcuts, "skip_repeated_later", False)
     asking = run(builtin_scenario_path(), overrides=overrides)
     assert skipping.summary["num_preemptions"] > 0  # the pool is full at times

@@ -77,7 +77,7 @@ class ViolationPolicy(enum.Enum):
     """What happens after a violation.
 
     ``record``: keep it, roll back what the failed call took (and say so), carry on. A failed
-    swap or free, which nothing can roll back, still ends the run (`sim.scheduler.v0.scheduler._die`).
+    swap or free, which nothing can roll back, still ends the run (`sim.scheduler.v0.outputs.die`).
     ``stop``: end the run where the real engine would raise: at the first violation whose
     manager call failed (an allocation that ran dry, a double free, a `ManagerError`). A
     silent one (an `admission_overtake` whose allocation succeeded, a watermark breach) is

@@ -15,15 +15,21 @@ tests/test_decode_fast_path.py, tests/test_decode_cohort.py, tests/test_engine.p
   FCFS): quiet decodes are not even visited (`sim.scheduler.fast.cohort`), so a decode step costs
   what changes in it, not the batch size.
 
-The seam. Each scheduler has a faithful running phase, `_schedule_running`, that reads like
-upstream's and contains no shortcut. The layer is a strategy object, `scheduler.shortcuts`
-(`V0DecodeShortcuts` in `sim.scheduler.fast.v0`, `V1DecodeShortcuts` in
-`sim.scheduler.fast.v1`, both `DecodeShortcuts` below), that replaces only the running
-phase: the scheduler's `running_phase` (typed `RunningPhase` in `v0_running` / `v1_running`)
-is `_schedule_running` with the layer off and `shortcuts.schedule_running` with it on. That
-runs the cohort's lazy step when it can, and otherwise upstream's loop with its own turn for
-each request: a quiet decode is answered without a manager call, every other request takes
-upstream's turn (`_schedule_running_request`). Outside the running phase the faithful code
+The seams. The v0 scheduler (`sim.scheduler.v0.scheduler`) is upstream's one class and calls
+the layer only through the named hooks of `sim.scheduler.v0.hooks.V0Hooks` (`on_join`,
+`on_leave`, `before_manager_call`, `after_manager_call`, `known_later`, `on_later`,
+`lazy_running`, `quiet_turn`, `after_turn`, `requeue_lazy`, `after_requeue`, `after_update`,
+`materialize`, `use_cohort`), held in `scheduler.shortcuts`: `NoShortcuts` (no-ops) with the
+layer off, `V0DecodeShortcuts` (`sim.scheduler.fast.v0`) with it on.
+
+The V1 scheduler has a faithful running phase, `_schedule_running`, that reads like upstream's
+and contains no shortcut. Its layer is a strategy object, `scheduler.shortcuts`
+(`V1DecodeShortcuts` in `sim.scheduler.fast.v1`, a `DecodeShortcuts` below), that replaces only
+the running phase: the scheduler's `running_phase` (typed `RunningPhase` in `v1_running`) is
+`_schedule_running` with the layer off and `shortcuts.schedule_running` with it on. That runs
+the cohort's lazy step when it can, and otherwise upstream's loop with its own turn for each
+request: a quiet decode is answered without a manager call, every other request takes
+upstream's turn (`_schedule_running_request`). Outside the running phase the faithful V1 code
 calls the layer only through named methods:
 
 * `_sync(request)` before a real manager call on a request (the manager catches up; a no-op
@@ -57,7 +63,7 @@ from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 
 
 class FastPathScheduler:
-    """What both schedulers share with the layer: the manager's catch-up before a real call
+    """What the V1 scheduler shares with the layer: the manager's catch-up before a real call
     and the touch length after it (the two seam calls in the faithful phases), and the layer
     itself when it is on."""
 
