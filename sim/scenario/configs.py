@@ -14,6 +14,8 @@ num_cpu_blocks=0, sliding_window=32, ...)`` (the V1 engine has no swap space).
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 from sim.catalog import GpuSpec, ModelSpec
 from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
 from sim.memory.derive import (
@@ -51,36 +53,26 @@ def kv_layout_of(model: ModelSpec | None, engine: VllmEngine) -> KvLayout:
     return "hybrid" if hybrid else "uniform"
 
 
+class LaunchSettings(TypedDict, total=False):
+    """The launch settings vLLM sizes its KV pool from (`derive_num_gpu_blocks`' keywords)."""
+
+    tp: int
+    block_size: int
+    gpu_memory_utilization: float
+    kv_dtype: str | None
+    weight_dtype: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    flashinfer_sampler: bool
+
+
 def derive_budget(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    engine: VllmEngine,
-    *,
-    tp: int,
-    block_size: int,
-    gpu_memory_utilization: float,
-    kv_dtype: str | None,
-    weight_dtype: str,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    flashinfer_sampler: bool = False,
+    model: ModelSpec, gpu: GpuSpec, engine: VllmEngine, **launch: Unpack[LaunchSettings]
 ) -> MemoryBudget:
     """The KV pool vLLM would size at startup for these launch settings, every term kept
     (`sim.memory.derive`), in the layout `kv_layout_of` gives the model under `engine`."""
-    return derive_num_gpu_blocks(
-        model,
-        gpu,
-        tp=tp,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        kv_dtype=kv_dtype,
-        weight_dtype=weight_dtype,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        kv_layout=kv_layout_of(model, engine),
-        engine=engine,
-        flashinfer_sampler=flashinfer_sampler,
-    )
+    layout = kv_layout_of(model, engine)
+    return derive_num_gpu_blocks(model, gpu, kv_layout=layout, engine=engine, **launch)
 
 
 def kv_dtype_of(cache: CacheSection) -> str | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
@@ -101,35 +100,47 @@ class After(enum.Enum):
     CRASH = "crash"
 
 
-def _walk(
-    pair: Pair, budget: int, step: Callable[[], After], live: Callable[[], list[int]]
-) -> bool:
-    """Operations until `budget` more pair calls were made; True when one ended in a crash."""
-    start = pair.op_index
-    while pair.op_index - start < budget:
-        after = step()
-        if after is After.CRASH:
-            return True
-        if after is After.CHECK:
-            pair.check_tables(live())
-    return False
+@dataclass
+class Walk:
+    """A seeded walk over one `Pair`: `step` draws and applies one scheduler operation;
+    prompts are at most `max_prompt` tokens (drawn first: 1 to 14 blocks)."""
+
+    pair: Pair
+    rng: random.Random
+    next_id: list[int]
+    max_prompt: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_prompt = self.rng.randint(1, 14) * self.pair.config.block_size
+
+    def step(self) -> After:
+        raise NotImplementedError
+
+    def live_ids(self) -> list[int]:
+        raise NotImplementedError
+
+    def run(self, budget: int) -> bool:
+        """Operations until `budget` more pair calls were made; True when one crashed."""
+        start = self.pair.op_index
+        while self.pair.op_index - start < budget:
+            after = self.step()
+            if after is After.CRASH:
+                return True
+            if after is After.CHECK:
+                self.pair.check_tables(self.live_ids())
+        return False
 
 
 # ---------------------------------------------------------------------------- v0 episodes
 def v0_episode(pair: Pair, rng: random.Random, budget: int, next_id: list[int]) -> bool:
     """Random v0 scheduler walk; returns True when it ended on a crash (both raised)."""
-    walk = V0Walk(pair, rng, next_id, rng.randint(1, 14) * pair.config.block_size)
-    return _walk(pair, budget, walk.step, walk.live_ids)
+    return V0Walk(pair, rng, next_id).run(budget)
 
 
 @dataclass
-class V0Walk:
-    """The queues of one v0 walk; `step` draws and applies one scheduler operation."""
+class V0Walk(Walk):
+    """The queues of one v0 walk (admit, decode, fork, swap, preempt, finish)."""
 
-    pair: Pair
-    rng: random.Random
-    next_id: list[int]
-    max_prompt: int
     waiting: list[SequenceGroup] = field(default_factory=list)
     running: list[SequenceGroup] = field(default_factory=list)
     swapped: list[SequenceGroup] = field(default_factory=list)
@@ -316,19 +327,14 @@ class Crash(Exception):
 
 # ---------------------------------------------------------------------------- V1-engine episodes
 def v1_episode(pair: Pair, rng: random.Random, budget: int, next_id: list[int]) -> bool:
-    """Random V1-engine walk; returns True when it ended on a crash (never: see `V1Walk`)."""
-    walk = V1Walk(pair, rng, next_id, rng.randint(1, 14) * pair.config.block_size)
-    return _walk(pair, budget, walk.step, walk.live_ids)
+    """Random V1-engine walk; returns True when it ended on a crash (both raised)."""
+    return V1Walk(pair, rng, next_id).run(budget)
 
 
 @dataclass
-class V1Walk:
-    """The queues of one V1-engine walk; `step` draws and applies one scheduler operation."""
+class V1Walk(Walk):
+    """The queues of one V1-engine walk (prefix hit and admit, advance or preempt, finish)."""
 
-    pair: Pair
-    rng: random.Random
-    next_id: list[int]
-    max_prompt: int
     waiting: list[Sequence] = field(default_factory=list)
     running: list[Sequence] = field(default_factory=list)
 

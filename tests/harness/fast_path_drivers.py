@@ -20,6 +20,14 @@ from tests.harness.fast_path_pair import DETAIL, STRUCTURAL, Pair, make_prompt, 
 MAX_LIVE = 6
 
 
+def free_on_both(pair: Pair, seq: Sequence) -> None:
+    """Free `seq` on A (synced first) and B; it has no touch length any more."""
+    pair.sync(seq)
+    pair.a.free(seq)
+    pair.b.free(seq)
+    pair.touch_len.pop(seq.seq_id, None)
+
+
 # ----------------------------------------------------------------------------- v0 driver
 
 
@@ -43,11 +51,7 @@ class V0Driver:
 
     def drop(self, seq: Sequence) -> None:
         """Free a running/swapped seq (finish or recompute preemption)."""
-        pair = self.pair
-        pair.sync(seq)
-        pair.a.free(seq)
-        pair.b.free(seq)
-        pair.touch_len.pop(seq.seq_id, None)
+        free_on_both(self.pair, seq)
         for queue in (self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
@@ -106,11 +110,15 @@ class V0Driver:
             assert a.recover_leaked_blocks() == b.recover_leaked_blocks()
             pair.check(self.live())
             return
+        self.start_running(seq)
+        self.advance(seq)  # the prefill computes the prompt and samples a token
+
+    def start_running(self, seq: Sequence) -> None:
+        """`seq` runs on both managers now: its touch length is read, A and B compared."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        pair.refresh(seq)
-        pair.check(self.live(), seq.seq_id)
-        self.advance(seq)  # the prefill computes the prompt and samples a token
+        self.pair.refresh(seq)
+        self.pair.check(self.live(), seq.seq_id)
 
     def swap_out(self, seq: Sequence) -> None:
         pair = self.pair
@@ -161,10 +169,7 @@ class V0Driver:
             # half-swapped seq is abandoned (the real engine has crashed).
             pair.check(self.live())
             return
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-        pair.refresh(seq)
-        pair.check(self.live(), seq.seq_id)
+        self.start_running(seq)
         self.decode(seq, after_swap_in=True)  # v0 appends right after a swap-in
 
     def decode(self, seq: Sequence, after_swap_in: bool = False) -> None:
@@ -273,11 +278,7 @@ class V1Driver:
         return [s.seq_id for s in self.running]
 
     def drop(self, seq: Sequence) -> None:
-        pair = self.pair
-        pair.sync(seq)
-        pair.a.free(seq)
-        pair.b.free(seq)
-        pair.touch_len.pop(seq.seq_id, None)
+        free_on_both(self.pair, seq)
         self.running.remove(seq)
 
     @staticmethod
