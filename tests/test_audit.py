@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import pytest
 
-from sim.audit import AuditError, AuditLevel, ViolationKind, ViolationPolicy, audited
+from sim.audit import (
+    AuditedV0Manager,
+    AuditedV1Manager,
+    AuditError,
+    AuditLevel,
+    ViolationKind,
+    ViolationPolicy,
+    audited,
+)
 from sim.kv import AllocStatus, Design, KVCacheConfig, make_manager
-from sim.kv.protocol import PoolStats
+from sim.kv.protocol import DecodeFastPath, PoolStats, V0BlockManager, V1KVCacheManager
 from sim.kv.types import Sequence, SequenceGroup, SequenceStatus
 
 BS = 16
@@ -211,3 +221,62 @@ def test_release_054_empty_append_index_error_is_a_manager_error_violation():
     assert issubclass(EmptyAppendIndexError, IndexError) and issubclass(
         EmptyAppendIndexError, ManagerError
     )
+
+
+# ----------------------------------------------------------------------------- pass-through
+
+
+def _protocol_members(*protocols: type) -> set[str]:
+    """The public methods, properties and attributes the manager protocols declare."""
+    names: set[str] = set()
+    for protocol in protocols:
+        for cls in protocol.__mro__:
+            if getattr(cls, "_is_protocol", False) and cls is not Protocol:
+                names |= {n for n in vars(cls) if not n.startswith("_")}
+                names |= {n for n in vars(cls).get("__annotations__", {}) if not n.startswith("_")}
+    return names
+
+
+def _audited_names(auditor: type) -> set[str]:
+    """What the auditor itself defines (audited calls and its own queries)."""
+    return {n for cls in auditor.__mro__[:-1] for n in vars(cls) if not n.startswith("_")}
+
+
+def _uncovered(auditor: type, *protocols: type) -> set[str]:
+    covered = _audited_names(auditor) | auditor.PASSED_THROUGH
+    return _protocol_members(*protocols) - covered
+
+
+AUDITORS = [
+    (AuditedV0Manager, (V0BlockManager, DecodeFastPath)),
+    (AuditedV1Manager, (V1KVCacheManager, DecodeFastPath)),
+]
+
+
+@pytest.mark.parametrize(
+    ("auditor", "protocols"), AUDITORS, ids=lambda a: getattr(a, "__name__", "")
+)
+def test_every_manager_method_is_audited_or_listed(auditor, protocols):
+    assert _uncovered(auditor, *protocols) == set()
+    # A name both defined and listed would hide which of the two is meant.
+    assert _audited_names(auditor) & auditor.PASSED_THROUGH == set()
+
+
+def test_a_new_protocol_method_is_caught():
+    class Extended(V1KVCacheManager, Protocol):
+        def new_query(self) -> int: ...
+
+        @property
+        def new_count(self) -> int: ...
+
+    assert _uncovered(AuditedV1Manager, Extended, DecodeFastPath) == {"new_query", "new_count"}
+
+
+def test_an_unlisted_attribute_is_not_passed_through():
+    inner = make_manager(Design.V1_ENGINE, KVCacheConfig(10, BS))
+    manager = audited(inner)
+    assert manager.block_size == inner.block_size  # listed
+    inner.unlisted_query = lambda: 0  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="neither audits nor passes through 'unlisted_query'"):
+        manager.unlisted_query  # noqa: B018
+    assert getattr(manager, "unlisted_query", None) is None

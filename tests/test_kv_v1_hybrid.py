@@ -318,12 +318,13 @@ def _structural_hybrid(m: HybridKVCacheManager, seq_ids) -> tuple:
 @pytest.mark.parametrize("groups", GROUP_SETS)
 @pytest.mark.parametrize("caching", [False, True])
 def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, groups, caching):
-    """tests/test_decode_fast_path.py's A/B replay (A called on every decode, B skipping the
+    """tests/harness/fast_path_drivers.py's A/B replay (A called on every decode, B skipping the
     decodes its `decode_touch_len` declares quiet) over hybrid managers: identical pools,
     caches, per-group tables and counters, and every skipped decode was quiet on A."""
-    from tests import test_decode_fast_path as fast_path
+    from tests.harness.fast_path_drivers import run_v1
+    from tests.harness.fast_path_pair import STRUCTURAL
 
-    monkeypatch.setitem(fast_path.STRUCTURAL, "v1-engine", _structural_hybrid)
+    monkeypatch.setitem(STRUCTURAL, "v1-engine", _structural_hybrid)
     num_quiet = num_refused = 0
     for seed in range(4):
         config = KVCacheConfig(
@@ -332,7 +333,7 @@ def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, groups, caching):
             enable_prefix_caching=caching,
             kv_cache_groups=groups,
         )
-        pair = fast_path.run_v1(config, seed, num_ops=800)
+        pair = run_v1(config, seed, num_ops=800)
         num_quiet += pair.num_quiet
         num_refused += pair.num_refused
     assert num_quiet > 0 and num_refused > 0

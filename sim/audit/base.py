@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from sim.audit.liveness import NoProgress
 from sim.audit.violations import AuditError, Violation, ViolationKind, ViolationPolicy
@@ -31,6 +31,26 @@ class AuditLevel(enum.Enum):
 
 
 class AuditorBase:
+    """What every auditor shares. A manager attribute the auditor does not define is passed
+    through only if it is in `PASSED_THROUGH` (reads that change no block state, and the
+    leak recovery of the record policy); any other raises AttributeError, so a new manager
+    method is either audited (defined on the auditor) or listed here on purpose.
+    """
+
+    #: Pool introspection (`sim.kv.protocol.PoolIntrospection`) and the settings every design
+    #: has; the subclasses add their API's unaudited queries.
+    PASSED_THROUGH: ClassVar[frozenset[str]] = frozenset(
+        {
+            "block_refcounts",
+            "seq_block_ids",
+            "num_seq_blocks",
+            "max_seq_footprint",
+            "recover_leaked_blocks",
+            "block_size",
+            "watermark_blocks",
+        }
+    )
+
     def __init__(
         self,
         inner: PoolIntrospection,
@@ -199,5 +219,10 @@ class AuditorBase:
         return self.inner.pool_stats()
 
     def __getattr__(self, name: str) -> Any:
-        # Read-only introspection (block_size, seq_block_ids, ...) passes through.
-        return getattr(self.inner, name)
+        # Only for names not found on the auditor: the listed queries pass through unaudited.
+        if name in type(self).PASSED_THROUGH:
+            return getattr(self.inner, name)
+        raise AttributeError(
+            f"{type(self).__name__} neither audits nor passes through {name!r}: define it on "
+            "the auditor, or list it in PASSED_THROUGH (sim.audit) if it changes nothing"
+        )

@@ -95,66 +95,88 @@ def diagnose(scheduler: Any, manager: Any, stall: Stall, num_empty_steps: int = 
         head = "nothing running and no waiting request can be admitted"
     else:
         head = f"{num_empty_steps} steps preempted and readmitted without running anything"
-    parts = [f"no progress ({stall.value}): {head}."]
-    if needs:
-        parts.append(
-            f"Waiting {len(needs)}: "
-            + _named(
-                [f"request {i} needs {n} blocks ({t} tokens)" for i, n, t in needs], len(needs)
-            )
-            + "."
-        )
-    else:
-        parts.append("Waiting: none.")
-    holding = (
-        "Holding: "
-        + (
-            _named(
-                [
-                    f"request {r.request_id} holds {n} ({r.seq.num_computed_tokens} of "
-                    f"{r.seq.num_tokens} tokens computed)"
-                    for r, (_, n) in zip(running, held, strict=True)
-                ],
-                len(held),
-            )
-            if held
-            else "no running request"
-        )
-        + ", "
-        + (
-            f"{len(swapped)} swapped to CPU (requests {_named([str(r.request_id) for r in swapped], len(swapped))})"
-            if swapped
-            else "no swapped request"
-        )
-    )
-    if parked:
-        holding += "; waiting for their KV: " + _named(
-            [f"request {i} holds {n}" for i, n in parked], len(parked)
-        )
+    parts = [f"no progress ({stall.value}): {head}.", _waiting_text(needs)]
+    holding = _holding_text(running, held, swapped, parked)
     if num_unowned > 0:
         holding += f"; {num_unowned} block(s) held by no request (a null block, or leaked)"
     holding += f"; {stats.num_free} free ({stats.num_evictable} of them cached)."
     parts.append(holding)
     head_id, head_needed = (needs[0][0], needs[0][1]) if needs else (None, None)
+    can_ever_free = stats.num_free + num_held_by_running
+    why = _why_text(stall, running, swapped, head_id, head_needed, can_ever_free, watermark, parked)
+    if why is not None:
+        parts.append(why)
+    return NoProgress(head_id, head_needed, stats.num_free, " ".join(parts))
+
+
+def _waiting_text(needs: list[tuple[int, int, int]]) -> str:
+    """The waiting requests and the blocks each needs ((id, blocks, tokens) each)."""
+    if not needs:
+        return "Waiting: none."
+    named = [f"request {i} needs {n} blocks ({t} tokens)" for i, n, t in needs]
+    return f"Waiting {len(needs)}: " + _named(named, len(needs)) + "."
+
+
+def _holding_text(
+    running: list[Any],
+    held: list[tuple[int, int]],
+    swapped: list[Any],
+    parked: list[tuple[int, int]],
+) -> str:
+    """Who holds the blocks: running requests, swapped ones, and requests waiting for KV."""
+    if held:
+        running_text = _named(
+            [
+                f"request {r.request_id} holds {n} ({r.seq.num_computed_tokens} of "
+                f"{r.seq.num_tokens} tokens computed)"
+                for r, (_, n) in zip(running, held, strict=True)
+            ],
+            len(held),
+        )
+    else:
+        running_text = "no running request"
+    if swapped:
+        swapped_ids = _named([str(r.request_id) for r in swapped], len(swapped))
+        swapped_text = f"{len(swapped)} swapped to CPU (requests {swapped_ids})"
+    else:
+        swapped_text = "no swapped request"
+    holding = "Holding: " + running_text + ", " + swapped_text
+    if parked:
+        holding += "; waiting for their KV: " + _named(
+            [f"request {i} holds {n}" for i, n in parked], len(parked)
+        )
+    return holding
+
+
+def _why_text(
+    stall: Stall,
+    running: list[Any],
+    swapped: list[Any],
+    head_id: int | None,
+    head_needed: int | None,
+    can_ever_free: int,
+    watermark: int,
+    parked: list[tuple[int, int]],
+) -> str | None:
+    """Why nothing progresses, where the queues say it (None: they do not)."""
     if stall is Stall.STALLED and running:
-        parts.append(
+        return (
             "Why: the scheduler gives each running request 0 new tokens (e.g. a prompt of "
             "max_model_len tokens capped at max_model_len - 1 computed, vLLM #29496), so it "
             "never finishes and never frees its blocks."
         )
-    elif stall is Stall.STALLED and head_needed is not None:
+    if stall is Stall.STALLED and head_needed is not None:
         # Parked requests free nothing: they wait behind the head for their own turn.
-        can_ever_free = stats.num_free + num_held_by_running
-        parts.append(
+        return (
             f"Why: the head of the queue, request {head_id}, needs {head_needed} blocks "
             f"(+{watermark} watermark) but at most {can_ever_free} can ever be free while "
             "nothing else runs"
             + (" (the requests waiting for their KV keep theirs)." if parked else ".")
         )
-    elif stall is Stall.STALLED and swapped:
-        parts.append("Why: no swapped request can be swapped back in.")
-    elif stall is Stall.LIVELOCK:
-        parts.append(
+    if stall is Stall.STALLED and swapped:
+        return "Why: no swapped request can be swapped back in."
+    if stall is Stall.LIVELOCK:
+        return (
             "Why: each step admits work that preempts the running requests before any token runs."
         )
-    return NoProgress(head_id, head_needed, stats.num_free, " ".join(parts))
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
 from sim.audit.violations import Violation, ViolationKind, ViolationPolicy
@@ -20,6 +21,21 @@ class AuditedV0Manager(AuditorBase):
     """Audits a v0 `BlockSpaceManager` (`can_allocate` / `allocate` / `append_slots` / swap)."""
 
     inner: V0BlockManager
+
+    #: The v0 API's queries no invariant depends on (`V0BlockManager`), and the window in
+    #: blocks the real managers report (named in violation messages).
+    PASSED_THROUGH: ClassVar[frozenset[str]] = AuditorBase.PASSED_THROUGH | {
+        "num_total_gpu_blocks",
+        "num_total_cpu_blocks",
+        "get_block_table",
+        "get_num_free_cpu_blocks",
+        "access_all_blocks_in_seq",
+        "mark_blocks_as_computed",
+        "get_common_computed_block_ids",
+        "admission_blocks",
+        "block_sliding_window",
+        "max_block_sliding_window",
+    }
 
     def _free(self) -> int:
         return self.inner.get_num_free_gpu_blocks()

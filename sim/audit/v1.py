@@ -9,6 +9,8 @@ for every block across the groups.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from sim.audit.base import _MANAGER_ERRORS, AuditorBase
 from sim.audit.violations import ViolationKind
 from sim.kv.protocol import V1KVCacheManager
@@ -22,6 +24,18 @@ class AuditedV1Manager(AuditorBase):
     """Audits a V1-engine `KVCacheManager` (`allocate_slots` counts and allocates at once)."""
 
     inner: V1KVCacheManager
+
+    #: What the V1 scheduler, the KV connector and the KV-event stream read of the model's
+    #: manager: its pool and groups (events), release pin, caching switch, tables, and the
+    #: admission count (`sim.scheduler.v1.release`).
+    PASSED_THROUGH: ClassVar[frozenset[str]] = AuditorBase.PASSED_THROUGH | {
+        "block_pool",
+        "num_kv_cache_groups",
+        "vllm_release",
+        "enable_caching",
+        "get_block_ids",
+        "num_blocks_to_admit",
+    }
 
     def _free(self) -> int:
         return self.inner.num_free_blocks

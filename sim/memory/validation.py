@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, get_gpu, get_model
-from sim.memory.derive import MemoryBudget, derive_num_gpu_blocks, is_hybrid_model
+from sim.memory.derive import MemoryBudget
 from sim.memory.terms import (
     GIB,
     ActivationFit,
@@ -41,6 +41,7 @@ from sim.memory.terms import (
     visible_memory,
     weight_bytes,
 )
+from sim.scenario.configs import derive_budget
 
 
 class Split(enum.Enum):
@@ -114,12 +115,6 @@ class StartupLog(_Closed):
     def sampler_path(self) -> SamplerPath:
         return sampler_path(self.engine_kind, self.sampler == "flashinfer")
 
-    @property
-    def kv_layout(self) -> Literal["uniform", "hybrid"]:
-        """V1 groups sliding and full layers (hybrid allocator); v0 never does."""
-        hybrid = self.engine_kind is VllmEngine.V1 and is_hybrid_model(self.model_spec)
-        return "hybrid" if hybrid else "uniform"
-
 
 def load_logs() -> list[StartupLog]:
     """Every log, sorted by id (the order the split uses)."""
@@ -159,18 +154,19 @@ def predicted_pool_bytes(log: StartupLog) -> int:
 
 
 def predicted_budget(log: StartupLog) -> MemoryBudget:
-    """kvsim's whole memory budget (every term) for the log's launch settings."""
-    return derive_num_gpu_blocks(
+    """kvsim's whole memory budget (every term) for the log's launch settings, derived as a
+    scenario's is (`sim.scenario.configs.derive_budget`; the logs' KV dtype is the model's)."""
+    return derive_budget(
         log.model_spec,
         log.gpu_spec,
+        log.engine_kind,
         tp=log.tp,
         block_size=log.block_size,
         gpu_memory_utilization=log.gpu_memory_utilization,
+        kv_dtype=None,
         weight_dtype=log.model_dtype,
         max_num_batched_tokens=log.max_num_batched_tokens,
         max_num_seqs=log.max_num_seqs,
-        kv_layout=log.kv_layout,
-        engine=log.engine_kind,
         flashinfer_sampler=log.sampler == "flashinfer",
     )
 

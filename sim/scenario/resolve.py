@@ -16,23 +16,25 @@ from sim.cluster.config import ClusterMode
 from sim.engine.engine import EngineConfig
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig
+from sim.kv.v1_engine.hybrid_layout import HybridLayout
 from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
-from sim.memory.derive import (
-    KvLayout,
-    block_bytes,
-    derive_num_gpu_blocks,
-    given_num_gpu_blocks,
-    hybrid_layout_of,
-    is_hybrid_model,
-)
+from sim.memory.derive import given_num_gpu_blocks, hybrid_layout_of
 from sim.memory.host import check_pool_fits
 from sim.memory.terms import VllmEngine
 from sim.routing import Router
+from sim.scenario.configs import (
+    derive_budget,
+    kv_cache_config_of,
+    kv_dtype_of,
+    kv_layout_of,
+    num_cpu_blocks_of,
+    scheduler_config_of,
+    sliding_window_of,
+)
 from sim.scenario.no_effect import check_no_effect
 from sim.scenario.schema import Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
-from sim.scheduler import SchedulerConfig
 from sim.workload import Workload, load_workload
 
 
@@ -55,7 +57,11 @@ def _model(scenario: Scenario) -> ModelSpec | None:
 
 
 def _kv_config(
-    scenario: Scenario, model: ModelSpec | None, token_budget: int, inputs: dict
+    scenario: Scenario,
+    model: ModelSpec | None,
+    token_budget: int,
+    max_model_len: int,
+    inputs: dict,
 ) -> KVCacheConfig:
     """The KV pool: given, or derived by `sim.memory` as the scenario's engine would size it.
 
@@ -69,76 +75,23 @@ def _kv_config(
     token capacity vLLM reports) for a derived pool.
     """
     cache = scenario.cache
-    hw = scenario.hardware
-    kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     engine = VllmEngine(scenario.scheduler.design.api)
-    hybrid = model is not None and engine is VllmEngine.V1 and is_hybrid_model(model)
-    kv_layout: KvLayout = "hybrid" if hybrid else "uniform"
+    kv_layout = kv_layout_of(model, engine)
     # The hybrid allocator's groups, unless the scenario overrides the model's windows.
     layout = None
-    if model is not None and hybrid and cache.sliding_window == "model":
+    if model is not None and kv_layout == "hybrid" and cache.sliding_window == "model":
         layout = hybrid_layout_of(model)
-    if cache.num_gpu_blocks == "derive":
-        assert model is not None
-        try:
-            budget = derive_num_gpu_blocks(
-                model,
-                get_gpu(hw.gpu),
-                tp=hw.tensor_parallel_size,
-                block_size=cache.block_size,
-                gpu_memory_utilization=cache.gpu_memory_utilization,
-                kv_dtype=kv_dtype,
-                weight_dtype=scenario.model_dtype,
-                max_num_batched_tokens=token_budget,
-                max_num_seqs=scenario.scheduler.max_num_seqs,
-                kv_layout=kv_layout,
-                engine=engine,
-            )
-        except InputError as error:
-            raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
-        num_gpu_blocks = budget.num_gpu_blocks
-        if layout is None:
-            num_gpu_blocks //= budget.num_kv_groups
-        inputs["memory"] = budget.as_dict()
-        inputs["num_gpu_blocks_source"] = "derived"
-    else:
-        num_gpu_blocks = cache.num_gpu_blocks
-        inputs["num_gpu_blocks_source"] = "given"
-        if model is not None:  # what the given blocks amount to, for the record
-            budget = given_num_gpu_blocks(
-                num_gpu_blocks,
-                model,
-                tp=hw.tensor_parallel_size,
-                block_size=cache.block_size,
-                kv_dtype=kv_dtype,
-                kv_layout=kv_layout if layout is not None else "uniform",
-            )
-            inputs["memory"] = budget.as_dict()
+    num_gpu_blocks = _num_gpu_blocks(scenario, model, token_budget, layout, inputs)
     inputs["kv_layout"] = kv_layout
-    if engine is VllmEngine.V1:  # no swap space (`sim.scenario.no_effect`): 0 is what runs
-        num_cpu_blocks = 0
-    elif cache.num_cpu_blocks is not None:
-        num_cpu_blocks = cache.num_cpu_blocks
-    elif model is not None:
-        one_block = block_bytes(
-            model, block_size=cache.block_size, kv_dtype=kv_dtype, tp=hw.tensor_parallel_size
-        )
-        num_cpu_blocks = int(cache.swap_space_gib * 2**30 // one_block)
-    else:
-        num_cpu_blocks = 0
-    window = cache.sliding_window
-    if window == "model":
-        window = (
-            model.sliding_window if model is not None and model.layer_pattern == "sliding" else None
-        )
-    config = KVCacheConfig(
+    num_cpu_blocks = num_cpu_blocks_of(cache, engine, model, scenario.hardware.tensor_parallel_size)
+    window = sliding_window_of(cache, model)
+    config = kv_cache_config_of(
+        cache,
         num_gpu_blocks=num_gpu_blocks,
-        block_size=cache.block_size,
         num_cpu_blocks=num_cpu_blocks,
         sliding_window=window,
-        enable_prefix_caching=cache.enable_prefix_caching,
-        watermark=cache.watermark,
-        max_model_len=None,
+        max_model_len=max_model_len,
+        vllm_pin=scenario.scheduler.resolved_vllm_version,
         kv_cache_groups=layout.groups if layout is not None else (),
     )
     if layout is not None:
@@ -156,6 +109,55 @@ def _kv_config(
     inputs["num_cpu_blocks"] = num_cpu_blocks
     inputs["sliding_window"] = window
     return config
+
+
+def _num_gpu_blocks(
+    scenario: Scenario,
+    model: ModelSpec | None,
+    token_budget: int,
+    layout: HybridLayout | None,
+    inputs: dict,
+) -> int:
+    """The pool's block count, given or derived (`configs.derive_budget`); what it amounts to
+    in memory goes to `inputs["memory"]` (every term) when there is a model."""
+    cache, hw = scenario.cache, scenario.hardware
+    kv_dtype = kv_dtype_of(cache)
+    engine = VllmEngine(scenario.scheduler.design.api)
+    if cache.num_gpu_blocks == "derive":
+        assert model is not None
+        try:
+            budget = derive_budget(
+                model,
+                get_gpu(hw.gpu),
+                engine,
+                tp=hw.tensor_parallel_size,
+                block_size=cache.block_size,
+                gpu_memory_utilization=cache.gpu_memory_utilization,
+                kv_dtype=kv_dtype,
+                weight_dtype=scenario.model_dtype,
+                max_num_batched_tokens=token_budget,
+                max_num_seqs=scenario.scheduler.max_num_seqs,
+            )
+        except InputError as error:
+            raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
+        num_gpu_blocks = budget.num_gpu_blocks
+        if layout is None:
+            num_gpu_blocks //= budget.num_kv_groups
+        inputs["memory"] = budget.as_dict()
+        inputs["num_gpu_blocks_source"] = "derived"
+        return num_gpu_blocks
+    inputs["num_gpu_blocks_source"] = "given"
+    if model is not None:  # what the given blocks amount to, for the record
+        budget = given_num_gpu_blocks(
+            cache.num_gpu_blocks,
+            model,
+            tp=hw.tensor_parallel_size,
+            block_size=cache.block_size,
+            kv_dtype=kv_dtype,
+            kv_layout="hybrid" if layout is not None else "uniform",
+        )
+        inputs["memory"] = budget.as_dict()
+    return cache.num_gpu_blocks
 
 
 def _startup(
@@ -181,17 +183,7 @@ def _startup(
     )
     if max_model_len is None:
         raise ScenarioError("scheduler.max_model_len: needed when the scenario has no model")
-    scheduler_config = SchedulerConfig(
-        max_model_len=max_model_len,
-        max_num_seqs=sched.max_num_seqs,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        enable_chunked_prefill=sched.enable_chunked_prefill,
-        policy=sched.policy,
-        preemption_mode=sched.preemption_mode,
-        long_prefill_token_threshold=sched.long_prefill_token_threshold,
-        decode_fast_path=sched.decode_fast_path,
-        decode_cohort=sched.decode_cohort,
-    )
+    scheduler_config = scheduler_config_of(sched, max_model_len)
     token_budget = scheduler_config.token_budget(sched.design.api)
     # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
     # `--vllm-root .vllm/0.5.4` runs), so the model and the real code agree by default.
@@ -203,8 +195,7 @@ def _startup(
     inputs["block_manager"] = {"kind": "model", "vllm_version": None, "vllm_root": None}
     inputs["max_model_len"] = max_model_len
     inputs["max_num_batched_tokens"] = token_budget
-    kv = _kv_config(scenario, model, token_budget, inputs)
-    kv = KVCacheConfig(**{**_asdict(kv), "max_model_len": max_model_len, "vllm_pin": pin})
+    kv = _kv_config(scenario, model, token_budget, max_model_len, inputs)
     inputs["vllm_version"] = pin
     _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
     _check_cache_fits(sched.design, kv, max_model_len, token_budget)
@@ -338,10 +329,6 @@ def absolute_step_time_paths(config: StepTimeConfig, base_dir: Path) -> StepTime
     return config
 
 
-def _asdict(config: KVCacheConfig) -> dict:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
-
-
 def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inputs: dict):
     config = absolute_step_time_paths(
         scenario.step_time or StepTimeConfig.model_validate({"measured": {}}), base_dir
@@ -356,9 +343,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             model,
             scenario.hardware.gpu,
             tp=scenario.hardware.tensor_parallel_size,
-            kv_dtype=None
-            if scenario.cache.kv_cache_dtype == "auto"
-            else scenario.cache.kv_cache_dtype,
+            kv_dtype=kv_dtype_of(scenario.cache),
             engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
         )
     except InputError as error:

@@ -99,22 +99,12 @@ def verify(
     """
     from sim.vllm_real.loader import load_vllm
 
-    try:
-        design = Design(design).value
-    except ValueError:
-        choices = ", ".join(d.value for d in Design)
-        raise InputError(f"--design {design!r}: expected one of {choices}") from None
-    if hybrid and design != "v1-engine":
-        raise InputError("--hybrid: KV-cache groups exist only in the V1 engine (v1-engine)")
+    design = _checked_design(design, hybrid)
     if vllm_root is None and vllm_version is None:
         vllm_version = _DEFAULT_VERSION[design]
     install = load_vllm(vllm_root, vllm_version if vllm_root is None else None)
     if compare_ids is None:
-        pinned = _MODELLED_VERSION.get(design)
-        compare_ids = pinned is not None and (
-            install.version_tuple[:2] == pinned
-            or (design == "v1-engine" and install.version_tuple[:2] >= (0, 10))
-        )
+        compare_ids = _ids_comparable(design, install.version_tuple)
     rng = random.Random(seed)
     result = VerifyResult(design=design, vllm_version=install.version)
     next_id = [1]
@@ -131,16 +121,46 @@ def verify(
         pair.skip_swa_fork = not fork_after_window_drop
         result.num_workloads += 1
         budget = min(ops_per_workload, num_ops - result.num_ops)
-        episode = v1_episode if v1 else v0_episode
-        try:
-            if episode(pair, rng, budget, next_id):
-                result.num_crashes += 1
-        except Crash:
-            result.num_crashes += 1
-        except Diverged as d:
-            result.divergence = d.divergence
+        if not _run_episode(pair, rng, budget, next_id, result):
             break
     return result
+
+
+def _checked_design(design: str, hybrid: bool) -> str:
+    """The design's name, or InputError for an unknown one (or `hybrid` outside v1-engine)."""
+    try:
+        design = Design(design).value
+    except ValueError:
+        choices = ", ".join(d.value for d in Design)
+        raise InputError(f"--design {design!r}: expected one of {choices}") from None
+    if hybrid and design != "v1-engine":
+        raise InputError("--hybrid: KV-cache groups exist only in the V1 engine (v1-engine)")
+    return design
+
+
+def _ids_comparable(design: str, version: tuple[int, ...]) -> bool:
+    """Block ids are compared where the loaded vLLM is the version the design models:
+    0.5.x for v0, 0.10 and later for the V1 engine."""
+    pinned = _MODELLED_VERSION.get(design)
+    return pinned is not None and (
+        version[:2] == pinned or (design == "v1-engine" and version[:2] >= (0, 10))
+    )
+
+
+def _run_episode(
+    pair: Pair, rng: random.Random, budget: int, next_id: list[int], result: VerifyResult
+) -> bool:
+    """One workload's walk, its crash counted; False when it diverged (recorded in `result`)."""
+    episode = v1_episode if pair.v1 else v0_episode
+    try:
+        if episode(pair, rng, budget, next_id):
+            result.num_crashes += 1
+    except Crash:
+        result.num_crashes += 1
+    except Diverged as d:
+        result.divergence = d.divergence
+        return False
+    return True
 
 
 __all__ = [

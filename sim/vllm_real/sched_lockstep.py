@@ -35,8 +35,7 @@ from typing import Any
 
 from sim.audit.base import AuditLevel
 from sim.audit.v1 import AuditedV1Manager
-from sim.kv.config import Design, KVCacheConfig, make_manager
-from sim.scheduler.config import Policy, SchedulerConfig
+from sim.kv.config import Design, make_manager
 from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.request import Request
 from sim.scheduler.v1.scheduler import V1Scheduler
@@ -47,6 +46,7 @@ from sim.vllm_real.v1_sched_adapter import (
     RequestSpec,
     SchedCase,
     StepRecord,
+    case_configs,
 )
 
 #: kvsim pins whose scheduling decisions equal 0.11.0's (docs/vllm-v1-changes.md).
@@ -216,26 +216,9 @@ class KvsimSide:
     """kvsim's V1Scheduler on the same case, with the same step records as the real one."""
 
     def __init__(self, case: SchedCase, pin: str, fast_path: bool = False) -> None:
-        kv = KVCacheConfig(
-            num_gpu_blocks=case.num_blocks,
-            block_size=case.block_size,
-            sliding_window=case.sliding_window,
-            enable_prefix_caching=case.enable_prefix_caching,
-            max_model_len=case.max_model_len,
-            vllm_pin=pin,
-        )
+        config, kv = case_configs(case, pin, fast_path)
         self._frees = _RecordingFrees(make_manager(Design.V1_ENGINE, kv))
         manager = AuditedV1Manager(self._frees, level=AuditLevel.FULL)
-        config = SchedulerConfig(
-            max_model_len=case.max_model_len,
-            max_num_seqs=case.max_num_seqs,
-            max_num_batched_tokens=case.max_num_batched_tokens,
-            enable_chunked_prefill=case.enable_chunked_prefill,
-            policy=Policy(case.policy),
-            long_prefill_token_threshold=case.long_prefill_token_threshold,
-            decode_fast_path=fast_path,
-            decode_cohort=fast_path,
-        )
         self.scheduler = with_decode_shortcuts(V1Scheduler(config, manager))
         self.scheduler.use_exact_arrival_times()  # arrival_s is vLLM's arrival_time here
         if fast_path:

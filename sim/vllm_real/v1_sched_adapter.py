@@ -30,7 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.kv.config import Design, KVCacheConfig
 from sim.kv.types import TokenContent
+from sim.memory.terms import VllmEngine
+from sim.scenario.configs import (
+    kv_cache_config_of,
+    num_cpu_blocks_of,
+    scheduler_config_of,
+    sliding_window_of,
+)
+from sim.scenario.schema import CacheSection, SchedulerSection
+from sim.scheduler.config import Policy, SchedulerConfig
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 from sim.vllm_real.v1_adapter import real_kv_cache_config, request_extra_kwargs, sha256_fn
 
@@ -140,6 +150,125 @@ def _write_model_dir(folder: Path, max_model_len: int) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def case_configs(
+    case: SchedCase, pin: str | None = None, fast_path: bool = False
+) -> tuple[SchedulerConfig, KVCacheConfig]:
+    """kvsim's scheduler and KV pool for `case`, resolved as a scenario's are
+    (`sim.scenario.configs`): a V1-engine scenario pinned to `pin` (None: the latest), with no
+    model, the case's pool given. `fast_path` turns on the decode fast path and cohort.
+
+    Example: ``case_configs(SchedCase(20, 16, 128, 4, 64), "0.11.0")`` -> a scheduler of
+    max_model_len 128, 4 seqs, a 64-token budget, and a pool of 20 blocks of 16 tokens.
+    """
+    scheduler = SchedulerSection(
+        design=Design.V1_ENGINE,
+        vllm_version=pin,
+        max_model_len=case.max_model_len,
+        max_num_seqs=case.max_num_seqs,
+        max_num_batched_tokens=case.max_num_batched_tokens,
+        enable_chunked_prefill=case.enable_chunked_prefill,
+        policy=Policy(case.policy),
+        long_prefill_token_threshold=case.long_prefill_token_threshold,
+        decode_fast_path=fast_path,
+        decode_cohort=fast_path,
+    )
+    cache = CacheSection(
+        num_gpu_blocks=case.num_blocks,
+        block_size=case.block_size,
+        sliding_window=case.sliding_window,
+        enable_prefix_caching=case.enable_prefix_caching,
+    )
+    kv = kv_cache_config_of(
+        cache,
+        num_gpu_blocks=case.num_blocks,
+        num_cpu_blocks=num_cpu_blocks_of(cache, VllmEngine.V1, None, tp=1),
+        sliding_window=sliding_window_of(cache, None),
+        max_model_len=case.max_model_len,
+        vllm_pin=scheduler.resolved_vllm_version,
+    )
+    return scheduler_config_of(scheduler, case.max_model_len), kv
+
+
+def _register_stub_model(install: VllmInstall) -> None:
+    registry = import_vllm("model_executor.models.registry", install)
+    if STUB_ARCH not in registry.ModelRegistry.get_supported_archs():
+        registry.ModelRegistry.register_model(STUB_ARCH, _stub_model_class())
+
+
+def _real_vllm_config(
+    install: VllmInstall, sched: SchedulerConfig, kv: KVCacheConfig, model_dir: Path | None
+) -> Any:
+    """vLLM's own `VllmConfig` for kvsim's resolved configs (CPU device, the stub model)."""
+    cfg = import_vllm("config", install)
+    with tempfile.TemporaryDirectory(prefix="kvsim-vllm-model-") as tmp:
+        folder = model_dir or Path(tmp)
+        _write_model_dir(folder, sched.max_model_len)
+        model_config = cfg.ModelConfig(
+            model=str(folder),
+            tokenizer=str(folder),
+            skip_tokenizer_init=True,
+            dtype="float16",
+            seed=0,
+            max_model_len=sched.max_model_len,
+        )
+    # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
+    # Its default async scheduling doubles `max_in_flight_tokens` (the sliding-window
+    # admission cap); the fake runner steps synchronously, as kvsim's engine models it.
+    v033 = install.version_tuple >= (0, 33)
+    scheduler_config = cfg.SchedulerConfig(
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_model_len=sched.max_model_len,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        policy=sched.policy.value,
+        **({"is_encoder_decoder": False, "async_scheduling": False} if v033 else {}),
+    )
+    cache_config = cfg.CacheConfig(
+        block_size=kv.block_size,
+        gpu_memory_utilization=0.9,
+        cache_dtype="auto",
+        enable_prefix_caching=kv.enable_prefix_caching,
+        **({} if v033 else {"swap_space": 0}),
+    )
+    vllm_config = cfg.VllmConfig(
+        device_config=cfg.DeviceConfig(device="cpu"),
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+    )
+    cache_config.num_gpu_blocks = kv.num_gpu_blocks
+    return vllm_config
+
+
+def _request_block_hasher(install: VllmInstall, block_size: int) -> Any:
+    """vLLM's block hasher for requests (the none-hash set once, as the engine does at startup)."""
+    kcu = import_vllm("v1.core.kv_cache_utils", install)
+    sha256 = sha256_fn(install)
+    if not hasattr(kcu, "NONE_HASH"):
+        kcu.init_none_hash(sha256)
+    return kcu.get_request_block_hasher(block_size, sha256)
+
+
+def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -> Any:
+    """vLLM's `Scheduler` over a one-group KV cache of kvsim's pool (the null block included)."""
+    iface = import_vllm("v1.kv_cache_interface", install)
+    sched_mod = import_vllm("v1.core.sched.scheduler", install)
+    structured = import_vllm("v1.structured_output", install)
+    kv_cache_config = real_kv_cache_config(
+        iface, kv.block_size, kv.num_gpu_blocks, [kv.sliding_window]
+    )
+    return sched_mod.Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=structured.StructuredOutputManager(vllm_config),
+        log_stats=False,
+        # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
+        # KV-cache groups' common block size; hashing uses the same by default).
+        **({"block_size": kv.block_size} if install.version_tuple >= (0, 33) else {}),
+    )
+
+
 class RealV1Scheduler:
     """vLLM's real V1 Scheduler over one `SchedCase`, stepped with a fake model runner."""
 
@@ -155,72 +284,14 @@ class RealV1Scheduler:
             os.environ.setdefault(key, value)
         self.install = install or load_vllm(vllm_version=vllm_version)
         self.case = case
-
-        registry = import_vllm("model_executor.models.registry", self.install)
-        if STUB_ARCH not in registry.ModelRegistry.get_supported_archs():
-            registry.ModelRegistry.register_model(STUB_ARCH, _stub_model_class())
-        cfg = import_vllm("config", self.install)
-        iface = import_vllm("v1.kv_cache_interface", self.install)
-        sched_mod = import_vllm("v1.core.sched.scheduler", self.install)
-        structured = import_vllm("v1.structured_output", self.install)
+        sched, kv = case_configs(case)
+        _register_stub_model(self.install)
         self._req_mod = import_vllm("v1.request", self.install)
         self._sp_mod = import_vllm("sampling_params", self.install)
         self._outputs = import_vllm("v1.outputs", self.install)
-        kcu = import_vllm("v1.core.kv_cache_utils", self.install)
-        sha256 = sha256_fn(self.install)
-        if not hasattr(kcu, "NONE_HASH"):
-            kcu.init_none_hash(sha256)  # the engine does this once at startup
-        self._hasher = kcu.get_request_block_hasher(case.block_size, sha256)
-
-        with tempfile.TemporaryDirectory(prefix="kvsim-vllm-model-") as tmp:
-            folder = model_dir or Path(tmp)
-            _write_model_dir(folder, case.max_model_len)
-            model_config = cfg.ModelConfig(
-                model=str(folder),
-                tokenizer=str(folder),
-                skip_tokenizer_init=True,
-                dtype="float16",
-                seed=0,
-                max_model_len=case.max_model_len,
-            )
-        # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
-        # Its default async scheduling doubles `max_in_flight_tokens` (the sliding-window
-        # admission cap); the fake runner steps synchronously, as kvsim's engine models it.
-        v033 = self.install.version_tuple >= (0, 33)
-        scheduler_config = cfg.SchedulerConfig(
-            max_num_seqs=case.max_num_seqs,
-            max_num_batched_tokens=case.max_num_batched_tokens,
-            max_model_len=case.max_model_len,
-            enable_chunked_prefill=case.enable_chunked_prefill,
-            long_prefill_token_threshold=case.long_prefill_token_threshold,
-            policy=case.policy,
-            **({"is_encoder_decoder": False, "async_scheduling": False} if v033 else {}),
-        )
-        cache_config = cfg.CacheConfig(
-            block_size=case.block_size,
-            gpu_memory_utilization=0.9,
-            cache_dtype="auto",
-            enable_prefix_caching=case.enable_prefix_caching,
-            **({} if v033 else {"swap_space": 0}),
-        )
-        vllm_config = cfg.VllmConfig(
-            device_config=cfg.DeviceConfig(device="cpu"),
-            model_config=model_config,
-            scheduler_config=scheduler_config,
-            cache_config=cache_config,
-        )
-        cache_config.num_gpu_blocks = case.num_blocks
-        kv_cache_config = real_kv_cache_config(
-            iface, case.block_size, case.num_blocks, [case.sliding_window]
-        )
-        self.real = sched_mod.Scheduler(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=structured.StructuredOutputManager(vllm_config),
-            log_stats=False,
-            # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
-            # KV-cache groups' common block size; hashing uses the same by default).
-            **({"block_size": case.block_size} if v033 else {}),
+        self._hasher = _request_block_hasher(self.install, kv.block_size)
+        self.real = _real_scheduler(
+            self.install, _real_vllm_config(self.install, sched, kv, model_dir), kv
         )
         # Preemptions are the only `free` calls inside `schedule()`: record them in order.
         self._freed_in_schedule: list[str] | None = None

@@ -1,0 +1,1 @@
+"""Harnesses shared by the tests: named drivers and snapshots, imported by the test modules."""
