@@ -280,3 +280,16 @@ def test_an_unlisted_attribute_is_not_passed_through():
     with pytest.raises(AttributeError, match="neither audits nor passes through 'unlisted_query'"):
         manager.unlisted_query  # noqa: B018
     assert getattr(manager, "unlisted_query", None) is None
+
+
+@pytest.mark.parametrize("pin", ["4ac7713", "0.11.0", "0.33.0"])
+def test_audited_v1_manager_passes_its_pin_through(pin):
+    """Regression (found by scripts/golden_tables.py while merging #21's branches): the V1
+    auditor listed the old `vllm_release` query, not `pin`, so `policies_for` read None through
+    the auditor and ran 0.33.0 scenarios under 4ac7713's admission rules."""
+    from sim.scheduler.v1.release import policies_for
+
+    config = KVCacheConfig(num_gpu_blocks=8, block_size=16, vllm_pin=pin)
+    manager = make_manager(Design.V1_ENGINE, config)
+    assert policies_for(audited(manager), 64).release is policies_for(manager, 64).release
+    assert policies_for(audited(manager), 64).release.value == pin

@@ -31,7 +31,7 @@ class AuditedV1Manager(AuditorBase):
     PASSED_THROUGH: ClassVar[frozenset[str]] = AuditorBase.PASSED_THROUGH | {
         "block_pool",
         "num_kv_cache_groups",
-        "vllm_release",
+        "pin",
         "enable_caching",
         "get_block_ids",
         "num_blocks_to_admit",
