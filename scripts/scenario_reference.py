@@ -153,7 +153,7 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
     for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
-        above = []
+        above: list[str] = []
         at = node.lineno - 2
         while at >= 0 and lines[at].strip().startswith("#:"):
             above.insert(0, lines[at].strip().removeprefix("#:").strip())
@@ -206,9 +206,8 @@ def render_section(model: type[BaseModel], paths: dict[type, list[str]]) -> list
     lines = [f"## `{first}`", ""]
     if others:
         lines += ["The same section at " + ", ".join(f"`{p}`" for p in others) + ".", ""]
-    doc = inspect.getdoc(model)
-    if doc and model.__doc__ is not None and "__doc__" in vars(model):
-        lines += [doc, ""]
+    if model.__doc__:  # the class's own docstring (a class without one has None here)
+        lines += [inspect.cleandoc(model.__doc__), ""]
     lines += [f"Schema class: `{model.__module__}.{model.__qualname__}`.", ""]
     lines += ["| field | type | default | description |", "|---|---|---|---|"]
     comments = field_comments(model)
