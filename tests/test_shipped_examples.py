@@ -2,8 +2,9 @@
 
 * the built-in default's `expect:` holds on its own 1,500 requests (`kvsim run`, then
   `kvsim check` on the `scenario.yaml` it wrote);
-* the README's CPU-offload example changes the outcome: run as written, with and without the
-  CPU tier, more prompt tokens hit and TTFT falls (it once showed no difference at all);
+* the CPU-offload example (docs/workloads-and-clusters.md) changes the outcome: run as written,
+  with and without the CPU tier, more prompt tokens hit and TTFT falls (it once showed no
+  difference at all);
 * every cluster feature has a bundled scenario whose `expect.summary` states what it shows
   (`kvsim check` confirming it is in tests/hostile/cases_examples.py).
 """
@@ -38,7 +39,8 @@ def test_the_default_scenario_passes_its_own_expect(tmp_path, monkeypatch):
 
 
 def _readme_offload_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     lines = re.findall(r"^kvsim run scenarios/cpu_offload_sessions_v1\.yaml.*$", text, re.M)
     assert len(lines) == 2, lines  # with the CPU tier, and the same with it off
     return [shlex.split(line) for line in lines]
