@@ -22,24 +22,7 @@ the layer only through the named hooks of `sim.scheduler.v0.hooks.V0Hooks` (`on_
 `materialize`, `use_cohort`), held in `scheduler.shortcuts`: `NoShortcuts` (no-ops) with the
 layer off, `V0DecodeShortcuts` (`sim.scheduler.fast.v0`) with it on.
 
-The V1 scheduler has a faithful running phase, `_schedule_running`, that reads like upstream's
-and contains no shortcut. Its layer is a strategy object, `scheduler.shortcuts`
-(`V1DecodeShortcuts` in `sim.scheduler.fast.v1`, a `DecodeShortcuts` below), that replaces only
-the running phase: the scheduler's `running_phase` (typed `RunningPhase` in `v1_running`) is
-`_schedule_running` with the layer off and `shortcuts.schedule_running` with it on. That runs
-the cohort's lazy step when it can, and otherwise upstream's loop with its own turn for each
-request: a quiet decode is answered without a manager call, every other request takes
-upstream's turn (`_schedule_running_request`). Outside the running phase the faithful V1 code
-calls the layer only through named methods:
-
-* `_sync(request)` before a real manager call on a request (the manager catches up; a no-op
-  for a request whose decodes were never skipped),
-* `_refresh_touch(request)` after one (asks `decode_touch_len`; nothing when the layer is off),
-* `shortcuts.<event>(...)` where a request enters or leaves `running` (`join_running`,
-  `leave_running`), and after a step's outputs were applied (`after_update`: the quiet
-  decodes' tokens and the cohort's bookkeeping).
-
-The V1 scheduler names its hooks itself instead (`sim.scheduler.v1.scheduler.SpeedHooks`:
+The V1 scheduler names its own hooks (`sim.scheduler.v1.scheduler.SpeedHooks`:
 `joined`, `left`, `before_call`, `after_call`, `refusal_known`, `refused`, `step_done`,
 `materialize`, `use_cohort`; no-ops in its `NoSpeedLayer`): `V1DecodeShortcuts` implements
 them and `sim.scheduler.fast.v1.with_decode_shortcuts` installs it, so `v1/` imports nothing
