@@ -9,6 +9,9 @@ digests or compares them with a saved set:
     python scripts/golden_tables.py --list                       # the jobs, nothing run
     python scripts/golden_tables.py --only azure --against F     # the jobs whose name has 'azure'
 
+Run both sides in the same checkout folder (e.g. `git stash` / `git checkout` there, not a
+second worktree): `scenario.yaml` records the absolute trace path, so another folder differs.
+
 The jobs: every bundled scenario (`scenarios/*.yaml`, the packaged default), the whole Azure
 2023 conversation trace (19,366 requests) on every design and every pin, the Mooncake FAST'25
 trace (first 600 requests) on four replicas under each router, a small sweep, a capacity search
