@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from sim.engine.replica import Clock, EngineConfig, Replica, request_of
+from sim.engine.replica import Clock, EngineConfig, Replica, SimProcess, request_of
 from sim.engine.sessions import SessionTurns
 from sim.output.records import RequestRows
 from sim.routing import CacheIndex, ReplicaView, RoutingPolicy
@@ -48,7 +48,7 @@ class EngineArrivals:
             self._cache_index.advance(self.env.now)
         return self.replicas[self._policy.choose(request, self._views)]
 
-    def _arrivals(self):
+    def _arrivals(self) -> SimProcess:
         for spec in self._specs:
             self._next_spec = spec
             delay = spec.arrival_s - self.env.now
@@ -114,7 +114,7 @@ class EngineArrivals:
                 self._on_terminal((never,))
         self._check_arrivals_done()
 
-    def _next_turn(self, spec: RequestSpec, at_s: float):
+    def _next_turn(self, spec: RequestSpec, at_s: float) -> SimProcess:
         yield self.env.timeout(at_s - self.env.now)
         assert self._turns is not None
         self._turns.arrived()

@@ -23,9 +23,8 @@ state on each side it reached.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import simpy
 
@@ -39,6 +38,7 @@ from sim.cluster.pd_connector import (
     TransferLedger,
 )
 from sim.engine.engine import Clock, EngineConfig, Replica, RunRecords, in_arrival_order
+from sim.engine.replica import SimProcess
 from sim.engine.step_loop import ReplicaStepLoop
 from sim.kv_connector.hooks import ConnectorHooks
 from sim.latency.batch import BatchShape
@@ -123,7 +123,7 @@ class DisaggEngine:
         return replica.connector_hooks
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
+    def _arrivals(self) -> SimProcess:
         pool = self.prefill
         max_model_len = pool.config.scheduler.max_model_len
         for spec in self.specs:

@@ -5,7 +5,7 @@ workload's specs, requests and a step's batch shape. `sim.engine.engine` runs th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
@@ -30,6 +30,9 @@ from sim.output.stats import RunStats
 from sim.routing import Router
 from sim.scheduler import Request, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.workload.request import RequestSpec
+
+#: A SimPy process: a generator of the events it waits for (an event, or a condition of two).
+SimProcess = Generator[simpy.Event, Any, None]
 
 
 class Clock(simpy.Environment):

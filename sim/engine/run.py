@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from sim.engine.engine import Engine
 from sim.files.tables import FileSink
@@ -54,7 +55,7 @@ def run(
     *,
     base_dir: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
-    overrides: dict | None = None,
+    overrides: dict[str, Any] | None = None,
     vllm_root: str | Path | None = None,
     step_time_factor: float = 1.0,
     tables_dir: str | Path | None = None,
@@ -116,7 +117,7 @@ def file_sinks(folder: Path) -> TableSinks:
     )
 
 
-def _with_group_peaks(inputs: dict, engine: Engine) -> dict:
+def _with_group_peaks(inputs: dict[str, Any], engine: Engine) -> dict[str, Any]:
     """`inputs` with each KV-cache group's peak held blocks (the most over replicas)."""
     groups = inputs.get("kv_cache_groups")
     if not groups:
@@ -155,7 +156,7 @@ def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> Resolved
     except (VllmNotAvailableError, ValueError) as error:
         raise ScenarioError(f"vllm_root: {error}".splitlines()[0]) from None
 
-    def factory(design: Design, kv_config: KVCacheConfig):
+    def factory(design: Design, kv_config: KVCacheConfig) -> object:
         return make_real(design.value, kv_config, install)
 
     inputs = {

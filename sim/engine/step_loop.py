@@ -26,18 +26,15 @@ reported. The loop itself owns the rest, the same for both:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 import simpy
 
-from sim.engine.replica import Clock, Replica, batch_shape
+from sim.engine.replica import Clock, Replica, SimProcess, batch_shape
 from sim.latency.batch import BatchShape
 from sim.latency.protocol import StepTimeModel
 from sim.scheduler import Request, StepPlan
-
-#: What a replica's process yields to SimPy (an event, or a condition of two).
-StepEvents = Generator[simpy.Event, Any, None]
 
 
 def livelock_limit(num_unfinished: int) -> int:
@@ -132,7 +129,7 @@ class ReplicaStepLoop:
         self.max_sim_time_s = max_sim_time_s
         self.advance_clock = advance_clock
 
-    def run(self) -> StepEvents:
+    def run(self) -> SimProcess:
         replica, hooks, env = self.replica, self.hooks, self.env
         scheduler = replica.scheduler
         empty_streak = 0
@@ -201,7 +198,7 @@ class ReplicaStepLoop:
         hooks.retire(replica)
         return False
 
-    def _step(self, plan: StepPlan) -> StepEvents:
+    def _step(self, plan: StepPlan) -> SimProcess:
         """Run the plan's batch for its predicted time, then apply it."""
         replica, hooks, env = self.replica, self.hooks, self.env
         shape = batch_shape(plan)
