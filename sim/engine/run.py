@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from sim.engine.engine import Engine
 from sim.files.tables import FileSink
@@ -117,6 +117,14 @@ def file_sinks(folder: Path) -> TableSinks:
     )
 
 
+@runtime_checkable
+class CountsGroupPeaks(Protocol):
+    """A block manager that counts each KV-cache group's peak held blocks (kvsim's V1
+    managers, `sim.kv.v1_engine`)."""
+
+    def group_peak_held_blocks(self) -> list[int]: ...
+
+
 def _with_group_peaks(inputs: dict[str, Any], engine: Engine) -> dict[str, Any]:
     """`inputs` with each KV-cache group's peak held blocks (the most over replicas)."""
     groups = inputs.get("kv_cache_groups")
@@ -124,10 +132,10 @@ def _with_group_peaks(inputs: dict[str, Any], engine: Engine) -> dict[str, Any]:
         return inputs
     peaks = [0] * len(groups)
     for replica in engine.replicas:
-        read = getattr(replica.manager.inner, "group_peak_held_blocks", None)
-        if read is None:  # vLLM's real manager (--vllm-root) does not count
+        manager = replica.manager.inner
+        if not isinstance(manager, CountsGroupPeaks):  # vLLM's real one (--vllm-root) does not
             return inputs
-        peaks = [max(a, b) for a, b in zip(peaks, read(), strict=True)]
+        peaks = [max(a, b) for a, b in zip(peaks, manager.group_peak_held_blocks(), strict=True)]
     groups = [{**group, "peak_blocks": peak} for group, peak in zip(groups, peaks, strict=True)]
     return {**inputs, "kv_cache_groups": groups}
 
