@@ -7,7 +7,7 @@ max_model_len check (`_arrive`), waking an idle replica, writing a request's row
 (`_on_terminal`), and closed-loop session turns (`sim.engine.sessions`): when a turn ends,
 `_turns_ended` schedules the session's next turn, arriving its think time later
 (`_next_turn`), or accounts the session's later turns as never arrived. The engine's state is
-set up by `Engine.__init__` (declared here); the step loop is `sim.engine.engine`.
+set up by `Engine.__init__` (declared here); the step loop is `sim.engine.step_loop`.
 """
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ as vLLM's P/D proxy runs it::
         prompt - 1 computed tokens, computes the last one and samples the first output token
         (the client's TTFT), then decodes to max_tokens
 
-A replica with nothing to run sleeps until an arrival, a hand-off or its next transfer's
-completion. A replica that can never progress again aborts what it holds with a `no_progress`
-finding; if every replica sleeps with requests left (the pools wait on each other), the run
-records that deadlock the same way (`_deadlock`). Every request ends in exactly one terminal
-state on each side it reached.
+Every replica runs the shared step loop (`sim.engine.step_loop`: the same idle, stall and
+livelock rules as the co-located engine); `PoolHooks` is what a pool decides for it. A replica
+with nothing to run sleeps until an arrival, a hand-off or its next transfer's completion. A
+replica that can never progress again (stalled, or livelocked) aborts what it holds with a
+`no_progress` finding; if every replica sleeps with requests left (the pools wait on each
+other), the run records that deadlock the same way (`_deadlock`). Every request ends in exactly
+one terminal state on each side it reached.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liv
 
 A closed-loop session turn (`sim.engine.sessions`) arrives when the turn before it has finished,
 plus its think time: the hook `_turns_ended` schedules it, or ends the session. The arrivals,
-routing and turns are `sim.engine.arrivals.EngineArrivals`; this module is the step loop.
+routing and turns are `sim.engine.arrivals.EngineArrivals`; this module is the engine's answers
+to the step loop's hooks, its records and the run.
 """
 
 from __future__ import annotations
