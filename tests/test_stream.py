@@ -140,7 +140,7 @@ def test_crash_mid_run_leaves_no_half_written_table(tmp_path, monkeypatch):
     monkeypatch.setattr(
         sim.output.records, "DEFAULT_CHUNK_ROWS", 2
     )  # several chunks reach the files
-    real = Engine._record_step
+    real = Engine.record_step
     calls = itertools.count()
 
     def record_then_interrupt(self, *args):
@@ -151,7 +151,7 @@ def test_crash_mid_run_leaves_no_half_written_table(tmp_path, monkeypatch):
             assert list(tmp_path.glob(".out.partial-*/steps.parquet"))
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Engine, "_record_step", record_then_interrupt)
+    monkeypatch.setattr(Engine, "record_step", record_then_interrupt)
     result = runner.invoke(app, ["run", str(path), "--no-plots", "-o", str(out)])
     assert result.exit_code == EXIT_INTERRUPTED, result.output
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sim.engine.engine import EngineConfig, Replica, RunRecords
 from sim.latency.batch import BatchShape
+from sim.latency.protocol import StepTimeModel, decode_window_of
 from sim.output.records import REQUEST_DTYPE, STEP_DTYPE, ColumnarTable, RequestRows, memory_sinks
 from sim.output.stats import RunStats
 from sim.routing import ReplicaView, RoutingPolicy, make_policy
@@ -25,7 +26,7 @@ class DisaggPool:
 
     name: str
     config: EngineConfig
-    step_time: object
+    step_time: StepTimeModel
     replicas: list[Replica]
     records: RunRecords
     #: The `requests` table's row writer: rows in `request_id` order (`sim.output.records`).
@@ -37,12 +38,12 @@ class DisaggPool:
 def make_pool(
     name: str,
     config: EngineConfig,
-    step_time,
+    step_time: StepTimeModel,
     ids_ascending: bool,
     clock: Callable[[], tuple[float, int]],
 ) -> DisaggPool:
     """The pool's replicas (each on `clock`), its in-memory records and its router."""
-    window = getattr(step_time, "decode_window", None)
+    window = decode_window_of(step_time)
     replicas = [Replica(i, config, clock, window) for i in range(config.num_replicas)]
     sinks = memory_sinks()
     num_gpu_blocks = config.kv.num_gpu_blocks

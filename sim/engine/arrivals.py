@@ -7,14 +7,14 @@ max_model_len check (`_arrive`), waking an idle replica, writing a request's row
 (`_on_terminal`), and closed-loop session turns (`sim.engine.sessions`): when a turn ends,
 `_turns_ended` schedules the session's next turn, arriving its think time later
 (`_next_turn`), or accounts the session's later turns as never arrived. The engine's state is
-set up by `Engine.__init__` (declared here); the step loop is `sim.engine.engine`.
+set up by `Engine.__init__` (declared here); the step loop is `sim.engine.step_loop`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from sim.engine.replica import Clock, EngineConfig, Replica, request_of
+from sim.engine.replica import Clock, EngineConfig, Replica, SimProcess, request_of
 from sim.engine.sessions import SessionTurns
 from sim.output.records import RequestRows
 from sim.routing import CacheIndex, ReplicaView, RoutingPolicy
@@ -48,7 +48,7 @@ class EngineArrivals:
             self._cache_index.advance(self.env.now)
         return self.replicas[self._policy.choose(request, self._views)]
 
-    def _arrivals(self):
+    def _arrivals(self) -> SimProcess:
         for spec in self._specs:
             self._next_spec = spec
             delay = spec.arrival_s - self.env.now
@@ -114,7 +114,7 @@ class EngineArrivals:
                 self._on_terminal((never,))
         self._check_arrivals_done()
 
-    def _next_turn(self, spec: RequestSpec, at_s: float):
+    def _next_turn(self, spec: RequestSpec, at_s: float) -> SimProcess:
         yield self.env.timeout(at_s - self.env.now)
         assert self._turns is not None
         self._turns.arrived()

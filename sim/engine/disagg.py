@@ -14,16 +14,18 @@ as vLLM's P/D proxy runs it::
         prompt - 1 computed tokens, computes the last one and samples the first output token
         (the client's TTFT), then decodes to max_tokens
 
-A replica with nothing to run sleeps until an arrival, a hand-off or its next transfer's
-completion. A replica that can never progress again aborts what it holds with a `no_progress`
-finding; if every replica sleeps with requests left (the pools wait on each other), the run
-records that deadlock the same way (`_deadlock`). Every request ends in exactly one terminal
-state on each side it reached.
+Every replica runs the shared step loop (`sim.engine.step_loop`: the same idle, stall and
+livelock rules as the co-located engine); `PoolHooks` is what a pool decides for it. A replica
+with nothing to run sleeps until an arrival, a hand-off or its next transfer's completion. A
+replica that can never progress again (stalled, or livelocked) aborts what it holds with a
+`no_progress` finding; if every replica sleeps with requests left (the pools wait on each
+other), the run records that deadlock the same way (`_deadlock`). Every request ends in exactly
+one terminal state on each side it reached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import simpy
@@ -37,9 +39,13 @@ from sim.cluster.pd_connector import (
     Transfer,
     TransferLedger,
 )
-from sim.engine.engine import EngineConfig, Replica, RunRecords, batch_shape, in_arrival_order
+from sim.engine.engine import Clock, EngineConfig, Replica, RunRecords, in_arrival_order
+from sim.engine.replica import SimProcess
+from sim.engine.step_loop import ReplicaStepLoop
 from sim.kv_connector.hooks import ConnectorHooks
-from sim.scheduler import Request, RequestState
+from sim.latency.batch import BatchShape
+from sim.latency.protocol import StepTimeModel
+from sim.scheduler import Request, RequestState, StepPlan
 from sim.workload.request import RequestSpec
 
 
@@ -59,8 +65,8 @@ class DisaggEngine:
 
     def __init__(
         self,
-        prefill: tuple[EngineConfig, object],
-        decode: tuple[EngineConfig, object],
+        prefill: tuple[EngineConfig, StepTimeModel],
+        decode: tuple[EngineConfig, StepTimeModel],
         specs: Iterable[RequestSpec],
         link: LinkSpec,
         block_bytes: int,
@@ -71,9 +77,7 @@ class DisaggEngine:
                 raise ValueError(f"{name} pool: disaggregation models the V1 engine only")
         if prefill[0].kv.block_size != decode[0].kv.block_size:
             raise ValueError("the prefill and decode pools must share one block size")
-        # Every step yields its timeout (no `sim.engine.engine.Clock.advance_to` shortcut): the two
-        # pools' loops are this module's own.
-        self.env = simpy.Environment()
+        self.env = Clock()
         ordered, _, ids_ascending = in_arrival_order(specs)
         self.specs = list(ordered)
         self.link = link
@@ -121,7 +125,7 @@ class DisaggEngine:
         return replica.connector_hooks
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self):
+    def _arrivals(self) -> SimProcess:
         pool = self.prefill
         max_model_len = pool.config.scheduler.max_model_len
         for spec in self.specs:
@@ -176,71 +180,22 @@ class DisaggEngine:
         replica.scheduler.add_request(request)
         _wake(replica)
 
-    def _idle(self, replica: Replica) -> simpy.Event:
+    def _idle(self, pool: DisaggPool, replica: Replica) -> simpy.Event:
         """Sleep until woken (an arrival, a hand-off, a send scheduled) or until the
-        replica's next transfer completes, whichever comes first."""
+        replica's next transfer completes, whichever comes first. A prefill replica going
+        idle first lets the decode replicas that wait on the prefill pool re-check."""
+        self._prefill_idle(pool)
         replica.wakeup = self.env.event()
         transfer_s = replica.next_kv_transfer_s()
         if transfer_s is None:
             return replica.wakeup
         return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
 
-    def _replica_loop(self, pool: DisaggPool, replica: Replica):
-        env = self.env
-        scheduler = replica.scheduler
-        hooks = self.hooks(replica)
-        predict_s = pool.step_time.predict_s  # type: ignore[attr-defined]
-        is_prefill = pool is self.prefill
-        empty_streak = 0
-        max_sim_time_s = pool.config.max_sim_time_s
-        while self._stop is None:
-            if not scheduler.has_unfinished():
-                if not self._may_get_work(pool, replica):
-                    self._prefill_idle(pool)
-                    return
-                self._prefill_idle(pool)
-                yield self._idle(replica)
-                hooks.poll(env.now)  # frees blocks whose sends completed
-                continue
-            self._step = replica.num_steps
-            plan = scheduler.schedule(env.now)
-            ended = len(plan.ignored) + len(plan.failed)
-            replica.outstanding -= ended
-            for request in plan.ignored + plan.failed:
-                pool.rows.terminal(request)
-            if plan.is_empty:
-                if (ended or plan.num_preempted) and empty_streak <= 8 + 2 * len(scheduler.running):
-                    empty_streak += 1
-                    record_step(pool, replica, plan, batch_shape(plan), env.now, 0.0)
-                    replica.num_steps += 1
-                    continue
-                if self._may_get_work(pool, replica):
-                    self._prefill_idle(pool)
-                    yield self._idle(replica)
-                    continue
-                self._stall(pool, replica)
-                self._prefill_idle(pool)
-                return
-            empty_streak = 0
-            shape = batch_shape(plan)
-            duration_s = predict_s(shape)
-            start_s = env.now
-            yield env.timeout(duration_s)
-            finished = scheduler.update(plan, env.now)
-            replica.outstanding -= len(finished)
-            for request in finished:
-                pool.rows.terminal(request)
-            record_step(pool, replica, plan, shape, start_s, duration_s)
-            replica.num_steps += 1
-            if is_prefill:
-                for request in finished:
-                    self._handoff(request)
-            if max_sim_time_s is not None and env.now >= max_sim_time_s:
-                # A livelock the real engine would share (e.g. a prompt of max_model_len
-                # tokens that can never take its token) is cut off, as `sim.engine.engine` does.
-                self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
-                for other in self.prefill.replicas + self.decode.replicas:
-                    _wake(other)
+    def _stop_at_time_limit(self, reason: str) -> None:
+        """The simulated-time limit ends the run: every sleeping replica wakes to end."""
+        self._stop = reason
+        for other in self.prefill.replicas + self.decode.replicas:
+            _wake(other)
 
     def _may_get_work(self, pool: DisaggPool, replica: Replica) -> bool:
         """Whether something still to come could give this replica work or free its blocks."""
@@ -268,6 +223,15 @@ class DisaggEngine:
             f"stalled on the {pool.name} pool: nothing running and no waiting request can be "
             f"admitted ({replica.pool_stats().num_free} free blocks)"
         )
+        self._abort(pool, list(replica.scheduler.unfinished()), reason)
+
+    def _livelock(self, pool: DisaggPool, replica: Replica, num_empty_steps: int) -> None:
+        """`sim.engine.step_loop.livelock_limit` empty steps in a row: the replica's queue is
+        aborted (recorded as `no_progress`), as the co-located engine does."""
+        replica.manager.record_no_progress(
+            diagnose(replica.scheduler, replica.manager, Stall.LIVELOCK, num_empty_steps)
+        )
+        reason = f"livelock on the {pool.name} pool: steps keep preempting without running anything"
         self._abort(pool, list(replica.scheduler.unfinished()), reason)
 
     def _abort(self, pool: DisaggPool, requests: list[Request], reason: str) -> None:
@@ -340,8 +304,19 @@ class DisaggEngine:
         """Register the processes (`run` does; a test may then step `env` itself)."""
         self.env.process(self._arrivals())
         for pool in (self.prefill, self.decode):
+            hooks = PoolHooks(self, pool)
             for replica in pool.replicas:
-                self.env.process(self._replica_loop(pool, replica))
+                # Every step yields its timeout (no `Clock.advance_to` shortcut), as this
+                # engine always has: the tables of a disaggregated run stay as they were.
+                loop = ReplicaStepLoop(
+                    replica,
+                    hooks,
+                    self.env,
+                    pool.step_time,
+                    pool.config.max_sim_time_s,
+                    advance_clock=False,
+                )
+                self.env.process(loop.run())
 
     def run(self) -> DisaggRecords:
         self.start()
@@ -364,3 +339,60 @@ class DisaggEngine:
 def _wake(replica: Replica) -> None:
     if replica.wakeup is not None and not replica.wakeup.triggered:
         replica.wakeup.succeed()
+
+
+@dataclass(slots=True)
+class PoolHooks:
+    """`sim.engine.step_loop.StepHooks` for the replicas of one pool of a `DisaggEngine`.
+
+    Requests that end are written to the pool's rows; a prefill that finishes is handed off
+    to the decode pool; an idle prefill replica wakes the decode replicas that wait on it;
+    the run stops only at the simulated-time limit (no stop policy, no fatal-error stop).
+    """
+
+    engine: DisaggEngine
+    pool: DisaggPool
+
+    def stopped(self) -> bool:
+        return self.engine._stop is not None
+
+    def stop(self, reason: str) -> None:
+        self.engine._stop_at_time_limit(reason)
+
+    def begin_step(self, replica: Replica) -> None:
+        self.engine._step = replica.num_steps
+
+    def ended(self, replica: Replica, requests: Sequence[Request]) -> None:
+        for request in requests:
+            self.pool.rows.terminal(request)
+
+    def stepped(self, replica: Replica, finished: Sequence[Request]) -> None:
+        if self.pool is self.engine.prefill:
+            for request in finished:
+                self.engine._handoff(request)
+
+    def record_step(
+        self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
+    ) -> None:
+        record_step(self.pool, replica, plan, shape, start_s, duration_s)
+
+    def stop_in(self, replica: Replica, plan: StepPlan) -> str | None:
+        return None
+
+    def fatal_stop(self, replica: Replica, plan: StepPlan) -> str | None:
+        return None
+
+    def may_get_work(self, replica: Replica) -> bool:
+        return self.engine._may_get_work(self.pool, replica)
+
+    def idle(self, replica: Replica) -> simpy.Event:
+        return self.engine._idle(self.pool, replica)
+
+    def retire(self, replica: Replica) -> None:
+        self.engine._prefill_idle(self.pool)
+
+    def stall(self, replica: Replica) -> None:
+        self.engine._stall(self.pool, replica)
+
+    def livelock(self, replica: Replica, num_empty_steps: int) -> None:
+        self.engine._livelock(self.pool, replica, num_empty_steps)

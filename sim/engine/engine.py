@@ -1,7 +1,8 @@
-"""The engine: the only module where simulated time passes (SimPy).
+"""The co-located engine: replicas behind a router, in simulated time (SimPy).
 
 An arrival process feeds requests at their trace times to a router; one process per replica
-runs the step loop::
+runs the step loop of `sim.engine.step_loop` (shared with the disaggregated engine), whose
+`StepHooks` this engine implements::
 
     plan = scheduler.schedule(now)               # pure
     dt   = step_time.predict_s(batch of plan)    # pure
@@ -10,7 +11,8 @@ runs the step loop::
 
 Most steps end before anything else can happen: no arrival, no other replica's step is due
 first. Such a step moves the clock itself (`Clock.advance_to`) instead of yielding a SimPy
-timeout, which would only come back to the same process at the same time (see `_replica_loop`).
+timeout, which would only come back to the same process at the same time (unless
+`yield_every_step`).
 
 An idle replica waits on an event that the next arrival triggers, instead of spinning. A replica
 whose queue cannot make progress (nothing running, nothing admissible, no arrival to come)
@@ -19,13 +21,14 @@ records a `no_progress` violation that diagnoses the stuck queue (`sim.audit.liv
 
 A closed-loop session turn (`sim.engine.sessions`) arrives when the turn before it has finished,
 plus its think time: the hook `_turns_ended` schedules it, or ends the session. The arrivals,
-routing and turns are `sim.engine.arrivals.EngineArrivals`; this module is the step loop.
+routing and turns are `sim.engine.arrivals.EngineArrivals`; this module is the engine's answers
+to the step loop's hooks, its records and the run.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 
 import simpy
@@ -41,10 +44,12 @@ from sim.engine.replica import Replica as Replica
 from sim.engine.replica import RunRecords as RunRecords
 from sim.engine.replica import batch_shape as batch_shape
 from sim.engine.replica import in_arrival_order as in_arrival_order
-from sim.engine.replica import request_of
+from sim.engine.replica import is_lazy_in_arrival_order, request_of
 from sim.engine.sessions import SessionTurns
+from sim.engine.step_loop import ReplicaStepLoop
 from sim.kv_events import attach_streams
 from sim.latency.batch import BatchShape
+from sim.latency.protocol import StepTimeModel, decode_window_of
 from sim.output import records as records_module
 from sim.output.records import (
     REQUEST_DTYPE,
@@ -76,7 +81,7 @@ class Engine(EngineArrivals):
         self,
         config: EngineConfig,
         specs: Iterable[RequestSpec],
-        step_time,
+        step_time: StepTimeModel,
         progress: Callable[[int, int], None] | None = None,
         sinks: TableSinks | None = None,
         chunk_rows: int | None = None,
@@ -91,7 +96,7 @@ class Engine(EngineArrivals):
         #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A
         #: lazy source (a multi-million-request synthetic load) has none and stays lazy.
         self._turns: SessionTurns | None = None
-        if not (getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized)):
+        if not is_lazy_in_arrival_order(specs):
             ordered = list(self._specs)
             self._turns = SessionTurns.of(ordered)
             if self._turns is not None:
@@ -117,7 +122,7 @@ class Engine(EngineArrivals):
         self.records = RunRecords(requests, steps, stats, num_gpu_blocks=config.kv.num_gpu_blocks)
         self._rows = RequestRows(requests, ids_ascending)
         self._current_step = 0
-        window = getattr(step_time, "decode_window", None)
+        window = decode_window_of(step_time)
         self.replicas = [
             Replica(i, config, self._clock, window) for i in range(config.num_replicas)
         ]
@@ -151,119 +156,75 @@ class Engine(EngineArrivals):
         return (self.env.now, self._current_step)
 
     # ------------------------------------------------------------------ processes
-    def _idle(self, replica: Replica, transfer_s: float | None) -> simpy.Event:
+    def idle(self, replica: Replica) -> simpy.Event:
         """What an idle replica waits for: the next arrival, or the next KV transfer's
         completion if one is in flight (whichever comes first)."""
+        transfer_s = replica.next_kv_transfer_s()
         replica.wakeup = self.env.event()
         if transfer_s is None:
             return replica.wakeup
         return replica.wakeup | self.env.timeout(max(0.0, transfer_s - self.env.now))
 
-    def _replica_loop(self, replica: Replica):
-        scheduler = replica.scheduler
-        env = self.env
-        policy = self.config.violation_policy
-        stop_at_any = policy is ViolationPolicy.STOP_ANY
-        stop_at_raise = policy is ViolationPolicy.STOP
-        max_sim_time_s = self.config.max_sim_time_s
-        predict_s = self.step_time.predict_s
-        advance = not self.yield_every_step
-        empty_streak = 0
-        while self._stop is None:
-            if not scheduler.has_unfinished():
-                transfer_s = replica.next_kv_transfer_s()
-                if self._arrivals_done and transfer_s is None:
-                    return
-                yield self._idle(replica, transfer_s)
-                if replica.connector_hooks is not None:
-                    replica.connector_hooks.poll(env.now)  # frees blocks kept for stores
-                continue
-            self._current_step = replica.num_steps
-            plan = scheduler.schedule(self.env.now)
-            ended = len(plan.ignored) + len(plan.failed)
-            if ended:
-                replica.outstanding -= ended
-                self._on_terminal(plan.ignored + plan.failed)
-                self._turns_ended(plan.ignored + plan.failed)
-            stop = self._stop_in(replica, plan, stop_at_any, stop_at_raise)
-            if stop is not None:
-                # The engine dies (or the policy ends the run) in this call: its row has no
-                # batch (none ran) but keeps the preemptions made, which the requests count.
-                self._record_step(replica, plan, BatchShape((), ()), env.now, 0.0)
-                replica.num_steps += 1
-                self._stop = stop
-                return
-            if plan.is_empty:
-                if ended or plan.num_preempted:
-                    # The queues changed, as after an empty engine step: the step gets its row
-                    # (zero duration, no tokens) so that its preemptions are in the steps
-                    # table too, and the scheduler runs again at once. A design that preempts
-                    # and readmits forever without running anything (a livelock the real
-                    # engine would share) is cut off.
-                    self._record_step(replica, plan, batch_shape(plan), env.now, 0.0)
-                    replica.num_steps += 1
-                    empty_streak += 1
-                    if empty_streak <= 2 * scheduler.num_unfinished() + 8:
-                        continue
-                    self._no_progress(replica, Stall.LIVELOCK, empty_streak)
-                    self._abort(
-                        scheduler.unfinished(),
-                        "livelock: steps keep preempting without running anything",
-                    )
-                    return
-                transfer_s = replica.next_kv_transfer_s()
-                if not self._arrivals_done or transfer_s is not None:
-                    # Waiting for an arrival, or for a KV transfer that lets a parked request
-                    # (or freed blocks) make progress: not a stall.
-                    yield self._idle(replica, transfer_s)
-                    continue
-                self._no_progress(replica, Stall.STALLED)
-                self._abort(
-                    scheduler.unfinished(),
-                    "stalled: nothing running and no waiting request can be admitted "
-                    f"({replica.pool_stats().num_free} free blocks)",
-                )
-                return
-            empty_streak = 0
-            shape = batch_shape(plan)
-            duration_s = predict_s(shape)
-            start_s = env.now
-            end_s = start_s + duration_s  # the float a timeout would end at
-            if advance and end_s < env.peek():
-                # Nothing else can run before the step ends (`Clock`): no yield.
-                env.advance_to(end_s)
-            else:
-                yield env.timeout(duration_s)
-            finished = scheduler.update(plan, env.now)
-            if finished:
-                replica.outstanding -= len(finished)
-                self._on_terminal(finished)
-                self._turns_ended(finished)
-            self._record_step(replica, plan, shape, start_s, duration_s)
-            replica.num_steps += 1
-            if plan.fatal_error is not None:
-                # The step's update failed (e.g. freeing a finished request raised).
-                self._stop = self._stop_in(replica, plan, False, False)
-                return
-            if max_sim_time_s is not None and env.now >= max_sim_time_s:
-                self._stop = f"reached the simulated-time limit of {max_sim_time_s} s"
+    # ------------------------------------------------------------------ step-loop hooks
+    # `sim.engine.step_loop.StepHooks`: what this engine decides for its replicas' loops.
+    def stopped(self) -> bool:
+        return self._stop is not None
 
-    def _stop_in(
-        self, replica: Replica, plan: StepPlan, stop_at_any: bool, stop_at_raise: bool
-    ) -> str | None:
+    def stop(self, reason: str) -> None:
+        self._stop = reason
+
+    def begin_step(self, replica: Replica) -> None:
+        self._current_step = replica.num_steps
+
+    def ended(self, replica: Replica, requests: Sequence[Request]) -> None:
+        self._on_terminal(requests)
+        self._turns_ended(requests)
+
+    def stepped(self, replica: Replica, finished: Sequence[Request]) -> None:
+        """Nothing follows a step here (a finished request's next turn came with `ended`)."""
+
+    def may_get_work(self, replica: Replica) -> bool:
+        """An arrival still to come, or a KV transfer in flight that lets a parked request (or
+        freed blocks) make progress."""
+        return not self._arrivals_done or replica.next_kv_transfer_s() is not None
+
+    def retire(self, replica: Replica) -> None:
+        """Nothing waits on a co-located replica's end."""
+
+    def stall(self, replica: Replica) -> None:
+        self._no_progress(replica, Stall.STALLED)
+        self._abort(
+            replica.scheduler.unfinished(),
+            "stalled: nothing running and no waiting request can be admitted "
+            f"({replica.pool_stats().num_free} free blocks)",
+        )
+
+    def livelock(self, replica: Replica, num_empty_steps: int) -> None:
+        self._no_progress(replica, Stall.LIVELOCK, num_empty_steps)
+        self._abort(
+            replica.scheduler.unfinished(),
+            "livelock: steps keep preempting without running anything",
+        )
+
+    def stop_in(self, replica: Replica, plan: StepPlan) -> str | None:
         """Why the run ends in this scheduler call (a fatal engine error, a stop policy)."""
         if plan.fatal_error is not None:
             self.records.fatal_error = plan.fatal_error
             return f"fatal engine error: {plan.fatal_error}"
-        if stop_at_any and replica.manager.violations:
+        policy = self.config.violation_policy
+        if policy is ViolationPolicy.STOP_ANY and replica.manager.violations:
             first = replica.manager.violations[0]
             return f"stopped at the first violation ({first.kind.value}): {first.message}"
-        if stop_at_raise and replica.manager.first_raised is not None:
+        if policy is ViolationPolicy.STOP and replica.manager.first_raised is not None:
             first = replica.manager.first_raised
             return f"stopped where the real engine raises ({first.kind.value}): {first.message}"
         return None
 
-    def _record_step(
+    def fatal_stop(self, replica: Replica, plan: StepPlan) -> str | None:
+        """A failed update ends the run (`stop_in` answers the fatal error first)."""
+        return self.stop_in(replica, plan)
+
+    def record_step(
         self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
     ) -> None:
         stats = replica.pool_stats()
@@ -330,7 +291,15 @@ class Engine(EngineArrivals):
     def _simulate(self) -> None:
         self.env.process(self._arrivals())
         for replica in self.replicas:
-            self.env.process(self._replica_loop(replica))
+            loop = ReplicaStepLoop(
+                replica,
+                self,
+                self.env,
+                self.step_time,
+                self.config.max_sim_time_s,
+                advance_clock=not self.yield_every_step,
+            )
+            self.env.process(loop.run())
         # The cyclic GC keeps re-walking the millions of live objects of a long replay (~10% of
         # its time) and finds nothing: requests, sequences and plans form no reference cycles
         # (peak memory is the same with it off). It is switched back on however the run ends.

@@ -5,14 +5,15 @@ workload's specs, requests and a step's batch shape. `sim.engine.engine` runs th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import simpy
 
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
+from sim.audit.violations import Violation
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.kv.protocol import PoolStats
 from sim.kv_connector.base import KVConnectorConfig
@@ -30,6 +31,9 @@ from sim.routing import Router
 from sim.scheduler import Request, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.workload.request import RequestSpec
+
+#: A SimPy process: a generator of the events it waits for (an event, or a condition of two).
+SimProcess = Generator[simpy.Event, Any, None]
 
 
 class Clock(simpy.Environment):
@@ -87,7 +91,7 @@ class RunRecords:
     requests: ColumnarTable
     steps: ColumnarTable
     stats: RunStats
-    violations: list = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
     fatal_error: str | None = None
     stopped_early: str | None = None
     end_s: float = 0.0
@@ -147,6 +151,23 @@ class Replica:
         return None if hooks is None else hooks.next_completion_s()
 
 
+@runtime_checkable
+class ArrivalOrderedSpecs(Protocol):
+    """A spec source that may say its specs already come by (arrival, id) with ids
+    ascending (`sim.workload.synthetic.LazySpecs`), and knows how many it holds."""
+
+    in_arrival_order: bool
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[RequestSpec]: ...
+
+
+def is_lazy_in_arrival_order(specs: Iterable[RequestSpec]) -> bool:
+    """Whether `specs` is consumed as it is, one spec at a time (`in_arrival_order`)."""
+    return isinstance(specs, ArrivalOrderedSpecs) and specs.in_arrival_order
+
+
 def in_arrival_order(specs: Iterable[RequestSpec]) -> tuple[Iterator[RequestSpec], int, bool]:
     """The specs by (arrival, id), their number, and whether their ids then ascend.
 
@@ -154,7 +175,7 @@ def in_arrival_order(specs: Iterable[RequestSpec]) -> tuple[Iterator[RequestSpec
     `sim.workload.synthetic.LazySpecs`) with ids ascending is consumed as it is, one spec at a
     time, so a multi-million-request workload is never all in memory; anything else is sorted.
     """
-    if getattr(specs, "in_arrival_order", False) and isinstance(specs, Sized):
+    if isinstance(specs, ArrivalOrderedSpecs) and specs.in_arrival_order:
         return iter(specs), len(specs), True
     ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     ascending = all(a.request_id < b.request_id for a, b in pairwise(ordered))

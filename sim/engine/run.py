@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from sim.engine.engine import Engine
 from sim.files.tables import FileSink
@@ -54,7 +55,7 @@ def run(
     *,
     base_dir: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
-    overrides: dict | None = None,
+    overrides: dict[str, Any] | None = None,
     vllm_root: str | Path | None = None,
     step_time_factor: float = 1.0,
     tables_dir: str | Path | None = None,
@@ -116,17 +117,25 @@ def file_sinks(folder: Path) -> TableSinks:
     )
 
 
-def _with_group_peaks(inputs: dict, engine: Engine) -> dict:
+@runtime_checkable
+class CountsGroupPeaks(Protocol):
+    """A block manager that counts each KV-cache group's peak held blocks (kvsim's V1
+    managers, `sim.kv.v1_engine`)."""
+
+    def group_peak_held_blocks(self) -> list[int]: ...
+
+
+def _with_group_peaks(inputs: dict[str, Any], engine: Engine) -> dict[str, Any]:
     """`inputs` with each KV-cache group's peak held blocks (the most over replicas)."""
     groups = inputs.get("kv_cache_groups")
     if not groups:
         return inputs
     peaks = [0] * len(groups)
     for replica in engine.replicas:
-        read = getattr(replica.manager.inner, "group_peak_held_blocks", None)
-        if read is None:  # vLLM's real manager (--vllm-root) does not count
+        manager = replica.manager.inner
+        if not isinstance(manager, CountsGroupPeaks):  # vLLM's real one (--vllm-root) does not
             return inputs
-        peaks = [max(a, b) for a, b in zip(peaks, read(), strict=True)]
+        peaks = [max(a, b) for a, b in zip(peaks, manager.group_peak_held_blocks(), strict=True)]
     groups = [{**group, "peak_blocks": peak} for group, peak in zip(groups, peaks, strict=True)]
     return {**inputs, "kv_cache_groups": groups}
 
@@ -155,7 +164,7 @@ def _with_real_manager(resolved: ResolvedRun, vllm_root: str | Path) -> Resolved
     except (VllmNotAvailableError, ValueError) as error:
         raise ScenarioError(f"vllm_root: {error}".splitlines()[0]) from None
 
-    def factory(design: Design, kv_config: KVCacheConfig):
+    def factory(design: Design, kv_config: KVCacheConfig) -> object:
         return make_real(design.value, kv_config, install)
 
     inputs = {

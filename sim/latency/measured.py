@@ -70,10 +70,11 @@ ENGINE_GENERATIONS = ("v0", "v1")
 def shipped_coefficients() -> dict[str, Any]:
     """The fitted coefficients shipped in `sim/data/steptime_coefficients.json`."""
     text = resources.files("sim.data").joinpath("steptime_coefficients.json").read_text()
-    return json.loads(text)
+    coefficients: dict[str, Any] = json.loads(text)
+    return coefficients
 
 
-def nearest_fitted_gpu(gpu: GpuSpec, fitted: dict[str, dict]) -> str:
+def nearest_fitted_gpu(gpu: GpuSpec, fitted: dict[str, dict[str, Any]]) -> str:
     """The fitted GPU closest in log datasheet FLOP/s and bandwidth (itself when fitted).
 
     Example: an H200 (989 TFLOP/s, 4.8 TB/s) is nearer the H100 SXM (989, 3.35) than the
@@ -137,12 +138,12 @@ class MeasuredStepTime:
         )
         self._peak = gpu.peak_flops(model.dtype)
         self._bw = gpu.bandwidth_Bps
-        self._gemm_c = c["gemm"]
+        self._gemm_c: dict[str, float] = c["gemm"]
         self._ew = c["elementwise"]
         eng = co["engine"][engine]
-        self._overhead_fixed_s = eng["fixed_s"]
-        self._overhead_per_seq_s = eng["per_seq_s"]
-        self._launch_s = eng["graph_launch_s"]
+        self._overhead_fixed_s: float = eng["fixed_s"]
+        self._overhead_per_seq_s: float = eng["per_seq_s"]
+        self._launch_s: float = eng["graph_launch_s"]
         self._setup_geometry(model, tp, kv_dtype)
         self._setup_allreduce(c, gpu, tp)
         self._setup_attention(c["decode_attention"], c["prefill_attention"])
@@ -185,7 +186,7 @@ class MeasuredStepTime:
         self._window = m.sliding_window
         self._head_dim = d
 
-    def _setup_allreduce(self, c: dict, gpu: GpuSpec, tp: int) -> None:
+    def _setup_allreduce(self, c: dict[str, Any], gpu: GpuSpec, tp: int) -> None:
         self._num_allreduce = 2 * self._L if tp > 1 else 0
         self._ar_c: dict[str, float] | None = None
         if tp > 1:
@@ -200,7 +201,8 @@ class MeasuredStepTime:
     # -- terms that depend only on the token count (cached: a replay repeats them) ------------
     def _gemm_s(self, tokens: float, k: int, n: int) -> float:
         flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
-        return terms.gemm_time_s(flops, nbytes, self._peak, self._bw, self._gemm_c)
+        time_s: float = terms.gemm_time_s(flops, nbytes, self._peak, self._bw, self._gemm_c)
+        return time_s
 
     def _body(self, num_tokens: int) -> tuple[float, float, float]:
         """(GEMM, non-GEMM, all-reduce) seconds of all layers for `num_tokens` tokens."""
@@ -242,7 +244,7 @@ class MeasuredStepTime:
         return cached
 
     # -- attention ----------------------------------------------------------------------------
-    def _setup_attention(self, c_dec: dict, c_pre: dict) -> None:
+    def _setup_attention(self, c_dec: dict[str, float], c_pre: dict[str, float]) -> None:
         """Fold the attention coefficients into per-step constants (`predict_s` is hot)."""
         L = self._L
         self._dec_floor_s = L * c_dec["call_floor_s"]

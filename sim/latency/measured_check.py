@@ -19,7 +19,9 @@ only on an A100 with 70B geometry at TP 2, so whole steps exist only for Llama-2
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +42,9 @@ NUM_LAYERS = {
 }
 HOLDOUT_EVERY = 5
 
+#: A row selector of every measurement table: (table name, frame) -> boolean mask.
+TableFilter = Callable[[str, pd.DataFrame], np.ndarray]
+
 
 def held_out(values: pd.Series) -> np.ndarray:
     """True for every 5th distinct value (by rank): the validation rows of the `rows` split.
@@ -48,7 +53,8 @@ def held_out(values: pd.Series) -> np.ndarray:
     """
     distinct = np.sort(values.unique())
     rank = {v: i for i, v in enumerate(distinct)}
-    return values.map(rank).to_numpy() % HOLDOUT_EVERY == 2
+    mask: np.ndarray = values.map(rank).to_numpy() % HOLDOUT_EVERY == 2
+    return mask
 
 
 def _datasheet(name: str) -> dict[str, float]:
@@ -60,7 +66,7 @@ def _datasheet(name: str) -> dict[str, float]:
     }
 
 
-def subset(t: mf.Tables, keep) -> mf.Tables:
+def subset(t: mf.Tables, keep: TableFilter) -> mf.Tables:
     """Apply `keep(name, frame) -> bool mask` to every table."""
     frames = {n: f[keep(n, f)] for n, f in vars(t).items() if isinstance(f, pd.DataFrame)}
     return mf.Tables(**frames, raw_geometry=t.raw_geometry)
@@ -72,13 +78,16 @@ def _rows_val(name: str, f: pd.DataFrame) -> np.ndarray:
 
 
 def _model_val(name: str, f: pd.DataFrame) -> np.ndarray:
+    mask: np.ndarray
     if name in ("gemm", "elementwise"):
-        return ~f.model.str.startswith("Llama-2").to_numpy()
-    if name == "decode":
-        return (f.context > 2048).to_numpy()
-    if name == "prefill":
-        return (f.prior + f.chunk > 2048).to_numpy()
-    return _rows_val(name, f)
+        mask = ~f.model.str.startswith("Llama-2").to_numpy()
+    elif name == "decode":
+        mask = (f.context > 2048).to_numpy()
+    elif name == "prefill":
+        mask = (f.prior + f.chunk > 2048).to_numpy()
+    else:
+        mask = _rows_val(name, f)
+    return mask
 
 
 SPLITS = {
@@ -100,25 +109,29 @@ def split(tables: mf.Tables, name: str) -> tuple[mf.Tables, mf.Tables]:
     return subset(tables, lambda n, f: ~val(n, f)), subset(tables, val)
 
 
-def overhead_keep(name: str, validation: bool):
+def overhead_keep(name: str, validation: bool) -> mf.RowFilter:
     """Row selector of cpu_overheads.csv for split `name`: every 5th batch size held out, or
     (split `model`) the Llama-2 rows fitted and the other models validated."""
 
     def keep(raw: pd.DataFrame) -> np.ndarray:
+        mask: np.ndarray
         if name == "model":
             mask = ~raw.model_name.str.contains("Llama-2").to_numpy()
         else:
             mask = held_out(raw.batch_size)
-        return mask if validation else ~mask
+        chosen: np.ndarray = mask if validation else ~mask
+        return chosen
 
     return keep
 
 
-def fit_coefficients(tables: mf.Tables, root: str | Path, keep=None) -> dict:
+def fit_coefficients(
+    tables: mf.Tables, root: str | Path, keep: mf.RowFilter | None = None
+) -> dict[str, Any]:
     """The coefficient document (without band/validation) from `tables`."""
     gpus = sorted(tables.gemm.gpu.unique())
     attention_gpu = sorted(tables.decode.gpu.unique())[0]
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for gpu in gpus:
         out[gpu] = mf.fit_gpu(tables, gpu, attention_gpu)
         out[gpu]["datasheet"] = _datasheet(gpu)
@@ -126,11 +139,13 @@ def fit_coefficients(tables: mf.Tables, root: str | Path, keep=None) -> dict:
 
 
 # -- per-category errors -----------------------------------------------------------------------
-def _rel(pred, meas) -> np.ndarray:
-    return np.asarray(pred, dtype=float) / np.asarray(meas, dtype=float) - 1.0
+def _rel(pred: Any, meas: Any) -> np.ndarray:
+    """pred / meas - 1, element by element (lists, Series or arrays)."""
+    errors: np.ndarray = np.asarray(pred, dtype=float) / np.asarray(meas, dtype=float) - 1.0
+    return errors
 
 
-def category_errors(tables: mf.Tables, co: dict, gpu_name: str) -> dict[str, np.ndarray]:
+def category_errors(tables: mf.Tables, co: dict[str, Any], gpu_name: str) -> dict[str, np.ndarray]:
     """Signed relative errors (pred/measured - 1) per category on `gpu_name`'s rows of `tables`.
 
     Coefficients come from the nearest fitted GPU of `co`, applied to `gpu_name`'s datasheet
@@ -180,7 +195,9 @@ _LAYER_CALLS = {"input_layernorm": 1, "post_attention_layernorm": 1, "attn_rope"
 _LAYER_CALLS |= {"mlp_act": 1, "add": 2}
 
 
-def _layer_errors(g: pd.DataFrame, e: pd.DataFrame, c: dict, peak: float, bw: float):
+def _layer_errors(
+    g: pd.DataFrame, e: pd.DataFrame, c: dict[str, Any], peak: float, bw: float
+) -> np.ndarray:
     key = ["model", "tp", "tokens"]
     g = g.assign(pred=terms.gemm_time_s(g.flops, g.bytes, peak, bw, c["gemm"]))
     e = e[e.op.isin(_LAYER_CALLS)]
@@ -197,7 +214,9 @@ def _layer_errors(g: pd.DataFrame, e: pd.DataFrame, c: dict, peak: float, bw: fl
     return _rel(sums.pred, sums.time_s)
 
 
-def overhead_errors(root: str | Path, co: dict, keep=None) -> np.ndarray:
+def overhead_errors(
+    root: str | Path, co: dict[str, Any], keep: mf.RowFilter | None = None
+) -> np.ndarray:
     """v0 engine overhead against the measured phases (rows selected by `keep`)."""
     raw = pd.read_csv(Path(root) / "data/profiling/a100/cpu_overheads.csv")
     if keep is not None:
@@ -223,7 +242,9 @@ def vidur_model(tables: mf.Tables, model: str, vocab_size: int = 1) -> ModelSpec
     )
 
 
-def measured_steps(tables: mf.Tables, full: mf.Tables, root, model: str, gpu: str, tp: int):
+def measured_steps(
+    tables: mf.Tables, full: mf.Tables, root: str | Path, model: str, gpu: str, tp: int
+) -> tuple[ModelSpec, list[tuple[BatchShape, float]]]:
     """(BatchShape, measured seconds) for each attention row of `tables` a step can be built of.
 
     `full` supplies the operator rows (GEMM, elementwise, all-reduce) at the step's tokens.
@@ -256,13 +277,14 @@ def measured_steps(tables: mf.Tables, full: mf.Tables, root, model: str, gpu: st
         nbytes = tokens * spec.hidden_size * terms.BF16_BYTES
         allreduce = np.interp(nbytes, ar.bytes, ar.time_s) if tp > 1 else 0.0
         overhead = np.interp(num_seqs, over.index, over.to_numpy())
-        return (
+        step_s: float = (
             L * (per_layer[tokens] + attention_s + 2 * allreduce)
             + per_step[tokens]
             + (overhead + launch)
         )
+        return step_s
 
-    out = []
+    out: list[tuple[BatchShape, float]] = []
     for row in tables.decode[tables.decode.gpu == gpu].itertuples():
         if row.batch in per_layer.index:
             batch = BatchShape((int(row.context),) * int(row.batch), ())
@@ -274,7 +296,15 @@ def measured_steps(tables: mf.Tables, full: mf.Tables, root, model: str, gpu: st
     return spec, out
 
 
-def whole_step_errors(tables, full, root, co, model: str, gpu: str, tp: int):
+def whole_step_errors(
+    tables: mf.Tables,
+    full: mf.Tables,
+    root: str | Path,
+    co: dict[str, Any],
+    model: str,
+    gpu: str,
+    tp: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """(measured-model errors, roofline errors) of whole steps, v0 engine, no logits GEMM."""
     spec, steps = measured_steps(tables, full, root, model, gpu, tp)
     gspec: GpuSpec = get_gpu(gpu)
@@ -298,7 +328,7 @@ def band_from(errors: np.ndarray) -> dict[str, float]:
     }
 
 
-def provenance(root: str | Path, split: str) -> dict:
+def provenance(root: str | Path, split: str) -> dict[str, Any]:
     return {
         "source": "github.com/microsoft/vidur (MIT licence, sim/data/licenses/vidur-MIT.txt)",
         "files": [{"path": p, "commit": c} for p, c in mf.SOURCES],

@@ -12,6 +12,7 @@ re-exported here, so `measured_fit.load_tables(root)` and `measured_fit.Tables` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from sim.latency.measured_tables import SOURCES as SOURCES
 from sim.latency.measured_tables import VIDUR_GPU as VIDUR_GPU
 from sim.latency.measured_tables import Tables as Tables
 from sim.latency.measured_tables import load_tables as load_tables
+
+#: A row selector of a measurement table: frame -> boolean mask (e.g. the validation split).
+RowFilter = Callable[[pd.DataFrame], Any]
 
 #: (peak FLOP/s, bandwidth B/s) a fit turns times into efficiencies against.
 Ceiling = tuple[float, float]
@@ -48,7 +52,9 @@ def relative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
         cols.pop(int(np.argmin(beta_sub)))
 
 
-def nelder_mead(fun, x0: np.ndarray, iters: int = 600, step: float = 0.3) -> np.ndarray:
+def nelder_mead(
+    fun: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 600, step: float = 0.3
+) -> np.ndarray:
     """Minimise `fun` from `x0` with the Nelder-Mead simplex (deterministic; no scipy)."""
     n = len(x0)
     simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
@@ -73,7 +79,8 @@ def nelder_mead(fun, x0: np.ndarray, iters: int = 600, step: float = 0.3) -> np.
             else:  # shrink towards the best point
                 simplex = [simplex[0] + 0.5 * (s - simplex[0]) for s in simplex]
                 values = [fun(s) for s in simplex]
-    return simplex[int(np.argmin(values))]
+    best: np.ndarray = simplex[int(np.argmin(values))]
+    return best
 
 
 def _sigmoid(x: float) -> float:
@@ -90,7 +97,14 @@ def _blend_params(x: np.ndarray) -> dict[str, float]:
     }
 
 
-def _fit_blend(flops, nbytes, time_s, peak: float, bw: float, x0=None) -> dict[str, float]:
+def _fit_blend(
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    time_s: np.ndarray,
+    peak: float,
+    bw: float,
+    x0: np.ndarray | None = None,
+) -> dict[str, float]:
     """Fit floor + (t_c^p + t_m^p)^(1/p) by relative error (log-ratio, robust to outliers)."""
 
     def loss(x: np.ndarray) -> float:
@@ -108,7 +122,7 @@ def _fit_blend(flops, nbytes, time_s, peak: float, bw: float, x0=None) -> dict[s
 
 
 def fit_gemm(
-    rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None, x0=None
+    rows: pd.DataFrame, gpu: str, datasheet: Ceiling | None = None, x0: np.ndarray | None = None
 ) -> dict[str, float]:
     """Fit the GEMM term; `x0` starts the search elsewhere than at GPU-like efficiencies
     (logit compute and memory efficiency, log(p - 1), log floor in us: `_blend_params`)."""
@@ -180,7 +194,7 @@ def fit_overhead(rows: pd.DataFrame) -> dict[str, float]:
 V1_PHASES = ("schedule_median", "sampler_e2e_median")
 
 
-def fit_engine(root: str | Path, keep=None) -> dict[str, dict]:
+def fit_engine(root: str | Path, keep: RowFilter | None = None) -> dict[str, dict[str, Any]]:
     """Per-step CPU overhead by engine generation, plus the launch of one CUDA graph.
 
     v0: all four CPU phases Vidur timed per step (schedule, sampler, prepare inputs, process
@@ -210,7 +224,7 @@ def fit_engine(root: str | Path, keep=None) -> dict[str, dict]:
     return out
 
 
-def fit_gpu(tables: Tables, gpu: str, attention_gpu: str) -> dict[str, dict]:
+def fit_gpu(tables: Tables, gpu: str, attention_gpu: str) -> dict[str, dict[str, Any]]:
     """Every GPU-side term for one GPU (attention from `attention_gpu` when `gpu` has none)."""
     has_attention = (tables.decode.gpu == gpu).any()
     att = gpu if has_attention else attention_gpu

@@ -37,6 +37,14 @@ Engine overhead (CPU, once per step): t = fixed + per_seq * num_seqs, by engine 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+#: A float, or a numpy array of them: the model evaluates one step, the fit whole tables.
+Num = Any
+#: One term's fitted coefficients by name (`sim/data/steptime_coefficients.json`).
+Coefficients = Mapping[str, float]
+
 BF16_BYTES = 2
 
 
@@ -45,7 +53,7 @@ def gemm_flops_bytes(tokens: float, k: float, n: float) -> tuple[float, float]:
     return 2.0 * tokens * k * n, BF16_BYTES * (k * n + tokens * k + tokens * n)
 
 
-def blend_s(t_compute_s, t_memory_s, p: float):
+def blend_s(t_compute_s: Num, t_memory_s: Num, p: float) -> Num:
     """(t_c^p + t_m^p)^(1/p): a smooth max, >= max(t_c, t_m), <= their sum (p >= 1).
 
     Works on floats and numpy arrays. Example: blend_s(3.0, 4.0, 2.0) = 5.0.
@@ -53,21 +61,23 @@ def blend_s(t_compute_s, t_memory_s, p: float):
     return (t_compute_s**p + t_memory_s**p) ** (1.0 / p)
 
 
-def gemm_time_s(flops, nbytes, peak_flops: float, bandwidth_Bps: float, c: dict):
+def gemm_time_s(
+    flops: Num, nbytes: Num, peak_flops: float, bandwidth_Bps: float, c: Coefficients
+) -> Num:
     """One GEMM call: launch floor + blend of compute and memory time (see module doc)."""
     t_c = flops / (c["compute_efficiency"] * peak_flops)
     t_m = nbytes / (c["memory_efficiency"] * bandwidth_Bps)
     return c["launch_floor_s"] + blend_s(t_c, t_m, c["blend_exponent"])
 
 
-def elementwise_time_s(nbytes, bandwidth_Bps: float, c: dict):
+def elementwise_time_s(nbytes: Num, bandwidth_Bps: float, c: Coefficients) -> Num:
     """One memory-bound elementwise call: floor + bytes / (efficiency * bandwidth)."""
     return c["launch_floor_s"] + nbytes / (c["bandwidth_efficiency"] * bandwidth_Bps)
 
 
 def elementwise_bytes(
-    kind: str, tokens, hidden: int, q_heads: int, kv_heads: int, head_dim: int, inter: int
-):
+    kind: str, tokens: Num, hidden: int, q_heads: int, kv_heads: int, head_dim: int, inter: int
+) -> Num:
     """Bytes an elementwise op moves per call on one rank (bf16 reads + writes).
 
     norm: read and write T*h; rope: rotate q and k in place, 2*T*(Hq+Hkv)*D; activation
@@ -84,7 +94,9 @@ def elementwise_bytes(
     return BF16_BYTES * per_token * tokens
 
 
-def decode_attention_time_s(num_seqs, kv_bytes, bandwidth_Bps: float, c: dict):
+def decode_attention_time_s(
+    num_seqs: Num, kv_bytes: Num, bandwidth_Bps: float, c: Coefficients
+) -> Num:
     """One decode-attention call over `num_seqs` sequences reading `kv_bytes` of K and V."""
     return (
         c["call_floor_s"]
@@ -97,7 +109,9 @@ def decode_attention_time_s(num_seqs, kv_bytes, bandwidth_Bps: float, c: dict):
 ATTENTION_TILE = 64
 
 
-def prefill_attention_work(q_heads: int, head_dim: int, chunk, key_len):
+def prefill_attention_work(
+    q_heads: int, head_dim: int, chunk: Num, key_len: Num
+) -> tuple[Num, Num]:
     """(tile FLOPs, query bytes) of one prefill chunk attending to `key_len` keys.
 
     The measured kernel costs whole 64 x 64 tiles of the full rectangle (queries x keys): a
@@ -113,7 +127,9 @@ def prefill_attention_work(q_heads: int, head_dim: int, chunk, key_len):
     return flops, 2.0 * q_heads * head_dim * BF16_BYTES * chunk
 
 
-def prefill_attention_time_s(flops, q_bytes, peak_flops: float, bandwidth_Bps: float, c: dict):
+def prefill_attention_time_s(
+    flops: Num, q_bytes: Num, peak_flops: float, bandwidth_Bps: float, c: Coefficients
+) -> Num:
     """One prefill-attention call: per-call floor + query traffic + tile compute."""
     return (
         c["call_floor_s"]
@@ -122,11 +138,11 @@ def prefill_attention_time_s(flops, q_bytes, peak_flops: float, bandwidth_Bps: f
     )
 
 
-def allreduce_time_s(nbytes, c: dict):
+def allreduce_time_s(nbytes: Num, c: Coefficients) -> Num:
     """One NCCL all-reduce of `nbytes`: latency + bytes / algbw (fitted per TP size)."""
     return c["latency_s"] + nbytes / (c["algbw_GBps"] * 1e9)
 
 
-def engine_overhead_s(num_seqs, c: dict):
+def engine_overhead_s(num_seqs: Num, c: Coefficients) -> Num:
     """CPU time per step outside the GPU work: fixed + per sequence in the batch."""
     return c["fixed_s"] + c["per_seq_s"] * num_seqs

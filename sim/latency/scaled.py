@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from sim.latency.band import StepTimeBand, band_of
 from sim.latency.batch import BatchShape
-from sim.latency.protocol import StepTimeModel
+from sim.latency.protocol import StepTimeModel, decode_window_of
 
 
 class ScaledStepTime:
@@ -34,7 +34,7 @@ class ScaledStepTime:
 
     @property
     def decode_window(self) -> int | None:
-        return getattr(self.model, "decode_window", None)
+        return decode_window_of(self.model)
 
     def band(self) -> StepTimeBand:
         return band_of(self.model)

@@ -1,0 +1,224 @@
+"""The replica step loop: one SimPy process per replica, shared by every engine.
+
+Each replica of `sim.engine.engine.Engine` (co-located) and of `sim.engine.disagg.DisaggEngine`
+(a prefill or a decode pool) runs `ReplicaStepLoop.run`::
+
+    plan = scheduler.schedule(now)               # pure
+    dt   = step_time.predict_s(batch of plan)    # pure
+    yield env.timeout(dt)                        # or, when no event is due first, no yield
+    scheduler.update(plan, now + dt)              # tokens appended, finished requests freed
+
+What the engines do differently is behind `StepHooks`: where a request's row goes when it
+ends (and what follows it: a session's next turn, a hand-off to the decode pool), what an idle
+replica waits for, what may still give it work, when the run stops, and how a stuck queue is
+reported. The loop itself owns the rest, the same for both:
+
+* idle: a replica with nothing unfinished, or whose scheduler call gives an empty plan, waits
+  on the event `StepHooks.idle` gives while `StepHooks.may_get_work` says something is still to
+  come, and ends otherwise;
+* stall: an empty plan with nothing to come is reported (`StepHooks.stall`) and the loop ends;
+* livelock: an empty plan that still ended or preempted requests changed the queues, as an
+  empty engine step does, so it gets a row (zero duration, no tokens) and the scheduler runs
+  again at once; `livelock_limit` such steps in a row end the loop (`StepHooks.livelock`);
+* the clock: `advance_clock` moves the clock itself (`Clock.advance_to`) for a step that ends
+  before any other event is due, instead of a timeout that would only resume this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import simpy
+
+from sim.engine.replica import Clock, Replica, SimProcess, batch_shape
+from sim.latency.batch import BatchShape
+from sim.latency.protocol import StepTimeModel
+from sim.scheduler import Request, StepPlan
+
+
+def livelock_limit(num_unfinished: int) -> int:
+    """How many empty steps in a row (each preempting or ending requests, none running a
+    token) a replica may take before the loop calls it a livelock.
+
+    Each unfinished request may be preempted and readmitted twice, plus a margin of 8 for the
+    steps that only end (ignore or fail) requests. Example: 1 unfinished request: 10 such steps
+    are allowed, the 11th ends the loop.
+
+    The co-located engine's rule. The disaggregated engine's own loop once allowed
+    `8 + 2 * len(running)` and then idled (or stalled) instead of aborting; no bundled
+    scenario, golden job, test or disaggregated fuzz case (seeds 0-399) ever took more than 8
+    such steps in a row, so one rule changes no table.
+    """
+    return 2 * num_unfinished + 8
+
+
+class StepHooks(Protocol):
+    """What an engine decides for its replicas' step loops (see the module docstring)."""
+
+    def stopped(self) -> bool:
+        """Whether the run has ended (a stop rule, the simulated-time limit)."""
+        ...
+
+    def stop(self, reason: str) -> None:
+        """End the run, for `reason`."""
+        ...
+
+    def begin_step(self, replica: Replica) -> None:
+        """`replica` is about to call its scheduler (its step count is the clock's step)."""
+        ...
+
+    def ended(self, replica: Replica, requests: Sequence[Request]) -> None:
+        """`requests` of `replica` reached their terminal state (its count is already down)."""
+        ...
+
+    def stepped(self, replica: Replica, finished: Sequence[Request]) -> None:
+        """`replica`'s step ran and is recorded; `finished` are the requests it finished."""
+        ...
+
+    def record_step(
+        self, replica: Replica, plan: StepPlan, shape: BatchShape, start_s: float, duration_s: float
+    ) -> None:
+        """The step's row in the steps table."""
+        ...
+
+    def stop_in(self, replica: Replica, plan: StepPlan) -> str | None:
+        """Why the run ends at this scheduler call (a fatal error, a stop policy), or None."""
+        ...
+
+    def fatal_stop(self, replica: Replica, plan: StepPlan) -> str | None:
+        """Why the run ends after a step whose update failed (`plan.fatal_error`), or None
+        when the engine carries on."""
+        ...
+
+    def may_get_work(self, replica: Replica) -> bool:
+        """Whether something still to come could give `replica` work or free its blocks."""
+        ...
+
+    def idle(self, replica: Replica) -> simpy.Event:
+        """The event an idle `replica` waits for (an arrival, a hand-off, a transfer)."""
+        ...
+
+    def retire(self, replica: Replica) -> None:
+        """`replica`'s loop ends for good (nothing to come, or its queue was aborted)."""
+        ...
+
+    def stall(self, replica: Replica) -> None:
+        """Nothing runs, nothing can be admitted, nothing is to come: abort the queue."""
+        ...
+
+    def livelock(self, replica: Replica, num_empty_steps: int) -> None:
+        """`num_empty_steps` empty steps in a row only preempted or ended requests."""
+        ...
+
+
+class ReplicaStepLoop:
+    """The step loop of one replica (`run` is its SimPy process)."""
+
+    __slots__ = ("replica", "hooks", "env", "predict_s", "max_sim_time_s", "advance_clock")
+
+    def __init__(
+        self,
+        replica: Replica,
+        hooks: StepHooks,
+        env: Clock,
+        step_time: StepTimeModel,
+        max_sim_time_s: float | None,
+        *,
+        advance_clock: bool,
+    ) -> None:
+        self.replica = replica
+        self.hooks = hooks
+        self.env = env
+        self.predict_s = step_time.predict_s
+        self.max_sim_time_s = max_sim_time_s
+        self.advance_clock = advance_clock
+
+    def run(self) -> SimProcess:
+        replica, hooks, env = self.replica, self.hooks, self.env
+        scheduler = replica.scheduler
+        empty_streak = 0
+        while not hooks.stopped():
+            if not scheduler.has_unfinished():
+                if not hooks.may_get_work(replica):
+                    hooks.retire(replica)
+                    return
+                yield hooks.idle(replica)
+                if replica.connector_hooks is not None:
+                    replica.connector_hooks.poll(env.now)  # frees blocks kept for stores/sends
+                continue
+            hooks.begin_step(replica)
+            plan = scheduler.schedule(env.now)
+            ended = plan.ignored + plan.failed
+            if ended:
+                replica.outstanding -= len(ended)
+                hooks.ended(replica, ended)
+            stop = hooks.stop_in(replica, plan)
+            if stop is not None:
+                # The engine dies (or the policy ends the run) in this call: its row has no
+                # batch (none ran) but keeps the preemptions made, which the requests count.
+                hooks.record_step(replica, plan, BatchShape((), ()), env.now, 0.0)
+                replica.num_steps += 1
+                hooks.stop(stop)
+                return
+            if plan.is_empty:
+                if ended or plan.num_preempted:
+                    empty_streak += 1
+                    if self._empty_step(plan, empty_streak):
+                        continue
+                    return
+                if hooks.may_get_work(replica):
+                    # Waiting for an arrival, or for a KV transfer that lets a parked request
+                    # (or freed blocks) make progress: not a stall.
+                    yield hooks.idle(replica)
+                    continue
+                hooks.stall(replica)
+                hooks.retire(replica)
+                return
+            empty_streak = 0
+            yield from self._step(plan)
+            if plan.fatal_error is not None:
+                # The step's update failed (e.g. freeing a finished request raised).
+                stop = hooks.fatal_stop(replica, plan)
+                if stop is not None:
+                    hooks.stop(stop)
+                    return
+            if self.max_sim_time_s is not None and env.now >= self.max_sim_time_s:
+                # Also ends a livelock the real engine would share that still runs tokens
+                # (e.g. a prompt of max_model_len tokens that can never take its token).
+                hooks.stop(f"reached the simulated-time limit of {self.max_sim_time_s} s")
+
+    def _empty_step(self, plan: StepPlan, empty_streak: int) -> bool:
+        """An empty plan that ended or preempted requests: the queues changed, as after an
+        empty engine step. The step gets its row (zero duration, no tokens) so that its
+        preemptions are in the steps table too, and the scheduler runs again at once (True).
+        A design that preempts and readmits forever without running anything (a livelock the
+        real engine would share) is cut off after `livelock_limit` such steps (False)."""
+        replica, hooks = self.replica, self.hooks
+        hooks.record_step(replica, plan, batch_shape(plan), self.env.now, 0.0)
+        replica.num_steps += 1
+        if empty_streak <= livelock_limit(replica.scheduler.num_unfinished()):
+            return True
+        hooks.livelock(replica, empty_streak)
+        hooks.retire(replica)
+        return False
+
+    def _step(self, plan: StepPlan) -> SimProcess:
+        """Run the plan's batch for its predicted time, then apply it."""
+        replica, hooks, env = self.replica, self.hooks, self.env
+        shape = batch_shape(plan)
+        duration_s = self.predict_s(shape)
+        start_s = env.now
+        end_s = start_s + duration_s  # the float a timeout would end at
+        if self.advance_clock and end_s < env.peek():
+            # Nothing else can run before the step ends (`Clock`): no yield.
+            env.advance_to(end_s)
+        else:
+            yield env.timeout(duration_s)
+        finished = replica.scheduler.update(plan, env.now)
+        if finished:
+            replica.outstanding -= len(finished)
+            hooks.ended(replica, finished)
+        hooks.record_step(replica, plan, shape, start_s, duration_s)
+        replica.num_steps += 1
+        hooks.stepped(replica, finished)
