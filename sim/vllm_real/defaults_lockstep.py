@@ -1,31 +1,36 @@
-"""`kvsim verify --defaults`: each V1 release's real `EngineArgs(...).create_engine_config()`,
-built on CPU over a grid of deployments, against `sim.scenario.vllm_defaults` field by field.
+"""`kvsim verify --defaults`: each release's real `EngineArgs(...).create_engine_config()`,
+built on CPU over the grid of `sim.vllm_real.defaults_grid`, against
+`sim.scenario.vllm_defaults`, field by field (a refusal counts as identical when vLLM refuses
+for the reason kvsim names).
 
 What is patched, so that vLLM's own code runs here unchanged otherwise:
 
-* `vllm/__init__` is not run (`sim.vllm_real.loader`); the one name the config code imports
+* `vllm/__init__` is not run (`sim.vllm_real.loader`); V1: the one name the config code imports
   from it, `vllm.SamplingParams`, is set on the bare package.
-* The compiled modules (`vllm._C`, `vllm._C_stable_libtorch`, ...) are empty modules, so
-  `vllm/platforms/cuda.py` imports.
-* `current_platform` is a subclass of the release's `CudaPlatformBase` (everything CUDA's,
-  `check_and_update_config` included) whose device queries answer for the catalog GPU: the name
-  (`gpu_device_name`), the total memory (`device_total_memory_bytes`: the driver-visible figure),
-  the compute capability (`CAPABILITY`), 8 devices, fully connected.
-* 0.11.0: `config.parallel.cuda_device_count_stateless` returns 8 (a node with 8 GPUs; else
-  it asks for Ray) and `config.cache.get_cpu_memory` 2 TiB (the node's host RAM, against
-  which CacheConfig checks the swap space). 0.33.0: `config.vllm.HAS_TRITON` is True, as on a GPU install, which makes
-  the V2 model runner the default (it decides whether PP turns async scheduling off).
-* The model: a `config.json` written from the catalog (`_hf_config`) into a temporary folder,
-  the real architecture name registered to a do-nothing module (no weights, no tokenizer,
-  `skip_tokenizer_init`, HF offline).
+* V1: the compiled modules (`vllm._C`, `vllm._C_stable_libtorch`, ...) are empty modules, so
+  `vllm/platforms/cuda.py` imports; `current_platform` is a subclass of the release's
+  `CudaPlatformBase` (everything CUDA's, `check_and_update_config` included) whose device
+  queries answer for the catalog GPU: the name (`gpu_device_name`), the total memory
+  (`device_total_memory_bytes`, the driver-visible figure), the compute capability
+  (`CAPABILITY`), 8 devices, fully connected.
+* 0.11.0 and 0.5.4: `cuda_device_count_stateless` returns 8 (a node with 8 GPUs; else they
+  ask for Ray) and `get_cpu_memory` 2 TiB (host RAM, against which CacheConfig checks the swap
+  space). 0.33.0: `config.vllm.HAS_TRITON` is True, as on a GPU install, which makes the V2
+  model runner the default (it decides whether PP turns async scheduling off).
+* 0.5.4: `device="cuda"` is passed (its "auto" would find no GPU); its config code runs on
+  0.11.0's pinned transformers (4.56, `.vllm/0.11.0/_deps`), not the 4.4x it was released
+  with; it has no usage context and no async scheduling, so those fields are kvsim's constants.
+* The model: a `config.json` written from the catalog (`defaults_grid.hf_config`) into a
+  temporary folder; V1: the real architecture names registered to a do-nothing module (no
+  weights, no tokenizer, `skip_tokenizer_init`, HF offline).
 
-Left out: ROCm / TPU / CPU platforms, Ray, data parallelism, and everything
-`vllm_defaults` leaves out. The v0 pin (0.5.4) is not built here.
+Left out: ROCm / TPU / CPU platforms, Ray and multi-node (world size > 8), data parallelism,
+and everything `sim.scenario.vllm_defaults` leaves out.
 """
 
 from __future__ import annotations
 
-import itertools
+import importlib.util
 import json
 import os
 import sys
@@ -41,58 +46,30 @@ from sim.scenario.vllm_defaults import (
     DefaultsError,
     Refusal,
     UsageContext,
-    UserFlags,
     device_total_memory_bytes,
     gpu_device_name,
     resolve_defaults,
 )
-from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
+from sim.vllm_real.defaults_grid import (
+    CAPABILITY,
+    GRID_MODELS,
+    DefaultsCase,
+    flag_items,
+    grid,
+    hf_config,
+)
+from sim.vllm_real.loader import (
+    DEPS_DIRNAME,
+    VllmInstall,
+    VllmNotAvailableError,
+    import_vllm,
+    load_vllm,
+    resolve_root,
+)
 from sim.vllm_real.v1_sched_adapter import OFFLINE_ENV, QUIET_ENV, _stub_model_class
 
-#: Compute capability per catalog GPU (NVIDIA's CUDA GPUs table).
-CAPABILITY: dict[str, tuple[int, int]] = {
-    "a100-40gb-sxm": (8, 0),
-    "a100-80gb-sxm": (8, 0),
-    "a100-80gb-pcie": (8, 0),
-    "h100-sxm": (9, 0),
-    "h100-pcie": (9, 0),
-    "h200": (9, 0),
-    "l4": (8, 9),
-    "l40s": (8, 9),
-    "b200": (10, 0),
-}
-GRID_MODELS = (
-    "llama-3.1-8b",
-    "mistral-7b-v0.1",
-    "gemma-2-9b",
-    "qwen2.5-7b",
-    "mixtral-8x7b-v0.1",
-    "llama-2-70b",
-)
-GRID_GPUS = ("a100-40gb-sxm", "a100-80gb-sxm", "h100-sxm", "h200", "b200", "l4", "l40s")
-#: TP x PP up to one 8-GPU node (16 GPUs would need Ray across nodes: left out).
-GRID_PARALLEL = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2))
-#: Host RAM of the node (0.11.0 checks swap space against it): 2 TiB, as on an 8-GPU server.
+#: Host RAM of the node (CacheConfig checks swap space against it): 2 TiB, an 8-GPU server's.
 HOST_MEMORY_BYTES = 2 * 2**40
-#: The flags that change defaults (one at a time, plus a few pairs).
-GRID_FLAGS: tuple[UserFlags, ...] = (
-    UserFlags(),
-    UserFlags(enable_chunked_prefill=False),
-    UserFlags(enable_prefix_caching=False),
-    UserFlags(max_num_seqs=64),
-    UserFlags(max_num_seqs=2048),
-    UserFlags(max_num_batched_tokens=4096),
-    UserFlags(max_num_batched_tokens=100),
-    UserFlags(max_model_len=4096),
-    UserFlags(max_model_len=1024, enable_chunked_prefill=False),
-    UserFlags(gpu_memory_utilization=0.8, block_size=32),
-    UserFlags(async_scheduling=True),
-    UserFlags(async_scheduling=False),
-    UserFlags(disable_sliding_window=True),
-    UserFlags(performance_mode="throughput"),
-    UserFlags(max_model_len=200000),
-)
-
 
 #: What vLLM's own message says for each refusal kvsim predicts (both releases' wording).
 REFUSAL_TEXT: dict[Refusal, str] = {
@@ -101,83 +78,8 @@ REFUSAL_TEXT: dict[Refusal, str] = {
     Refusal.BATCH_BELOW_MODEL_LEN: "is smaller than max_model_len",
     Refusal.HEADS_NOT_DIVISIBLE: "must be divisible by tensor parallel size",
     Refusal.ASYNC_WITH_PP: "Async scheduling is not supported with pipeline-parallel",
+    Refusal.PP_UNSUPPORTED_ARCH: "Pipeline parallelism is only supported for the following",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class DefaultsCase:
-    model: str
-    gpu: str
-    tp: int
-    pp: int
-    usage: UsageContext
-    flags: UserFlags
-
-    def label(self) -> str:
-        set_flags = {k: v for k, v in _flag_items(self.flags) if v is not None and v is not False}
-        if self.flags.enable_chunked_prefill is False:
-            set_flags["enable_chunked_prefill"] = False
-        return f"{self.model} on {self.gpu} TP{self.tp} PP{self.pp} {self.usage.value} {set_flags}"
-
-
-def _flag_items(flags: UserFlags) -> list[tuple[str, Any]]:
-    return [(name, getattr(flags, name)) for name in UserFlags.__slots__]
-
-
-def grid(version: str, num_configs: int | None = None) -> list[DefaultsCase]:
-    """The deployments compared: models x GPUs x usage x flags, parallelism cycled; every
-    `step`-th one when `num_configs` asks for fewer (the cut keeps every dimension varied)."""
-    flags = [f for f in GRID_FLAGS if version == "0.33.0" or f.performance_mode is None]
-    combos = list(itertools.product(GRID_MODELS, GRID_GPUS, UsageContext, flags))
-    if num_configs is not None and num_configs < len(combos):
-        step = len(combos) / num_configs
-        combos = [combos[int(i * step)] for i in range(num_configs)]
-    # Parallelism cycles over the kept combinations, so every (TP, PP) meets every model.
-    return [
-        DefaultsCase(m, g, *GRID_PARALLEL[i % len(GRID_PARALLEL)], u, f)
-        for i, (m, g, u, f) in enumerate(combos)
-    ]
-
-
-def _hf_config(model: ModelSpec) -> dict[str, Any]:
-    """The model's config.json, from the catalog geometry, under its real architecture."""
-    name = model.name
-    arch, model_type = "LlamaForCausalLM", "llama"
-    extra: dict[str, Any] = {}
-    if name.startswith("mistral"):
-        arch, model_type = "MistralForCausalLM", "mistral"
-        extra = {"sliding_window": model.sliding_window}
-    elif name.startswith("mixtral"):
-        arch, model_type = "MixtralForCausalLM", "mixtral"
-        extra = {
-            "num_local_experts": model.num_experts,
-            "num_experts_per_tok": model.num_experts_per_token,
-            "sliding_window": None,
-        }
-    elif name.startswith("qwen2"):
-        arch, model_type = "Qwen2ForCausalLM", "qwen2"
-        extra = {"use_sliding_window": False, "sliding_window": None}
-    elif name.startswith("gemma-2"):
-        arch, model_type = "Gemma2ForCausalLM", "gemma2"
-        extra = {"sliding_window": model.sliding_window, "query_pre_attn_scalar": 256}
-    elif model.sliding_window is not None:
-        raise ValueError(f"no config.json family for windowed model {name!r}")
-    return {
-        "architectures": [arch],
-        "model_type": model_type,
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.intermediate_size,
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.num_kv_heads,
-        "head_dim": model.head_dim,
-        "num_hidden_layers": model.num_layers,
-        "vocab_size": model.vocab_size,
-        "max_position_embeddings": model.max_position_embeddings,
-        "tie_word_embeddings": model.tie_word_embeddings,
-        "rms_norm_eps": 1e-5,
-        "torch_dtype": model.dtype,
-        **extra,
-    }
 
 
 def _patch(module: types.ModuleType, name: str, value: Any) -> None:
@@ -196,14 +98,66 @@ def _host_memory() -> int:
     return HOST_MEMORY_BYTES
 
 
-class _Real:
-    """One release's config code, loaded and patched (see the module docstring)."""
+class _RealConfigs:
+    """One release's config code, loaded and patched; `resolve` builds one case's config."""
 
     def __init__(self, install: VllmInstall) -> None:
         for key, value in {**OFFLINE_ENV, **QUIET_ENV}.items():
             os.environ.setdefault(key, value)
-        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         self.install = install
+        self.tmp = Path(tempfile.mkdtemp(prefix="kvsim-defaults-"))
+
+    def model_dir(self, model: ModelSpec) -> Path:
+        folder = self.tmp / model.name
+        if not folder.exists():
+            folder.mkdir()
+            (folder / "config.json").write_text(json.dumps(hf_config(model)))
+        return folder
+
+    def build(self, case: DefaultsCase, kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def resolve(self, case: DefaultsCase) -> dict[str, Any] | str:
+        """The real resolved fields, or "refused: <type>: <message>" where vLLM raises."""
+        kwargs = {k: v for k, v in flag_items(case.flags) if v is not None}
+        kwargs.update(
+            model=str(self.model_dir(get_model(case.model))),
+            skip_tokenizer_init=True,
+            tensor_parallel_size=case.tp,
+            pipeline_parallel_size=case.pp,
+        )
+        try:
+            config = self.build(case, kwargs)
+        except (ValueError, NotImplementedError) as exc:  # pydantic's ValidationError included
+            return f"refused: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+        sched, cache = config.scheduler_config, config.cache_config
+        return {
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "enable_prefix_caching": cache.enable_prefix_caching,
+            # 0.33.0 dropped the `chunked_prefill_enabled` mirror; 0.5.4 has only it.
+            "enable_chunked_prefill": (
+                sched.chunked_prefill_enabled
+                if hasattr(sched, "chunked_prefill_enabled")
+                else sched.enable_chunked_prefill
+            ),
+            "gpu_memory_utilization": cache.gpu_memory_utilization,
+            "block_size": cache.block_size,
+            "max_model_len": config.model_config.max_model_len,
+            # v0 has neither: kvsim's constants stand in (see the module docstring).
+            "async_scheduling": bool(getattr(sched, "async_scheduling", False)),
+            "long_prefill_token_threshold": getattr(sched, "long_prefill_token_threshold", 0),
+            "sliding_window": cache.sliding_window,
+            "executor": config.parallel_config.distributed_executor_backend,
+        }
+
+
+class _RealV1(_RealConfigs):
+    """0.11.0 / 0.33.0: the V1 engine's config code on a faked CUDA platform."""
+
+    def __init__(self, install: VllmInstall) -> None:
+        super().__init__(install)
+        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         for name in ("_C", "_C_stable_libtorch", "_moe_C", "_flashmla_C", "_rocm_C"):
             sys.modules.setdefault(f"vllm.{name}", types.ModuleType(f"vllm.{name}"))
         sampling = import_vllm("sampling_params", install)
@@ -216,65 +170,40 @@ class _Real:
             _patch(import_vllm("config.vllm", install), "HAS_TRITON", True)
         else:
             _patch(import_vllm("config.parallel", install), "cuda_device_count_stateless", _eight)
-            # CacheConfig refuses swap space (4 GiB x TP) above 70% of host RAM: a GPU node's.
             _patch(import_vllm("config.cache", install), "get_cpu_memory", _host_memory)
         registry = import_vllm("model_executor.models.registry", install).ModelRegistry
         stub = _pp_stub_model_class()
-        for arch in (
-            "LlamaForCausalLM",
-            "MistralForCausalLM",
-            "MixtralForCausalLM",
-            "Qwen2ForCausalLM",
-            "Gemma2ForCausalLM",
-        ):
+        for arch in {hf_config(get_model(name))["architectures"][0] for name in GRID_MODELS}:
             registry.register_model(arch, stub)
         self.arg_utils = import_vllm("engine.arg_utils", install)
         self.usage = import_vllm("usage.usage_lib", install).UsageContext
-        self.tmp = Path(tempfile.mkdtemp(prefix="kvsim-defaults-"))
 
-    def model_dir(self, model: ModelSpec) -> Path:
-        folder = self.tmp / model.name
-        if not folder.exists():
-            folder.mkdir()
-            (folder / "config.json").write_text(json.dumps(_hf_config(model)))
-        return folder
+    def build(self, case: DefaultsCase, kwargs: dict[str, Any]) -> Any:
+        type(self.platform).configure(get_gpu(case.gpu))
+        api = case.usage is UsageContext.API_SERVER
+        usage = self.usage.OPENAI_API_SERVER if api else self.usage.LLM_CLASS
+        return self.arg_utils.EngineArgs(**kwargs).create_engine_config(usage_context=usage)
 
-    def resolve(self, case: DefaultsCase) -> dict[str, Any] | str:
-        """The real resolved fields, or "refused: <type>" where vLLM raises."""
-        model, gpu = get_model(case.model), get_gpu(case.gpu)
-        type(self.platform).configure(gpu)
-        kwargs = {k: v for k, v in _flag_items(case.flags) if v is not None}
-        usage = (
-            self.usage.OPENAI_API_SERVER
-            if case.usage is UsageContext.API_SERVER
-            else self.usage.LLM_CLASS
-        )
-        try:
-            args = self.arg_utils.EngineArgs(
-                model=str(self.model_dir(model)),
-                skip_tokenizer_init=True,
-                tensor_parallel_size=case.tp,
-                pipeline_parallel_size=case.pp,
-                **kwargs,
-            )
-            config = args.create_engine_config(usage_context=usage)
-        except (ValueError, NotImplementedError) as exc:  # pydantic's ValidationError included
-            return f"refused: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
-        sched, cache = config.scheduler_config, config.cache_config
-        chunked = getattr(sched, "chunked_prefill_enabled", sched.enable_chunked_prefill)
-        return {
-            "max_num_seqs": sched.max_num_seqs,
-            "max_num_batched_tokens": sched.max_num_batched_tokens,
-            "enable_prefix_caching": cache.enable_prefix_caching,
-            "enable_chunked_prefill": chunked,
-            "gpu_memory_utilization": cache.gpu_memory_utilization,
-            "block_size": cache.block_size,
-            "max_model_len": config.model_config.max_model_len,
-            "async_scheduling": bool(sched.async_scheduling),
-            "long_prefill_token_threshold": sched.long_prefill_token_threshold,
-            "sliding_window": cache.sliding_window,
-            "executor": config.parallel_config.distributed_executor_backend,
-        }
+
+class _RealV0(_RealConfigs):
+    """0.5.4: the v0 engine's EngineArgs on device "cuda" (no platform layer to fake)."""
+
+    def __init__(self, install: VllmInstall) -> None:
+        super().__init__(install)
+        if importlib.util.find_spec("transformers") is None:
+            deps = resolve_root(vllm_version="0.11.0") / DEPS_DIRNAME
+            if not (deps / "transformers").is_dir():
+                raise VllmNotAvailableError(
+                    f"vLLM 0.5.4's config code needs transformers; none in {deps}"
+                )
+            sys.path.append(str(deps))
+        config = import_vllm("config", install)
+        _patch(config, "cuda_device_count_stateless", _eight)
+        _patch(config, "get_cpu_memory", _host_memory)
+        self.arg_utils = import_vllm("engine.arg_utils", install)
+
+    def build(self, case: DefaultsCase, kwargs: dict[str, Any]) -> Any:
+        return self.arg_utils.EngineArgs(device="cuda", **kwargs).create_engine_config()
 
 
 def _pp_stub_model_class() -> type:
@@ -367,7 +296,7 @@ class DefaultsResult:
         return "\n".join([head, *self.divergences[:10]])
 
 
-def _same(kvsim: dict[str, Any] | str, real: dict[str, Any] | str) -> bool:
+def same_outcome(kvsim: dict[str, Any] | str, real: dict[str, Any] | str) -> bool:
     """Equal fields, or both refused for the same reason (kvsim's kind found in vLLM's text)."""
     if isinstance(kvsim, str) and isinstance(real, str):
         text = " ".join(real.split())
@@ -375,8 +304,8 @@ def _same(kvsim: dict[str, Any] | str, real: dict[str, Any] | str) -> bool:
     return kvsim == real
 
 
-#: The V1 releases whose config code is built here (the v0 pin's needs an older transformers).
-VERIFIABLE = ("0.11.0", "0.33.0")
+#: The releases whose config code is built here (4ac7713 has no install).
+VERIFIABLE = ("0.5.4", "0.11.0", "0.33.0")
 
 
 def verify_defaults(
@@ -390,14 +319,14 @@ def verify_defaults(
     version = ".".join(str(p) for p in install.version_tuple[:3])
     if version not in VERIFIABLE:
         raise InputError(
-            f"--defaults compares the V1 releases {', '.join(VERIFIABLE)}; got vLLM {version}"
+            f"--defaults compares the releases {', '.join(VERIFIABLE)}; got vLLM {version}"
         )
-    real = _Real(install)
+    real = _RealV0(install) if install.version_tuple < (0, 10) else _RealV1(install)
     result = DefaultsResult(install.version)
     for case in grid(version, num_configs):
         mine, theirs = kvsim_side(version, case), real.resolve(case)
         result.compared += 1
-        if _same(mine, theirs):
+        if same_outcome(mine, theirs):
             result.identical += 1
             result.refused += isinstance(mine, str)
             continue
