@@ -260,3 +260,17 @@ def test_lockstep_comparison_is_not_vacuous() -> None:
     real_text = "refused: ValueError: max_num_batched_tokens (100) must be greater than or equal to max_num_seqs (256)."
     assert same_outcome("refused: BATCH_BELOW_SEQS", real_text)
     assert not same_outcome("refused: HEADS_NOT_DIVISIBLE", real_text)
+
+
+def test_long_prefill_threshold_above_the_length() -> None:
+    """0.33.0 refuses a threshold above max_model_len; 0.11.0 checks it only with concurrent
+    partial prefills, which its V1 engine lacks, so it keeps the user's value."""
+    flags = UserFlags(long_prefill_token_threshold=16384)
+    with pytest.raises(DefaultsError) as err:
+        _resolve("0.33.0", "llama-2-70b", "h100-sxm", tp=8, flags=flags)
+    assert err.value.refusal is Refusal.LONG_PREFILL_ABOVE_MODEL_LEN
+    got = _resolve("0.11.0", "llama-2-70b", "h100-sxm", tp=8, flags=flags)
+    assert (got.long_prefill_token_threshold.value, got.long_prefill_token_threshold.origin) == (
+        16384,
+        Origin.USER,
+    )

@@ -59,6 +59,8 @@ GRID_FLAGS: tuple[UserFlags, ...] = (
     UserFlags(max_model_len=200000),
     UserFlags(max_num_seqs=4096, max_num_batched_tokens=2048),
     UserFlags(enable_chunked_prefill=False, max_num_batched_tokens=8192),
+    UserFlags(long_prefill_token_threshold=512),
+    UserFlags(long_prefill_token_threshold=16384),  # above Llama-2's and Gemma-2's lengths
 )
 
 

@@ -79,6 +79,7 @@ REFUSAL_TEXT: dict[Refusal, str] = {
     Refusal.HEADS_NOT_DIVISIBLE: "must be divisible by tensor parallel size",
     Refusal.ASYNC_WITH_PP: "Async scheduling is not supported with pipeline-parallel",
     Refusal.PP_UNSUPPORTED_ARCH: "Pipeline parallelism is only supported for the following",
+    Refusal.LONG_PREFILL_ABOVE_MODEL_LEN: "cannot be greater than the max_model_len",
 }
 
 

@@ -34,6 +34,7 @@ class Refusal(enum.Enum):
     HEADS_NOT_DIVISIBLE = "attention heads not divisible by TP"
     ASYNC_WITH_PP = "async scheduling with pipeline parallelism"
     PP_UNSUPPORTED_ARCH = "pipeline parallelism not supported for the architecture"
+    LONG_PREFILL_ABOVE_MODEL_LEN = "long_prefill_token_threshold above max_model_len"
 
 
 class DefaultsError(InputError):
@@ -74,7 +75,8 @@ class Setting:
 @dataclass(frozen=True, slots=True)
 class ResolvedDefaults:
     """What one release runs with. `sliding_window` is CacheConfig's (set only when every layer
-    slides); `executor` is the distributed executor backend ("uni" for one GPU, else "mp")."""
+    slides); `executor` is the distributed executor backend (V1: "uni" for one GPU, else "mp";
+    0.5.4: None for one GPU)."""
 
     release: str
     max_num_seqs: Setting

@@ -72,6 +72,14 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         mns = min(mns, mnbt)  # L3232-3234
     batch_rule = f"{table_rule}; arg_utils.py L3151-3240"
     check_batch(mnbt, mns, mml.value, chunked.value, "0.33.0 config/scheduler.py L317-336")
+    threshold = flags.long_prefill_token_threshold or 0
+    if threshold > mml.value:  # config/scheduler.py L355-360 (0.11.0 checks it only with
+        # max_num_partial_prefills > 1, which its V1 engine does not support)
+        raise DefaultsError(
+            f"long_prefill_token_threshold {threshold} > max_model_len {mml.value} "
+            "(0.33.0 config/scheduler.py L355-360)",
+            Refusal.LONG_PREFILL_ABOVE_MODEL_LEN,
+        )
     # VllmConfig.__post_init__ (config/vllm.py L1549) checks the layout after the batch.
     check_heads(dep, "0.33.0 config/model.py L1559")
     return ResolvedDefaults(
