@@ -33,8 +33,11 @@ encoder-decoder models, multimodal models, MLA and Mamba block sizes, speculativ
 LoRA, KV transfer / events, data parallelism, TPU / CPU / ROCm platform tables, GB10's
 capability check (not in the catalog), rope-scaling factors (the catalog has none),
 `max_model_len="auto"` / -1, 0.11.0's `max_num_partial_prefills` (its threshold rule), Ray and
-multi-node executors, and `VLLM_ALLOW_LONG_MAX_MODEL_LEN`. The block size is 16 throughout
-because no catalog model is MLA or Mamba and the CUDA attention backends keep the default.
+multi-node executors, and `VLLM_ALLOW_LONG_MAX_MODEL_LEN`. The block size is what the config
+resolves, 16 (no catalog model is MLA or Mamba); 0.33.0's executor may raise it once the model
+is loaded, for the attention backend it picked (`Platform.update_block_size_for_backend`,
+platforms/interface.py L750-781: e.g. FlashAttention-4 kernels for head size 256 on newer
+GPUs), which no CPU build can show and is not modelled.
 """
 
 from sim.catalog import GpuSpec, ModelSpec

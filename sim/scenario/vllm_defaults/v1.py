@@ -94,8 +94,9 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         block_size=pick(
             flags.block_size,
             16,
-            "0.33.0 config/cache.py L185, L462-463; the CUDA attention backends keep 16 "
-            "(platforms/interface.py L771-781)",
+            "0.33.0 config/cache.py L185, L462-463 (as create_engine_config leaves it; the "
+            "executor may still raise it for the attention backend after the model loads: "
+            "platforms/interface.py L750-781, v1/executor/uniproc_executor.py L75)",
         ),
         max_model_len=mml,
         async_scheduling=_async_v033(flags),
