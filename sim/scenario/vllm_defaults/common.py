@@ -156,7 +156,7 @@ def max_model_len_setting(dep: Deployment, flags: UserFlags, rule: str) -> Setti
 
     Example: Mistral-7B (32768, window 4096) with --disable-sliding-window -> 4096."""
     derived = dep.model.max_position_embeddings
-    window = _config_sliding_window(dep.model)
+    window = dep.model.sliding_window  # the window config.json carries
     if flags.disable_sliding_window and window is not None and window < derived:
         derived = window
     if flags.max_model_len is None:
@@ -181,11 +181,6 @@ def check_heads(dep: Deployment, where: str) -> None:
         )
 
 
-def _config_sliding_window(model: ModelSpec) -> int | None:
-    """The window the model's config.json carries (None for full attention)."""
-    return model.sliding_window
-
-
 def cache_sliding_window(model: ModelSpec, flags: UserFlags, rule: str) -> Setting:
     """CacheConfig.sliding_window: the window only when every layer slides (an interleaved
     model such as Gemma-2 keeps it per layer) and sliding is not disabled."""
@@ -196,7 +191,8 @@ def cache_sliding_window(model: ModelSpec, flags: UserFlags, rule: str) -> Setti
 
 
 def executor_setting(dep: Deployment, flags: UserFlags, rule: str) -> Setting:
-    """ "uni" for one GPU, "mp" for more (Ray is not installed; ParallelConfig.__post_init__)."""
+    """V1: "uni" for one GPU, "mp" for more on one node (kvsim simulates one node and no Ray
+    placement group, where ParallelConfig.__post_init__ picks multiprocessing)."""
     return Setting("uni" if dep.tp * dep.pp == 1 else "mp", Origin.RELEASE, rule)
 
 

@@ -43,6 +43,29 @@ def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
     return (2048 if api else 8192), 256, where + " (other GPUs)"
 
 
+def _batch_v033(
+    dep: Deployment, flags: UserFlags, max_model_len: int, chunked: bool
+) -> tuple[int, int, str]:
+    """(max_num_seqs, max_num_batched_tokens, rule): `_set_default_max_num_seqs_and_batched_
+    tokens_args` (engine/arg_utils.py L3151-3240) on the table's values.
+
+    Example: Llama-2 (4096 tokens) on an L4, API server, chunked prefill off: the table's 2048
+    tokens rise to one whole sequence, max(4096, 2048) = 4096; min(256 x 4096, 4096) = 4096."""
+    table_mnbt, table_mns, table_rule = _v1_batch_table(dep, "0.33.0")
+    factor = 2 if flags.performance_mode == "throughput" else 1  # L3184-3188
+    mns = table_mns * factor if flags.max_num_seqs is None else flags.max_num_seqs
+    if flags.max_num_batched_tokens is None:
+        mnbt = table_mnbt * factor
+        if not chunked:  # L3194-3199: at least one whole max_model_len
+            mnbt = max(max_model_len, mnbt)
+        mnbt = min(mns * max_model_len, mnbt)  # L3221-3224
+    else:
+        mnbt = flags.max_num_batched_tokens
+    if flags.max_num_seqs is None:
+        mns = min(mns, mnbt)  # L3232-3234
+    return mns, mnbt, table_rule
+
+
 def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
     """vLLM 0.33.0's V1 engine (`EngineArgs.create_engine_config`, engine/arg_utils.py L2245)."""
     mml = max_model_len_setting(dep, flags, "0.33.0 config/model.py L2545-2684")
@@ -58,18 +81,7 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         "0.33.0 arg_utils.py L3075-3076: decoder models support prefix caching "
         "(config/model.py L2289-2291)",
     )
-    table_mnbt, table_mns, table_rule = _v1_batch_table(dep, "0.33.0")
-    factor = 2 if flags.performance_mode == "throughput" else 1  # arg_utils.py L3184-3188
-    mns = table_mns * factor if flags.max_num_seqs is None else flags.max_num_seqs
-    if flags.max_num_batched_tokens is None:
-        mnbt = table_mnbt * factor
-        if not chunked.value:  # L3194-3199: at least one whole max_model_len
-            mnbt = max(mml.value, mnbt)
-        mnbt = min(mns * mml.value, mnbt)  # L3221-3224
-    else:
-        mnbt = flags.max_num_batched_tokens
-    if flags.max_num_seqs is None:
-        mns = min(mns, mnbt)  # L3232-3234
+    mns, mnbt, table_rule = _batch_v033(dep, flags, mml.value, chunked.value)
     batch_rule = f"{table_rule}; arg_utils.py L3151-3240"
     check_batch(mnbt, mns, mml.value, chunked.value, "0.33.0 config/scheduler.py L317-336")
     threshold = flags.long_prefill_token_threshold or 0
@@ -106,9 +118,7 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         sliding_window=cache_sliding_window(
             dep.model, flags, "0.33.0 engine/arg_utils.py L2288-2294"
         ),
-        executor=executor_setting(
-            dep, flags, "0.33.0 config/parallel.py (ParallelConfig.__post_init__)"
-        ),
+        executor=executor_setting(dep, flags, "0.33.0 config/parallel.py L1054-1099"),
     )
 
 
