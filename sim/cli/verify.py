@@ -10,6 +10,8 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
     v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
     kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
     kvsim verify --scheduler --vllm-version 0.33.0  # kvsim's 0.33.0 pin (setup_vllm.sh 0.33.0)
+    kvsim verify --defaults --vllm-version 0.33.0   # the release's resolved engine settings
+    defaults vs vLLM 0.33.0: 1260 of 1260 configurations identical (112 refused by both)
 """
 
 from __future__ import annotations
@@ -62,8 +64,23 @@ def verify_command(
     hybrid: bool = typer.Option(
         False, help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups)"
     ),
+    defaults: bool = typer.Option(
+        False,
+        "--defaults",
+        help="compare the engine settings the release resolves (EngineArgs -> "
+        "create_engine_config) with sim.scenario.vllm_defaults over a grid of deployments",
+    ),
+    num_configs: int | None = typer.Option(
+        None, help="with --defaults: deployments to compare (default: the whole grid, ~1200)"
+    ),
 ) -> None:
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
+    others = {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid,
+              "--num-workloads": num_workloads, "--trace": trace, "--fast-path": fast_path,
+              "--pin": pin, "--scheduler": scheduler}  # fmt: skip
+    if defaults or num_configs is not None:
+        _verify_defaults(vllm_root, vllm_version, num_configs, defaults, others)
+        return
     _check_options(
         scheduler,
         {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid},
@@ -103,6 +120,30 @@ def verify_command(
     )
     typer.echo(result.summary())
     if not result.identical:
+        raise typer.Exit(1)
+
+
+def _verify_defaults(
+    vllm_root: Path | None,
+    vllm_version: str | None,
+    num_configs: int | None,
+    defaults: bool,
+    others: dict,
+) -> None:
+    """`--defaults`: the release's resolved settings vs `sim.scenario.vllm_defaults`."""
+    from sim.errors import InputError
+    from sim.vllm_real.defaults_lockstep import verify_defaults
+
+    if not defaults:
+        raise InputError("--num-configs is for --defaults; without it it would do nothing")
+    for name, value in others.items():
+        if value not in (None, False, []):
+            raise InputError(f"{name} is not for --defaults; with it it would do nothing")
+    if num_configs is not None and num_configs < 1:
+        raise InputError(f"--num-configs {num_configs}: must be at least 1")
+    result = verify_defaults(vllm_version or "0.33.0", num_configs, vllm_root=vllm_root)
+    typer.echo(result.summary())
+    if not result.all_identical:
         raise typer.Exit(1)
 
 
