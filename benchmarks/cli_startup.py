@@ -5,7 +5,7 @@
 
 Target (issue #13): `kvsim --help` under 0.3 s. The commands import their heavy packages
 (pandas, pyarrow, matplotlib) when they run, so startup is the interpreter, typer, rich and
-kvsim's command modules; tests/test_cli_imports.py checks which modules load (no timing in
+kvsim's command modules; tests/cli/test_cli_imports.py checks which modules load (no timing in
 tests). Machines are noisy: compare rows of one run, or runs on one machine.
 """
 

@@ -4,7 +4,7 @@
     python benchmarks/inline_yaml.py --requests=20000
 
 Issue #20: 200,000 inline requests were still parsing after 120 s with the pure-Python
-loader. Both loaders refuse the same things (duplicate keys, tags: tests/test_strict_yaml.py);
+loader. Both loaders refuse the same things (duplicate keys, tags: tests/scenario/test_strict_yaml.py);
 this prints how long each takes to parse the same text, and checks they give the same data.
 Such a file is over `sim.scenario.schema.MAX_SCENARIO_BYTES` (4 MiB), so `kvsim run` refuses it and
 points to a trace file; the table's "under the cap" row is the largest inline workload a

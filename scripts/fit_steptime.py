@@ -96,7 +96,7 @@ def build(root: Path) -> dict:
 
 
 def write_test_extract(root: Path, out_dir: Path) -> None:
-    """A small extract of held-out rows for tests/test_measured_steptime.py (MIT, see notice).
+    """A small extract of held-out rows for tests/latency/test_measured_steptime.py (MIT, see notice).
 
     steps.csv: whole steps of Meta-Llama-3-70B at TP 2 on the A100 assembled from measured
     operators (`measured_check.measured_steps`), every 31st held-out one; gemm.csv: every 97th

@@ -15,7 +15,7 @@ hides behind (or is hidden by) the same kind on co-located serving. Its `disagg:
 what vLLM 0.11.0 does too, not a kvsim artefact: a preempted decode request at the head of the
 waiting queue needs more blocks than the requests parked behind it (their KV read, their
 blocks allocated) leave free, and the scheduler's waiting loop stops at the head
-(tests/test_vllm_pd_deadlock.py drives vLLM's own scheduler and NIXL connector into it).
+(tests/vllm_real/test_vllm_pd_deadlock.py drives vLLM's own scheduler and NIXL connector into it).
 
 What is wrong with kvsim itself is never a finding (`sim.ci.selfcheck`): an exception that
 escapes the simulator stops the run as an internal error (traceback, case seed), and one case

@@ -55,8 +55,8 @@ SESSIONS_ONE_IN = 5
 #: which every case seed that a regression test pinned before sessions existed still stands
 #: for its inline case (`PINNED_INLINE_CASES`).
 _SESSIONS_STREAM = 4
-#: Case seeds of past findings, kept as regression tests (tests/test_v0_fatal_manager_errors.py,
-#: tests/test_shrink.py, tests/test_fuzz.py, tests/test_engine.py).
+#: Case seeds of past findings, kept as regression tests (tests/scheduler/test_v0_fatal_manager_errors.py,
+#: tests/ci/test_shrink.py, tests/ci/test_fuzz.py, tests/engine/test_engine.py).
 PINNED_INLINE_CASES = (673228719, 3212736091, 1562480905, 725510040, 23012616, 3644697408)
 #: About one V1-engine case in this many is disaggregated (`draw_case`).
 DISAGG_ONE_IN = 8
@@ -333,7 +333,7 @@ def generate_disagg_case(seed: int) -> Scenario:
     pools this small a decode request preempted for want of a block goes back to the head of
     the waiting queue needing more blocks than the requests parked behind it (their KV read
     or being read, their blocks allocated) leave free, and the waiting loop stops at the head
-    (tests/test_vllm_pd_deadlock.py: vLLM's own scheduler and NIXL connector do this). `kvsim
+    (tests/vllm_real/test_vllm_pd_deadlock.py: vLLM's own scheduler and NIXL connector do this). `kvsim
     fuzz` reports it, as every violation of such a case, as a finding keyed `disagg:<kind>`.
     """
     rng = np.random.default_rng(seed)

@@ -7,7 +7,7 @@ Two things can be wrong with kvsim rather than with the design it models:
   records them as violations and the engine stops the run with a `fatal_error`. Anything that
   does escape is a bug in kvsim, reported with its traceback and the case seed to replay.
 * an **internal inconsistency**: the decode fast path and the decode cohort are speed-ups
-  that must change no result (tests/test_decode_cohort.py proves it on drawn cases). A fuzz
+  that must change no result (tests/scheduler/test_decode_cohort.py proves it on drawn cases). A fuzz
   run re-runs every case whose seed is a multiple of `CROSS_CHECK_EVERY` with both turned off
   and compares the tables (`tables_of`); a difference is a bug in kvsim.
 

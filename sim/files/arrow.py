@@ -5,7 +5,7 @@ through `pa.Table.from_pandas(frame, preserve_index=False)`, whose schema carrie
 metadata entry (column dtypes, pandas and pyarrow versions) that `pd.read_parquet` uses to
 rebuild the frame. `arrow_table` builds the same table, byte for byte in the files, straight
 from numpy columns, so `kvsim run` writes its tables without loading pandas (~0.2 s);
-tests/test_arrow_tables.py compares the two for every kind of column the tables have.
+tests/output/test_arrow_tables.py compares the two for every kind of column the tables have.
 
 Column kinds (those of `sim.output.records.STEP_DTYPE` / `REQUEST_DTYPE`):
 

@@ -8,7 +8,7 @@ workload (13 MB) loads 3.7x faster, 32 s instead of 117 s on a busy 2-core machi
 (`python benchmarks/inline_yaml.py`; the rest is PyYAML's Python constructor and implicit
 tag resolver, shared by both loaders); what is constructed,
 and every construction error (duplicate key, unknown tag), is the same with either
-(`tests/test_strict_yaml.py`). Syntax errors are found at the same line by both, but libyaml
+(`tests/scenario/test_strict_yaml.py`). Syntax errors are found at the same line by both, but libyaml
 words some of them less helpfully ("found undefined alias", without the alias): so a text of
 up to `_REPARSE_CHARS` that the C parser refuses is parsed again in Python for its message
 (every hand-written scenario; a big generated one keeps libyaml's words rather than wait).

@@ -310,7 +310,7 @@ class MeasuredStepTime:
         (decodes, tokens, sequences), so it is computed once per counts (`_ShapeTerms`): a
         replay repeats a few thousand of them. The additions keep the left-to-right order of
         `_terms` (floating-point addition is not associative; Python 3.11's `sum` adds left to
-        right), and a term that is 0.0 is skipped (x + 0.0 == x). tests/test_measured_steptime.py
+        right), and a term that is 0.0 is skipped (x + 0.0 == x). tests/latency/test_measured_steptime.py
         checks `==` on drawn shapes.
         """
         num_dec = batch.num_decode_seqs

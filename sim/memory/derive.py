@@ -23,7 +23,7 @@ reports that pool as `num_blocks // num_groups * block_size` tokens (`kv_cache_u
 the same token capacity as the uniform layout until a request outgrows the window.
 
 Worked example (`derive_num_gpu_blocks(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))`:
-v0 engine (kvsim's default design), 2048 batched tokens, 256 sequences; tests/test_memory.py
+v0 engine (kvsim's default design), 2048 batched tokens, 256 sequences; tests/memory/test_memory.py
 checks it):
 
     total        = 79.19 GiB (the H100's driver figure)    = 85,029,615,042 B

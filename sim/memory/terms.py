@@ -178,7 +178,7 @@ class ActivationFit:
 
 #: Fitted on the `fit` half of sim/data/vllm_startup_logs.yaml by
 #: `python benchmarks/memory_accuracy.py --fit` (sim.memory.validation.fit_activation);
-#: tests/test_memory_logs.py fails when these drift from what the logs give.
+#: tests/memory/test_memory_logs.py fails when these drift from what the logs give.
 ACTIVATION_FIT = ActivationFit(
     hidden_factor=1.1,
     sampler_copies={

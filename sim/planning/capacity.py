@@ -11,7 +11,7 @@ probe fails (or halve until one passes) to bracket [good, bad); then bisect unti
 relative tolerance of the true threshold. Rates are the offered rates of the scaled workload:
 ``(n - 1) / arrival span`` (see `sim.planning.executor.offered_rate`).
 
-Worked example (the D/D/1 scenario of tests/test_capacity.py): 200 requests every 20 ms
+Worked example (the D/D/1 scenario of tests/planning/test_capacity.py): 200 requests every 20 ms
 (50 req/s), each served alone in one 10 ms step, so TTFT_i = 10 ms + i * (10 ms - 1/rate)
 once rate > 100 req/s. numpy's p99 of i in 0..199 is i = 197.01; with ttft_p99 <= 20 ms:
 10 ms - 1/rate <= 10 ms / 197.01 -> rate* = 100.51 req/s (scale 2.0102). With tolerance 0.01

@@ -15,7 +15,7 @@ emits a `BlockStored` for each and a `BlockRemoved` for each eviction, so the in
 a hash is held while its stores outnumber its removals. (llm-d's index keeps a set of pods
 per key; counting is what keeps a replica's entry while one copy of a duplicate survives.)
 With staleness 0 the index is the replica's cache map at the moment of routing, so routing
-from it equals reading the pool directly (`tests/test_kv_events.py`).
+from it equals reading the pool directly (`tests/kv_events/test_kv_events.py`).
 
 With CPU offloading a replica also reports its CPU tier's blocks (medium "CPU",
 `sim.kv_events.events`), which the index keeps apart (`ReplicaFeed.cpu_held`). A prompt's

@@ -1,3 +1,5 @@
 """A scenario: the YAML schema (`schema`), `--set` overrides (`overrides`), strict field types
-(`fields`), and its resolution into the configs the engine runs (`resolve`), with the startup
-checks vLLM itself makes (`startup`) and the settings that would have no effect (`no_effect`)."""
+(`fields`), and its resolution into the configs the engine runs (`resolve`; the one translation
+into `SchedulerConfig` / `KVCacheConfig` / memory inputs is `configs`), with the startup checks
+vLLM itself makes (`startup`), the settings that would have no effect (`no_effect`), and each
+pinned release's own launch defaults (`vllm_defaults`)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.catalog import ModelSpec
+from sim.kv.pins import VllmPin
 from sim.scenario.vllm_defaults import ABSENT_FLAGS, RELEASES, UsageContext, UserFlags
 from sim.scenario.vllm_defaults.common import hf_architecture
 
@@ -89,7 +90,7 @@ def grid(version: str, num_configs: int | None = None) -> list[DefaultsCase]:
     `step`-th one when `num_configs` asks for fewer (the cut keeps every dimension varied)."""
     absent = ABSENT_FLAGS.get(RELEASES[version], ())
     flags = [f for f in GRID_FLAGS if all(getattr(f, name) is None for name in absent)]
-    if RELEASES[version] == "0.5.4":  # v0 has no usage context: one of them is enough
+    if RELEASES[version] is VllmPin.V0_5_4:  # v0 has no usage context: one of them is enough
         usages: tuple[UsageContext, ...] = (UsageContext.API_SERVER,)
     else:
         usages = tuple(UsageContext)

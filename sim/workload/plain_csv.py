@@ -9,7 +9,7 @@ and token counts of 1-15 digits, at least 1. Anything else (blank or short rows,
 validating way (`sim.workload.loaders.load_azure`), which accepts what it can and names the
 file, line and column of what it cannot. So the two readers never disagree on a file both
 accept: same arrivals (``(ns - ns[0]) / 1e9``), same token counts
-(tests/test_plain_csv.py compares them).
+(tests/workload/test_plain_csv.py compares them).
 
 Example: ``2023-11-16 18:15:46.6805900,374,44`` then ``2023-11-16 18:15:50.9951690,396,109``
 -> arrivals 0.0 and 4.314579 s, prompts [374, 396], outputs [44, 109].

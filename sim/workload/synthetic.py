@@ -11,7 +11,7 @@ scale = 1.0 s, mean gap 0.25 s, gap std 0.5 s (bursty).
 A synthetic workload is drawn lazily (`LazySpecs`): its requests come chunk by chunk as they
 are iterated, in arrival order, so a run of millions of requests never holds them all. Every
 draw (gaps, lengths, rows) takes one value per request from its own stream, so drawing in
-chunks gives the same numbers as drawing all at once (tests/test_stream.py checks it).
+chunks gives the same numbers as drawing all at once (tests/engine/test_stream.py checks it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Random workloads driven through a `Pair` (A: every call; B: the fast path), checked after
-every real call (tests/test_decode_fast_path.py).
+every real call (tests/scheduler/test_decode_fast_path.py).
 
 `run_v0` admits, finishes, swaps, forks and decodes v0 sequences; `run_v1` admits (with
 prefix-cache hits), finishes and steps V1-engine requests (chunked prefills and decodes). On

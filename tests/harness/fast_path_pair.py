@@ -1,5 +1,5 @@
 """Two managers of one design side by side, A called on every decode and B on the fast path,
-and the snapshots that must agree between them (tests/test_decode_fast_path.py).
+and the snapshots that must agree between them (tests/scheduler/test_decode_fast_path.py).
 
 `STRUCTURAL[design](m, seq_ids)` is the pool, refcounts, tables, caches and evictors of a
 manager; `DETAIL[design](m, seq_id)` the per-sequence bookkeeping of one sequence.

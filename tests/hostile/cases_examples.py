@@ -16,7 +16,7 @@ from tests.hostile.harness import ROOT, Case, tiny
 
 SCENARIOS = ROOT / "scenarios"
 DEFAULT = ROOT / "sim" / "data" / "scenarios" / "default.yaml"
-#: Bundled scenarios too slow for this suite (tests/test_readme_findings.py covers them).
+#: Bundled scenarios too slow for this suite (tests/docs/test_readme_findings.py covers them).
 SLOW = {"mistral_azure_conv_swa.yaml"}
 
 

@@ -3,7 +3,7 @@ introspection the auditor reads. No upstream counterpart; `v0_v1.py` keeps upstr
 (`vllm/core/block_manager_v1.py:L213-704 (0.5.4)`) and mixes these in.
 
 `decode_touch_len` / `sync_decode` are the manager side of `sim.kv.protocol.DecodeFastPath`
-(tests/test_decode_fast_path.py proves the skipped calls change nothing); the rest is
+(tests/scheduler/test_decode_fast_path.py proves the skipped calls change nothing); the rest is
 `sim.kv.protocol.PoolIntrospection`.
 """
 

@@ -5,8 +5,8 @@ A one-token decode `allocate_slots(request, 1)` changes nothing but two per-requ
 until the first *touch point* of any KV-cache group: a new block (every group's table has the
 same length), a block filling up with caching on, or, per sliding group, a block leaving its
 window. The scheduler skips the quiet calls (`decode_touch_len`) and replays their counters
-before the next real one (`sync_decode`); tests/test_decode_fast_path.py and
-tests/test_kv_v1_hybrid.py prove the skipped calls would have changed nothing.
+before the next real one (`sync_decode`); tests/scheduler/test_decode_fast_path.py and
+tests/kv/test_kv_v1_hybrid.py prove the skipped calls would have changed nothing.
 
 The counters (kept by `KVCacheManager.allocate_slots`): ``_req_to_skip_tokens`` is the C of
 the last `remove_skipped_blocks` call, ``_req_to_max_need_tokens`` the largest slot count T

@@ -107,7 +107,7 @@ class UncachedFreeBlockQueue(deque[int]):
     hit is, `BlockPool.touch`), so the head pops and the tail and head pushes of
     `FreeBlockQueue` are all it needs, and a deque does them in C: freeing a request's table
     is one `extend` or `extendleft`, not a dict insert (and a move) per block. Same order,
-    same ids as `FreeBlockQueue`; tests/test_kv_representation.py replays both side by side.
+    same ids as `FreeBlockQueue`; tests/kv/test_kv_representation.py replays both side by side.
     Example: ``UncachedFreeBlockQueue([3, 4]).prepend_n([2, 1])`` -> [2, 1, 3, 4].
     """
 

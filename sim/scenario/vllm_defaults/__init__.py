@@ -42,6 +42,7 @@ GPUs), which no CPU build can show and is not modelled.
 
 from sim.catalog import GpuSpec, ModelSpec
 from sim.errors import InputError
+from sim.kv.pins import VllmPin
 from sim.scenario.vllm_defaults.common import (
     DefaultsError,
     Deployment,
@@ -72,17 +73,18 @@ __all__ = [
     "resolve_defaults",
 ]
 
-RELEASES: dict[str, str] = {
-    "0.5.4": "0.5.4",
-    "4ac7713": "0.11.0",
-    "0.11.0": "0.11.0",
-    "0.33.0": "0.33.0",
+#: A pin's name -> the release whose defaulting code it follows.
+RELEASES: dict[str, VllmPin] = {
+    VllmPin.V0_5_4.value: VllmPin.V0_5_4,
+    VllmPin.C4AC7713.value: VllmPin.V0_11_0,
+    VllmPin.V0_11_0.value: VllmPin.V0_11_0,
+    VllmPin.V0_33_0.value: VllmPin.V0_33_0,
 }
 
 #: Flags a release's EngineArgs does not have (refused, rather than silently dropped).
-ABSENT_FLAGS: dict[str, tuple[str, ...]] = {
-    "0.5.4": ("async_scheduling", "long_prefill_token_threshold", "performance_mode"),
-    "0.11.0": ("performance_mode",),
+ABSENT_FLAGS: dict[VllmPin, tuple[str, ...]] = {
+    VllmPin.V0_5_4: ("async_scheduling", "long_prefill_token_threshold", "performance_mode"),
+    VllmPin.V0_11_0: ("performance_mode",),
 }
 
 
@@ -109,8 +111,8 @@ def resolve_defaults(
     for name in ABSENT_FLAGS.get(rules, ()):
         if getattr(flags, name) is not None:
             raise InputError(f"vLLM {release} has no --{name.replace('_', '-')}")
-    if rules == "0.33.0":
+    if rules is VllmPin.V0_33_0:
         return resolve_v033(dep, flags)
-    if rules == "0.11.0":
+    if rules is VllmPin.V0_11_0:
         return resolve_v011(dep, flags, release)
     return resolve_v054(dep, flags)

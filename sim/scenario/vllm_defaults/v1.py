@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sim.kv.pins import VllmPin
 from sim.scenario.vllm_defaults.common import (
     GIB,
     DefaultsError,
@@ -31,7 +32,7 @@ def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
     (L2997-3006). 0.11.0 `_set_default_args` (L1605-1624) has no >= 160 GiB tier."""
     api = dep.usage is UsageContext.API_SERVER
     memory, name = dep.device_memory_bytes, dep.device_name.lower()
-    v033 = release == "0.33.0"
+    v033 = VllmPin(release) is VllmPin.V0_33_0
     if v033 and memory >= 160 * GIB:
         return 16384, 1024, "0.33.0 engine/arg_utils.py L2973-2982 (>= 160 GiB)"
     if memory >= 70 * GIB and "a100" not in name:

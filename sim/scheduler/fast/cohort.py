@@ -22,7 +22,7 @@ decode context of 25. At clock 19 it leaves with its 12 tokens appended in one c
 Who may join is decided by the scheduler (the same tests as its per-request quiet path); the
 scheduler also guarantees that a step it runs lazily would have found every member quiet
 (enough free blocks, enough token budget), and otherwise releases the whole cohort and walks.
-Results are identical either way (tests/test_decode_cohort.py).
+Results are identical either way (tests/scheduler/test_decode_cohort.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Most decode steps change nothing in the KV pool: the token lands in a block that has room. The
 layer has two levels, both exact (the steps and requests tables are the same with them off:
-tests/test_decode_fast_path.py, tests/test_decode_cohort.py, tests/test_engine.py):
+tests/scheduler/test_decode_fast_path.py, tests/scheduler/test_decode_cohort.py, tests/engine/test_engine.py):
 
 * **the fast path** (`scheduler.decode_fast_path`, on by default). A manager that implements
   `sim.kv.protocol.DecodeFastPath` says, after each real call, at which sequence length the
@@ -26,7 +26,7 @@ The V1 scheduler names its own hooks (`sim.scheduler.v1.scheduler.SpeedHooks`:
 `joined`, `left`, `before_call`, `after_call`, `refusal_known`, `refused`, `step_done`,
 `materialize`, `use_cohort`; no-ops in its `NoSpeedLayer`): `V1DecodeShortcuts` implements
 them and `sim.scheduler.fast.v1.with_decode_shortcuts` installs it, so `v1/` imports nothing
-of this package (tests/test_scheduler_layout.py).
+of this package (tests/scheduler/test_scheduler_layout.py).
 
 The manager-side protocol is `DecodeFastPath` (`decode_touch_len`, `sync_decode`); the layer is
 on only when the manager has both (`fast_path_enabled`).

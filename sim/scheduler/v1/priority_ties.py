@@ -14,7 +14,7 @@ replays the heap operations the real scheduler makes (push on arrival and on pre
 on admission, the side heap of skipped requests) on a shadow heap whose entries raise exactly
 where the real ones would; `V1Scheduler` turns the first one into the step's `fatal_error`.
 Where the real heap cannot die, the scheduler holds a `NoTieMirror`, whose hooks do nothing.
-The lockstep tier (`tests/test_vllm_sched_lockstep.py`) checks it raises on the same step.
+The lockstep tier (`tests/vllm_real/test_vllm_sched_lockstep.py`) checks it raises on the same step.
 
 Example: requests 0 and 1, both priority 0 and arrival 0.0, queued while nothing runs: pushing
 1 compares it with 0 (its parent): ``error == "TypeError: ... (priority 0, arrival 0.0)"``.

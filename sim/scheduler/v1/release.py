@@ -96,7 +96,7 @@ class OversizedPromptRule(abc.ABC):
 class SkipOversized(OversizedPromptRule):
     """4ac7713 / 0.11.0: skip it, try the next. The skipped ones go back to the head after the
     waiting loop in reverse skip order (FCFS), as the real side queue returns them; found by
-    the scheduler lockstep (`tests/test_vllm_sched_lockstep.py`)."""
+    the scheduler lockstep (`tests/vllm_real/test_vllm_sched_lockstep.py`)."""
 
     skips_to_next = True
 
