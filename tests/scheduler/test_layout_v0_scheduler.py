@@ -21,7 +21,7 @@ from sim.audit import audited
 from sim.kv import Design, KVCacheConfig, make_manager
 from sim.scheduler import SchedulerConfig, V0Scheduler
 from sim.scheduler.fast.v0 import V0DecodeShortcuts
-from sim.scheduler.v0.hooks import NoShortcuts, V0Hooks
+from sim.scheduler.v0.hooks import NoShortcuts
 
 SIM_DIR = Path(sim.__file__).parent
 SCHEDULER_DIR = Path(sim.scheduler.__file__).parent
@@ -31,12 +31,19 @@ UPSTREAM = SIM_DIR.parent / ".vllm" / "0.5.4" / "vllm" / "core" / "scheduler.py"
 #: The length of 0.5.4's `vllm/core/scheduler.py` (checked against the file where installed).
 UPSTREAM_LINES = 1213
 
+
+def _protocol_methods(path: Path, name: str) -> set[str]:
+    """The public methods a class defines, read from its source: the compiled core
+    (`sim.native`) builds protocols without their functions in `vars()`."""
+    tree = ast.parse(path.read_text())
+    found = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {
+        n.name for n in found.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
+    }
+
+
 #: The hooks: every public method of the `V0Hooks` protocol.
-HOOK_NAMES = {
-    name
-    for name, member in vars(V0Hooks).items()
-    if not name.startswith("_") and inspect.isfunction(member)
-}
+HOOK_NAMES = _protocol_methods(SCHEDULER_DIR / "v0" / "hooks.py", "V0Hooks")
 #: The only names the faithful module may import from the speed layer (`sim.scheduler.fast`).
 FAST_IMPORTS = {"v0_shortcuts"}
 #: The layer's own state and helpers, which the faithful module must not name.
