@@ -11,6 +11,14 @@ aborts what is left, so every request still ends in one terminal state, and reco
 `no_progress` violation whose message says what waits, what holds the blocks and why nothing
 can be admitted.
 
+A stall vLLM 0.11.0's V1 scheduler shares with kvsim: requests whose async KV load (a P/D
+read, a CPU-offload load) has completed wait holding their blocks, and the only running
+request needs one more block, preempts itself and heads the queue needing more blocks than
+are free. Only running requests are preempted (`v1/core/sched/scheduler.py` L255-286 @0.11.0)
+and the waiting loop stops at the head (L481-483), so the requests behind it never run and
+never free theirs (the P/D case is checked against vLLM in `tests/test_vllm_pd_deadlock.py`,
+the offloading one in `tests/test_kv_offload.py`, `STALL_ROWS`).
+
 Worked example (vLLM 0.5.4 v0-V2, bs=16, G=10 blocks, window 256 tokens so M=18 > G): a first
 request decodes, which creates the null block; it finishes. Request 1 (160 tokens) needs
 cdiv(160, 16) = 10 blocks, but the null block holds 1 of the 10 for good::

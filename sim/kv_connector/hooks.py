@@ -12,7 +12,12 @@ are those of a scheduler without the seam.
 Polling: upstream's worker reports completed transfers after each forward pass
 (`get_finished`) and the scheduler applies them in `update_from_output` (L1270-1296), so the
 next `schedule()` sees them. kvsim polls at the start of each `schedule()` (the end of the
-previous step) and when an idle replica wakes at a transfer's completion time.
+previous step) and when an idle replica wakes at a transfer's completion time. The idle wake
+stands for upstream's steps that schedule nothing: the engine core still calls the executor
+(`EngineCore.step`, `v1/engine/core.py` L283-288 @0.11.0) and the model runner reports the
+finished transfers without a forward pass (`gpu_model_runner.py` L2241-2246,
+`kv_connector_no_forward`, `kv_connector_model_runner_mixin.py` L69-84), so a store or a load
+completes with no batch running.
 """
 
 from __future__ import annotations
