@@ -36,12 +36,10 @@ from sim.errors import PathError, one_line
 from sim.files.inputs import refuse_non_regular, require_folder
 from sim.files.outdir import staged_file
 from sim.plots.common import (
-    design_text,
     figure,
     name_figure,
     seconds_text,
     subject_of,
-    subject_text,
 )
 from sim.plots.planning import (
     _parse_limits,
@@ -367,17 +365,3 @@ def save_dir_plots(run_dir: str | Path) -> list[Path]:
     if not paths:
         raise PathError(f"{d}: no run (steps.parquet), sweep.parquet or capacity.parquet to plot")
     return paths
-
-
-__all__ = [
-    "capacity_band",
-    "capacity_frontier",
-    "design_text",
-    "kv_timeline",
-    "latency_cdfs",
-    "queue_lengths",
-    "save_dir_plots",
-    "save_run_plots",
-    "subject_text",
-    "throughput_latency",
-]
