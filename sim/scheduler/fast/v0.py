@@ -1,6 +1,5 @@
-"""The decode shortcuts of the v0 scheduler: the hooks of `sim.scheduler.v0.hooks.V0Hooks` with
-quiet decodes skipped, repeated LATER answers skipped, and the decode cohort's lazy step (the
-layer is described in `sim.scheduler.fast.layer`).
+"""The v0 scheduler's decode shortcuts (`sim.scheduler.fast.layer`): its `V0Hooks` with quiet
+decodes and repeated LATER answers skipped, and the decode cohort's lazy step.
 
 The scheduler walks `running` with upstream's loop (`_schedule_running`, vllm/core/scheduler.py
 L408-516 of 0.5.4). With a cohort, `lazy_running` first tries the lazy step, which visits only
@@ -27,7 +26,7 @@ from sim.scheduler.fast.layer import (
 )
 from sim.scheduler.lifecycle import fail
 from sim.scheduler.request import Membership, Request, RequestState, ScheduledWork, StepPlan
-from sim.scheduler.v0.hooks import NoShortcuts, V0Hooks, V0Queues
+from sim.scheduler.v0.hooks import NoShortcuts, V0Queues
 from sim.scheduler.v0.outputs import RunningOutputs, RunningWalk
 
 MEMBER = Membership.MEMBER
@@ -35,7 +34,9 @@ MEMBER = Membership.MEMBER
 RUNNING = RequestState.RUNNING
 
 
-def v0_shortcuts(config: SchedulerConfig, manager: AuditedV0Manager, queues: V0Queues) -> V0Hooks:
+def v0_shortcuts(
+    config: SchedulerConfig, manager: AuditedV0Manager, queues: V0Queues
+) -> V0DecodeShortcuts | NoShortcuts:
     """The hooks for one v0 scheduler: the layer when the fast path is on, else no-ops."""
     if fast_path_enabled(config, manager):
         return V0DecodeShortcuts(config, manager, queues)
@@ -103,8 +104,7 @@ class V0DecodeShortcuts(DecodeShortcuts):
     def lazy_running(
         self, budget: SchedulingBudget, plan: StepPlan, now_s: float, chunking: bool
     ) -> RunningOutputs | None:
-        """The running phase in place of the walk (same results, fewer calls): the cohort's
-        lazy step when there is a cohort and it can; else None, ready for the walk."""
+        """The cohort's lazy step in place of the walk, if it can; else None (walk)."""
         if self.cohort is not None:
             outputs = self._lazy_step(self.cohort, budget, plan, now_s, chunking)
             if outputs is not None:

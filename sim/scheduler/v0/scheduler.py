@@ -50,7 +50,6 @@ from sim.scheduler.config import Policy, PreemptionMode, SchedulerConfig
 from sim.scheduler.fast.v0 import v0_shortcuts
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
-from sim.scheduler.v0.hooks import V0Hooks
 from sim.scheduler.v0.outputs import (
     SWAP_SPACE_ERROR,
     FatalEngineError,
@@ -83,8 +82,11 @@ class V0Scheduler:
             self.prompt_limit = config.max_model_len
         else:
             self.prompt_limit = min(config.max_model_len, self.token_budget)
-        #: The speed layer's hooks (`sim.scheduler.v0.hooks`); no-ops with the fast path off.
-        self.shortcuts: V0Hooks = v0_shortcuts(config, block_manager, self)
+        #: The speed layer's hooks (`sim.scheduler.v0.hooks.V0Hooks`); no-ops with the fast path
+        #: off. Typed as the factory's union of the two concrete classes, not as the protocol:
+        #: the compiled core (`sim.native`) then calls the hooks as native methods, where a
+        #: protocol-typed attribute costs a generic Python call per hook (~9% of a v0 replay).
+        self.shortcuts = v0_shortcuts(config, block_manager, self)
 
     def use_decode_cohort(self, window: int | None) -> bool:
         """Keep steady decodes in a decode cohort (`sim.scheduler.fast.cohort`; kvsim only,
