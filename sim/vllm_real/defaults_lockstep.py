@@ -30,6 +30,7 @@ and everything `sim.scenario.vllm_defaults` leaves out.
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import json
 import os
@@ -99,7 +100,7 @@ def _host_memory() -> int:
     return HOST_MEMORY_BYTES
 
 
-class _RealConfigs:
+class _RealConfigs(abc.ABC):
     """One release's config code, loaded and patched; `resolve` builds one case's config."""
 
     def __init__(self, install: VllmInstall) -> None:
@@ -115,8 +116,9 @@ class _RealConfigs:
             (folder / "config.json").write_text(json.dumps(hf_config(model)))
         return folder
 
+    @abc.abstractmethod
     def build(self, case: DefaultsCase, kwargs: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """The release's own `EngineArgs(**kwargs).create_engine_config()` for `case`."""
 
     def resolve(self, case: DefaultsCase) -> dict[str, Any] | str:
         """The real resolved fields, or "refused: <type>: <message>" where vLLM raises."""

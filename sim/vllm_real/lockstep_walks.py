@@ -12,6 +12,7 @@ the two agree.
 
 from __future__ import annotations
 
+import abc
 import enum
 import random
 from dataclasses import dataclass, field
@@ -101,7 +102,7 @@ class After(enum.Enum):
 
 
 @dataclass
-class Walk:
+class Walk(abc.ABC):
     """A seeded walk over one `Pair`: `step` draws and applies one scheduler operation;
     prompts are at most `max_prompt` tokens (drawn first: 1 to 14 blocks)."""
 
@@ -113,11 +114,13 @@ class Walk:
     def __post_init__(self) -> None:
         self.max_prompt = self.rng.randint(1, 14) * self.pair.config.block_size
 
+    @abc.abstractmethod
     def step(self) -> After:
-        raise NotImplementedError
+        """Draw one operation, apply it to both managers, and say what follows."""
 
+    @abc.abstractmethod
     def live_ids(self) -> list[int]:
-        raise NotImplementedError
+        """The sequences whose block tables both managers must agree on."""
 
     def run(self, budget: int) -> bool:
         """Operations until `budget` more pair calls were made; True when one crashed."""
