@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from sim.audit.base import _MANAGER_ERRORS, AuditorBase
 from sim.audit.violations import ViolationKind
+from sim.kv.pins import V1_BASELINE, VllmPin
 from sim.kv.protocol import V1KVCacheManager
 from sim.kv.types import (
     NoFreeBlocksError,
@@ -26,16 +27,23 @@ class AuditedV1Manager(AuditorBase):
     inner: V1KVCacheManager
 
     #: What the V1 scheduler, the KV connector and the KV-event stream read of the model's
-    #: manager: its pool and groups (events), release pin, caching switch, tables, and the
+    #: manager: its pool and groups (events), caching switch, tables, and the
     #: admission count (`sim.scheduler.v1.release`).
     PASSED_THROUGH: ClassVar[frozenset[str]] = AuditorBase.PASSED_THROUGH | {
         "block_pool",
         "num_kv_cache_groups",
-        "pin",
         "enable_caching",
         "get_block_ids",
         "num_blocks_to_admit",
     }
+
+    @property
+    def pin(self) -> VllmPin:
+        """The release the audited manager follows (`sim.kv.pins`): kvsim's own manager says;
+        one that does not (the real-vLLM adapter of `--vllm-root`) follows 4ac7713's rules.
+        The one place that default is taken: the V1 scheduler reads this property."""
+        pin = getattr(self.inner, "pin", None)
+        return pin if isinstance(pin, VllmPin) else V1_BASELINE
 
     def _free(self) -> int:
         return self.inner.num_free_blocks

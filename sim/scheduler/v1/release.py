@@ -1,8 +1,8 @@
 """The V1 scheduler's release-dependent rules for WAITING requests, one small class each.
 
 `V1Scheduler` asks `policies_for(manager, token_budget)` once; the manager says which vLLM
-release it is pinned to (`KVCacheManager.pin`; a manager that does not say, such as
-the real-vLLM adapter, is taken as 4ac7713).
+release it is pinned to (`pin`: kvsim's manager, or the auditor around any manager,
+`sim.audit.v1.AuditedV1Manager.pin`, which takes a real-vLLM adapter as 4ac7713).
 
 * Admission gate (may a waiting request be admitted at all, before its first chunk is
   allocated?):
@@ -43,7 +43,7 @@ import abc
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.kv.pins import V1_BASELINE, VllmPin
+from sim.kv.pins import VllmPin
 from sim.kv.types import Sequence
 from sim.scheduler.request import Request, StepPlan
 
@@ -175,11 +175,16 @@ class V1ReleasePolicies:
     lone_request_ignores_threshold: bool = False
 
 
-def policies_for(manager: object, token_budget: int) -> V1ReleasePolicies:
-    """The rules of the release `manager` is pinned to (4ac7713 when it does not say)."""
-    release = getattr(manager, "pin", None)
-    if not isinstance(release, VllmPin):
-        release = V1_BASELINE
+class PinnedManager(Protocol):
+    """What `policies_for` reads of a manager: the release it follows."""
+
+    @property
+    def pin(self) -> VllmPin: ...
+
+
+def policies_for(manager: PinnedManager, token_budget: int) -> V1ReleasePolicies:
+    """The rules of the release `manager` is pinned to."""
+    release = manager.pin
     if release is VllmPin.V0_33_0:
         return V1ReleasePolicies(
             release,
