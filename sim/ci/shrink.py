@@ -34,6 +34,7 @@ from sim.ci.scenario_yaml import explicit_yaml
 from sim.ci.shrink_candidate import InvalidCandidate, Oracle, build, to_inline
 from sim.ci.shrink_phases import Shrinker, cut
 from sim.errors import InputError
+from sim.scenario.release_defaults import applied
 from sim.scenario.schema import Scenario, load_scenario, naming
 
 MAX_ROUNDS = 3
@@ -123,7 +124,7 @@ def shrink(
         raise NothingToShrink(f"{source}: the run shows no {kind} (it shows {shown})")
     oracle._cache[(tuple(requests), pool)] = True
     log: list[PhaseLog] = []
-    shrinker = Shrinker(oracle, requests, pool, base.cache.block_size)
+    shrinker = Shrinker(oracle, requests, pool, applied(base.cache.block_size, "cache.block_size"))
 
     def note(phase: str) -> None:
         entry = PhaseLog(

@@ -103,10 +103,11 @@ def to_inline(scenario: Scenario, base_dir: Path) -> tuple[Scenario, list[Req], 
             step_time = step_time.model_copy(
                 update={"calibrated": step_time.calibrated.model_copy(update={"profile": absolute})}
             )
-    base = scenario.model_copy(
+    applied = resolved.scenario  # the release's defaults filled in: the reproducer pins them
+    base = applied.model_copy(
         update={
-            "cache": scenario.cache.model_copy(update={"sliding_window": inputs["sliding_window"]}),
-            "scheduler": scenario.scheduler.model_copy(
+            "cache": applied.cache.model_copy(update={"sliding_window": inputs["sliding_window"]}),
+            "scheduler": applied.scheduler.model_copy(
                 update={"max_num_batched_tokens": inputs["max_num_batched_tokens"]}
             ),
             "step_time": step_time,

@@ -25,6 +25,7 @@ from sim.kv.config import Design
 from sim.memory.derive import block_bytes
 from sim.output.results import RunResult, build_result
 from sim.scenario.no_effect import PREFIX_ROUTER_KNOBS
+from sim.scenario.release_defaults import applied
 from sim.scenario.schema import Scenario, ScenarioError, load_scenario
 
 #: The client's view of each request in a disaggregated run (`DisaggResult.requests`).
@@ -122,7 +123,9 @@ def build_engine(scenario: Scenario, base_dir: str | Path = ".") -> tuple[Disagg
     link = get_link(cluster.link)
     kv_dtype = None if scenario.cache.kv_cache_dtype == "auto" else scenario.cache.kv_cache_dtype
     one_block_bytes = block_bytes(
-        get_model(scenario.model), block_size=scenario.cache.block_size, kv_dtype=kv_dtype
+        get_model(scenario.model),
+        block_size=applied(prefill.scenario.cache.block_size, "cache.block_size"),
+        kv_dtype=kv_dtype,
     )
     tp = scenario.hardware.tensor_parallel_size
     num_streams = min(cluster.prefill.tp or tp, cluster.decode.tp or tp)

@@ -31,20 +31,20 @@ def offloading_config(
         raise ScenarioError(f"{field}: needs a model (the KV bytes of a block)")
     if kv.sliding_window is not None or kv.kv_cache_groups:
         raise ScenarioError(f"{field}: kvsim models offloading for one full-attention KV group")
-    offloaded = cache.cpu_offload_block_size or cache.block_size
-    if offloaded % cache.block_size:
+    offloaded = cache.cpu_offload_block_size or kv.block_size
+    if offloaded % kv.block_size:
         raise ScenarioError(
             f"cache.cpu_offload_block_size: {offloaded} is not a multiple of block_size "
-            f"{cache.block_size}"
+            f"{kv.block_size}"
         )
     kv_dtype = None if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     gpu_block_bytes = block_bytes(
         model,
-        block_size=cache.block_size,
+        block_size=kv.block_size,
         kv_dtype=kv_dtype,
         tp=scenario.hardware.tensor_parallel_size,
     )
-    factor = offloaded // cache.block_size
+    factor = offloaded // kv.block_size
     num_cpu_blocks = int(cache.cpu_offload_gib * 2**30 // (gpu_block_bytes * factor))
     if num_cpu_blocks < 1:
         raise ScenarioError(f"{field}: {cache.cpu_offload_gib} GiB holds no offloaded block")

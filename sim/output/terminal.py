@@ -84,6 +84,7 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         ("design", _design_row(inputs.get("design"), inputs.get("vllm_version"))),
         ("block manager", _manager_row(inputs.get("block_manager"))),
         ("step time", _step_time_row(inputs.get("step_time"), summary.get("step_time_band"))),
+        *_settings_rows(inputs.get("settings")),
         ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
         ("sliding window (tokens)", inputs.get("sliding_window")),
         *_kv_group_rows(inputs.get("kv_cache_groups")),
@@ -109,12 +110,57 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         console.print(f"[bold red]fatal engine error:[/] {escape(summary['fatal_error'])}")
     if summary.get("stopped_early"):
         console.print(f"[yellow]run stopped early:[/] {escape(summary['stopped_early'])}")
+    for line in settings_notes(inputs):
+        console.print(line, highlight=False, soft_wrap=True)
     if out_dir is not None:
         console.print(
             f"outputs written to {out_dir}/ (requests, steps, violations as Parquet and CSV)"
         )
     for line in next_steps(summary, out_dir):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+#: Until the async scheduler is modelled (issue #22 part 2), say how the run simulated it.
+_ASYNC_NOT_MODELLED = "; simulated synchronously"
+
+
+def _settings_rows(settings: dict | None) -> list[tuple[str, str]]:
+    """The engine settings a run used, each marked as the user's or the release's:
+    ('max seqs / tokens', '1024 / 8192 (release default)')."""
+    if not settings:
+        return []
+
+    def show(*names: str) -> str:
+        values = " / ".join(str(settings[name]["value"]) for name in names)
+        origins = {settings[name]["origin"] for name in names}
+        origin = origins.pop() if len(origins) == 1 else "set by the user / release default"
+        return f"{values} ({'set' if origin == 'user' else origin})"
+
+    return [
+        ("max seqs / tokens", show("max_num_seqs", "max_num_batched_tokens")),
+        ("prefix cache / chunked", show("enable_prefix_caching", "enable_chunked_prefill")),
+        ("async scheduling", show("async_scheduling") + _ASYNC_NOT_MODELLED),
+        ("GPU memory util.", show("gpu_memory_utilization")),
+    ]
+
+
+def settings_notes(inputs: dict) -> list[str]:
+    """Lines under the table: settings the release overrode, and the release defaults this run
+    uses that the previous release's table would not."""
+    lines = []
+    release = inputs.get("vllm_version")
+    for field in inputs.get("settings_overridden", ()):
+        lines.append(
+            f"note: {field} as given has no effect on vLLM {release}; the run uses the "
+            "release's value (summary.json inputs.settings has the rule)"
+        )
+    changed = inputs.get("settings_since_previous") or {}
+    if changed.get("changes"):
+        lines.append(
+            f"vLLM {release} defaults that differ from {changed['previous']}'s: "
+            + "; ".join(changed["changes"])
+        )
+    return lines
 
 
 def _design_row(design: str | None, vllm_version: str | None = None) -> str | None:

@@ -26,21 +26,26 @@ from sim.memory.derive import (
     is_hybrid_model,
 )
 from sim.memory.terms import VllmEngine
+from sim.scenario.release_defaults import applied
 from sim.scenario.schema import CacheSection, SchedulerSection
 from sim.scheduler import SchedulerConfig
 
 
 def scheduler_config_of(section: SchedulerSection, max_model_len: int) -> SchedulerConfig:
-    """The scheduler a scenario's `scheduler` section starts (its `max_model_len` resolved:
-    the section's, or the model's positions)."""
+    """The scheduler a scenario's `scheduler` section starts, its release's defaults applied
+    (`sim.scenario.release_defaults`; `max_model_len` resolved)."""
     return SchedulerConfig(
         max_model_len=max_model_len,
-        max_num_seqs=section.max_num_seqs,
+        max_num_seqs=applied(section.max_num_seqs, "scheduler.max_num_seqs"),
         max_num_batched_tokens=section.max_num_batched_tokens,
-        enable_chunked_prefill=section.enable_chunked_prefill,
+        enable_chunked_prefill=applied(
+            section.enable_chunked_prefill, "scheduler.enable_chunked_prefill"
+        ),
         policy=section.policy,
         preemption_mode=section.preemption_mode,
-        long_prefill_token_threshold=section.long_prefill_token_threshold,
+        long_prefill_token_threshold=applied(
+            section.long_prefill_token_threshold, "scheduler.long_prefill_token_threshold"
+        ),
         decode_fast_path=section.decode_fast_path,
         decode_cohort=section.decode_cohort,
     )
@@ -91,7 +96,8 @@ def num_cpu_blocks_of(
         return cache.num_cpu_blocks
     if model is None:
         return 0
-    one_block = block_bytes(model, block_size=cache.block_size, kv_dtype=kv_dtype_of(cache), tp=tp)
+    block_size = applied(cache.block_size, "cache.block_size")
+    one_block = block_bytes(model, block_size=block_size, kv_dtype=kv_dtype_of(cache), tp=tp)
     return int(cache.swap_space_gib * 2**30 // one_block)
 
 
@@ -118,10 +124,10 @@ def kv_cache_config_of(
     and watermark, with the pool sizes and window already resolved."""
     return KVCacheConfig(
         num_gpu_blocks=num_gpu_blocks,
-        block_size=cache.block_size,
+        block_size=applied(cache.block_size, "cache.block_size"),
         num_cpu_blocks=num_cpu_blocks,
         sliding_window=sliding_window,
-        enable_prefix_caching=cache.enable_prefix_caching,
+        enable_prefix_caching=applied(cache.enable_prefix_caching, "cache.enable_prefix_caching"),
         watermark=cache.watermark,
         max_model_len=max_model_len,
         vllm_pin=vllm_pin,

@@ -53,7 +53,7 @@ def _v0_only(scenario: Scenario) -> None:
             f"engine.router: prefix_cache_aware routes on KV cache events, which the v0 engine "
             f"({design}) does not emit; choose another router, or use scheduler.design: v1-engine"
         )
-    if scenario.scheduler.long_prefill_token_threshold > 0:
+    if scenario.scheduler.long_prefill_token_threshold:
         raise ScenarioError(
             f"scheduler.long_prefill_token_threshold: a V1-engine setting; the v0 engine "
             f"({design}) has none, so it would do nothing (remove it)"

@@ -33,6 +33,11 @@ from sim.scenario.configs import (
     sliding_window_of,
 )
 from sim.scenario.no_effect import check_no_effect
+from sim.scenario.release_defaults import (
+    applied,
+    apply_release_defaults,
+    changes_since_previous,
+)
 from sim.scenario.schema import Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
 from sim.workload import Workload, load_workload
@@ -131,12 +136,14 @@ def _num_gpu_blocks(
                 get_gpu(hw.gpu),
                 engine,
                 tp=hw.tensor_parallel_size,
-                block_size=cache.block_size,
-                gpu_memory_utilization=cache.gpu_memory_utilization,
+                block_size=applied(cache.block_size, "cache.block_size"),
+                gpu_memory_utilization=applied(
+                    cache.gpu_memory_utilization, "cache.gpu_memory_utilization"
+                ),
                 kv_dtype=kv_dtype,
                 weight_dtype=scenario.model_dtype,
                 max_num_batched_tokens=token_budget,
-                max_num_seqs=scenario.scheduler.max_num_seqs,
+                max_num_seqs=applied(scenario.scheduler.max_num_seqs, "scheduler.max_num_seqs"),
             )
         except InputError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
@@ -152,7 +159,7 @@ def _num_gpu_blocks(
             cache.num_gpu_blocks,
             model,
             tp=hw.tensor_parallel_size,
-            block_size=cache.block_size,
+            block_size=applied(cache.block_size, "cache.block_size"),
             kv_dtype=kv_dtype,
             kv_layout="hybrid" if layout is not None else "uniform",
         )
@@ -163,8 +170,10 @@ def _num_gpu_blocks(
 def _startup(
     scenario: Scenario, inputs: dict, replicas_field: str = "engine.num_replicas"
 ) -> tuple:
-    """The scheduler and KV pool a run starts with, after every startup check (vLLM's and
-    kvsim's); fills `inputs` with what they resolved to. Loads no workload.
+    """The scenario as its release runs it (every unset engine setting filled in by
+    `apply_release_defaults`), and the scheduler and KV pool a run starts with, after every
+    startup check (vLLM's and kvsim's); fills `inputs` with what they resolved to (each
+    setting's value and origin in `inputs["settings"]`). Loads no workload.
 
     `replicas_field` is where the user set `engine.num_replicas` (a disaggregated pool's
     `cluster.prefill.replicas`, say), for the message when the replicas do not fit in memory.
@@ -175,14 +184,16 @@ def _startup(
             "cluster.mode: a disaggregated scenario runs with `kvsim disagg` "
             "(sim.cluster.run.run_disaggregated), not as one co-located engine"
         )
+    settings = apply_release_defaults(scenario)
+    inputs["settings"] = settings.record()
+    inputs["settings_overridden"] = list(settings.overridden)
+    inputs["settings_since_previous"] = changes_since_previous(scenario, settings)
+    scenario = settings.scenario
     check_no_effect(scenario)
     model = _model(scenario)
     sched = scenario.scheduler
-    max_model_len = sched.max_model_len or (
-        model.max_position_embeddings if model is not None else None
-    )
-    if max_model_len is None:
-        raise ScenarioError("scheduler.max_model_len: needed when the scenario has no model")
+    max_model_len = sched.max_model_len
+    assert max_model_len is not None  # the release resolved it
     scheduler_config = scheduler_config_of(sched, max_model_len)
     token_budget = scheduler_config.token_budget(sched.design.api)
     # Unpinned: v1-engine gets the latest release, a v0 design the 0.5.4 release (what
@@ -207,7 +218,7 @@ def _startup(
     if too_big is not None:  # refuse now: building the pools would eat all memory
         field = replicas_field if num_replicas > 1 else "cache.num_gpu_blocks"
         raise ScenarioError(f"{field}: {too_big}")
-    return model, scheduler_config, kv, offload
+    return scenario, model, scheduler_config, kv, offload
 
 
 def preflight(scenario: Scenario, base_dir: str | Path = ".") -> None:
@@ -216,7 +227,7 @@ def preflight(scenario: Scenario, base_dir: str | Path = ".") -> None:
     The workload's files are checked to exist and be regular files, but not read."""
     from sim.workload.load import check_input_files
 
-    model, *_ = _startup(scenario, {})
+    scenario, model, *_ = _startup(scenario, {})
     _step_time(scenario, model, Path(base_dir), {})
     check_input_files(scenario.workload, base_dir)
 
@@ -228,7 +239,7 @@ def resolve(
     `_startup`)."""
     base_dir = Path(base_dir)
     inputs: dict = {"scenario": scenario.name, "seed": scenario.seed}
-    model, scheduler_config, kv, offload = _startup(scenario, inputs, replicas_field)
+    scenario, model, scheduler_config, kv, offload = _startup(scenario, inputs, replicas_field)
     workload_config = scenario.workload
     if "seed" not in workload_config.model_fields_set:
         workload_config = workload_config.model_copy(update={"seed": scenario.seed})

@@ -42,6 +42,7 @@ from sim.kv.pins import resolve_pin
 from sim.latency import StepTimeConfig
 from sim.memory.terms import weight_format
 from sim.scenario.fields import Bool, Float, Int, Seconds
+from sim.scenario.vllm_defaults.common import UsageContext
 from sim.scheduler.config import Policy, PreemptionMode
 from sim.workload.config import WorkloadConfig
 
@@ -74,9 +75,12 @@ class _Closed(BaseModel):
 
 
 class CacheSection(_Closed):
+    # Fields that default to None are what a user passes to `vllm serve`: unset, they take the
+    # value the pinned release derives for the model, GPU and entry point
+    # (`sim.scenario.release_defaults`; summary.json records each value and its origin).
     #: Strict: YAML `true` is not a block size (lax validation turned it into 1, and the error
-    #: that followed blamed scheduler.max_model_len).
-    block_size: Int = Field(default=16, ge=1)
+    #: that followed blamed scheduler.max_model_len). None: the release's (16).
+    block_size: Int | None = Field(default=None, ge=1)
     #: A number, or "derive" to compute it from the model, GPU and memory settings.
     num_gpu_blocks: Annotated[Int, Field(ge=1)] | Literal["derive"] = "derive"
     num_cpu_blocks: Int | None = Field(default=None, ge=0)
@@ -84,9 +88,11 @@ class CacheSection(_Closed):
     swap_space_gib: Float = Field(default=4.0, ge=0)
     #: Tokens; "model" takes the model's window where all its layers are sliding (Mistral).
     sliding_window: Annotated[Int, Field(ge=1)] | Literal["model"] | None = "model"
-    enable_prefix_caching: Bool = False
+    #: None: the release's (off in 0.5.4's v0 engine, on in the V1 releases).
+    enable_prefix_caching: Bool | None = None
     watermark: Float = Field(default=0.01, ge=0, lt=1)
-    gpu_memory_utilization: Float = Field(default=0.9, gt=0, le=1)
+    #: None: the release's (0.9; 0.92 from 0.33.0).
+    gpu_memory_utilization: Float | None = Field(default=None, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
     #: V1 engine: host memory (GiB per GPU) for vLLM's CPU KV offloading connector; 0: off.
     cpu_offload_gib: Float = Field(default=0.0, ge=0)
@@ -97,12 +103,16 @@ class CacheSection(_Closed):
 class SchedulerSection(_Closed):
     design: Design = Design.V0_V2
     max_model_len: Int | None = Field(default=None, ge=1)
-    max_num_seqs: Int = Field(default=256, ge=1)
+    #: None (these four): the release's, by GPU memory and name and entry point in V1 (an H100
+    #: behind the API server: 1024 sequences, 8192 tokens; 0.5.4: 256 sequences).
+    max_num_seqs: Int | None = Field(default=None, ge=1)
     max_num_batched_tokens: Int | None = Field(default=None, ge=1)
-    enable_chunked_prefill: Bool = False
+    enable_chunked_prefill: Bool | None = None
+    #: None: the release's (on by default from 0.14 / in 0.33.0; off in 0.11.0; none in v0).
+    async_scheduling: Bool | None = None
     policy: Policy = Policy.FCFS
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
-    long_prefill_token_threshold: Int = Field(default=0, ge=0)
+    long_prefill_token_threshold: Int | None = Field(default=None, ge=0)
     #: A speed-up that changes no result (tests prove it); false calls the manager every step.
     decode_fast_path: Bool = True
     #: Also keep steady decodes in a cohort so a step costs what changes in it (same results).
@@ -143,6 +153,9 @@ class EngineSection(_Closed):
     violation_policy: ViolationPolicy = ViolationPolicy.RECORD
     audit_level: AuditLevel = AuditLevel.CHEAP
     max_sim_time_s: Seconds | None = Field(default=None, gt=0)
+    #: How vLLM is launched, which picks the V1 batch defaults: `vllm serve` (api_server) or
+    #: the `vllm.LLM` class (llm_class).
+    entry_point: UsageContext = UsageContext.API_SERVER
 
 
 class HardwareSection(_Closed):

@@ -81,7 +81,7 @@ def _cases() -> list[Case]:
             "examples",
             ("check", "s.yaml"),
             1,
-            "ttft_p50_s 0.5548 is above max 0.2",
+            "is above max 0.2",
             files={"s.yaml": _without(offload, "cpu_offload_gib: 16", "cpu_offload_gib: 0")},
             name="cpu offload: without the CPU tier its expect.summary fails",
         )
@@ -92,7 +92,7 @@ def _cases() -> list[Case]:
             "examples",
             ("check", "s.yaml"),
             1,
-            "sessions.later_turns_prefix_hit_rate 0.2961 is below min 0.8",
+            "is below min 0.8",
             files={
                 "s.yaml": _without(routing, "router: prefix_cache_aware", "router: round_robin")
             },

@@ -13,13 +13,13 @@ RUN = ("run", "s.yaml", "--no-plots", "-o", "out")
 
 
 def with_engine(engine: str, design: str = "v1-engine", prefix_caching: bool = False) -> str:
-    """The tiny scenario on `design` with an `engine:` flow mapping (and prefix caching)."""
+    """The tiny scenario on `design` with an `engine:` flow mapping, prefix caching set on or
+    off (V1 releases turn it on when unset)."""
     text = tiny(design=design).replace("expect:", f"engine: {engine}\nexpect:")
-    if prefix_caching:
-        text = text.replace(
-            "sliding_window: null}", "sliding_window: null, enable_prefix_caching: true}"
-        )
-    return text
+    return text.replace(
+        "sliding_window: null}",
+        f"sliding_window: null, enable_prefix_caching: {str(prefix_caching).lower()}}}",
+    )
 
 
 def with_scheduler(extra: str, design: str = "v1-engine") -> str:
@@ -136,7 +136,7 @@ CASES: list[Case] = [
         (*RUN, "--set", "engine.router=prefix_cache_aware", "--set", "engine.num_replicas=2"),
         2,
         "prefix_cache_aware",
-        files={"s.yaml": tiny()},
+        files={"s.yaml": with_cache("enable_prefix_caching: false")},
         outputs=("out",),
         name="run --set engine.router=prefix_cache_aware with prefix caching off",
     ),
@@ -148,6 +148,8 @@ CASES: list[Case] = [
         files={
             "s.yaml": DISAGG.replace(
                 "decode: {replicas: 1}", "decode: {replicas: 2, router: prefix_cache_aware}"
+            ).replace(
+                "sliding_window: null}", "sliding_window: null, enable_prefix_caching: false}"
             )
         },
         outputs=("out",),
@@ -265,7 +267,7 @@ CASES: list[Case] = [
         ),
         2,
         "max_num_batched_tokens",
-        files={"s.yaml": tiny()},
+        files={"s.yaml": with_scheduler("enable_chunked_prefill: false")},
         name="sweep with a point whose budget vLLM refuses",
     ),
     Case(

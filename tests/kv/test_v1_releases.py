@@ -396,7 +396,12 @@ def _thrash(version: str | None) -> dict:
     data = {
         "name": "thrash",
         "model": None,
-        "cache": {"block_size": 16, "num_gpu_blocks": 64, "num_cpu_blocks": 0},
+        "cache": {
+            "block_size": 16,
+            "num_gpu_blocks": 64,
+            "num_cpu_blocks": 0,
+            "enable_prefix_caching": False,
+        },
         "scheduler": scheduler,
         "workload": {"kind": "inline", "requests": requests},
         "step_time": {

@@ -33,9 +33,12 @@ def test_gemma2_hybrid_layout_via_scenario():
     memory = inputs["memory"]
     assert inputs["kv_layout"] == "hybrid"
     assert memory["num_kv_groups"] == 2 and memory["num_layers_per_block"] == 21
+    settings = {name: s["value"] for name, s in inputs["settings"].items()}
     expected = derive_num_gpu_blocks(
         get_model("gemma-2-9b"), get_gpu("h100-sxm"), kv_layout="hybrid", engine="v1",
-        max_num_batched_tokens=inputs["max_num_batched_tokens"], max_num_seqs=256,
+        max_num_batched_tokens=inputs["max_num_batched_tokens"],
+        max_num_seqs=settings["max_num_seqs"],
+        gpu_memory_utilization=settings["gpu_memory_utilization"],
     )  # fmt: skip
     assert memory["num_gpu_blocks"] == expected.num_gpu_blocks
     assert inputs["num_gpu_blocks"] == expected.num_gpu_blocks  # the shared pool, not halved

@@ -4,6 +4,8 @@ check the configs kvsim runs with, not a copy of them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.scenario.resolve import resolve
@@ -51,7 +53,16 @@ def _scenario_of(case: SchedCase, pin: str, fast_path: bool) -> dict:
 @pytest.mark.parametrize("pin", ["4ac7713", "0.11.0", "0.33.0"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.block_size}x{c.num_blocks}")
 def test_a_lockstep_case_resolves_as_its_scenario(case, pin, fast_path):
-    engine = resolve(scenario_from_dict(_scenario_of(case, pin, fast_path))).engine
+    """Every setting of the case is given, so the release's defaults change nothing, except
+    where the release overrides the user: 0.11.0's rules (4ac7713 follows them) chunk every
+    generative model (arg_utils.py L1547-1548), so a case without chunked prefill runs as a
+    scenario with it, and the scenario's resolution says so."""
+    resolved = resolve(scenario_from_dict(_scenario_of(case, pin, fast_path)))
+    overrides_chunking = pin != "0.33.0" and not case.enable_chunked_prefill
+    if overrides_chunking:
+        case = replace(case, enable_chunked_prefill=True)
     scheduler, kv = case_configs(case, pin, fast_path)
-    assert scheduler == engine.scheduler
-    assert kv == engine.kv
+    assert scheduler == resolved.engine.scheduler
+    assert kv == resolved.engine.kv
+    overridden = ["scheduler.enable_chunked_prefill"] if overrides_chunking else []
+    assert resolved.inputs["settings_overridden"] == overridden

@@ -103,12 +103,13 @@ def test_the_v1_budget_is_no_longer_raised_silently():
     """Regression: `max_num_batched_tokens: 1` on v1-engine ran 112 steps of a larger budget
     while summary.json said 1; on v0 it ignored every request."""
     for design in ("v1-engine", "v0-v2"):
+        data = _tiny(design, max_num_batched_tokens=1, enable_chunked_prefill=False)
         with pytest.raises(ScenarioError, match="smaller than max_model_len 256"):
-            resolve(scenario_from_dict(_tiny(design, max_num_batched_tokens=1)))
+            resolve(scenario_from_dict(data))
 
 
 def test_preflight_refuses_what_resolve_refuses_without_the_workload(tmp_path):
-    data = _tiny(max_num_batched_tokens=100)
+    data = _tiny(max_num_batched_tokens=100, enable_chunked_prefill=False)
     data["workload"] = {"kind": "trace", "path": str(tmp_path / "missing.csv")}
     with pytest.raises(ScenarioError, match="max_num_batched_tokens"):
         preflight(scenario_from_dict(data))
@@ -140,7 +141,11 @@ def test_inputs_are_what_the_scheduler_and_pool_hold(data):
         scheduler = replica.scheduler
         assert scheduler.token_budget == inputs["max_num_batched_tokens"]
         assert scheduler.config.max_model_len == inputs["max_model_len"]
-        assert scheduler.config.max_num_seqs == data["scheduler"].get("max_num_seqs", 256)
+        settings = inputs["settings"]
+        assert scheduler.config.max_num_seqs == settings["max_num_seqs"]["value"]
+        given = data["scheduler"].get("max_num_seqs")
+        assert settings["max_num_seqs"]["origin"] == ("user" if given else "release default")
+        assert given in (None, scheduler.config.max_num_seqs)
         pool = replica.manager.inner
         if resolved.engine.design.api == "v0":
             assert pool.num_total_gpu_blocks == inputs["num_gpu_blocks"]

@@ -4,8 +4,8 @@ point, with each value's origin: set by the user, or this release's default.
 A `vllm serve` user passes a few flags; the release derives the rest from the model's config,
 the GPU (memory and name), TP x PP and the usage context (the OpenAI API server or the `LLM`
 class). This module restates those rules per pin, so a scenario can start from what the real
-server would run. Nothing here is wired into scenario resolution yet: existing scenarios keep
-their constants. `sim/vllm_real/defaults_lockstep.py` builds each installed release's real
+server would run; `sim.scenario.release_defaults` fills a scenario's unset fields from it.
+`sim/vllm_real/defaults_lockstep.py` builds each installed release's real
 `EngineArgs(...).create_engine_config()` (0.5.4, 0.11.0, 0.33.0) over a grid of deployments
 and compares every field with this (`kvsim verify --defaults --vllm-version V`): identical
 over 588 / 1344 / 1428 deployments.
@@ -76,6 +76,7 @@ __all__ = [
 #: A pin's name -> the release whose defaulting code it follows.
 RELEASES: dict[str, VllmPin] = {
     VllmPin.V0_5_4.value: VllmPin.V0_5_4,
+    VllmPin.V0_5_4_PR_7380.value: VllmPin.V0_5_4,  # a block-table fix; same arg_utils.py
     VllmPin.C4AC7713.value: VllmPin.V0_11_0,
     VllmPin.V0_11_0.value: VllmPin.V0_11_0,
     VllmPin.V0_33_0.value: VllmPin.V0_33_0,
@@ -90,7 +91,7 @@ ABSENT_FLAGS: dict[VllmPin, tuple[str, ...]] = {
 
 def resolve_defaults(
     release: str,
-    model: ModelSpec,
+    model: ModelSpec | None,
     gpu: GpuSpec,
     *,
     tp: int = 1,

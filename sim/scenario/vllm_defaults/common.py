@@ -98,9 +98,12 @@ class ResolvedDefaults:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """The inputs every rule reads."""
+    """The inputs every rule reads. `model` None: an abstract model (kvsim scenarios with a
+    linear step time and a given pool), of which only the user's max_model_len is known; the
+    rules that read the model's config (heads, windows, architecture) then have nothing to
+    check, the GPU and usage-context rules still apply."""
 
-    model: ModelSpec
+    model: ModelSpec | None
     gpu: GpuSpec
     tp: int = 1
     pp: int = 1
@@ -134,9 +137,12 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def hf_architecture(model: ModelSpec) -> tuple[str, str]:
+def hf_architecture(model: ModelSpec | None) -> tuple[str, str]:
     """(architecture, model_type) of the model's config.json: "gemma-2-9b" ->
-    ("Gemma2ForCausalLM", "gemma2"); a release's per-architecture rules key on the first."""
+    ("Gemma2ForCausalLM", "gemma2"); a release's per-architecture rules key on the first.
+    An abstract model (None) is Llama-shaped."""
+    if model is None:
+        return "LlamaForCausalLM", "llama"
     for prefix, arch, model_type in FAMILIES:
         if model.name.lower().startswith(prefix):
             return arch, model_type
@@ -154,7 +160,12 @@ def max_model_len_setting(dep: Deployment, flags: UserFlags, rule: str) -> Setti
     """max_position_embeddings, capped at the window where sliding is disabled; a user value
     above it is refused (`_get_and_verify_max_len`, cited in `rule`).
 
-    Example: Mistral-7B (32768, window 4096) with --disable-sliding-window -> 4096."""
+    Example: Mistral-7B (32768, window 4096) with --disable-sliding-window -> 4096. An
+    abstract model has no config: the user's value is the length."""
+    if dep.model is None:
+        if flags.max_model_len is None:
+            raise InputError("max_model_len: needed when there is no model")
+        return Setting(flags.max_model_len, Origin.USER, "set by the user")
     derived = dep.model.max_position_embeddings
     window = dep.model.sliding_window  # the window config.json carries
     if flags.disable_sliding_window and window is not None and window < derived:
@@ -173,6 +184,8 @@ def max_model_len_setting(dep: Deployment, flags: UserFlags, rule: str) -> Setti
 def check_heads(dep: Deployment, where: str) -> None:
     """ModelConfig.verify_with_parallel_config: the heads split evenly over TP (checked after
     max_model_len, as vLLM builds ModelConfig first)."""
+    if dep.model is None:
+        return
     if dep.model.num_attention_heads % dep.tp:
         raise DefaultsError(
             f"{dep.model.num_attention_heads} attention heads are not divisible by TP "
@@ -181,10 +194,11 @@ def check_heads(dep: Deployment, where: str) -> None:
         )
 
 
-def cache_sliding_window(model: ModelSpec, flags: UserFlags, rule: str) -> Setting:
+def cache_sliding_window(model: ModelSpec | None, flags: UserFlags, rule: str) -> Setting:
     """CacheConfig.sliding_window: the window only when every layer slides (an interleaved
     model such as Gemma-2 keeps it per layer) and sliding is not disabled."""
-    window = model.sliding_window if model.layer_pattern == "sliding" else None
+    slides = model is not None and model.layer_pattern == "sliding"
+    window = model.sliding_window if model is not None and slides else None
     if flags.disable_sliding_window:
         window = None
     return Setting(window, Origin.RELEASE, rule)
@@ -201,13 +215,15 @@ def check_batch(mnbt: int, mns: int, max_model_len: int, chunked: bool, rule: st
     below max_model_len."""
     if mnbt < max_model_len and not chunked:  # checked first, in every release
         raise DefaultsError(
-            f"max_num_batched_tokens {mnbt} < max_model_len {max_model_len} without chunked "
-            f"prefill ({rule})",
+            f"max_num_batched_tokens {mnbt} is smaller than max_model_len {max_model_len} "
+            f"without chunked prefill ({rule}); turn chunked prefill on, or give a budget of "
+            f"at least {max_model_len}",
             Refusal.BATCH_BELOW_MODEL_LEN,
         )
     if mnbt < mns:
         raise DefaultsError(
-            f"max_num_batched_tokens {mnbt} < max_num_seqs {mns} ({rule})",
+            f"max_num_batched_tokens {mnbt} is smaller than max_num_seqs {mns} ({rule}); give "
+            f"a budget of at least {mns}, or fewer sequences",
             Refusal.BATCH_BELOW_SEQS,
         )
 

@@ -46,10 +46,10 @@ def resolve_v054(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
     Gemma-2's interleaved window is unsupported there: sliding is disabled and max_model_len
     capped at the window (config.py L163-171), 8192 -> 4096."""
     model = dep.model
-    if model.layer_pattern == "alternating":
+    if model is not None and model.layer_pattern == "alternating":
         flags = replace_flags(flags, disable_sliding_window=True)
     mml = max_model_len_setting(dep, flags, "0.5.4 config.py L1459-1574")
-    window = None if flags.disable_sliding_window else model.sliding_window
+    window = None if flags.disable_sliding_window or model is None else model.sliding_window
     prefix = pick(flags.enable_prefix_caching, False, "0.5.4 engine/arg_utils.py L56")
     # arg_utils.py L746-773: on by default above 32K tokens on CUDA, without a sliding window
     # or prefix caching (spec decode, LoRA, prompt adapters, Mamba layers: not modelled).
