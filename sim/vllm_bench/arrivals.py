@@ -16,7 +16,7 @@
 Example::
 
     >>> [round(t, 3) for t in send_times(3, request_rate=2.0, burstiness=1.0, seed=0)]
-    [0.521, 1.216, 1.5]
+    [0.401, 1.035, 1.5]
 """
 
 from __future__ import annotations

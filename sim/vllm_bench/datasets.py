@@ -29,7 +29,7 @@ Example::
     >>> reqs = random_dataset(num_prompts=3, input_len=100, output_len=10, range_ratio=0.5,
     ...                       prefix_len=0, seed=0, num_special_tokens=1)
     >>> [(r.input_len, r.output_len) for r in reqs]
-    [(125, 13), (87, 6), (84, 11)]
+    [(134, 7), (113, 8), (100, 5)]
 """
 
 from __future__ import annotations
