@@ -53,8 +53,12 @@ def import_vllm_command(
 @bench_app.command("serve")
 def bench_serve_command(
     scenario: Annotated[Path, typer.Argument(help="The server: a scenario (kvsim import-vllm).")],
-    dataset_name: str = typer.Option("random", help="random, sharegpt, sonnet or prefix_repetition"),
-    dataset_path: Path | None = typer.Option(None, help="sharegpt: a lengths CSV (python -m sim.workload.sharegpt_vllm)"),
+    dataset_name: str = typer.Option(
+        "random", help="random, sharegpt, sonnet or prefix_repetition"
+    ),
+    dataset_path: Path | None = typer.Option(
+        None, help="sharegpt: a lengths CSV (python -m sim.workload.sharegpt_vllm)"
+    ),
     num_prompts: int = typer.Option(1000, help="Number of prompts."),
     random_input_len: int = typer.Option(1024),
     random_output_len: int = typer.Option(128),
@@ -75,8 +79,12 @@ def bench_serve_command(
     save_detailed: bool = typer.Option(False, "--save-detailed", help="With per-request lists."),
     result_dir: Path | None = typer.Option(None),
     result_filename: str | None = typer.Option(None),
-    num_special_tokens: int = typer.Option(1, help="kvsim: tokens the server's tokenizer adds (BOS)."),
-    band: bool = typer.Option(True, "--band/--no-band", help="kvsim: also run at the step-time band's ends."),
+    num_special_tokens: int = typer.Option(
+        1, help="kvsim: tokens the server's tokenizer adds (BOS)."
+    ),
+    band: bool = typer.Option(
+        True, "--band/--no-band", help="kvsim: also run at the step-time band's ends."
+    ),
 ) -> None:
     """Simulate `vllm bench serve` against the scenario's server; print vLLM's result block."""
     from sim.files.outdir import check_output_file, write_text_atomic
@@ -97,7 +105,9 @@ def bench_serve_command(
     scenario_obj = load_scenario(scenario)
     model_id = _model_id(scenario_obj.model)
     date = datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = _result_path(settings, model_id, date, result_dir, result_filename) if save_result else None
+    target = (
+        _result_path(settings, model_id, date, result_dir, result_filename) if save_result else None
+    )
     if target is not None:
         check_output_file(target)
     with naming(scenario):
@@ -115,8 +125,9 @@ def bench_serve_command(
         "gpu": scenario_obj.hardware.gpu,
         "step_time_band": run.summary.get("step_time_band"),
         "band": metric_band(run),
-        "workload": {k: str(v) if isinstance(v, Path) else v
-                     for k, v in dataclasses.asdict(workload).items()},  # fmt: skip
+        "workload": {
+            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(workload).items()
+        },  # fmt: skip
         "num_gpu_blocks": run.inputs.get("num_gpu_blocks"),
     }
     write_text_atomic(target, json.dumps(out, default=_jsonable))
@@ -137,8 +148,12 @@ def _model_id(model: Any) -> str:
 
 def _result_path(settings, model_id: str, date: str, folder: Path | None, name: str | None) -> Path:
     """vLLM's `compute_result_filename` (serve.py L1594-1635), label = backend "openai"."""
-    concurrency = f"-concurrency{settings.max_concurrency}" if settings.max_concurrency is not None else ""
-    default = f"openai-{settings.request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}.json"
+    concurrency = (
+        f"-concurrency{settings.max_concurrency}" if settings.max_concurrency is not None else ""
+    )
+    default = (
+        f"openai-{settings.request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}.json"
+    )
     path = Path(name or default)
     return folder / path if folder is not None else path
 

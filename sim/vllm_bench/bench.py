@@ -84,7 +84,9 @@ def sample_requests(options: WorkloadOptions) -> list[BenchRequest]:
     if name == "sharegpt":
         if options.dataset_path is None:
             raise DatasetError("--dataset-name sharegpt needs --dataset-path (a lengths file)")
-        return sharegpt_dataset(options.dataset_path, num_prompts=options.num_prompts, seed=options.seed)
+        return sharegpt_dataset(
+            options.dataset_path, num_prompts=options.num_prompts, seed=options.seed
+        )
     if name == "prefix_repetition":
         return prefix_repetition_dataset(
             num_prompts=options.num_prompts,
@@ -134,10 +136,17 @@ class Simulated:
 def prepared(scenario: Scenario, base_dir: Path) -> ResolvedRun:
     """The scenario resolved for the benchmark: its workload set aside (one stand-in request,
     never run) and the decode fast path and cohort off so every token is visited."""
-    stand_in = {"kind": "inline", "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}]}
+    stand_in = {
+        "kind": "inline",
+        "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}],
+    }
     scenario = apply_overrides(
         scenario,
-        {"workload": stand_in, "scheduler.decode_fast_path": False, "scheduler.decode_cohort": False},
+        {
+            "workload": stand_in,
+            "scheduler.decode_fast_path": False,
+            "scheduler.decode_cohort": False,
+        },
         source="kvsim bench serve",
     )
     return resolve(scenario, base_dir)
@@ -157,13 +166,17 @@ def simulate(
         record_token_times=True,
     )
     records = engine.run()
-    result = build_result(records, resolved.inputs, step_time_band=band_of(resolved.step_time).as_dict())
+    result = build_result(
+        records, resolved.inputs, step_time_band=band_of(resolved.step_time).as_dict()
+    )
     assert engine.token_times_s is not None
     queue = engine.client.queue_s if engine.client is not None else {}
     return Simulated(result.requests, engine.token_times_s, queue, result.summary, resolved.inputs)
 
 
-def outcomes(sim: Simulated, requests: Sequence[BenchRequest]) -> tuple[list[RequestOutcome], float]:
+def outcomes(
+    sim: Simulated, requests: Sequence[BenchRequest]
+) -> tuple[list[RequestOutcome], float]:
     """What the client saw per request, and the benchmark's duration (the last end)."""
     out: list[RequestOutcome] = []
     ends = []
@@ -234,6 +247,8 @@ def metric_band(run: BenchRun) -> dict[str, list[float]]:
     for key, value in run.result.items():
         if not isinstance(value, int | float) or isinstance(value, bool) or value is None:
             continue
-        values = [value] + [end[key] for end in run.band.values() if isinstance(end.get(key), int | float)]
+        values = [value] + [
+            end[key] for end in run.band.values() if isinstance(end.get(key), int | float)
+        ]
         out[key] = [float(min(values)), float(max(values))]
     return out

@@ -54,7 +54,9 @@ def read_result(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise InputError(f"{path}: no such file")
     refuse_non_regular(path, lambda reason: InputError(f"{path}: {reason} (a result JSON)"))
-    raw = read_capped_bytes(path, MAX_RESULT_BYTES, lambda n: InputError(f"{path}: {n} bytes, too big"))
+    raw = read_capped_bytes(
+        path, MAX_RESULT_BYTES, lambda n: InputError(f"{path}: {n} bytes, too big")
+    )
     try:
         data = json.loads(raw.decode("utf-8").strip().splitlines()[-1] if raw.strip() else "")
     except (json.JSONDecodeError, UnicodeDecodeError, IndexError) as error:
@@ -73,10 +75,17 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[MetricR
     bands = (predicted.get("kvsim") or {}).get("band", {})
     rows = []
     for key, value in predicted.items():
-        if key in _SETTINGS or key == "kvsim" or not _scalar(value) or not _scalar(measured.get(key)):
+        if (
+            key in _SETTINGS
+            or key == "kvsim"
+            or not _scalar(value)
+            or not _scalar(measured.get(key))
+        ):
             continue
         band = bands.get(key)
-        rows.append(MetricRow(key, float(value), float(measured[key]), tuple(band) if band else None))
+        rows.append(
+            MetricRow(key, float(value), float(measured[key]), tuple(band) if band else None)
+        )
     return rows
 
 

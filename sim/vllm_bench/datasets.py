@@ -80,7 +80,7 @@ def _range_ratios(text: str) -> tuple[float, float]:
         return float(value["input"]), float(value["output"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise DatasetError(
-            f"--random-range-ratio {text}: give a number or {{\"input\": a, \"output\": b}}"
+            f'--random-range-ratio {text}: give a number or {{"input": a, "output": b}}'
         ) from None
 
 

@@ -100,7 +100,9 @@ FIELD_OF: dict[str, FieldMap] = {
     "max_num_seqs": FieldMap("scheduler.max_num_seqs", int),
     "max_num_batched_tokens": FieldMap("scheduler.max_num_batched_tokens", human_readable_int),
     "enable_chunked_prefill": FieldMap("scheduler.enable_chunked_prefill", _bool),
-    "scheduling_policy": FieldMap("scheduler.policy", _choice({"fcfs": "fcfs", "priority": "priority"})),
+    "scheduling_policy": FieldMap(
+        "scheduler.policy", _choice({"fcfs": "fcfs", "priority": "priority"})
+    ),
     "long_prefill_token_threshold": FieldMap("scheduler.long_prefill_token_threshold", int),
     "async_scheduling": FieldMap("scheduler.async_scheduling", _bool),
     "enable_prefix_caching": FieldMap("cache.enable_prefix_caching", _bool),
@@ -216,7 +218,11 @@ def import_serve_line(
     data["hardware"] = {"gpu": gpu, **fields.pop("hardware", {})}
     if "cache" in fields:
         data["cache"] = fields.pop("cache")
-    data["scheduler"] = {"design": "v1-engine", "vllm_version": version, **fields.pop("scheduler", {})}
+    data["scheduler"] = {
+        "design": "v1-engine",
+        "vllm_version": version,
+        **fields.pop("scheduler", {}),
+    }
     assert not fields, fields
     data["workload"] = PLACEHOLDER_WORKLOAD
     scenario_from_dict(data, f"the scenario imported from {args.model!r}")  # refused here if bad

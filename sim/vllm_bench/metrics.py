@@ -40,7 +40,10 @@ _HEADERS = {
     "itl": ("ITL", "Inter-token Latency"),
     "e2el": ("E2EL", "End-to-end Latency"),
     "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
-    "e2el_including_client_queue": ("E2EL incl. Client Queue", "Queue-inclusive End-to-end Latency"),
+    "e2el_including_client_queue": (
+        "E2EL incl. Client Queue",
+        "Queue-inclusive End-to-end Latency",
+    ),
 }
 #: Dropped from the result unless `--save-detailed` (serve.py L2413-2423).
 DETAILED_FIELDS = ("input_lens", "output_lens", "start_times", "ttfts", "itls",
@@ -88,9 +91,13 @@ class BenchSettings:
         try:
             values = [float(p) for p in self.metric_percentiles.split(",")]
         except ValueError:
-            raise InputError(f"--metric-percentiles {self.metric_percentiles}: give numbers like 50,90,99") from None
+            raise InputError(
+                f"--metric-percentiles {self.metric_percentiles}: give numbers like 50,90,99"
+            ) from None
         if not all(0 <= p <= 100 for p in values):
-            raise InputError(f"--metric-percentiles {self.metric_percentiles}: each must be in [0, 100]")
+            raise InputError(
+                f"--metric-percentiles {self.metric_percentiles}: each must be in [0, 100]"
+            )
         return values
 
 
@@ -202,7 +209,11 @@ def benchmark_result(
 def _good(slos: dict[str, float], ttfts: list, tpots: list, e2els: list) -> int:
     if not slos:
         return 0
-    columns = [(v, slos[k] / 1000) for k, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els)) if k in slos]
+    columns = [
+        (v, slos[k] / 1000)
+        for k, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els))
+        if k in slos
+    ]
     return sum(
         all(value <= slo for (_, slo), value in zip(columns, row, strict=True))
         for row in zip(*(c for c, _ in columns), strict=True)
@@ -213,7 +224,10 @@ def _head_lines(result: dict[str, Any], settings: BenchSettings) -> list[str]:
     row = "{:<40} {:<10}".format
     num = "{:<40} {:<10.2f}".format
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
-    lines += [row("Successful requests:", result["completed"]), row("Failed requests:", result["failed"])]
+    lines += [
+        row("Successful requests:", result["completed"]),
+        row("Failed requests:", result["failed"]),
+    ]
     if settings.max_concurrency is not None:
         lines.append(row("Maximum request concurrency:", settings.max_concurrency))
     if not math.isinf(settings.request_rate):
@@ -243,7 +257,11 @@ def _metric(
     num = "{:<40} {:<10.2f}".format
     lines = ["{s:{c}^{n}}".format(s=header, n=50, c="-")]
     lines += [num(f"Mean {short} (ms):", mean), num(f"Median {short} (ms):", median)]
-    result[f"mean_{name}_ms"], result[f"median_{name}_ms"], result[f"std_{name}_ms"] = mean, median, std
+    result[f"mean_{name}_ms"], result[f"median_{name}_ms"], result[f"std_{name}_ms"] = (
+        mean,
+        median,
+        std,
+    )
     for p, value in pcts:
         word = str(int(p)) if int(p) == p else str(p)
         lines.append(num(f"P{word} {short} (ms):", value))

@@ -189,8 +189,8 @@ def _dotted(args: list[str]) -> list[str]:
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = parsed
-    for key, value in merged.items():
-        out += [key, json.dumps(value)]
+    for key, nested in merged.items():
+        out += [key, json.dumps(nested)]
     return out
 
 

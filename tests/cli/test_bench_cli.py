@@ -38,12 +38,16 @@ def test_import_then_bench_then_compare(tmp_path: Path) -> None:
     assert block["design"] == "v1-engine" and block["vllm_version"] == "0.33.0"
     low, high = block["band"]["mean_tpot_ms"]
     assert low <= saved["mean_tpot_ms"] <= high and low < high
-    compared = runner.invoke(app, ["compare-bench", str(tmp_path / "p.json"), str(tmp_path / "p.json")])
+    compared = runner.invoke(
+        app, ["compare-bench", str(tmp_path / "p.json"), str(tmp_path / "p.json")]
+    )
     assert compared.exit_code == 0, compared.output
     assert "mean_ttft_ms" in compared.output and "+0.0%" in compared.output
 
 
-def test_the_default_result_file_name_is_vllms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_result_file_name_is_vllms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scenario = _imported(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "4",
@@ -61,10 +65,28 @@ def test_import_prints_the_scenario_without_an_output() -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["import-vllm", "vllm serve llama-3.1-8b --enforce-eager", "--gpu", "h100-sxm"], "--enforce-eager"),
-     (["import-vllm", "vllm serve llama-3.1-8b --nope", "--gpu", "h100-sxm"], "unrecognized arguments"),
-     (["import-vllm", "vllm serve llama-3.1-8b", "--gpu", "h100-sxm", "--vllm-version", "0.9"], "0.11.0, 0.33.0"),
-     (["compare-bench", "missing.json", "missing.json"], "missing.json: no such file")],  # fmt: skip
+    [
+        (
+            ["import-vllm", "vllm serve llama-3.1-8b --enforce-eager", "--gpu", "h100-sxm"],
+            "--enforce-eager",
+        ),
+        (
+            ["import-vllm", "vllm serve llama-3.1-8b --nope", "--gpu", "h100-sxm"],
+            "unrecognized arguments",
+        ),
+        (
+            [
+                "import-vllm",
+                "vllm serve llama-3.1-8b",
+                "--gpu",
+                "h100-sxm",
+                "--vllm-version",
+                "0.9",
+            ],
+            "0.11.0, 0.33.0",
+        ),
+        (["compare-bench", "missing.json", "missing.json"], "missing.json: no such file"),
+    ],  # fmt: skip
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)
@@ -75,14 +97,16 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--dataset-name", "sonnet"], "no sonnet dataset"),
-     (["--dataset-name", "sharegpt"], "needs --dataset-path"),
-     (["--dataset-name", "hf"], "kvsim takes random"),
-     (["--random-range-ratio", "1.5"], "must be in [0, 1)"),
-     (["--percentile-metrics", "ttft,bogus"], "unknown metric 'bogus'"),
-     (["--goodput", "ttft=5"], "KEY:VALUE"),
-     (["--burstiness", "0"], "must be positive"),
-     (["--max-concurrency", "0"], "greater than 0")],  # fmt: skip
+    [
+        (["--dataset-name", "sonnet"], "no sonnet dataset"),
+        (["--dataset-name", "sharegpt"], "needs --dataset-path"),
+        (["--dataset-name", "hf"], "kvsim takes random"),
+        (["--random-range-ratio", "1.5"], "must be in [0, 1)"),
+        (["--percentile-metrics", "ttft,bogus"], "unknown metric 'bogus'"),
+        (["--goodput", "ttft=5"], "KEY:VALUE"),
+        (["--burstiness", "0"], "must be positive"),
+        (["--max-concurrency", "0"], "greater than 0"),
+    ],  # fmt: skip
 )
 def test_bench_serve_bad_options_exit_2(tmp_path: Path, extra: list[str], message: str) -> None:
     scenario = _imported(tmp_path)

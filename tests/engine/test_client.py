@@ -18,9 +18,17 @@ SCENARIO = {
     "name": "client",
     "model": None,
     "cache": {"block_size": 16, "num_gpu_blocks": 4096},
-    "scheduler": {"design": "v1-engine", "max_num_seqs": 64, "max_model_len": 4096,
-                  "decode_fast_path": False, "decode_cohort": False},  # fmt: skip
-    "workload": {"kind": "inline", "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}]},
+    "scheduler": {
+        "design": "v1-engine",
+        "max_num_seqs": 64,
+        "max_model_len": 4096,
+        "decode_fast_path": False,
+        "decode_cohort": False,
+    },  # fmt: skip
+    "workload": {
+        "kind": "inline",
+        "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}],
+    },
     "step_time": {"linear": {"fixed_s": 0.01, "per_prefill_token_s": 0.0001}},
 }
 

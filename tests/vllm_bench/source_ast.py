@@ -29,9 +29,8 @@ def _add_argument_strings(node: ast.AST) -> set[str]:
             and call.func.attr == "add_argument"
         ):
             for arg in call.args:
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    if arg.value.startswith("-"):
-                        found.add(arg.value)
+                if isinstance(arg, ast.Constant) and str(arg.value).startswith("-"):
+                    found.add(arg.value)
     for loop in ast.walk(node):  # `for flag, kind in [("--x", str), ...]: add_argument(flag, ...)`
         if isinstance(loop, ast.For) and isinstance(loop.iter, ast.List | ast.Tuple):
             if not _add_argument_calls(loop):
@@ -45,7 +44,9 @@ def _add_argument_strings(node: ast.AST) -> set[str]:
 
 def _add_argument_calls(node: ast.AST) -> bool:
     return any(
-        isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "add_argument"
+        isinstance(c, ast.Call)
+        and isinstance(c.func, ast.Attribute)
+        and c.func.attr == "add_argument"
         for c in ast.walk(node)
     )
 

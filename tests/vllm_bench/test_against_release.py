@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import time
 import types
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.vllm_bench.arrivals import send_times
-from sim.vllm_bench.datasets import prefix_repetition_dataset, random_dataset
+from sim.vllm_bench.datasets import DatasetError, prefix_repetition_dataset, random_dataset
 from tests.harness.vllm_install import root_or_skip
 from tests.vllm_bench.source_exec import release_code
 
@@ -69,14 +68,23 @@ def _utils() -> dict[str, Any]:
     special=st.integers(0, 2),
     seed=st.integers(0, 2**31),
 )
-def test_random_lengths_are_the_releases(num, input_len, output_len, ratio, prefix_len, special, seed) -> None:
+def test_random_lengths_are_the_releases(
+    num, input_len, output_len, ratio, prefix_len, special, seed
+) -> None:
     utils = _utils()
     inputs, outputs, _ = utils["get_sampling_params"](
         np.random.default_rng(seed), num, ratio, input_len, output_len, _Tokenizer(special)
     )
-    ours = random_dataset(num_prompts=num, input_len=input_len, output_len=output_len,
-                          range_ratio=ratio, prefix_len=prefix_len, seed=seed,
-                          num_special_tokens=special)  # fmt: skip
+    kwargs = dict(num_prompts=num, input_len=input_len, output_len=output_len,
+                  range_ratio=ratio, prefix_len=prefix_len, seed=seed,
+                  num_special_tokens=special)  # fmt: skip
+    if (
+        prefix_len + math.floor(max(0, input_len - special) * (1 - ratio)) < 1
+    ):  # RandomDataset.sample refuses such lengths before drawing (L598-613)
+        with pytest.raises(DatasetError, match="too small"):
+            random_dataset(**kwargs)
+        return
+    ours = random_dataset(**kwargs)
     assert [r.input_len for r in ours] == [prefix_len + int(i) for i in inputs]
     assert [r.output_len for r in ours] == [int(o) for o in outputs]
     assert {r.prefix_id for r in ours} == ({0} if prefix_len else {None})
@@ -97,7 +105,9 @@ def _prefix_repetition() -> type:
                           "gen_prompt_decode_to_target_len": decode_to_target,
                           "logger": types.SimpleNamespace(warning=print)}  # fmt: skip
     path = root / "vllm/benchmarks/datasets/datasets.py"
-    return release_code(path, ("PrefixRepetitionRandomDataset",), ns)["PrefixRepetitionRandomDataset"]
+    return release_code(path, ("PrefixRepetitionRandomDataset",), ns)[
+        "PrefixRepetitionRandomDataset"
+    ]
 
 
 @settings(max_examples=25, deadline=None)
@@ -137,12 +147,16 @@ def _release_send_times(num: int, rate: float, burstiness: float, seed: int) -> 
     ns: dict[str, Any] = {"np": np, "time": fake_time, "asyncio": fake_asyncio,
                           "Literal": Literal, "Iterable": Iterable,
                           "AsyncGenerator": AsyncGenerator, "SampleRequest": _Sample}  # fmt: skip
-    code = release_code(root / "vllm/benchmarks/serve.py", ("_get_current_request_rate", "get_request"), ns)
+    code = release_code(
+        root / "vllm/benchmarks/serve.py", ("_get_current_request_rate", "get_request"), ns
+    )
     np.random.seed(seed)  # main_async: random.seed(args.seed); np.random.seed(args.seed)
     requests = [_Sample("p", 1, 1) for _ in range(num)]
 
     async def collect() -> list[float]:
-        return [clock["now"] - 1000.0 async for _ in code["get_request"](requests, rate, burstiness)]
+        return [
+            clock["now"] - 1000.0 async for _ in code["get_request"](requests, rate, burstiness)
+        ]
 
     return asyncio.run(collect())
 

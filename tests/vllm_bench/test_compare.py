@@ -29,7 +29,11 @@ def test_rows_errors_and_bands() -> None:
 
 
 def test_a_file_that_is_not_a_result_is_bad_input(tmp_path: Path) -> None:
-    for text, message in (("{", "not a vllm bench serve result"), ('{"a": 1}', "no 'duration'"), ("", "not a")):
+    for text, message in (
+        ("{", "not a vllm bench serve result"),
+        ('{"a": 1}', "no 'duration'"),
+        ("", "not a"),
+    ):
         path = tmp_path / "r.json"
         path.write_text(text)
         with pytest.raises(InputError, match=message):

@@ -31,7 +31,9 @@ def test_the_table_holds_exactly_the_options_the_release_source_registers(versio
 @pytest.mark.parametrize("version", flags.RELEASES)
 def test_every_option_the_release_source_registers_is_classified(version: str) -> None:
     declared = serve_option_strings(root_or_skip(version), version)
-    by_string = {s: row.dest for row in serve_options(version) for s in (*row.options, *row.negative)}
+    by_string = {
+        s: row.dest for row in serve_options(version) for s in (*row.options, *row.negative)
+    }
     unclassified = sorted(s for s in declared if flag_class(by_string[s]) is None)
     assert unclassified == []
 
@@ -55,9 +57,13 @@ def test_every_modelled_option_has_a_field() -> None:
 
 @pytest.mark.parametrize(
     ("dest", "kind"),
-    [("port", FlagClass.NO_EFFECT), ("api_key", FlagClass.NO_EFFECT),
-     ("max_num_seqs", FlagClass.MODELLED), ("enforce_eager", FlagClass.UNMODELLED),
-     ("speculative_config", FlagClass.SPECULATIVE)],  # fmt: skip
+    [
+        ("port", FlagClass.NO_EFFECT),
+        ("api_key", FlagClass.NO_EFFECT),
+        ("max_num_seqs", FlagClass.MODELLED),
+        ("enforce_eager", FlagClass.UNMODELLED),
+        ("speculative_config", FlagClass.SPECULATIVE),
+    ],  # fmt: skip
 )
 def test_classes_of_familiar_options(dest: str, kind: FlagClass) -> None:
     assert flag_class(dest) is kind

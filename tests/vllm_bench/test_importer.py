@@ -47,10 +47,14 @@ def test_modelled_options_map_to_their_fields() -> None:
 
 def test_max_model_len_auto_is_left_to_the_release() -> None:
     assert "scheduler" in _imported("vllm serve llama-3.1-8b --max-model-len auto")
-    assert "max_model_len" not in _imported("vllm serve llama-3.1-8b --max-model-len -1")["scheduler"]
+    assert (
+        "max_model_len" not in _imported("vllm serve llama-3.1-8b --max-model-len -1")["scheduler"]
+    )
 
 
-@pytest.mark.parametrize(("text", "value"), [("1k", 1000), ("2K", 2048), ("25.6k", 25600), ("77", 77)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("1k", 1000), ("2K", 2048), ("25.6k", 25600), ("77", 77)]
+)
 def test_human_readable_ints_as_vllm_reads_them(text: str, value: int) -> None:
     assert human_readable_int(text) == value
 
@@ -90,9 +94,13 @@ def test_values_kvsim_cannot_take_are_one_line_errors() -> None:
 
 @pytest.mark.parametrize(
     ("name", "catalog"),
-    [("meta-llama/Llama-3.1-8B", "llama-3.1-8b"), ("META-LLAMA/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
-     ("mistralai/Mistral-7B-v0.1", "mistral-7b-v0.1"), ("google/gemma-2-9b-it", "gemma-2-9b"),
-     ("llama-2-7b", "llama-2-7b")],  # fmt: skip
+    [
+        ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+        ("META-LLAMA/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("mistralai/Mistral-7B-v0.1", "mistral-7b-v0.1"),
+        ("google/gemma-2-9b-it", "gemma-2-9b"),
+        ("llama-2-7b", "llama-2-7b"),
+    ],  # fmt: skip
 )
 def test_catalog_names_and_the_hugging_face_ids_it_knows(name: str, catalog: str) -> None:
     assert scenario_model(name) == catalog

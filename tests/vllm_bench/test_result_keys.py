@@ -41,10 +41,16 @@ OUTCOMES = [RequestOutcome(True, 10, 3, 0.1, (0.05, 0.05), 0.2, 0.0),
 
 @pytest.mark.parametrize(
     "settings",
-    [BenchSettings(),
-     BenchSettings(request_rate=4.0, metric_percentiles="50,90,99.9", save_detailed=True),
-     BenchSettings(percentile_metrics="ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue",
-                   max_concurrency=2, request_rate=2.0, goodput={"ttft": 150.0})],  # fmt: skip
+    [
+        BenchSettings(),
+        BenchSettings(request_rate=4.0, metric_percentiles="50,90,99.9", save_detailed=True),
+        BenchSettings(
+            percentile_metrics="ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue",
+            max_concurrency=2,
+            request_rate=2.0,
+            goodput={"ttft": 150.0},
+        ),
+    ],  # fmt: skip
     ids=["defaults", "detailed-percentiles", "all-metrics-concurrency"],
 )
 def test_kvsim_result_keys_are_the_release_keys(settings: BenchSettings) -> None:

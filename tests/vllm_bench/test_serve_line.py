@@ -17,12 +17,18 @@ def test_equals_and_space_forms_and_underscores_give_the_same_values() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "version", "value"),
-    [("--enable-prefix-caching", "0.33.0", True), ("--no-enable-prefix-caching", "0.33.0", False),
-     ("--disable-prefix-caching", "0.33.0", False), ("--no-enable-prefix-caching", "0.11.0", False),
-     ("--enable-prefix-caching", "0.11.0", True)],  # fmt: skip
+    [
+        ("--enable-prefix-caching", "0.33.0", True),
+        ("--no-enable-prefix-caching", "0.33.0", False),
+        ("--disable-prefix-caching", "0.33.0", False),
+        ("--no-enable-prefix-caching", "0.11.0", False),
+        ("--enable-prefix-caching", "0.11.0", True),
+    ],  # fmt: skip
 )
 def test_boolean_options_and_their_negative_forms(flag: str, version: str, value: bool) -> None:
-    assert parse_serve_line(f"vllm serve m {flag}", version).values["enable_prefix_caching"] is value
+    assert (
+        parse_serve_line(f"vllm serve m {flag}", version).values["enable_prefix_caching"] is value
+    )
 
 
 def test_disable_forms_are_0_33_0s_only() -> None:
@@ -40,7 +46,9 @@ def test_model_option_moves_to_the_front_and_short_flags_work() -> None:
 def test_json_valued_and_dotted_options_become_one_json_value() -> None:
     import json
 
-    a = parse_serve_line("vllm serve m --compilation-config.mode 3 --compilation-config.x=a", "0.33.0")
+    a = parse_serve_line(
+        "vllm serve m --compilation-config.mode 3 --compilation-config.x=a", "0.33.0"
+    )
     assert json.loads(a.values["compilation_config"]) == {"mode": 3, "x": "a"}
     b = parse_serve_line("""vllm serve m --speculative-config '{"method": "ngram"}'""", "0.33.0")
     assert json.loads(b.values["speculative_config"]) == {"method": "ngram"}
@@ -48,17 +56,21 @@ def test_json_valued_and_dotted_options_become_one_json_value() -> None:
 
 def test_optimization_level_short_forms() -> None:
     for text in ("-O3", "-O=3", "-O 3"):
-        assert parse_serve_line(f"vllm serve m {text}", "0.33.0").values["optimization_level"] == "3"
+        assert (
+            parse_serve_line(f"vllm serve m {text}", "0.33.0").values["optimization_level"] == "3"
+        )
 
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("vllm serve m --bogus 1", "unrecognized arguments: --bogus"),
-     ("vllm serve m --max-num-seqs", "expected one argument"),
-     ("python serve.py m", "start with `vllm serve`"),
-     ("vllm serve --port 1", "no model"),
-     ("vllm serve m --config c.yaml", "--config"),
-     ("vllm serve m 'unclosed", "cannot split")],  # fmt: skip
+    [
+        ("vllm serve m --bogus 1", "unrecognized arguments: --bogus"),
+        ("vllm serve m --max-num-seqs", "expected one argument"),
+        ("python serve.py m", "start with `vllm serve`"),
+        ("vllm serve --port 1", "no model"),
+        ("vllm serve m --config c.yaml", "--config"),
+        ("vllm serve m 'unclosed", "cannot split"),
+    ],  # fmt: skip
 )
 def test_bad_lines_are_one_line_errors(line: str, message: str) -> None:
     with pytest.raises(ServeLineError, match=message) as caught:
