@@ -50,13 +50,6 @@ def _kind(action: argparse.Action) -> str:
     return "value"
 
 
-def _is_json(action: argparse.Action) -> bool:
-    name = getattr(action.type, "__qualname__", "") or ""
-    return any(part in name for part in ("parse_dataclass", "union_dict_and_str", "loads")) or (
-        "optional_type" in name and "loads" in repr(getattr(action.type, "__closure__", ""))
-    )
-
-
 def flag_table(version: str) -> list[dict]:
     from sim.catalog import get_gpu
     from sim.vllm_real.defaults_lockstep import _RealV1
@@ -82,7 +75,6 @@ def flag_table(version: str) -> list[dict]:
             row["negative"] = sorted(negative)
         if kind in ("value", "append"):
             row["nargs"] = action.nargs
-            row["json"] = _is_json(action)
         rows.append(row)
     return sorted(rows, key=lambda r: r["dest"])
 
@@ -91,7 +83,7 @@ def main() -> int:
     version = sys.argv[1]
     rows = flag_table(version)
     out = REPO / "sim" / "data" / "vllm_serve_flags" / f"{version}.json"
-    out.write_text(json.dumps({"vllm_version": version, "flags": rows}, indent=1) + "\n")
+    out.write_text(json.dumps({"vllm_version": version, "flags": rows}, indent=1))
     print(f"{len(rows)} options -> {out}")
     return 0
 
