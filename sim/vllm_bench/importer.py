@@ -11,7 +11,7 @@ Example (0.33.0 on an H100)::
     >>> text = import_serve_line(
     ...     "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 64 --port 8001 "
     ...     "--no-enable-prefix-caching", gpu="h100-sxm", version="0.33.0")
-    >>> print(text.split("workload:")[0])  # doctest: +ELLIPSIS
+    >>> print(text.split("\\nworkload:")[0])  # doctest: +ELLIPSIS
     name: llama-3.1-8b-h100-sxm
     description: ...
     model: llama-3.1-8b
@@ -23,7 +23,6 @@ Example (0.33.0 on an H100)::
       design: v1-engine
       vllm_version: 0.33.0
       max_num_seqs: 64
-    <BLANKLINE>
 """
 
 from __future__ import annotations
@@ -208,6 +207,8 @@ def import_serve_line(
         notes.append("unmodelled, simulated without: " + ", ".join(noted))
     if pending:
         notes.append("recorded, not simulated: " + ", ".join(pending))
+    notes.append("workload: a stand-in (vllm bench serve's default random shape); "
+                 "kvsim bench serve replaces it")  # fmt: skip
     data: dict[str, Any] = {
         "name": re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name}-{gpu}").strip("-."),
         "description": "; ".join(notes),
