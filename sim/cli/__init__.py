@@ -5,5 +5,6 @@
 * `step`, `calibrate`, `plot`: `kvsim step`, `kvsim calibrate`, `kvsim plot`;
 * `planning`, `versions`: `kvsim sweep` / `kvsim capacity`, `kvsim compare-versions`;
 * `cluster`: `kvsim disagg`, `kvsim cluster-capacity`; `ci`: `kvsim check`, `fuzz`, `shrink`;
-* `verify`: `kvsim verify` against vLLM's real code.
+* `verify`: `kvsim verify` against vLLM's real code;
+* `bench`: `kvsim import-vllm`, `kvsim bench serve`, `kvsim compare-bench`.
 """

@@ -212,6 +212,7 @@ def _register_optional_commands() -> None:
         "sim.cli.step",
         "sim.cli.verify",
         "sim.cli.cluster",
+        "sim.cli.bench",
     ):
         try:
             module = importlib.import_module(module_name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+from sim.engine.client import ClientCap
 from sim.engine.replica import Clock, EngineConfig, Replica, SimProcess, request_of
 from sim.engine.sessions import SessionTurns
 from sim.output.records import RequestRows
@@ -42,6 +43,10 @@ class EngineArrivals:
     _num_terminal: int
     _arrivals_done: bool
     _open_loop_done: bool
+    #: `vllm bench serve --max-concurrency` (`sim.engine.client`); None: open loop.
+    client: ClientCap | None
+    #: Request id -> its tokens' sample times, when the engine records them; else None.
+    token_times_s: dict[int, list[float]] | None
 
     def _route(self, request: Request) -> Replica:
         if self._cache_index is not None:
@@ -54,15 +59,24 @@ class EngineArrivals:
             delay = spec.arrival_s - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
+            client = self.client
+            while client is not None and client.full and self._stop is None:
+                yield client.wait(self.env)
             if self._stop is not None:
                 break
             self._next_spec = None
-            self._arrive(request_of(spec))
+            if client is None:
+                self._arrive(request_of(spec))
+            else:  # sent when a slot freed: it arrives now, after waiting since it was due
+                client.sent(spec.request_id, spec.arrival_s, self.env.now)
+                self._arrive(request_of(spec, self.env.now))
         self._open_loop_done = True
         self._check_arrivals_done()
 
     def _arrive(self, request: Request) -> None:
         self._rows.arrived(request.request_id)
+        if self.token_times_s is not None:
+            request.token_times_s = []
         replica = self._route(request)
         request.replica = replica.index
         if (
@@ -134,6 +148,10 @@ class EngineArrivals:
         for request in requests:
             self._rows.terminal(request)
             count += 1
+            if self.token_times_s is not None and request.token_times_s is not None:
+                self.token_times_s[request.request_id] = request.token_times_s
+            if self.client is not None:
+                self.client.done(request.request_id)
         self._num_terminal += count
         if self.progress is not None and count:
             self.progress(self._num_terminal, self.num_specs)

@@ -36,6 +36,7 @@ import simpy
 from sim.audit import ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.engine.arrivals import EngineArrivals
+from sim.engine.client import ClientCap
 from sim.engine.replica import (  # re-exported: the engine's parts live in sim.engine.replica
     Clock as Clock,
 )
@@ -87,10 +88,17 @@ class Engine(EngineArrivals):
         chunk_rows: int | None = None,
         *,
         yield_every_step: bool = False,
+        max_concurrency: int | None = None,
+        record_token_times: bool = False,
     ) -> None:
         """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
-        tests compare the clock-advancing loop with; the tables are identical)."""
+        tests compare the clock-advancing loop with; the tables are identical).
+        `max_concurrency`: a benchmark client's cap on requests in flight, and
+        `record_token_times`: keep every output token's time in `token_times_s`
+        (`sim.engine.client`; neither changes a table otherwise)."""
         self.config = config
+        self.client = None if max_concurrency is None else ClientCap(max_concurrency)
+        self.token_times_s = {} if record_token_times else None
         self.yield_every_step = yield_every_step
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
         #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A
@@ -100,6 +108,8 @@ class Engine(EngineArrivals):
             ordered = list(self._specs)
             self._turns = SessionTurns.of(ordered)
             if self._turns is not None:
+                if self.client is not None:
+                    raise ValueError("max_concurrency is for open-loop workloads, not sessions")
                 ordered = self._turns.open_loop
                 # A closed-loop turn arrives when its session says, after requests with
                 # larger ids: its row waits, and the rows are sorted at the end.

@@ -21,6 +21,8 @@ def sample_token(request: Request, now_s: float) -> None:
     if request.first_token_s is None:
         request.first_token_s = now_s
     request.last_token_s = now_s
+    if request.token_times_s is not None:
+        request.token_times_s.append(now_s)
 
 
 def finish(request: Request, reason: str, now_s: float) -> None:

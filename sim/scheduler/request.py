@@ -91,6 +91,8 @@ class Request:
     #: None otherwise. A session-affinity router reads `session_id`.
     session_id: int | None = None
     turn: int | None = None
+    #: Every output token's sample time, when the engine records them (`sim.engine.client`).
+    token_times_s: list[float] | None = None
 
     @classmethod
     def new(

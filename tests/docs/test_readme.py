@@ -11,8 +11,9 @@ the way a reader would run them:
 * the command table: every `--flag` it names exists in that command's `--help`;
 * every docs page is linked from the README, and every relative link resolves.
 
-Commands run in a temporary folder that links the repository's `scenarios/` and `sim/` (the
-scenarios name their traces as ``../sim/data/...``), so outputs land there, not in the checkout.
+Commands run in a temporary folder that links the repository's `scenarios/`, `sim/` and
+`examples/` (the scenarios name their traces as ``../sim/data/...``), so outputs land there, not
+in the checkout. A console block may hold several `$ kvsim` commands: they run in order there.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture()
 def workdir(tmp_path: Path) -> Path:
     """A folder where the README's relative paths resolve, outputs land in tmp_path."""
-    for name in ("scenarios", "sim"):
+    for name in ("scenarios", "sim", "examples"):
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     return tmp_path
 
@@ -128,26 +129,37 @@ def test_readme_bash_kvsim_commands_run(workdir: Path) -> None:
         assert "outputs written to runs/" in done.stdout
 
 
+def _console_steps(block: str) -> list[tuple[list[str], list[str]]]:
+    """A console block's `$ kvsim ...` commands, each with the lines shown under it."""
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            assert line.startswith("$ kvsim "), line
+            steps.append((shlex.split(line.removeprefix("$ kvsim ")), []))
+        else:
+            assert steps, f"a console block starts with its command: {line!r}"
+            steps[-1][1].append(line)
+    return steps
+
+
 @pytest.mark.parametrize("index", range(len(blocks("console"))), ids=_ids("console"))
 def test_readme_console_output_is_what_kvsim_prints(workdir: Path, index: int) -> None:
-    """Each console block (the 4-vs-3 run, `kvsim step`, `kvsim disagg`): its command, and every
-    line it shows, in that order (`kvsim run` without plots)."""
-    block = blocks("console")[index]
-    command, *shown = block.splitlines()
-    assert command.startswith("$ kvsim ")
-    args = shlex.split(command.removeprefix("$ kvsim "))
-    done = kvsim([*args, "--no-plots"] if args[0] == "run" else args, workdir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = [line.rstrip() for line in done.stdout.splitlines()]
-    at = 0
-    for line in (line.rstrip() for line in shown if line.strip() != "..."):
-        assert line in printed[at:], f"README shows {line!r}; kvsim printed:\n{done.stdout}"
-        at = printed.index(line, at) + 1
-    # The "next" commands it prints work as printed: shrink, then check the minimal scenario.
-    for line in shown:
-        if line.strip().startswith(("kvsim shrink", "kvsim check")):
-            step = kvsim(shlex.split(line.strip())[1:], workdir)
-            assert step.returncode == 0, (line, step.stdout, step.stderr)
+    """Each console block (the 4-vs-3 run, `kvsim step`, `kvsim disagg`, import-vllm / bench
+    serve / compare-bench): its commands, run in order in one folder, and every line each shows,
+    in that order (`kvsim run` without plots)."""
+    for args, shown in _console_steps(blocks("console")[index]):
+        done = kvsim([*args, "--no-plots"] if args[0] == "run" else args, workdir)
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed = [line.rstrip() for line in done.stdout.splitlines()]
+        at = 0
+        for line in (line.rstrip() for line in shown if line.strip() != "..."):
+            assert line in printed[at:], f"README shows {line!r}; kvsim printed:\n{done.stdout}"
+            at = printed.index(line, at) + 1
+        # The "next" commands it prints work as printed: shrink, then check the minimal scenario.
+        for line in shown:
+            if line.strip().startswith(("kvsim shrink", "kvsim check")):
+                step = kvsim(shlex.split(line.strip())[1:], workdir)
+                assert step.returncode == 0, (line, step.stdout, step.stderr)
 
 
 @pytest.mark.parametrize("index", range(len(blocks("yaml"))), ids=_ids("yaml"))
@@ -166,7 +178,8 @@ def _table_commands() -> list[tuple[str, list[str]]]:
         if not line.startswith("| `kvsim "):
             continue
         usage = line.split("|")[1]
-        for code in re.findall(r"`kvsim ([\w-]+)([^`]*)`", usage):
+        # A command and, for a group (`kvsim bench serve`), its subcommand.
+        for code in re.findall(r"`kvsim ([\w-]+(?: [a-z][\w-]*)?)([^`]*)`", usage):
             found.append((code[0], re.findall(r"--[a-z][a-z-]*", code[1])))
     return found
 
@@ -180,7 +193,7 @@ def test_readme_command_table_names_real_commands_and_flags() -> None:
     assert {name for name, _ in table} >= {"run", "check", "fuzz", "shrink", "sweep", "capacity"}
     runner = CliRunner()
     for name, flags in table:
-        help_text = runner.invoke(app, [name, "--help"], env={"COLUMNS": "250"})
+        help_text = runner.invoke(app, [*name.split(), "--help"], env={"COLUMNS": "250"})
         assert help_text.exit_code == 0, (name, help_text.output)
         for flag in flags:
             assert flag in help_text.output, f"kvsim {name} has no {flag}"

@@ -1,0 +1,130 @@
+"""`kvsim import-vllm`, `kvsim bench serve`, `kvsim compare-bench` at the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli.main import app
+
+runner = CliRunner()
+LINE = "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 32 --port 8001"
+
+
+def _imported(tmp_path: Path) -> Path:
+    path = tmp_path / "llama.yaml"
+    result = runner.invoke(app, ["import-vllm", LINE, "--gpu", "h100-sxm", "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_import_then_bench_then_compare(tmp_path: Path) -> None:
+    scenario = _imported(tmp_path)
+    args = ["bench", "serve", str(scenario), "--num-prompts", "20", "--request-rate", "10",
+            "--random-input-len", "256", "--random-output-len", "16", "--save-result",
+            "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "p.json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "============ Serving Benchmark Result ============" in result.output
+    assert "Request rate configured (RPS):           10.00" in result.output
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["completed"] == 20 and saved["num_prompts"] == 20
+    assert saved["total_input_tokens"] == 20 * 256 - 20  # the BOS the server adds is not counted
+    assert all(len(itl) == 15 for itl in saved["itls"])
+    block = saved["kvsim"]
+    assert block["design"] == "v1-engine" and block["vllm_version"] == "0.33.0"
+    low, high = block["band"]["mean_tpot_ms"]
+    assert low <= saved["mean_tpot_ms"] <= high and low < high
+    compared = runner.invoke(
+        app, ["compare-bench", str(tmp_path / "p.json"), str(tmp_path / "p.json")]
+    )
+    assert compared.exit_code == 0, compared.output
+    assert "mean_ttft_ms" in compared.output and "+0.0%" in compared.output
+
+
+def test_the_default_result_file_name_is_vllms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = _imported(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "4",
+                                 "--max-concurrency", "2", "--save-result", "--no-band"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (saved,) = tmp_path.glob("openai-infqps-concurrency2-llama-3.1-8b-*.json")
+    assert "itls" not in json.loads(saved.read_text())  # per-request lists need --save-detailed
+
+
+def test_import_prints_the_scenario_without_an_output() -> None:
+    result = runner.invoke(app, ["import-vllm", LINE, "--gpu", "h100-sxm"])
+    assert result.exit_code == 0
+    assert "max_num_seqs: 32" in result.output and "port" not in result.output.split("workload")[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["import-vllm", "vllm serve llama-3.1-8b --enforce-eager", "--gpu", "h100-sxm"],
+            "--enforce-eager",
+        ),
+        (
+            ["import-vllm", "vllm serve llama-3.1-8b --nope", "--gpu", "h100-sxm"],
+            "unrecognized arguments",
+        ),
+        (
+            [
+                "import-vllm",
+                "vllm serve llama-3.1-8b",
+                "--gpu",
+                "h100-sxm",
+                "--vllm-version",
+                "0.9",
+            ],
+            "0.11.0, 0.33.0",
+        ),
+        (["compare-bench", "missing.json", "missing.json"], "missing.json: no such file"),
+    ],  # fmt: skip
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dataset-name", "sonnet"], "no sonnet dataset"),
+        (["--dataset-name", "sharegpt"], "needs --dataset-path"),
+        (["--dataset-name", "hf"], "kvsim takes random"),
+        (["--random-range-ratio", "1.5"], "must be in [0, 1)"),
+        (["--percentile-metrics", "ttft,bogus"], "unknown metric 'bogus'"),
+        (["--goodput", "ttft=5"], "KEY:VALUE"),
+        (["--burstiness", "0"], "must be positive"),
+        (["--max-concurrency", "0"], "greater than 0"),
+    ],  # fmt: skip
+)
+def test_bench_serve_bad_options_exit_2(tmp_path: Path, extra: list[str], message: str) -> None:
+    scenario = _imported(tmp_path)
+    result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "4", *extra])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_sharegpt_from_a_lengths_file_and_json_refused(tmp_path: Path) -> None:
+    scenario = _imported(tmp_path)
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n100,20\n50,5\n")
+    args = ["bench", "serve", str(scenario), "--dataset-name", "sharegpt", "--num-prompts", "5",
+            "--no-band", "--dataset-path"]  # fmt: skip
+    result = runner.invoke(app, [*args, str(lengths)])
+    assert result.exit_code == 0, result.output
+    assert "Successful requests:                     5" in result.output
+    conversations = tmp_path / "ShareGPT.json"
+    conversations.write_text("[]")
+    refused = runner.invoke(app, [*args, str(conversations)])
+    assert refused.exit_code == 2 and "sim.workload.sharegpt_vllm" in refused.output

@@ -1,0 +1,76 @@
+"""Every option `vllm serve` registers at a pinned release is in kvsim's table and classified.
+
+The option strings are read from the release's source by AST (`source_ast`), not imported and
+not typed here; `sim/data/vllm_serve_flags/<v>.json` (written from the real parser by
+scripts/vllm_serve_flags.py) must hold exactly those options, and every `dest` must be in
+exactly one class of `sim.vllm_bench.flags`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.vllm_bench import flags
+from sim.vllm_bench.flags import FlagClass, flag_class, serve_options
+from tests.harness.vllm_install import root_or_skip
+from tests.vllm_bench.source_ast import serve_option_strings
+
+CLASSES = (flags.MODELLED, flags.NO_EFFECT, flags.SPECULATIVE, flags.UNMODELLED)
+
+
+@pytest.mark.parametrize("version", flags.RELEASES)
+def test_the_table_holds_exactly_the_options_the_release_source_registers(version: str) -> None:
+    declared = serve_option_strings(root_or_skip(version), version)
+    rows = serve_options(version)
+    in_table = {s for row in rows for s in (*row.options, *row.negative)}
+    assert declared - in_table == set()  # an option of the source kvsim would not parse
+    # A row none of whose spellings the source declares would be an option vLLM lacks.
+    assert [row.dest for row in rows if not set(row.options) & declared] == []
+
+
+@pytest.mark.parametrize("version", flags.RELEASES)
+def test_every_option_the_release_source_registers_is_classified(version: str) -> None:
+    declared = serve_option_strings(root_or_skip(version), version)
+    by_string = {
+        s: row.dest for row in serve_options(version) for s in (*row.options, *row.negative)
+    }
+    unclassified = sorted(s for s in declared if flag_class(by_string[s]) is None)
+    assert unclassified == []
+
+
+def test_each_dest_is_in_exactly_one_class() -> None:
+    for a in range(len(CLASSES)):
+        for b in range(a + 1, len(CLASSES)):
+            assert CLASSES[a] & CLASSES[b] == frozenset()
+
+
+def test_no_class_names_a_dest_that_no_release_has() -> None:
+    known = {row.dest for v in flags.RELEASES for row in serve_options(v)}
+    assert set().union(*CLASSES) - known == set()
+
+
+def test_every_modelled_option_has_a_field() -> None:
+    from sim.vllm_bench.importer import FIELD_OF
+
+    assert flags.MODELLED - {"model"} == set(FIELD_OF)
+
+
+@pytest.mark.parametrize(
+    ("dest", "kind"),
+    [
+        ("port", FlagClass.NO_EFFECT),
+        ("api_key", FlagClass.NO_EFFECT),
+        ("max_num_seqs", FlagClass.MODELLED),
+        ("enforce_eager", FlagClass.UNMODELLED),
+        ("speculative_config", FlagClass.SPECULATIVE),
+    ],  # fmt: skip
+)
+def test_classes_of_familiar_options(dest: str, kind: FlagClass) -> None:
+    assert flag_class(dest) is kind
+
+
+def test_an_unknown_release_is_bad_input() -> None:
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match="0.11.0, 0.33.0"):
+        serve_options("0.9.9")
