@@ -36,7 +36,7 @@ import yaml
 
 from sim.catalog import get_gpu
 from sim.errors import InputError
-from sim.scenario.schema import SchedulerSection, scenario_from_dict
+from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.flags import FlagClass, flag_class
 from sim.vllm_bench.models import scenario_model
 from sim.vllm_bench.serve_line import ServeArgs, parse_serve_line
@@ -115,13 +115,6 @@ FIELD_OF: dict[str, FieldMap] = {
 }
 
 
-def schema_has(path: str) -> bool:
-    """Whether this branch's scenario schema has the field (scheduler.async_scheduling is being
-    added on another branch; until it lands the option is recorded in the description)."""
-    section, _, name = path.partition(".")
-    return section != "scheduler" or name in SchedulerSection.model_fields
-
-
 #: The workload an imported scenario carries until `kvsim bench serve` replaces it: the shape
 #: of `vllm bench serve`'s default random dataset (1000 prompts, 1024 in, 128 out).
 PLACEHOLDER_WORKLOAD: dict[str, Any] = {
@@ -165,9 +158,8 @@ def _classify(args: ServeArgs, allowed: set[str]) -> list[str]:
     return noted
 
 
-def _modelled_fields(args: ServeArgs) -> tuple[dict[str, Any], list[str]]:
+def _modelled_fields(args: ServeArgs) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    pending: list[str] = []
     order = sorted(args.values, key=lambda d: d == "quantization")  # quantization last: wins
     for dest in order:
         if flag_class(dest) is not FlagClass.MODELLED or dest == "model":
@@ -180,13 +172,8 @@ def _modelled_fields(args: ServeArgs) -> tuple[dict[str, Any], list[str]]:
             raise ImportError_(f"{typed} {args.values[dest]}: {error}") from None
         if value is None:
             continue
-        if not schema_has(fmap.path):
-            # TODO(lead, at merge): scheduler.async_scheduling lands with the async branch;
-            # then this note goes and the field is written.
-            pending.append(f"{typed} ({fmap.path}: not yet a scenario field)")
-            continue
         _set(data, fmap.path, value)
-    return data, pending
+    return data
 
 
 def import_serve_line(
@@ -200,13 +187,11 @@ def import_serve_line(
     args = parse_serve_line(line, version)
     noted = _classify(args, {a.strip() for a in allow_unmodelled if a.strip()})
     model = scenario_model(args.model)
-    fields, pending = _modelled_fields(args)
+    fields = _modelled_fields(args)
     name = model if isinstance(model, str) else model["name"]
     notes = [f"imported by kvsim import-vllm from `{' '.join(line.split())}` (vLLM {version})"]
     if noted:
         notes.append("unmodelled, simulated without: " + ", ".join(noted))
-    if pending:
-        notes.append("recorded, not simulated: " + ", ".join(pending))
     notes.append("workload: a stand-in (vllm bench serve's default random shape); "
                  "kvsim bench serve replaces it")  # fmt: skip
     data: dict[str, Any] = {

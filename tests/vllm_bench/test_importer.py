@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from sim.errors import InputError
-from sim.scenario.schema import SchedulerSection, scenario_from_dict
+from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.importer import human_readable_int, import_serve_line
 from sim.vllm_bench.models import scenario_model
 
@@ -75,11 +75,6 @@ def test_speculative_decoding_is_refused_even_when_allowed() -> None:
 
 def test_async_scheduling_maps_to_the_scheduler_field() -> None:
     data = _imported("vllm serve llama-3.1-8b --no-async-scheduling")
-    if "async_scheduling" not in SchedulerSection.model_fields:
-        # TODO(lead, at merge): the async branch adds scheduler.async_scheduling; then the
-        # importer writes it and this test's skip goes.
-        assert "--no-async-scheduling (scheduler.async_scheduling" in data["description"]
-        pytest.skip("scheduler.async_scheduling is not in this branch's schema yet")
     assert data["scheduler"]["async_scheduling"] is False
 
 
