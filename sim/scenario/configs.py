@@ -43,6 +43,8 @@ def scheduler_config_of(section: SchedulerSection, max_model_len: int) -> Schedu
         long_prefill_token_threshold=section.long_prefill_token_threshold,
         decode_fast_path=section.decode_fast_path,
         decode_cohort=section.decode_cohort,
+        # None is "the release's default"; until release defaults resolve it, it is off.
+        async_scheduling=bool(section.async_scheduling),
     )
 
 

@@ -111,6 +111,18 @@ class SchedulerSection(_Closed):
     #: "0.33.0", unset = the latest (0.33.0). v0 designs: "0.5.4" (the release; the default)
     #: or, for v0-v2 only, "0.5.4+7380".
     vllm_version: str | None = None
+    #: v1-engine: vLLM's async scheduling (`AsyncScheduler`, the engine core's batch queue of
+    #: 2): true, false, or unset = the pinned release's default. The v0 engine has none.
+    async_scheduling: Bool | None = None
+
+    @model_validator(mode="after")
+    def _async_needs_v1(self) -> SchedulerSection:
+        if self.async_scheduling and self.design.api != "v1":
+            raise ValueError(
+                f"async_scheduling: the {self.design.value} design (vLLM's v0 engine) has no "
+                "async scheduler; use design: v1-engine or leave it unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _version_of_design(self) -> SchedulerSection:

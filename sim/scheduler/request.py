@@ -91,6 +91,12 @@ class Request:
     #: None otherwise. A session-affinity router reads `session_id`.
     session_id: int | None = None
     turn: int | None = None
+    #: V1 async scheduling (`sim.scheduler.v1.async_scheduler`): tokens a scheduled step will
+    #: sample that have not come back yet (vLLM's `num_output_placeholders`), and at 0.33.0 the
+    #: in-flight tokens scheduled before a preemption whose output is stale
+    #: (`num_stale_output_tokens`). Both stay 0 in a synchronous engine.
+    num_output_placeholders: int = 0
+    num_stale_output_tokens: int = 0
 
     @classmethod
     def new(
@@ -133,6 +139,9 @@ class ScheduledWork:
     num_tokens: int
     num_context_tokens: int
     is_prefill: bool
+    #: Async scheduling: the step samples a token for it (it got an output placeholder at
+    #: schedule time, so the worker samples); unused by the synchronous scheduler.
+    samples: bool = False
 
 
 @dataclass(slots=True, init=False)

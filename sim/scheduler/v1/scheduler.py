@@ -216,8 +216,14 @@ class V1Scheduler:
         # below max_model_len without chunked prefill is refused at startup, as vLLM's
         # SchedulerConfig refuses it (`sim.scenario.startup.check_token_budget`).
         self.token_budget = config.token_budget("v1")
-        #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`).
-        self.release_policies = policies_for(kv_cache_manager, self.token_budget)
+        #: `VllmConfig.max_concurrent_batches` (0.33.0 `config/vllm.py:L587-598`): 2 under
+        #: async scheduling (one batch runs while the next is scheduled), else 1.
+        self.max_concurrent_batches = 2 if config.async_scheduling else 1
+        #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`); 0.33.0's gate
+        #: caps a sliding window by `max_in_flight_tokens` (`config/vllm.py:L600-609`).
+        self.release_policies = policies_for(
+            kv_cache_manager, self.max_concurrent_batches * self.token_budget
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         #: 4ac7713 / 0.11.0 under PRIORITY with exact arrival times: where the real waiting
@@ -324,7 +330,10 @@ class V1Scheduler:
         new tokens, `allocate_slots` (preempting from the tail until they fit), the work."""
         seq = request.seq
         computed = seq.num_computed_tokens
-        num_new = self._clamp(seq.content.num_tokens - computed, budget)
+        placeholders = request.num_output_placeholders  # 0 unless async (0.11.0 L213-215)
+        if placeholders and self._last_step_in_flight(request):
+            return _NOTHING_DUE
+        num_new = self._clamp(seq.content.num_tokens + placeholders - computed, budget)
         num_new = min(num_new, self.config.max_model_len - 1 - computed)
         if num_new <= 0:
             return _NOTHING_DUE
@@ -339,6 +348,12 @@ class V1Scheduler:
             )
         )
         return RunningTurn(TurnOutcome.SCHEDULED, num_new)
+
+    def _last_step_in_flight(self, request: Request) -> bool:
+        """Async scheduling only (`sim.scheduler.v1.async_scheduler`): the step in flight is
+        already the request's last, so it is not scheduled again. Never in a synchronous
+        engine (no placeholders)."""
+        return False
 
     def _clamp(self, num_new: int, budget: int) -> int:
         """`long_prefill_token_threshold`, then the budget (0.11.0 L216-220, 0.33.0 L844-846).
@@ -385,11 +400,16 @@ class V1Scheduler:
         victim.state = RequestState.WAITING
         victim.seq.status = SequenceStatus.PREEMPTED
         victim.seq.num_computed_tokens = 0
+        self._on_preempted(victim)
         victim.num_preemptions += 1
         plan.num_preempted += 1
         self._enqueue(victim, front=True)
         self._ties.push(victim)
         return victim
+
+    def _on_preempted(self, victim: Request) -> None:
+        """What a preemption does to a request's in-flight output: nothing in a synchronous
+        engine (the async scheduler's release rule, `sim.scheduler.v1.async_scheduler`)."""
 
     def _after_priority_preemption(self, index: int, budget: int) -> tuple[int, int]:
         """The running loop's index and budget after PRIORITY victims left `running`
@@ -587,6 +607,12 @@ class V1Scheduler:
         """`get_num_unfinished_requests` (0.11.0 L1167-1168, 0.33.0 L3147-3155)."""
         return len(self.waiting) + len(self.running)
 
+    def has_requests(self) -> bool:
+        """`has_requests` (`sched/interface.py`, 0.11.0 L126-129): what the engine core asks
+        before it schedules; kvsim's synchronous engine reports finishes at once, so it is
+        `has_unfinished` (`V1AsyncScheduler` counts the unreported ones)."""
+        return self.has_unfinished()
+
     def has_unfinished(self) -> bool:
         """`has_unfinished_requests` (`sched/interface.py`, 0.11.0 L106-109, 0.33.0 L185):
         anything waiting or running."""
@@ -609,8 +635,11 @@ class V1Scheduler:
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
         seq = request.seq
+        num_tokens = seq.num_tokens + request.num_output_placeholders
         return not (
-            num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1
+            num_new == 1
+            and num_tokens > seq.prompt_len
+            and seq.num_computed_tokens == num_tokens - 1
         )
 
 
