@@ -19,9 +19,11 @@ When a call returns early (the `EarlyReturn` rule, the one difference between th
 * 0.33.0 (L764-769): the queue has room and the batch ran tokens *or the scheduler still has
   requests*: an empty batch is queued like any other.
 
-Example (0.33.0, one request of a 4-token prompt and 2 output tokens; "S" schedule, "A" apply):
-call 1 S0; call 2 S1 A0; call 3 S2 A1 (the request finishes; 0.33.0 schedules nothing for it
-in S2, an empty batch); call 4 A2. Left out: PP (a queue of `pp_size`), deferred structured
+Example (one request of a 4-token prompt and 2 output tokens; "S" schedule, "A" apply; tested
+in tests/scheduler/test_async_scheduler.py): 0.33.0: call 1 S0; call 2 S1 A0; call 3 S2 (empty:
+token 2 is in flight and is the last) A1 (the request finishes); call 4 S3 (empty: the finish
+is unreported until a schedule) A2; call 5 A3. 0.11.0: S2 schedules the request once more, and
+call 4's empty S3 is applied at once, after A2. Left out: PP (a queue of `pp_size`), deferred structured
 output sampling (L757-760, L802-820), aborts (L792) and DP prefill throttling (L662-665).
 """
 

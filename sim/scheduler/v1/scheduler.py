@@ -36,7 +36,9 @@ inputs and the encoder cache (`_try_schedule_encoder_inputs`, multimodal inputs,
 connector), pooling models, `finish_requests` / aborts, stop strings and EOS (a request stops
 by length only, `check_stop`), stats and events (`make_stats`, KV events are `sim.kv_events`),
 the KV connector's invalid-block and failed-load recovery, 0.33.0's streaming sessions, pause
-states, async scheduling, DP prefill balancing and the adaptive long-prefill threshold.
+states, DP prefill balancing and the adaptive long-prefill threshold. Async scheduling is the
+subclass `sim.scheduler.v1.async_scheduler.V1AsyncScheduler` (as upstream's `AsyncScheduler`);
+this class reads its placeholders where upstream's `Scheduler` does.
 """
 
 from __future__ import annotations
