@@ -14,7 +14,6 @@ import simpy
 
 from sim.audit import AuditedV0Manager, AuditedV1Manager, AuditLevel, ViolationPolicy
 from sim.audit.violations import Violation
-from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.kv.protocol import PoolStats
 from sim.kv_connector.base import KVConnectorConfig
@@ -119,14 +118,6 @@ class Replica:
         kwargs: dict[str, Any] = dict(
             policy=config.violation_policy, level=config.audit_level, clock=clock
         )
-        if config.scheduler.async_scheduling:
-            # The scheduler model is verified (`kvsim verify --scheduler --async`); the step
-            # loop does not overlap step N+1's scheduling with step N yet.
-            raise InputError(
-                "scheduler.async_scheduling: true is not simulated yet (kvsim's step loop runs "
-                "steps synchronously); set it false, or verify the scheduler model with "
-                "kvsim verify --scheduler --async"
-            )
         if config.design.api == "v1":
             self.manager: AuditedV0Manager | AuditedV1Manager = AuditedV1Manager(manager, **kwargs)
             connector = (

@@ -22,19 +22,32 @@ reported. The loop itself owns the rest, the same for both:
   again at once; `livelock_limit` such steps in a row end the loop (`StepHooks.livelock`);
 * the clock: `advance_clock` moves the clock itself (`Clock.advance_to`) for a step that ends
   before any other event is due, instead of a timeout that would only resume this process.
+
+With V1 async scheduling (`SchedulerConfig.async_scheduling`) the loop is `_run_async`: the
+engine core's batch queue of 2 (`sim.scheduler.v1.engine_core`, `vllm/v1/engine/core.py`
+`step_with_batch_queue`), in time. A call schedules step N+1, whose CPU work
+(`sim.latency.overlap`) ends before the GPU may start it; the GPU runs it once step N is done;
+the call then waits for step N's GPU end and applies its output there. A busy engine steps at
+max(GPU time, CPU time) instead of their sum; a step's row starts where the previous row ended
+(or at its own scheduling, after idling) and lasts to its GPU end, so rows still add up to the
+busy time. Tokens are stamped when their step's GPU work ends.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import simpy
 
 from sim.engine.replica import Clock, Replica, SimProcess, batch_shape
 from sim.latency.batch import BatchShape
+from sim.latency.overlap import overlapped_cpu_s
 from sim.latency.protocol import StepTimeModel
-from sim.scheduler import Request, StepPlan
+from sim.scheduler import Request, StepPlan, V1Scheduler
+from sim.scheduler.v1.engine_core import early_return_for
 
 
 def livelock_limit(num_unfinished: int) -> int:
@@ -112,10 +125,29 @@ class StepHooks(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A batch in the async batch queue: its plan, shape, when `schedule()` made it and when
+    its GPU work ends (its output can be applied)."""
+
+    plan: StepPlan
+    shape: BatchShape
+    scheduled_s: float
+    ready_s: float
+
+
 class ReplicaStepLoop:
     """The step loop of one replica (`run` is its SimPy process)."""
 
-    __slots__ = ("replica", "hooks", "env", "predict_s", "max_sim_time_s", "advance_clock")
+    __slots__ = (
+        "replica",
+        "hooks",
+        "env",
+        "predict_s",
+        "cpu_s",
+        "max_sim_time_s",
+        "advance_clock",
+    )
 
     def __init__(
         self,
@@ -131,12 +163,17 @@ class ReplicaStepLoop:
         self.hooks = hooks
         self.env = env
         self.predict_s = step_time.predict_s
+        #: The engine CPU work of a step's predicted time (overlapped under async scheduling).
+        self.cpu_s = overlapped_cpu_s(step_time)
         self.max_sim_time_s = max_sim_time_s
         self.advance_clock = advance_clock
 
     def run(self) -> SimProcess:
         replica, hooks, env = self.replica, self.hooks, self.env
         scheduler = replica.scheduler
+        if scheduler.config.async_scheduling:
+            yield from self._run_async()
+            return
         empty_streak = 0
         while not hooks.stopped():
             if not scheduler.has_unfinished():
@@ -222,3 +259,107 @@ class ReplicaStepLoop:
         hooks.record_step(replica, plan, shape, start_s, duration_s)
         replica.num_steps += 1
         hooks.stepped(replica, finished)
+
+    # ------------------------------------------------------------------ async scheduling
+    def _run_async(self) -> SimProcess:
+        """The loop under async scheduling (module docstring); idle, stall, livelock and stop
+        rules as in `run`, for a call that finds nothing queued."""
+        replica, hooks, env = self.replica, self.hooks, self.env
+        scheduler = replica.scheduler
+        assert isinstance(scheduler, V1Scheduler), "async scheduling is V1's (schema-checked)"
+        early_return = early_return_for(scheduler.release_policies.release)
+        queue: deque[_InFlight] = deque()
+        gpu_free_s = row_end_s = env.now
+        empty_streak = 0
+        while not hooks.stopped():
+            if not queue and not scheduler.has_requests():
+                if not hooks.may_get_work(replica):
+                    hooks.retire(replica)
+                    return
+                yield hooks.idle(replica)
+                continue
+            if scheduler.has_requests():
+                hooks.begin_step(replica)
+                plan = scheduler.schedule(env.now)
+                if not self._scheduled_async(plan):
+                    return
+                if plan.is_empty and not queue:
+                    if not scheduler.has_unfinished():
+                        continue  # only unreported finishes were left: idle above
+                    if plan.ignored or plan.failed or plan.num_preempted:
+                        empty_streak += 1
+                        if self._empty_step(plan, empty_streak):
+                            continue
+                        return
+                    if hooks.may_get_work(replica):
+                        yield hooks.idle(replica)
+                        continue
+                    hooks.stall(replica)
+                    hooks.retire(replica)
+                    return
+                shape = batch_shape(plan)
+                cpu_s = self.cpu_s(shape)
+                ready_s = env.now
+                if not plan.is_empty:
+                    empty_streak = 0
+                    gpu_start_s = max(env.now + cpu_s, gpu_free_s)
+                    gpu_free_s = ready_s = gpu_start_s + self.predict_s(shape) - cpu_s
+                queue.appendleft(_InFlight(plan, shape, env.now, ready_s))
+                if early_return.returns(
+                    not plan.is_empty, len(queue) < scheduler.max_concurrent_batches,
+                    scheduler.has_requests(),
+                ):  # fmt: skip
+                    yield from self._wait_until(env.now + cpu_s)
+                    continue
+            batch = queue.pop()
+            yield from self._wait_until(batch.ready_s)
+            row_end_s = self._apply_async(batch, row_end_s)
+            if batch.plan.fatal_error is not None:
+                stop = hooks.fatal_stop(replica, batch.plan)
+                if stop is not None:
+                    hooks.stop(stop)
+                    return
+            if self.max_sim_time_s is not None and env.now >= self.max_sim_time_s:
+                hooks.stop(f"reached the simulated-time limit of {self.max_sim_time_s} s")
+
+    def _scheduled_async(self, plan: StepPlan) -> bool:
+        """What `run` does right after `schedule()`: requests it ended, a stop in this call
+        (False: the loop ends)."""
+        replica, hooks = self.replica, self.hooks
+        ended = plan.ignored + plan.failed
+        if ended:
+            replica.outstanding -= len(ended)
+            hooks.ended(replica, ended)
+        stop = hooks.stop_in(replica, plan)
+        if stop is None:
+            return True
+        hooks.record_step(replica, plan, BatchShape((), ()), self.env.now, 0.0)
+        replica.num_steps += 1
+        hooks.stop(stop)
+        return False
+
+    def _apply_async(self, batch: _InFlight, row_end_s: float) -> float:
+        """Apply a queued batch's output now (its GPU end); its row; the new row end."""
+        replica, hooks, env = self.replica, self.hooks, self.env
+        finished = replica.scheduler.update(batch.plan, env.now)
+        if finished:
+            replica.outstanding -= len(finished)
+            hooks.ended(replica, finished)
+        plan = batch.plan
+        if not plan.is_empty or plan.ignored or plan.failed or plan.num_preempted:
+            start_s = max(row_end_s, batch.scheduled_s)
+            hooks.record_step(replica, plan, batch.shape, start_s, env.now - start_s)
+            replica.num_steps += 1
+            row_end_s = env.now
+        hooks.stepped(replica, finished)
+        return row_end_s
+
+    def _wait_until(self, end_s: float) -> SimProcess:
+        """Let the clock reach `end_s` (no yield where nothing else is due first)."""
+        env = self.env
+        if end_s <= env.now:
+            return
+        if self.advance_clock and end_s < env.peek():
+            env.advance_to(end_s)
+        else:
+            yield env.timeout(end_s - env.now)
