@@ -283,7 +283,12 @@ class ReplicaStepLoop:
                 plan = scheduler.schedule(env.now)
                 if not self._scheduled_async(plan):
                     return
-                if plan.is_empty and not queue:
+                if plan.is_empty and all(batch.plan.is_empty for batch in queue):
+                    # Nothing runs on the GPU: apply what is queued (no-ops) and treat the
+                    # call as `run` treats an empty plan, so an engine that cannot admit
+                    # anything idles or stalls instead of spinning at one instant.
+                    while queue:
+                        row_end_s = self._apply_async(queue.pop(), row_end_s)
                     if not scheduler.has_unfinished():
                         continue  # only unreported finishes were left: idle above
                     if plan.ignored or plan.failed or plan.num_preempted:
