@@ -1,6 +1,6 @@
 """The scheduler lockstep under async scheduling: vLLM's real `AsyncScheduler`, driven by the
 real `EngineCore.step_with_batch_queue` (`vllm/v1/engine/core.py`, 0.11.0 L300-352, 0.33.0
-L708-822), against kvsim's `V1AsyncScheduler` driven by `EngineCoreLoop`, call for call.
+L708-822), against kvsim's `V1Scheduler` with `AsyncOutputs`, driven by `EngineCoreLoop`, call for call.
 
 The real engine core's method runs unchanged, bound to a stand-in that has only what it reads:
 the batch queue (size 2, `max_concurrent_batches`), the scheduler (the real one, behind a
@@ -234,7 +234,7 @@ class _RecordingScheduler:
         finished: list[Request] = self.side.scheduler.update(plan, now_s)
         self.record.finished += [r.request_id for r in finished]
         # 0.11.0 PRIORITY: a finish in `waiting` heapifies the real heap, which may die there.
-        self.record.fatal_error = self.record.fatal_error or self.side.scheduler._ties.error
+        self.record.fatal_error = self.record.fatal_error or self.side.scheduler.tie_mirror.error
         return finished
 
 

@@ -14,19 +14,20 @@ from sim.kv.types import Sequence, TokenContent
 from sim.scenario.schema import SchedulerSection
 from sim.scheduler import Request, SchedulerConfig
 from sim.scheduler.fast.v1 import with_decode_shortcuts
-from sim.scheduler.v1.async_scheduler import V1AsyncScheduler, make_v1_scheduler
+from sim.scheduler.v1.async_scheduler import AsyncOutputs, make_v1_scheduler
 from sim.scheduler.v1.engine_core import EngineCoreLoop
 from sim.scheduler.v1.release import FullSequenceGate
+from sim.scheduler.v1.scheduler import V1Scheduler
 
 BS = 16
 
 
-def _scheduler(pin: str, num_blocks: int = 20, **sched) -> V1AsyncScheduler:
+def _scheduler(pin: str, num_blocks: int = 20, **sched) -> V1Scheduler:
     kv = KVCacheConfig(num_gpu_blocks=num_blocks, block_size=BS, vllm_pin=pin)
     manager = audited(make_manager(Design.V1_ENGINE, kv), level=AuditLevel.FULL)
     config = SchedulerConfig(max_model_len=128, async_scheduling=True, **sched)
     scheduler = with_decode_shortcuts(make_v1_scheduler(config, manager))
-    assert isinstance(scheduler, V1AsyncScheduler)
+    assert isinstance(scheduler.outputs, AsyncOutputs)
     return scheduler
 
 

@@ -1,4 +1,4 @@
-"""Async-scheduling lockstep tier: kvsim's `V1AsyncScheduler` behind `EngineCoreLoop` against
+"""Async-scheduling lockstep tier: kvsim's `V1Scheduler` with `AsyncOutputs` behind `EngineCoreLoop` against
 vLLM's real `AsyncScheduler` behind the real `EngineCore.step_with_batch_queue`, call for call
 (`sim.vllm_real.async_lockstep`), for 0.11.0 (in process) and 0.33.0 (the CLI in a subprocess:
 its dependencies live in `.vllm/0.33.0/_deps`, see `test_vllm_v033_lockstep.py`).

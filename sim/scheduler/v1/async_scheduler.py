@@ -2,8 +2,10 @@
 
 With async scheduling the engine core schedules step N+1 while step N runs
 (`sim.scheduler.v1.engine_core`), so `schedule()` sees requests whose last step has not
-returned. Upstream, `AsyncScheduler` subclasses `Scheduler`; so does `V1AsyncScheduler` here,
-and what differs between the two releases is one small class each (`AsyncRelease`):
+returned. Upstream, `AsyncScheduler` subclasses `Scheduler`; here its overrides are
+`AsyncOutputs`, `V1Scheduler`'s output hooks (installed by `make_v1_scheduler`; hooks, not a
+subclass, keep the compiled core's class closed), and what differs between the two releases
+is one small class each (`AsyncRelease`):
 
 * **Output placeholders** (`Request.num_output_placeholders`): a step that will sample adds
   one at schedule time (`_update_after_schedule`: 0.11.0 `async_scheduler.py:L16-27`, 0.33.0
@@ -178,43 +180,30 @@ def async_release_for(pin: VllmPin) -> AsyncRelease:
     return AsyncRelease0330() if pin is VllmPin.V0_33_0 else AsyncRelease0110()
 
 
-class V1AsyncScheduler(V1Scheduler):
-    """`AsyncScheduler` over kvsim's V1 scheduler (module docstring); driven by
-    `sim.scheduler.v1.engine_core.EngineCoreLoop`, which applies a step's output only after
-    the next step was scheduled."""
+class AsyncOutputs:
+    """`AsyncScheduler`'s overrides as `V1Scheduler`'s output hooks (module docstring);
+    driven by `sim.scheduler.v1.engine_core.EngineCoreLoop`, which applies a step's output
+    only after the next step was scheduled."""
 
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        kv_cache_manager: AuditedV1Manager,
-        kv_connector: KVConnector | None = None,
-    ) -> None:
-        if kv_connector is not None:
-            raise InputError(
-                "scheduler.async_scheduling: async scheduling with a KV connector (cluster P/D "
-                "or cache.cpu_offload) is not modelled; set async_scheduling: false"
-            )
-        assert config.async_scheduling, "V1AsyncScheduler needs config.async_scheduling"
-        super().__init__(config, kv_cache_manager)
-        self.async_release = async_release_for(self.release_policies.release)
+    applies_outputs = True
+
+    def __init__(self, scheduler: V1Scheduler) -> None:
+        self.scheduler = scheduler
+        self.async_release = async_release_for(scheduler.release_policies.release)
         #: Requests finished since the last `schedule()` (vLLM's `finished_req_ids`): the
-        #: engine core keeps calling the scheduler while any are unreported.
+        #: engine core keeps calling the scheduler while any are unreported
+        #: (`has_requests`, `sched/interface.py`, 0.11.0 L126-129, 0.33.0 L205-208).
         self.num_finished_unreported = 0
 
-    def has_requests(self) -> bool:
-        """`has_requests` (`sched/interface.py`, 0.11.0 L126-129, 0.33.0 L205-208)."""
-        return self.has_unfinished() or self.num_finished_unreported > 0
-
-    def _last_step_in_flight(self, request: Request) -> bool:
+    def last_step_in_flight(self, request: Request) -> bool:
         return self.async_release.last_step_in_flight(request)
 
-    def _on_preempted(self, victim: Request) -> None:
-        self.async_release.on_preempted(victim)
+    def on_preempted(self, request: Request) -> None:
+        self.async_release.on_preempted(request)
 
-    def _update_after_schedule(self, plan: StepPlan) -> None:  # type: ignore[override]
-        """`_update_after_schedule` (0.11.0 `async_scheduler.py:L16-27`, 0.33.0 L24-56): C
-        advances as in the synchronous scheduler, then the release's placeholder rule."""
-        V1Scheduler._update_after_schedule(plan)
+    def after_schedule(self, plan: StepPlan) -> None:
+        """`_update_after_schedule` (0.11.0 `async_scheduler.py:L16-27`, 0.33.0 L24-56): after
+        C advanced as in the synchronous scheduler, the release's placeholder rule."""
         after_schedule = self.async_release.after_schedule
         for work in plan.scheduled:
             after_schedule(work)
@@ -224,7 +213,7 @@ class V1AsyncScheduler(V1Scheduler):
         """`update_from_output` for a step scheduled one call earlier (0.11.0 L861-1002, 0.33.0
         L2259-2676 with `_update_request_with_output`): each sampled token goes to its request,
         running or preempted since; finished requests leave `running` or `waiting`."""
-        release = self.async_release
+        scheduler, release = self.scheduler, self.async_release
         finished: list[Request] = []
         finished_waiting: list[Request] = []
         for work in plan.scheduled:
@@ -236,22 +225,24 @@ class V1AsyncScheduler(V1Scheduler):
             if was_running:
                 request.is_prefill = False
             sample_token(request, now_s)
-            reason = check_stop(request, self.config.max_model_len)
-            release.after_token(request, stale, was_running, self.kv_cache_manager)
+            reason = check_stop(request, scheduler.config.max_model_len)
+            release.after_token(request, stale, was_running, scheduler.kv_cache_manager)
             if reason is None:
                 continue
-            self.connector_hooks.free_finished(request)
+            scheduler.connector_hooks.free_finished(request)
             finish(request, reason, now_s)
             finished.append(request)
             if not was_running:
                 finished_waiting.append(request)
         if finished:
-            self.running = [r for r in self.running if not r.state.is_terminal]
+            scheduler.running = [r for r in scheduler.running if not r.state.is_terminal]
             self.num_finished_unreported += len(finished)
         if finished_waiting:  # 0.11.0 L996-998, 0.33.0 the same
-            self.waiting = type(self.waiting)(r for r in self.waiting if not r.state.is_terminal)
-            self._ties.remove(finished_waiting)
-        self.speed.step_done(plan, finished, now_s)
+            scheduler.waiting = type(scheduler.waiting)(
+                r for r in scheduler.waiting if not r.state.is_terminal
+            )
+            scheduler.tie_mirror.remove(finished_waiting)
+        scheduler.speed.step_done(plan, finished, now_s)
         return finished
 
 
@@ -263,6 +254,13 @@ def make_v1_scheduler(
     """The scheduler class vLLM's `get_scheduler_cls()` picks: `AsyncScheduler` under async
     scheduling, else `Scheduler` (0.11.0 `config/scheduler.py:L229-231`, 0.33.0
     `config/scheduler.py`)."""
-    if config.async_scheduling:
-        return V1AsyncScheduler(config, kv_cache_manager, kv_connector)
-    return V1Scheduler(config, kv_cache_manager, kv_connector)
+    if not config.async_scheduling:
+        return V1Scheduler(config, kv_cache_manager, kv_connector)
+    if kv_connector is not None:
+        raise InputError(
+            "scheduler.async_scheduling: async scheduling with a KV connector (cluster P/D "
+            "or cache.cpu_offload) is not modelled; set async_scheduling: false"
+        )
+    scheduler = V1Scheduler(config, kv_cache_manager)
+    scheduler.install_output_hooks(AsyncOutputs(scheduler))
+    return scheduler

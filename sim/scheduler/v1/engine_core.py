@@ -39,7 +39,7 @@ from sim.scheduler.request import Request, StepPlan
 
 
 class LoopScheduler(Protocol):
-    """What the loop calls on a scheduler (`V1Scheduler`, `V1AsyncScheduler`)."""
+    """What the loop calls on a scheduler (`V1Scheduler`, synchronous or with `AsyncOutputs`)."""
 
     def schedule(self, now_s: float) -> StepPlan: ...
 
