@@ -118,6 +118,14 @@ class AuditedV1Manager(AuditorBase):
         self._after_call("allocate_slots", rid)
         return blocks
 
+    def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
+        """The async scheduler's caching once a step's output is applied (no block moves)."""
+        try:
+            self.inner.cache_blocks(request, num_computed_tokens)
+        except _MANAGER_ERRORS as exc:
+            raise self._manager_error("cache_blocks", request.seq_id, exc) from None
+        self._after_call("cache_blocks", request.seq_id)
+
     def free(self, request: Sequence) -> None:
         rid = request.seq_id
         self._live_seq_to_request.pop(rid, None)

@@ -10,6 +10,7 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
     v1-engine @4ac7713 scheduler vs vLLM 0.11.0: identical over 60 workloads (...)
     kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
     kvsim verify --scheduler --vllm-version 0.33.0  # kvsim's 0.33.0 pin (setup_vllm.sh 0.33.0)
+    kvsim verify --scheduler --async --vllm-version 0.33.0  # AsyncScheduler + the batch queue
     kvsim verify --defaults --vllm-version 0.33.0   # the release's resolved engine settings
     defaults vs vLLM 0.33.0: 1260 of 1260 configurations identical (112 refused by both)
 """
@@ -56,6 +57,12 @@ def verify_command(
         "--fast-path",
         help="with --scheduler: run kvsim's decode fast path and cohort, as `kvsim run` does",
     ),
+    async_scheduling: bool = typer.Option(
+        False,
+        "--async",
+        help="with --scheduler: both run async scheduling (AsyncScheduler behind the engine "
+        "core's batch queue of 2), compared call for call",
+    ),
     pin: list[str] | None = typer.Option(
         None,
         help="with --scheduler: kvsim's V1 pin(s) to compare (default: the loaded version's, "
@@ -77,7 +84,7 @@ def verify_command(
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
     others = {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid,
               "--num-workloads": num_workloads, "--trace": trace, "--fast-path": fast_path,
-              "--pin": pin, "--scheduler": scheduler}  # fmt: skip
+              "--pin": pin, "--scheduler": scheduler, "--async": async_scheduling}  # fmt: skip
     if defaults or num_configs is not None:
         _verify_defaults(vllm_root, vllm_version, num_configs, defaults, others)
         return
@@ -89,6 +96,7 @@ def verify_command(
             "--trace": trace,
             "--fast-path": fast_path,
             "--pin": pin,
+            "--async": async_scheduling,
         },
     )
     from sim.errors import InputError
@@ -103,7 +111,15 @@ def verify_command(
         _check_pinned(vllm_version)
     if scheduler:
         _verify_scheduler(
-            design, vllm_root, vllm_version, num_workloads or 60, seed, pin, fast_path, trace
+            design,
+            vllm_root,
+            vllm_version,
+            num_workloads or 60,
+            seed,
+            pin,
+            fast_path,
+            trace,
+            async_scheduling,
         )
         return
     from sim.vllm_real.lockstep import verify
@@ -193,6 +209,7 @@ def _verify_scheduler(
     pins: list[str] | None,
     fast_path: bool,
     trace: Path | None,
+    async_scheduling: bool = False,
 ) -> None:
     from sim.errors import InputError
     from sim.kv.config import Design
@@ -225,7 +242,13 @@ def _verify_scheduler(
     loaded_pin = v1_pin_for(install.version_tuple)
     for one in pins or ((loaded_pin,) if loaded_pin else PINS_MATCHING_0_11_0):
         result = verify_scheduler(
-            num_workloads, seed, pin=one, install=install, fast_path=fast_path, workloads=workloads
+            num_workloads,
+            seed,
+            pin=one,
+            install=install,
+            fast_path=fast_path,
+            workloads=workloads,
+            async_scheduling=async_scheduling,
         )
         typer.echo(result.summary())
         diverged = diverged or not result.identical

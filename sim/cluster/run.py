@@ -83,8 +83,19 @@ def pool_scenario(scenario: Scenario, pool: PoolSection) -> Scenario:
         engine = engine.model_copy(
             update={name: fields[name].default for name in PREFIX_ROUTER_KNOBS}
         )
+    scheduler = scenario.scheduler
+    if scheduler.async_scheduling is None:
+        # kvsim models the NIXL connector with synchronous scheduling only: a pool whose
+        # release would schedule asynchronously by default (0.33.0) runs synchronously;
+        # asking for async with P/D is refused (`make_v1_scheduler`).
+        scheduler = scheduler.model_copy(update={"async_scheduling": False})
     return scenario.model_copy(
-        update={"hardware": hardware, "engine": engine, "cluster": ClusterSection()}
+        update={
+            "hardware": hardware,
+            "engine": engine,
+            "cluster": ClusterSection(),
+            "scheduler": scheduler,
+        }
     )
 
 

@@ -30,6 +30,7 @@ from sim.output.stats import RunStats
 from sim.routing import Router
 from sim.scheduler import Request, SchedulerConfig, StepPlan, V0Scheduler, V1Scheduler
 from sim.scheduler.fast.v1 import with_decode_shortcuts
+from sim.scheduler.v1.async_scheduler import make_v1_scheduler
 from sim.workload.request import RequestSpec
 
 #: A SimPy process: a generator of the events it waits for (an event, or a condition of two).
@@ -125,7 +126,7 @@ class Replica:
                 else None
             )
             self.scheduler: V0Scheduler | V1Scheduler = with_decode_shortcuts(
-                V1Scheduler(config.scheduler, self.manager, connector)
+                make_v1_scheduler(config.scheduler, self.manager, connector)
             )
         else:
             self.manager = AuditedV0Manager(manager, **kwargs)

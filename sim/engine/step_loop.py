@@ -22,19 +22,32 @@ reported. The loop itself owns the rest, the same for both:
   again at once; `livelock_limit` such steps in a row end the loop (`StepHooks.livelock`);
 * the clock: `advance_clock` moves the clock itself (`Clock.advance_to`) for a step that ends
   before any other event is due, instead of a timeout that would only resume this process.
+
+With V1 async scheduling (`SchedulerConfig.async_scheduling`) `_step_async` runs a plan: the
+engine core's batch queue of 2 (`sim.scheduler.v1.engine_core`, `vllm/v1/engine/core.py`
+`step_with_batch_queue`), in time. A call schedules step N+1, whose CPU work
+(`sim.latency.overlap`) ends before the GPU may start it; the GPU runs it once step N is done;
+the call then waits for step N's GPU end and applies its output there. A busy engine steps at
+max(GPU time, CPU time) instead of their sum; a step's row starts where the previous row ended
+(or at its own scheduling, after idling) and lasts to its GPU end, so rows still add up to the
+busy time. Tokens are stamped when their step's GPU work ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import simpy
 
 from sim.engine.replica import Clock, Replica, SimProcess, batch_shape
 from sim.latency.batch import BatchShape
+from sim.latency.overlap import overlapped_cpu_s
 from sim.latency.protocol import StepTimeModel
-from sim.scheduler import Request, StepPlan
+from sim.scheduler import Request, StepPlan, V1Scheduler
+from sim.scheduler.v1.engine_core import EarlyReturn, early_return_for
 
 
 def livelock_limit(num_unfinished: int) -> int:
@@ -112,10 +125,36 @@ class StepHooks(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A batch in the async batch queue: its plan, shape, when `schedule()` made it and when
+    its GPU work ends (its output can be applied)."""
+
+    plan: StepPlan
+    shape: BatchShape
+    scheduled_s: float
+    ready_s: float
+
+
+#: A step-loop generator that returns the plan it applied (None: none).
+_Applying = Generator[simpy.Event, Any, StepPlan | None]
+
+
 class ReplicaStepLoop:
     """The step loop of one replica (`run` is its SimPy process)."""
 
-    __slots__ = ("replica", "hooks", "env", "predict_s", "max_sim_time_s", "advance_clock")
+    __slots__ = (
+        "replica",
+        "hooks",
+        "env",
+        "predict_s",
+        "cpu_s",
+        "max_sim_time_s",
+        "advance_clock",
+        "batch_queue",
+        "gpu_free_s",
+        "row_end_s",
+    )
 
     def __init__(
         self,
@@ -131,15 +170,35 @@ class ReplicaStepLoop:
         self.hooks = hooks
         self.env = env
         self.predict_s = step_time.predict_s
+        #: The engine CPU work of a step's predicted time (overlapped under async scheduling).
+        self.cpu_s = overlapped_cpu_s(step_time)
         self.max_sim_time_s = max_sim_time_s
         self.advance_clock = advance_clock
+        #: Async scheduling: the batches scheduled and not applied (newest first), when the GPU
+        #: is done with the last of them, and where the next step's row starts.
+        self.batch_queue: deque[_InFlight] = deque()
+        self.gpu_free_s = self.row_end_s = 0.0
 
     def run(self) -> SimProcess:
         replica, hooks, env = self.replica, self.hooks, self.env
         scheduler = replica.scheduler
+        asynchronous = scheduler.config.async_scheduling  # V1 only (the schema refuses v0)
+        early_return = None
+        if asynchronous:
+            assert isinstance(scheduler, V1Scheduler)
+            early_return = early_return_for(scheduler.release_policies.release)
+            self.gpu_free_s = self.row_end_s = env.now
         empty_streak = 0
         while not hooks.stopped():
-            if not scheduler.has_unfinished():
+            has_requests = scheduler.has_unfinished()
+            if asynchronous:
+                assert isinstance(scheduler, V1Scheduler)
+                has_requests = scheduler.has_requests()
+            if not has_requests:
+                if self.batch_queue:  # async: nothing to schedule, a batch still to apply
+                    if not self._after_step((yield from self._apply_oldest())):
+                        return
+                    continue
                 if not hooks.may_get_work(replica):
                     hooks.retire(replica)
                     return
@@ -161,7 +220,9 @@ class ReplicaStepLoop:
                 replica.num_steps += 1
                 hooks.stop(stop)
                 return
-            if plan.is_empty:
+            if plan.is_empty and not self._gpu_has_work():
+                if not scheduler.has_unfinished():
+                    continue  # async: only unreported finishes were left (idle above)
                 if ended or plan.num_preempted:
                     empty_streak += 1
                     if self._empty_step(plan, empty_streak):
@@ -176,17 +237,28 @@ class ReplicaStepLoop:
                 hooks.retire(replica)
                 return
             empty_streak = 0
-            yield from self._step(plan)
-            if plan.fatal_error is not None:
-                # The step's update failed (e.g. freeing a finished request raised).
-                stop = hooks.fatal_stop(replica, plan)
-                if stop is not None:
-                    hooks.stop(stop)
+            if early_return is None:
+                yield from self._step(plan)
+                if not self._after_step(plan):
                     return
-            if self.max_sim_time_s is not None and env.now >= self.max_sim_time_s:
-                # Also ends a livelock the real engine would share that still runs tokens
-                # (e.g. a prompt of max_model_len tokens that can never take its token).
-                hooks.stop(f"reached the simulated-time limit of {self.max_sim_time_s} s")
+            elif not self._after_step((yield from self._step_async(plan, early_return))):
+                return
+
+    def _after_step(self, plan: StepPlan | None) -> bool:
+        """After a plan was applied (None: none was): a failed update, the time limit. False:
+        the loop ends."""
+        hooks = self.hooks
+        if plan is not None and plan.fatal_error is not None:
+            # The step's update failed (e.g. freeing a finished request raised).
+            stop = hooks.fatal_stop(self.replica, plan)
+            if stop is not None:
+                hooks.stop(stop)
+                return False
+        if self.max_sim_time_s is not None and self.env.now >= self.max_sim_time_s:
+            # Also ends a livelock the real engine would share that still runs tokens
+            # (e.g. a prompt of max_model_len tokens that can never take its token).
+            hooks.stop(f"reached the simulated-time limit of {self.max_sim_time_s} s")
+        return True
 
     def _empty_step(self, plan: StepPlan, empty_streak: int) -> bool:
         """An empty plan that ended or preempted requests: the queues changed, as after an
@@ -222,3 +294,68 @@ class ReplicaStepLoop:
         hooks.record_step(replica, plan, shape, start_s, duration_s)
         replica.num_steps += 1
         hooks.stepped(replica, finished)
+
+    # ------------------------------------------------------------------ async scheduling
+    def _gpu_has_work(self) -> bool:
+        """A queued batch runs tokens (never, synchronously). Queued empty batches are
+        applied now (no-ops but their rows): an engine that cannot admit anything then idles
+        or stalls as `run` says, instead of spinning at one instant."""
+        queue = self.batch_queue
+        if any(not batch.plan.is_empty for batch in queue):
+            return True
+        while queue:
+            self._apply_async(queue.pop())
+        return False
+
+    def _step_async(self, plan: StepPlan, early_return: EarlyReturn) -> _Applying:
+        """`step_with_batch_queue` in time: queue the plan (its GPU start after its CPU work
+        and the previous batch); return after that CPU work if the release's rule says so
+        (None), else wait for the oldest batch and apply it (returned)."""
+        env, queue = self.env, self.batch_queue
+        shape = batch_shape(plan)
+        cpu_s = self.cpu_s(shape)
+        ready_s = env.now
+        if not plan.is_empty:
+            gpu_start_s = max(env.now + cpu_s, self.gpu_free_s)
+            self.gpu_free_s = ready_s = gpu_start_s + self.predict_s(shape) - cpu_s
+        queue.appendleft(_InFlight(plan, shape, env.now, ready_s))
+        scheduler = self.replica.scheduler
+        assert isinstance(scheduler, V1Scheduler)
+        has_room = len(queue) < scheduler.max_concurrent_batches
+        if early_return.returns(not plan.is_empty, has_room, scheduler.has_requests()):
+            yield from self._wait_until(env.now + cpu_s)
+            return None
+        return (yield from self._apply_oldest())
+
+    def _apply_oldest(self) -> _Applying:
+        """Wait for the oldest queued batch's GPU end and apply it; the plan."""
+        batch = self.batch_queue.pop()
+        yield from self._wait_until(batch.ready_s)
+        self._apply_async(batch)
+        return batch.plan
+
+    def _apply_async(self, batch: _InFlight) -> None:
+        """Apply a queued batch's output now; its row runs from the previous row's end (or
+        its own scheduling, after idling) to now."""
+        replica, hooks, env = self.replica, self.hooks, self.env
+        finished = replica.scheduler.update(batch.plan, env.now)
+        if finished:
+            replica.outstanding -= len(finished)
+            hooks.ended(replica, finished)
+        plan = batch.plan
+        if not plan.is_empty or plan.ignored or plan.failed or plan.num_preempted:
+            start_s = max(self.row_end_s, batch.scheduled_s)
+            hooks.record_step(replica, plan, batch.shape, start_s, env.now - start_s)
+            replica.num_steps += 1
+            self.row_end_s = env.now
+        hooks.stepped(replica, finished)
+
+    def _wait_until(self, end_s: float) -> SimProcess:
+        """Let the clock reach `end_s` (no yield where nothing else is due first)."""
+        env = self.env
+        if end_s <= env.now:
+            return
+        if self.advance_clock and end_s < env.peek():
+            env.advance_to(end_s)
+        else:
+            yield env.timeout(end_s - env.now)

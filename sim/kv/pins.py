@@ -104,6 +104,14 @@ class VllmPin(enum.Enum):
         return self is VllmPin.V0_33_0
 
     @property
+    def frees_on_processed_basis(self) -> bool:
+        """`allocate_slots` frees out-of-window blocks below the *processed* tokens, C minus
+        the request's in-flight tokens (0.33.0 `kv_cache_manager.py:L558-568`); 4ac7713 /
+        0.11.0 free below C (0.11.0 `L247-254`). In a synchronous engine nothing is in flight
+        when a step is scheduled, so the two agree; under async scheduling they do not."""
+        return self is VllmPin.V0_33_0
+
+    @property
     def bounds_long_prefill_threshold(self) -> bool:
         """`long_prefill_token_threshold > max_model_len` is refused at start-up (0.33.0)."""
         return self is VllmPin.V0_33_0

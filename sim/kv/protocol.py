@@ -171,6 +171,10 @@ class V1KVCacheManager(PoolIntrospection, Protocol):
         """Newly allocated block ids, or None when the pool cannot hold the step."""
         ...
 
+    def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
+        """Cache the blocks the tokens fill (async scheduling, once a step's output is in)."""
+        ...
+
     def free(self, request: Sequence) -> None: ...
 
     @property

@@ -241,6 +241,9 @@ class Sequence:
     prompt_len: int
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
+    #: V1 async scheduling at 0.33.0: tokens scheduled whose step's output has not been
+    #: applied yet (vLLM's `Request.num_in_flight_tokens`); 0 in a synchronous engine.
+    num_in_flight_tokens: int = 0
 
     @classmethod
     def new(cls, seq_id: int, prompt: TokenContent | int) -> Sequence:

@@ -120,10 +120,6 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         console.print(line, highlight=False, soft_wrap=True)
 
 
-#: Until the async scheduler is modelled (issue #22 part 2), say how the run simulated it.
-_ASYNC_NOT_MODELLED = "; simulated synchronously"
-
-
 def _settings_rows(settings: dict | None) -> list[tuple[str, str]]:
     """The engine settings a run used, each marked as the user's or the release's:
     ('max seqs / tokens', '1024 / 8192 (release default)')."""
@@ -139,7 +135,7 @@ def _settings_rows(settings: dict | None) -> list[tuple[str, str]]:
     return [
         ("max seqs / tokens", show("max_num_seqs", "max_num_batched_tokens")),
         ("prefix cache / chunked", show("enable_prefix_caching", "enable_chunked_prefill")),
-        ("async scheduling", show("async_scheduling") + _ASYNC_NOT_MODELLED),
+        ("async scheduling", show("async_scheduling")),
         ("GPU memory util.", show("gpu_memory_utilization")),
     ]
 
@@ -154,6 +150,8 @@ def settings_notes(inputs: dict) -> list[str]:
             f"note: {field} as given has no effect on vLLM {release}; the run uses the "
             "release's value (summary.json inputs.settings has the rule)"
         )
+    for why in (inputs.get("settings_not_modelled") or {}).values():
+        lines.append(f"note: {why}")
     changed = inputs.get("settings_since_previous") or {}
     if changed.get("changes"):
         lines.append(

@@ -48,6 +48,7 @@ def scheduler_config_of(section: SchedulerSection, max_model_len: int) -> Schedu
         ),
         decode_fast_path=section.decode_fast_path,
         decode_cohort=section.decode_cohort,
+        async_scheduling=applied(section.async_scheduling, "scheduler.async_scheduling"),
     )
 
 

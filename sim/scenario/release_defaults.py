@@ -24,7 +24,7 @@ without a window", not vLLM's `--disable-sliding-window` (which also caps max_mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from sim.catalog import ModelSpec, get_gpu, get_model
@@ -89,6 +89,8 @@ class ReleaseSettings:
     defaults: ResolvedDefaults
     #: Scenario fields the user set that the release replaces (0.11.0's chunked prefill).
     overridden: tuple[str, ...] = ()
+    #: Release defaults kvsim cannot simulate here, replaced by what it can, each said.
+    not_modelled: dict[str, str] = field(default_factory=dict)
 
     def record(self) -> dict[str, dict[str, Any]]:
         """{setting: {value, origin, rule}}, for summary.json (`inputs.settings`)."""
@@ -102,6 +104,10 @@ class ReleaseSettings:
                 "origin": setting.origin.value,
                 "rule": setting.rule,
             }
+        for name, why in self.not_modelled.items():
+            section, scenario_field = SCENARIO_FIELDS[name]
+            ran = getattr(getattr(self.scenario, section), scenario_field)
+            out[name] = {"value": ran, "origin": "kvsim (not modelled)", "rule": why}
         return out
 
 
@@ -170,19 +176,37 @@ def apply_release_defaults(scenario: Scenario) -> ReleaseSettings:
     resolved = resolve_release(scenario)
     updates: dict[str, dict[str, Any]] = {"scheduler": {}, "cache": {}}
     overridden = []
-    for name, (section, field) in SCENARIO_FIELDS.items():
+    for name, (section, key) in SCENARIO_FIELDS.items():
         value = getattr(resolved, name).value
-        given = getattr(getattr(scenario, section), field)
+        given = getattr(getattr(scenario, section), key)
         if given is not None and given != value and name != "long_prefill_token_threshold":
-            overridden.append(f"{section}.{field}")
-        updates[section][field] = value
+            overridden.append(f"{section}.{key}")
+        updates[section][key] = value
+    not_modelled = _not_modelled(scenario, resolved, updates)
     filled = scenario.model_copy(
         update={
             "scheduler": scenario.scheduler.model_copy(update=updates["scheduler"]),
             "cache": scenario.cache.model_copy(update=updates["cache"]),
         }
     )
-    return ReleaseSettings(filled, resolved, tuple(overridden))
+    return ReleaseSettings(filled, resolved, tuple(overridden), not_modelled)
+
+
+def _not_modelled(
+    scenario: Scenario, resolved: ResolvedDefaults, updates: dict[str, dict[str, Any]]
+) -> dict[str, str]:
+    """Release defaults kvsim replaces because it cannot simulate them with this scenario
+    (changing `updates`): async scheduling by default with the CPU offloading connector, which
+    kvsim models only synchronously (a user who asks for both is refused instead)."""
+    wants_async = resolved.async_scheduling.value and scenario.scheduler.async_scheduling is None
+    if wants_async and scenario.cache.cpu_offload_gib > 0:
+        updates["scheduler"]["async_scheduling"] = False
+        return {
+            "async_scheduling": f"vLLM {resolved.release} would schedule asynchronously "
+            "(config/vllm.py L1685-1719); kvsim models the CPU offloading connector only "
+            "with synchronous scheduling, so this run is synchronous"
+        }
+    return {}
 
 
 def previous_table(release: str) -> VllmPin | None:

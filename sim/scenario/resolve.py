@@ -187,6 +187,7 @@ def _startup(
     settings = apply_release_defaults(scenario)
     inputs["settings"] = settings.record()
     inputs["settings_overridden"] = list(settings.overridden)
+    inputs["settings_not_modelled"] = dict(settings.not_modelled)
     inputs["settings_since_previous"] = changes_since_previous(scenario, settings)
     scenario = settings.scenario
     check_no_effect(scenario)

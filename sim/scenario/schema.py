@@ -108,8 +108,6 @@ class SchedulerSection(_Closed):
     max_num_seqs: Int | None = Field(default=None, ge=1)
     max_num_batched_tokens: Int | None = Field(default=None, ge=1)
     enable_chunked_prefill: Bool | None = None
-    #: None: the release's (on by default from 0.14 / in 0.33.0; off in 0.11.0; none in v0).
-    async_scheduling: Bool | None = None
     policy: Policy = Policy.FCFS
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
     long_prefill_token_threshold: Int | None = Field(default=None, ge=0)
@@ -121,6 +119,19 @@ class SchedulerSection(_Closed):
     #: "0.33.0", unset = the latest (0.33.0). v0 designs: "0.5.4" (the release; the default)
     #: or, for v0-v2 only, "0.5.4+7380".
     vllm_version: str | None = None
+    #: v1-engine: vLLM's async scheduling (`AsyncScheduler`, the engine core's batch queue of
+    #: 2): true, false, or unset = the pinned release's default (on in 0.33.0, off in 0.11.0).
+    #: The v0 engine has none.
+    async_scheduling: Bool | None = None
+
+    @model_validator(mode="after")
+    def _async_needs_v1(self) -> SchedulerSection:
+        if self.async_scheduling and self.design.api != "v1":
+            raise ValueError(
+                f"async_scheduling: the {self.design.value} design (vLLM's v0 engine) has no "
+                "async scheduler; use design: v1-engine or leave it unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _version_of_design(self) -> SchedulerSection:

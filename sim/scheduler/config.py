@@ -42,6 +42,9 @@ class SchedulerConfig:
     #: With the fast path, let the engine keep steady decodes in a `DecodeCohort` (the
     #: scheduler then visits only the requests whose step changes something). Same results.
     decode_cohort: bool = True
+    #: V1 only: vLLM's `AsyncScheduler` behind the engine core's batch queue of 2
+    #: (`sim.scheduler.v1.async_scheduler`); step N+1 is scheduled before step N's output.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_model_len <= 0:

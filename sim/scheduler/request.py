@@ -93,6 +93,12 @@ class Request:
     turn: int | None = None
     #: Every output token's sample time, when the engine records them (`sim.engine.client`).
     token_times_s: list[float] | None = None
+    #: V1 async scheduling (`sim.scheduler.v1.async_scheduler`): tokens a scheduled step will
+    #: sample that have not come back yet (vLLM's `num_output_placeholders`), and at 0.33.0 the
+    #: in-flight tokens scheduled before a preemption whose output is stale
+    #: (`num_stale_output_tokens`). Both stay 0 in a synchronous engine.
+    num_output_placeholders: int = 0
+    num_stale_output_tokens: int = 0
 
     @classmethod
     def new(
@@ -135,6 +141,9 @@ class ScheduledWork:
     num_tokens: int
     num_context_tokens: int
     is_prefill: bool
+    #: Async scheduling: the step samples a token for it (it got an output placeholder at
+    #: schedule time, so the worker samples); unused by the synchronous scheduler.
+    samples: bool = False
 
 
 @dataclass(slots=True, init=False)

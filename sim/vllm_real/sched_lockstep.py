@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.audit.base import AuditLevel
@@ -38,7 +38,7 @@ from sim.audit.v1 import AuditedV1Manager
 from sim.kv.config import Design, make_manager
 from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.request import Request
-from sim.scheduler.v1.scheduler import V1Scheduler
+from sim.scheduler.v1.async_scheduler import make_v1_scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
 from sim.vllm_real.v1_sched_adapter import (
     RealV1Scheduler,
@@ -104,6 +104,7 @@ class SchedVerifyResult:
     pin: str
     vllm_version: str
     fast_path: bool = False
+    async_scheduling: bool = False
     num_workloads: int = 0
     num_steps: int = 0
     num_preemptions: int = 0
@@ -120,7 +121,8 @@ class SchedVerifyResult:
     def summary(self) -> str:
         verdict = "identical over" if self.identical else "DIVERGED after"
         head = (
-            f"v1-engine @{self.pin} scheduler{' (fast path)' if self.fast_path else ''} "
+            f"v1-engine @{self.pin} {'async ' if self.async_scheduling else ''}scheduler"
+            f"{' (fast path)' if self.fast_path else ''} "
             f"vs vLLM {self.vllm_version}: {verdict} "
             f"{self.num_workloads} workloads ({self.num_workloads - len(self.real_raised)} to "
             f"the end, {len(self.real_raised)} up to a real-vLLM raise; {self.num_steps} steps "
@@ -219,7 +221,7 @@ class KvsimSide:
         config, kv = case_configs(case, pin, fast_path)
         self._frees = _RecordingFrees(make_manager(Design.V1_ENGINE, kv))
         manager = AuditedV1Manager(self._frees, level=AuditLevel.FULL)
-        self.scheduler = with_decode_shortcuts(V1Scheduler(config, manager))
+        self.scheduler = with_decode_shortcuts(make_v1_scheduler(config, manager))
         self.scheduler.use_exact_arrival_times()  # arrival_s is vLLM's arrival_time here
         if fast_path:
             self.scheduler.use_decode_cohort(None)
@@ -331,16 +333,26 @@ def verify_scheduler(
     install: VllmInstall | None = None,
     fast_path: bool = False,
     workloads: Sequence[Workload] | None = None,
+    async_scheduling: bool = False,
 ) -> SchedVerifyResult:
     """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads
-    (or over `workloads`, e.g. `sched_traces.trace_windows`)."""
+    (or over `workloads`, e.g. `sched_traces.trace_windows`); `async_scheduling`: both run
+    their `AsyncScheduler` through the engine core's batch queue, call for call
+    (`sim.vllm_real.async_lockstep`)."""
+    from sim.vllm_real.async_lockstep import run_async_workload
+
     install = install or load_vllm(vllm_version=vllm_version)
-    result = SchedVerifyResult(pin, install.version, fast_path=fast_path)
+    result = SchedVerifyResult(
+        pin, install.version, fast_path=fast_path, async_scheduling=async_scheduling
+    )
     rng = random.Random(seed)
     if workloads is None:
         workloads = [random_workload(rng) for _ in range(num_workloads)]
+    run = run_async_workload if async_scheduling else run_workload
     for index, workload in enumerate(workloads):
-        outcome = run_workload(index, workload, pin, install, result, fast_path)
+        if async_scheduling:
+            workload = Workload(replace(workload.case, async_scheduling=True), workload.requests)
+        outcome = run(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
         if isinstance(outcome, RealRaised):
             result.real_raised.append(outcome)

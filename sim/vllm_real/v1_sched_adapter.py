@@ -66,6 +66,8 @@ class SchedCase:
     sliding_window: int | None = None
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
+    #: vLLM's `AsyncScheduler` behind the engine core's batch queue (`async_lockstep`).
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,7 @@ def case_configs(
         long_prefill_token_threshold=case.long_prefill_token_threshold,
         decode_fast_path=fast_path,
         decode_cohort=fast_path,
+        async_scheduling=case.async_scheduling,
     )
     cache = CacheSection(
         num_gpu_blocks=case.num_blocks,
@@ -212,8 +215,8 @@ def _real_vllm_config(
             max_model_len=sched.max_model_len,
         )
     # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
-    # Its default async scheduling doubles `max_in_flight_tokens` (the sliding-window
-    # admission cap); the fake runner steps synchronously, as kvsim's engine models it.
+    # Async scheduling is set either way (0.33.0's default would turn it on): on, it doubles
+    # `max_in_flight_tokens` (the sliding-window admission cap) and picks `AsyncScheduler`.
     v033 = install.version_tuple >= (0, 33)
     scheduler_config = cfg.SchedulerConfig(
         max_num_seqs=sched.max_num_seqs,
@@ -222,7 +225,8 @@ def _real_vllm_config(
         enable_chunked_prefill=sched.enable_chunked_prefill,
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         policy=sched.policy.value,
-        **({"is_encoder_decoder": False, "async_scheduling": False} if v033 else {}),
+        async_scheduling=sched.async_scheduling,
+        **({"is_encoder_decoder": False} if v033 else {}),
     )
     cache_config = cfg.CacheConfig(
         block_size=kv.block_size,
@@ -254,11 +258,14 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
     """vLLM's `Scheduler` over a one-group KV cache of kvsim's pool (the null block included)."""
     iface = import_vllm("v1.kv_cache_interface", install)
     sched_mod = import_vllm("v1.core.sched.scheduler", install)
+    scheduler_cls = sched_mod.Scheduler
+    if vllm_config.scheduler_config.async_scheduling:
+        scheduler_cls = import_vllm("v1.core.sched.async_scheduler", install).AsyncScheduler
     structured = import_vllm("v1.structured_output", install)
     kv_cache_config = real_kv_cache_config(
         iface, kv.block_size, kv.num_gpu_blocks, [kv.sliding_window]
     )
-    return sched_mod.Scheduler(
+    return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=structured.StructuredOutputManager(vllm_config),
@@ -286,13 +293,12 @@ class RealV1Scheduler:
         self.case = case
         sched, kv = case_configs(case)
         _register_stub_model(self.install)
+        self.vllm_config = _real_vllm_config(self.install, sched, kv, model_dir)
         self._req_mod = import_vllm("v1.request", self.install)
         self._sp_mod = import_vllm("sampling_params", self.install)
         self._outputs = import_vllm("v1.outputs", self.install)
         self._hasher = _request_block_hasher(self.install, kv.block_size)
-        self.real = _real_scheduler(
-            self.install, _real_vllm_config(self.install, sched, kv, model_dir), kv
-        )
+        self.real = _real_scheduler(self.install, self.vllm_config, kv)
         # Preemptions are the only `free` calls inside `schedule()`: record them in order.
         self._freed_in_schedule: list[str] | None = None
         manager = self.real.kv_cache_manager

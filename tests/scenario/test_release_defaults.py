@@ -188,7 +188,6 @@ def test_a_model_free_scenario_takes_the_gpu_and_entry_point_rules():
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        (_data("v0-v2", async_scheduling=True), "scheduler.async_scheduling"),
         (_data(max_model_len=200000), "scheduler.max_model_len"),
         (
             _data(enable_chunked_prefill=False, max_num_batched_tokens=1000),
@@ -199,6 +198,26 @@ def test_a_model_free_scenario_takes_the_gpu_and_entry_point_rules():
 def test_a_release_refusal_names_the_scenario_field(data, field):
     with pytest.raises(ScenarioError, match=f"^{field}: "):
         apply_release_defaults(scenario_from_dict(data))
+
+
+def test_async_scheduling_on_a_v0_design_is_refused_naming_the_field():
+    with pytest.raises(ScenarioError, match="async_scheduling: the v0-v2 design"):
+        scenario_from_dict(_data("v0-v2", async_scheduling=True))
+    v0 = apply_release_defaults(scenario_from_dict(_data("v0-v2", async_scheduling=False)))
+    assert v0.scenario.scheduler.async_scheduling is False  # what a v0 engine does anyway
+
+
+def test_cpu_offload_runs_synchronously_where_the_release_would_run_async_and_says_so():
+    data = _data(pin="0.33.0")
+    data["cache"]["cpu_offload_gib"] = 4
+    settled = apply_release_defaults(scenario_from_dict(data))
+    assert settled.scenario.scheduler.async_scheduling is False
+    recorded = settled.record()["async_scheduling"]
+    assert recorded["value"] is False and recorded["origin"] == "kvsim (not modelled)"
+    assert "CPU offloading connector" in settled.not_modelled["async_scheduling"]
+    data["scheduler"]["async_scheduling"] = True  # asked for: refused when the engine is built
+    asked = apply_release_defaults(scenario_from_dict(data))
+    assert asked.scenario.scheduler.async_scheduling is True and not asked.not_modelled
 
 
 def test_changes_since_the_previous_release_table():

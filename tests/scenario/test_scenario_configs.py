@@ -37,6 +37,7 @@ def _scenario_of(case: SchedCase, pin: str, fast_path: bool) -> dict:
             "max_num_batched_tokens": case.max_num_batched_tokens,
             "enable_chunked_prefill": case.enable_chunked_prefill,
             "long_prefill_token_threshold": case.long_prefill_token_threshold,
+            "async_scheduling": case.async_scheduling,
             "policy": case.policy,
             "decode_fast_path": fast_path,
             "decode_cohort": fast_path,

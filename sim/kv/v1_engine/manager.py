@@ -84,6 +84,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self.sliding_window = config.sliding_window
         #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
         self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
+        self._frees_on_processed_basis = self.pin.frees_on_processed_basis
         self.block_pool = BlockPool(
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.pin)
         )
@@ -182,6 +183,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             hits = coordinator.no_hits
         request_id = request.seq_id
         num_skip_tokens = request.num_computed_tokens
+        if self._frees_on_processed_basis and request.num_in_flight_tokens:
+            # 0.33.0 L558-568: below the processed tokens only (async scheduling's in-flight
+            # steps still read their window); never in flight in a synchronous engine.
+            num_skip_tokens = max(0, num_skip_tokens - request.num_in_flight_tokens)
 
         # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
         # stands even when the step then fails (`L247-254 @0.11.0`).
@@ -189,7 +194,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self._req_to_skip_tokens[request_id] = num_skip_tokens
 
         # Steps 2-4: count and check with the arithmetic the allocation then uses.
-        num_computed_tokens = num_skip_tokens + num_new_computed_tokens
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
@@ -252,6 +257,16 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 manager, request.seq_id, num_tokens, group_hits, num_computed, window, cap
             )
         return total
+
+    def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
+        """Cache the blocks `num_computed_tokens` tokens fill, with caching on (the async
+        scheduler's call once a step's output is applied). Example (bs=16): 35 tokens cache
+        blocks 0 and 1.
+
+        Upstream: `vllm/v1/core/kv_cache_manager.py:L391-394 (0.11.0)`.
+        """
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
 
     def free(self, request: Sequence) -> None:
         """Free every group's table (group-id order, each in reverse so its tail is evicted

@@ -114,9 +114,13 @@ class DecodeShortcuts(ABC):
 
 
 def fast_path_enabled(config: SchedulerConfig, manager: object) -> bool:
-    """On when asked for, for plain single-token decodes, and when the manager supports it."""
+    """On when asked for, for plain single-token decodes, and when the manager supports it.
+    Off under V1 async scheduling: its decodes are scheduled with their previous token still
+    in flight (placeholders, frees and caching on the settled basis), which the shortcuts'
+    touch lengths do not model; the faithful path runs instead."""
     return (
         config.decode_fast_path
+        and not config.async_scheduling
         and config.num_lookahead_slots == 0
         and callable(getattr(manager, "decode_touch_len", None))
         and callable(getattr(manager, "sync_decode", None))

@@ -82,6 +82,17 @@ class HeapTieMirror:
 
         self._guard(drain)
 
+    def remove(self, requests: list[Request]) -> None:
+        """`remove_requests`: the heap filtered and heapified again (0.11.0
+        `request_queue.py:L190-195`), as when an async step finishes a preempted request."""
+        gone = {id(request) for request in requests}
+
+        def rebuild() -> None:
+            self._heap = [entry for entry in self._heap if id(entry[2].request) not in gone]
+            heapq.heapify(self._heap)
+
+        self._guard(rebuild)
+
     def _guard(self, op: Callable[[], object]) -> None:
         if self.error is not None:
             return  # the real engine is already dead; nothing to mirror
@@ -112,4 +123,7 @@ class NoTieMirror:
         """Nothing to mirror."""
 
     def return_skipped(self) -> None:
+        """Nothing to mirror."""
+
+    def remove(self, requests: list[Request]) -> None:
         """Nothing to mirror."""

@@ -36,7 +36,10 @@ inputs and the encoder cache (`_try_schedule_encoder_inputs`, multimodal inputs,
 connector), pooling models, `finish_requests` / aborts, stop strings and EOS (a request stops
 by length only, `check_stop`), stats and events (`make_stats`, KV events are `sim.kv_events`),
 the KV connector's invalid-block and failed-load recovery, 0.33.0's streaming sessions, pause
-states, async scheduling, DP prefill balancing and the adaptive long-prefill threshold.
+states, DP prefill balancing and the adaptive long-prefill threshold. Async scheduling is the
+`sim.scheduler.v1.async_scheduler.AsyncOutputs`, installed on this class as its `outputs`
+hooks (upstream subclasses `Scheduler`; a hook object keeps the compiled core's class closed);
+this class reads the placeholders where upstream's `Scheduler` does.
 """
 
 from __future__ import annotations
@@ -198,6 +201,51 @@ class NoSpeedLayer:
         return False
 
 
+class OutputHooks(Protocol):
+    """When a step's output reaches the scheduler: at once (`SyncOutputs`), or a call later
+    under async scheduling (`sim.scheduler.v1.async_scheduler.AsyncOutputs`)."""
+
+    #: False: `V1Scheduler.update` applies the outputs itself.
+    applies_outputs: bool
+    #: Requests finished since the last `schedule()` (async: still reported to the loop).
+    num_finished_unreported: int
+
+    def last_step_in_flight(self, request: Request) -> bool:
+        """The request's step in flight is its last: the running loop skips it."""
+        ...
+
+    def on_preempted(self, request: Request) -> None:
+        """`request` was preempted (its C reset)."""
+
+    def after_schedule(self, plan: StepPlan) -> None:
+        """After `_update_after_schedule`: placeholders, in-flight tokens."""
+
+    def update(self, plan: StepPlan, now_s: float) -> list[Request]:
+        """Apply `plan`'s outputs (only when `applies_outputs`)."""
+        ...
+
+
+class SyncOutputs:
+    """The synchronous engine: outputs are applied in the step that scheduled them."""
+
+    applies_outputs = False
+    num_finished_unreported = 0
+
+    def last_step_in_flight(self, request: Request) -> bool:
+        """Nothing is ever in flight."""
+        return False
+
+    def on_preempted(self, request: Request) -> None:
+        """Nothing in flight to mark."""
+
+    def after_schedule(self, plan: StepPlan) -> None:
+        """No placeholders."""
+
+    def update(self, plan: StepPlan, now_s: float) -> list[Request]:
+        """Never called (`applies_outputs` is False)."""
+        raise AssertionError("SyncOutputs.update: V1Scheduler.update applies the outputs")
+
+
 class V1Scheduler:
     """One replica's V1-engine scheduler over an audited `KVCacheManager`."""
 
@@ -216,8 +264,14 @@ class V1Scheduler:
         # below max_model_len without chunked prefill is refused at startup, as vLLM's
         # SchedulerConfig refuses it (`sim.scenario.startup.check_token_budget`).
         self.token_budget = config.token_budget("v1")
-        #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`).
-        self.release_policies = policies_for(kv_cache_manager, self.token_budget)
+        #: `VllmConfig.max_concurrent_batches` (0.33.0 `config/vllm.py:L587-598`): 2 under
+        #: async scheduling (one batch runs while the next is scheduled), else 1.
+        self.max_concurrent_batches = 2 if config.async_scheduling else 1
+        #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`); 0.33.0's gate
+        #: caps a sliding window by `max_in_flight_tokens` (`config/vllm.py:L600-609`).
+        self.release_policies = policies_for(
+            kv_cache_manager, self.max_concurrent_batches * self.token_budget
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         #: 4ac7713 / 0.11.0 under PRIORITY with exact arrival times: where the real waiting
@@ -227,6 +281,8 @@ class V1Scheduler:
         self._victim_key: Callable[[Request], tuple[int, float] | tuple[int, float, int]] = (
             priority_key
         )
+        #: When outputs are applied (`install_output_hooks`): at once, or async's a call later.
+        self.outputs: OutputHooks = SyncOutputs()
         #: The speed layer's hooks (`install_speed_layer`); off: every call is made.
         self.speed: SpeedHooks = NoSpeedLayer()
         #: The running phase (the seam): upstream's loop, or the decode shortcuts' in its place.
@@ -268,6 +324,17 @@ class V1Scheduler:
         self.speed = hooks
         self.running_phase = running_phase
 
+    @property
+    def tie_mirror(self) -> HeapTieMirror | NoTieMirror:
+        """The PRIORITY heap's tie mirror (`use_exact_arrival_times`); its `error` is set where
+        the real heap died."""
+        return self._ties
+
+    def install_output_hooks(self, hooks: OutputHooks) -> None:
+        """Apply outputs as `hooks` say (async scheduling:
+        `sim.scheduler.v1.async_scheduler.make_v1_scheduler`). Call before the first request."""
+        self.outputs = hooks
+
     def use_decode_cohort(self, window: int | None) -> bool:
         """Keep steady decodes in a decode cohort (`sim.scheduler.fast.cohort`) where the speed
         layer can (no upstream counterpart); call before the first step. False: every step
@@ -287,6 +354,7 @@ class V1Scheduler:
         if plan.num_preempted == 0:
             self._schedule_waiting(plan, budget, now_s)
         self._update_after_schedule(plan)
+        self.outputs.after_schedule(plan)  # async: placeholders (`async_scheduler.py`)
         self.connector_hooks.build_connector_meta(plan, now_s)  # (0.11.0 L604-607)
         if self._ties.error is not None:
             plan.fatal_error = self._ties.error  # the real engine died in this call or before
@@ -324,7 +392,10 @@ class V1Scheduler:
         new tokens, `allocate_slots` (preempting from the tail until they fit), the work."""
         seq = request.seq
         computed = seq.num_computed_tokens
-        num_new = self._clamp(seq.content.num_tokens - computed, budget)
+        placeholders = request.num_output_placeholders  # 0 unless async (0.11.0 L213-215)
+        if placeholders and self.outputs.last_step_in_flight(request):
+            return _NOTHING_DUE
+        num_new = self._clamp(seq.content.num_tokens + placeholders - computed, budget)
         num_new = min(num_new, self.config.max_model_len - 1 - computed)
         if num_new <= 0:
             return _NOTHING_DUE
@@ -385,6 +456,7 @@ class V1Scheduler:
         victim.state = RequestState.WAITING
         victim.seq.status = SequenceStatus.PREEMPTED
         victim.seq.num_computed_tokens = 0
+        self.outputs.on_preempted(victim)
         victim.num_preemptions += 1
         plan.num_preempted += 1
         self._enqueue(victim, front=True)
@@ -538,6 +610,8 @@ class V1Scheduler:
         """`update_from_output` (0.11.0 L861-1022, 0.33.0 L2259-2676): sample for requests
         whose tokens are all computed; finish them (`_free_request`, 0.11.0 L1147-1160,
         0.33.0 L3031-3062)."""
+        if self.outputs.applies_outputs:
+            return self.outputs.update(plan, now_s)  # async: a step scheduled a call earlier
         finished: list[Request] = []
         running = RequestState.RUNNING
         max_model_len = self.config.max_model_len
@@ -587,6 +661,12 @@ class V1Scheduler:
         """`get_num_unfinished_requests` (0.11.0 L1167-1168, 0.33.0 L3147-3155)."""
         return len(self.waiting) + len(self.running)
 
+    def has_requests(self) -> bool:
+        """`has_requests` (`sched/interface.py`, 0.11.0 L126-129): what the engine core asks
+        before it schedules; kvsim's synchronous engine reports finishes at once, so it is
+        `has_unfinished`; async, the finishes not yet reported count too."""
+        return self.has_unfinished() or self.outputs.num_finished_unreported > 0
+
     def has_unfinished(self) -> bool:
         """`has_unfinished_requests` (`sched/interface.py`, 0.11.0 L106-109, 0.33.0 L185):
         anything waiting or running."""
@@ -609,8 +689,11 @@ class V1Scheduler:
     @staticmethod
     def _is_prefill(request: Request, num_new: int) -> bool:
         seq = request.seq
+        num_tokens = seq.num_tokens + request.num_output_placeholders
         return not (
-            num_new == 1 and seq.output_len > 0 and seq.num_computed_tokens == seq.num_tokens - 1
+            num_new == 1
+            and num_tokens > seq.prompt_len
+            and seq.num_computed_tokens == num_tokens - 1
         )
 
 
