@@ -260,7 +260,8 @@ def test_measured_coefficients_path_is_relative_to_the_scenario(tmp_path):
     (tmp_path / "s.yaml").write_text(
         "model: llama-3.1-8b\n"
         "cache: {block_size: 16, num_gpu_blocks: 64}\n"
-        "scheduler: {design: v1-engine, max_model_len: 256}\n"
+        # synchronous: the engine term is charged whole (async hides it behind the GPU)
+        "scheduler: {design: v1-engine, max_model_len: 256, async_scheduling: false}\n"
         "workload: {kind: inline, requests: [{arrival_s: 0, prompt_tokens: 10, output_tokens: 2}]}\n"
         "step_time: {measured: {coefficients: refit.json}}\n"
     )
