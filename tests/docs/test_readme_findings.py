@@ -26,6 +26,8 @@ V1_PREEMPTIONS = {
     ("0.33.0", 2048): 3_189,
     ("0.33.0", 4096): 2_020,
 }
+#: The same with prefix caching on (the V1 releases' default), 2,048 blocks.
+V1_PREEMPTIONS_PREFIX_CACHING = {("4ac7713", 2048): 6_548, ("0.33.0", 2048): 3_144}
 #: `compare-versions` preemptions with chunked prefill at 2,048 blocks, by variant.
 COMPARE_PREEMPTIONS = {
     "v0-v2": 772,
@@ -55,7 +57,12 @@ FIGURES = {
 def test_the_findings_page_quotes_every_figure_tested_here() -> None:
     """Fast: each figure appears in docs/findings.md as written there (19,366 with its comma)."""
     text = FINDINGS.read_text(encoding="utf-8")
-    figures = [*FIGURES.values(), *V1_PREEMPTIONS.values(), *COMPARE_PREEMPTIONS.values()]
+    figures = [
+        *FIGURES.values(),
+        *V1_PREEMPTIONS.values(),
+        *V1_PREEMPTIONS_PREFIX_CACHING.values(),
+        *COMPARE_PREEMPTIONS.values(),
+    ]
     for figure in figures:
         assert re.search(rf"(?<![\d,.]){figure:,}(?![\d,])", text), f"{figure:,} not in {FINDINGS}"
 
@@ -79,13 +86,15 @@ def test_readme_7470_figures_on_the_azure_trace() -> None:
     [(version, blocks, n) for (version, blocks), n in V1_PREEMPTIONS.items()],
 )
 def test_readme_v1_engine_preemptions_on_the_azure_trace(
-    vllm_version, num_gpu_blocks, num_preemptions
+    vllm_version, num_gpu_blocks, num_preemptions, prefix_caching=False
 ) -> None:
     overrides = {
         "scheduler.design": "v1-engine",
         "scheduler.enable_chunked_prefill": True,
-        # the figures are synchronous scheduling's (0.33.0 defaults to async: 3,157 at 2,048)
+        # The figures are synchronous scheduling's without prefix caching (kvsim's constants
+        # before release defaults); the V1 releases' default, prefix caching on, is below.
         "scheduler.async_scheduling": False,
+        "cache.enable_prefix_caching": prefix_caching,
         "scheduler.vllm_version": vllm_version,
         "cache.num_gpu_blocks": num_gpu_blocks,
         "expect.violations": "any",
@@ -96,11 +105,28 @@ def test_readme_v1_engine_preemptions_on_the_azure_trace(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("vllm_version", "num_preemptions"),
+    [(version, n) for (version, _), n in V1_PREEMPTIONS_PREFIX_CACHING.items()],
+)
+def test_readme_v1_engine_preemptions_with_prefix_caching(vllm_version, num_preemptions) -> None:
+    """Prefix caching on (the V1 releases' default): a preempted prompt's blocks stay cached,
+    so its recompute hits them and the thrash at 4ac7713 falls by more than half."""
+    test_readme_v1_engine_preemptions_on_the_azure_trace(
+        vllm_version, 2048, num_preemptions, prefix_caching=True
+    )
+
+
+@pytest.mark.slow
 def test_readme_compare_versions_on_the_azure_trace() -> None:
     """The `kvsim compare-versions` table README quotes (chunked prefill, 2,048 blocks)."""
     table = sim.compare_versions(
         SCENARIO,
-        overrides={"scheduler.enable_chunked_prefill": True, "scheduler.async_scheduling": False},
+        overrides={
+            "scheduler.enable_chunked_prefill": True,
+            "scheduler.async_scheduling": False,
+            "cache.enable_prefix_caching": False,
+        },
     ).set_index("variant")
     # vLLM 0.5.4 refuses chunked prefill with a sliding window on BlockSpaceManagerV1
     # (arg_utils.py:L855-860), and so does kvsim: a row that says why, not numbers.
