@@ -128,7 +128,9 @@ def user_flags(scenario: Scenario) -> UserFlags:
     )
 
 
-def _model(scenario: Scenario) -> ModelSpec | None:
+def model_of(scenario: Scenario) -> ModelSpec | None:
+    """The scenario's model from the catalog (or its dict); None for a model-free scenario.
+    A bad name is the scenario's `model` field."""
     if scenario.model is None:
         return None
     try:
@@ -157,7 +159,7 @@ def resolve_release(scenario: Scenario, release: str | None = None) -> ResolvedD
     try:
         return resolve_defaults(
             release,
-            _model(scenario),
+            model_of(scenario),
             get_gpu(scenario.hardware.gpu),
             tp=scenario.hardware.tensor_parallel_size,
             usage=scenario.engine.entry_point,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.audit import AuditLevel
-from sim.catalog import ModelSpec, get_gpu, get_model
+from sim.catalog import ModelSpec, get_gpu
 from sim.cluster.config import ClusterMode
 from sim.engine.engine import EngineConfig
 from sim.errors import InputError
@@ -37,6 +37,7 @@ from sim.scenario.release_defaults import (
     applied,
     apply_release_defaults,
     changes_since_previous,
+    model_of,
 )
 from sim.scenario.schema import Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
@@ -50,15 +51,6 @@ class ResolvedRun:
     workload: Workload
     step_time: StepTimeModel
     inputs: dict
-
-
-def _model(scenario: Scenario) -> ModelSpec | None:
-    if scenario.model is None:
-        return None
-    try:
-        return get_model(scenario.model)
-    except InputError as error:
-        raise ScenarioError(f"model: {error}".splitlines()[0]) from None
 
 
 def _kv_config(
@@ -191,7 +183,7 @@ def _startup(
     inputs["settings_since_previous"] = changes_since_previous(scenario, settings)
     scenario = settings.scenario
     check_no_effect(scenario)
-    model = _model(scenario)
+    model = model_of(scenario)
     sched = scenario.scheduler
     max_model_len = sched.max_model_len
     assert max_model_len is not None  # the release resolved it
@@ -364,4 +356,4 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
 
 def step_time_model(scenario: Scenario, base_dir: str | Path = "."):
     """The scenario's step-time model alone (no workload, no KV pool): e.g. for its band."""
-    return _step_time(scenario, _model(scenario), Path(base_dir), {})
+    return _step_time(scenario, model_of(scenario), Path(base_dir), {})
