@@ -39,6 +39,7 @@ from sim.ci.fuzz_cases import FUZZ_STEP_TIME as FUZZ_STEP_TIME
 from sim.ci.fuzz_cases import case_seed, draw_case
 from sim.ci.fuzz_cases import generate_case as generate_case
 from sim.ci.fuzz_cases import sim_time_limit_s as sim_time_limit_s
+from sim.ci.fuzz_variant import BASE_CASES, CaseVariant
 from sim.ci.selfcheck import (
     Inconsistency,
     InternalError,
@@ -86,14 +87,18 @@ class Finding:
     found_after_s: float = 0.0
 
     def reproduce_command(
-        self, design: str, saved_path: Path | None = None, allow_swap: bool = True
+        self,
+        design: str,
+        saved_path: Path | None = None,
+        allow_swap: bool = True,
+        flags: str = "",
     ) -> str:
         if saved_path is not None:
             if is_disaggregated(self.scenario):
                 return f"kvsim check {saved_path}"  # (`kvsim run` is co-located only)
             return f"kvsim run {saved_path} --no-plots"
         no_swap = "" if allow_swap else " --no-swap"
-        return f"kvsim fuzz --design {design}{no_swap} --case-seed {self.case_seed}"
+        return f"kvsim fuzz --design {design}{no_swap}{flags} --case-seed {self.case_seed}"
 
 
 @dataclass(slots=True)
@@ -101,6 +106,10 @@ class FuzzReport:
     design: str
     master_seed: int
     allow_swap: bool = True
+    #: What the run varies beyond the base cases (`sim.ci.fuzz_variant`).
+    variant: CaseVariant = BASE_CASES
+    #: A real vLLM install whose block manager ran under kvsim's scheduler and auditor.
+    vllm_root: str | None = None
     num_cases: int = 0
     #: Of `num_cases`, the prefill/decode disaggregated ones (V1 engine only).
     num_disagg_cases: int = 0
@@ -128,6 +137,12 @@ class FuzzReport:
         return sorted(self.findings)
 
     @property
+    def replay_flags(self) -> str:
+        """The options beyond --design and --no-swap that replay a case of this run."""
+        root = f" --vllm-root {self.vllm_root}" if self.vllm_root is not None else ""
+        return self.variant.flags() + root
+
+    @property
     def kvsim_is_wrong(self) -> bool:
         """An internal error or inconsistency: a bug in kvsim, not a finding about vLLM."""
         return self.internal_error is not None or self.inconsistency is not None
@@ -137,6 +152,10 @@ class FuzzReport:
             "design": self.design,
             "master_seed": self.master_seed,
             "allow_swap": self.allow_swap,
+            "vllm_version": self.variant.vllm_version,
+            "hybrid": self.variant.hybrid,
+            "async_mix": self.variant.async_mix,
+            "vllm_root": self.vllm_root,
             "num_cases": self.num_cases,
             "num_disagg_cases": self.num_disagg_cases,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -161,7 +180,7 @@ class FuzzReport:
                     "time_s": f.time_s,
                     "observed_kinds": f.observed_kinds,
                     "reproduce": f.reproduce_command(
-                        self.design, self.saved.get(f.kind), self.allow_swap
+                        self.design, self.saved.get(f.kind), self.allow_swap, self.replay_flags
                     ),
                     "saved": str(self.saved[f.kind]) if f.kind in self.saved else None,
                 }
@@ -185,17 +204,19 @@ class CaseResult:
         return [kind for kind, _, _ in self.kinds]
 
 
-def run_case(scenario: Scenario, cross_check: bool = False) -> CaseResult:
+def run_case(
+    scenario: Scenario, cross_check: bool = False, vllm_root: str | None = None
+) -> CaseResult:
     """Run one case (and with `cross_check`, again with the fast path and cohort off).
 
     An exception propagates: a modelled failure of the real code never escapes a run (the
     auditor records it and the engine stops with a `fatal_error`), so one that does is a bug
     in kvsim, which the caller reports as an internal error, not as a finding.
     """
-    result = _run(scenario)
+    result = _run(scenario, vllm_root)
     difference = None
     if cross_check:
-        slow = _run(without_shortcuts(scenario))
+        slow = _run(without_shortcuts(scenario), vllm_root)
         difference = first_difference(tables_of(result), tables_of(slow))
     frame = result.violations
     kinds = []
@@ -208,15 +229,16 @@ def run_case(scenario: Scenario, cross_check: bool = False) -> CaseResult:
     )
 
 
-def _run(scenario: Scenario) -> RunResult:
-    """One run, co-located or disaggregated (both pools' violations in one table)."""
+def _run(scenario: Scenario, vllm_root: str | None = None) -> RunResult:
+    """One run, co-located or disaggregated (both pools' violations in one table); with
+    `vllm_root`, vLLM's real block manager runs under kvsim's scheduler and auditor."""
     if is_disaggregated(scenario):
         from sim.cluster.run import combined_result, run_disaggregated
 
         return combined_result(run_disaggregated(scenario))
     from sim.engine.run import run
 
-    return run(scenario)
+    return run(scenario, vllm_root=vllm_root)
 
 
 def record_case(
@@ -236,7 +258,7 @@ def record_case(
     report.num_cases += 1
     report.num_disagg_cases += is_disaggregated(scenario)
     try:
-        case = run_case(scenario, cross_check)
+        case = run_case(scenario, cross_check, report.vllm_root)
     except (ScenarioError, WorkloadError) as error:
         report.num_invalid_cases += 1
         report.first_invalid = report.first_invalid or f"case seed {seed}: {error}"
@@ -271,6 +293,8 @@ def fuzz(
     max_cases: int | None = None,
     on_case: Callable[[int, FuzzReport], None] | None = None,
     allow_swap: bool = True,
+    variant: CaseVariant = BASE_CASES,
+    vllm_root: str | None = None,
 ) -> FuzzReport:
     """Run cases `case_seed(master_seed, 0), (…, 1), …` until the budget or the case count ends.
 
@@ -284,12 +308,12 @@ def fuzz(
         raise InputError(f"max_cases must be >= 1, got {max_cases}")
     if budget_s is not None and budget_s <= 0:
         raise InputError(f"budget must be positive, got {budget_s} s")
-    report = FuzzReport(design.value, master_seed, allow_swap=allow_swap)
+    report = FuzzReport(design.value, master_seed, allow_swap, variant, vllm_root)
     start = time.perf_counter()
     index = 0
     while True:
         seed = case_seed(master_seed, index)
-        record_case(report, index, seed, draw_case(design, seed, allow_swap), start)
+        record_case(report, index, seed, draw_case(design, seed, allow_swap, variant), start)
         if on_case is not None:
             on_case(index, report)
         index += 1
@@ -306,12 +330,19 @@ def fuzz(
     return report
 
 
-def fuzz_one_case(design: str | Design, seed: int, allow_swap: bool = True) -> FuzzReport:
+def fuzz_one_case(
+    design: str | Design,
+    seed: int,
+    allow_swap: bool = True,
+    variant: CaseVariant = BASE_CASES,
+    vllm_root: str | None = None,
+) -> FuzzReport:
     """Replay one case seed (`kvsim fuzz --case-seed`), always cross-checked."""
     design = Design(design)
-    report = FuzzReport(design.value, master_seed=-1, allow_swap=allow_swap)
+    report = FuzzReport(design.value, -1, allow_swap, variant, vllm_root)
     start = time.perf_counter()
-    record_case(report, 0, seed, draw_case(design, seed, allow_swap), start, cross_check=True)
+    case = draw_case(design, seed, allow_swap, variant)
+    record_case(report, 0, seed, case, start, cross_check=True)
     report.elapsed_s = time.perf_counter() - start
     report.stopped_by = f"case seed {seed}"
     return report

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.ci.fuzz_variant import BASE_CASES, CaseVariant, apply_variant
 from sim.kv.config import Design
 from sim.scenario.schema import Scenario, scenario_from_dict
 from sim.workload.config import SessionsConfig
@@ -279,11 +280,16 @@ def _offload(seed: int, design: Design, cache: dict) -> float:
     return num_cpu_blocks * cache["block_size"] * _OFFLOAD_BYTES_PER_TOKEN / 2**30
 
 
-def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
+def generate_case(
+    design: str | Design,
+    seed: int,
+    allow_swap: bool = True,
+    variant: CaseVariant = BASE_CASES,
+) -> Scenario:
     """The valid scenario that case seed `seed` stands for on `design` (a pure function).
 
     `allow_swap=False` turns swap preemption off (recompute only, no CPU blocks) and changes
-    nothing else of the case.
+    nothing else of the case; `variant` changes what it names (`sim.ci.fuzz_variant`).
     """
     design = Design(design)
     rng = np.random.default_rng(seed)
@@ -318,6 +324,7 @@ def generate_case(design: str | Design, seed: int, allow_swap: bool = True) -> S
         "step_time": FUZZ_STEP_TIME,
         "expect": {"violations": "none"},
     }
+    apply_variant(data, design, seed, variant)
     return scenario_from_dict(data, f"fuzz case {seed}")
 
 
@@ -379,10 +386,13 @@ def is_disagg_case(design: Design, seed: int) -> bool:
     return bool(rng.integers(DISAGG_ONE_IN) == 0)
 
 
-def draw_case(design: str | Design, seed: int, allow_swap: bool = True) -> Scenario:
+def draw_case(
+    design: str | Design, seed: int, allow_swap: bool = True, variant: CaseVariant = BASE_CASES
+) -> Scenario:
     """The case `kvsim fuzz` runs for case seed `seed`: `generate_disagg_case(seed)` when
-    `is_disagg_case`, else `generate_case(design, seed, allow_swap)`."""
+    `is_disagg_case` (never with a variant's `vllm_version`: the P/D flow is 0.11.0's), else
+    `generate_case(design, seed, allow_swap, variant)`."""
     design = Design(design)
-    if is_disagg_case(design, seed):
+    if variant.vllm_version is None and is_disagg_case(design, seed):
         return generate_disagg_case(seed)
-    return generate_case(design, seed, allow_swap)
+    return generate_case(design, seed, allow_swap, variant)

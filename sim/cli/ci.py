@@ -167,6 +167,34 @@ def fuzz(
     no_swap: Annotated[
         bool, typer.Option("--no-swap", help="Recompute preemption only (no CPU swap).")
     ] = False,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-version",
+            help="Run every case on this pin of --design (e.g. 0.33.0); no P/D cases then.",
+        ),
+    ] = None,
+    vllm_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--vllm-root",
+            help="Run vLLM's REAL block manager from this install (scripts/setup_vllm.sh) "
+            "under kvsim's scheduler and auditor; implies its --vllm-version.",
+        ),
+    ] = None,
+    hybrid: Annotated[
+        bool,
+        typer.Option(
+            "--hybrid", help="v1-engine: every 2nd case a hybrid model (sliding + full groups)."
+        ),
+    ] = False,
+    async_mix: Annotated[
+        bool,
+        typer.Option(
+            "--async-mix",
+            help="v1-engine: async scheduling drawn per case (release default, on, off).",
+        ),
+    ] = False,
 ) -> None:
     """Run random valid workloads and cache configurations; report each violation kind found.
 
@@ -190,8 +218,9 @@ def fuzz(
     budget_s = fz.parse_budget(budget) if budget is not None else None
     if budget_s is None and max_cases is None:
         budget_s = fz.DEFAULT_BUDGET_S
+    variant, root = _fuzz_variant(cli, design_value, vllm_version, vllm_root, hybrid, async_mix)
     if case is not None:
-        report = fz.fuzz_one_case(design_value, case, allow_swap=not no_swap)
+        report = fz.fuzz_one_case(design_value, case, not no_swap, variant, root)
     else:
         progress = cli.LazyProgress(f"fuzzing {design_value.value}", delay_s=0.5)
 
@@ -203,7 +232,7 @@ def fuzz(
 
         try:
             report = fz.fuzz(
-                design_value, seed, budget_s, max_cases, on_case=on_case, allow_swap=not no_swap
+                design_value, seed, budget_s, max_cases, on_case, not no_swap, variant, root
             )
         finally:
             progress.close()
@@ -221,10 +250,40 @@ def fuzz(
     raise typer.Exit(1 if report.findings else 0)
 
 
+def _fuzz_variant(cli, design, vllm_version, vllm_root, hybrid, async_mix):
+    """The checked `CaseVariant` and install root of `kvsim fuzz`'s options (bad: exit 2)."""
+    from sim.ci.fuzz_variant import CaseVariant
+    from sim.kv.config import Design
+    from sim.kv.pins import resolve_pin
+
+    if (hybrid or async_mix) and design is not Design.V1_ENGINE:
+        flag = "--hybrid" if hybrid else "--async-mix"
+        raise cli.fail(f"{flag}: only for --design v1-engine, not {design.value}")
+    root = None
+    if vllm_root is not None:
+        from sim.vllm_real.loader import VllmNotAvailableError, load_vllm
+
+        try:
+            install = load_vllm(vllm_root)
+        except VllmNotAvailableError as error:
+            raise cli.fail(f"--vllm-root {vllm_root}: {error}") from None
+        if vllm_version is not None and vllm_version != install.version:
+            raise cli.fail(
+                f"--vllm-version {vllm_version}: --vllm-root {vllm_root} is vLLM {install.version}"
+            )
+        vllm_version, root = install.version, str(vllm_root)
+    if vllm_version is not None:
+        try:
+            resolve_pin(design, vllm_version)
+        except ValueError as error:
+            raise cli.fail(f"--vllm-version: {error}") from None
+    return CaseVariant(vllm_version, hybrid, async_mix), root
+
+
 def _print_kvsim_is_wrong(cli, report) -> None:
     """An internal error or inconsistency: on stderr, never mixed up with the findings."""
     no_swap = "" if report.allow_swap else " --no-swap"
-    replay = f"kvsim fuzz --design {report.design}{no_swap} --case-seed"
+    replay = f"kvsim fuzz --design {report.design}{no_swap}{report.replay_flags} --case-seed"
     error, inconsistency = report.internal_error, report.inconsistency
     if error is not None:
         cli.err_console.print(error.traceback, highlight=False, markup=False, soft_wrap=True)
@@ -274,7 +333,7 @@ def _print_fuzz(cli, report) -> None:
         cli.console.print(
             f"[red]{kind}[/]: first in case {f.case_index} (case seed {f.case_seed}){at}, "
             f"{f.count} case(s)\n  {f.message}\n"
-            f"  reproduce: {f.reproduce_command(report.design, report.saved.get(kind), report.allow_swap)}",
+            f"  reproduce: {f.reproduce_command(report.design, report.saved.get(kind), report.allow_swap, report.replay_flags)}",
             highlight=False,
             soft_wrap=True,
         )

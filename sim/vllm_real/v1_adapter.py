@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.kv.config import KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.pins import PINS_BY_DESIGN, V1_BASELINE, VllmPin
 from sim.kv.protocol import PoolStats
 from sim.kv.types import Sequence, SequenceStatus
 from sim.vllm_real.errors import translate_error
@@ -141,6 +142,10 @@ class RealKVCacheManager:
         if req.num_tokens < seq.num_tokens:
             req.append_output_token_ids(seq.content.token_ids(req.num_tokens, seq.num_tokens))
         req.num_computed_tokens = seq.num_computed_tokens
+        if hasattr(req, "num_in_flight_tokens"):
+            # 0.33.0 frees sliding-window blocks on the processed basis, C minus the tokens
+            # of steps still in flight (async scheduling; 0 in a synchronous engine).
+            req.num_in_flight_tokens = seq.num_in_flight_tokens
         if seq.status is SequenceStatus.RUNNING:
             req.status = self._req_mod.RequestStatus.RUNNING
         return req
@@ -159,16 +164,7 @@ class RealKVCacheManager:
         new_computed_block_ids: list[int] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
-        hits = None
-        if new_computed_block_ids:
-            pool = self.real.block_pool.blocks
-            share = len(new_computed_block_ids) // self.num_groups  # equal per group, in order
-            hits = self._kv_blocks_cls(
-                tuple(
-                    [pool[i] for i in new_computed_block_ids[g * share : (g + 1) * share]]
-                    for g in range(self.num_groups)
-                )
-            )
+        hits = self._hit_blocks(new_computed_block_ids)
         out = self._call(
             self.real.allocate_slots,
             self._request(request),
@@ -179,8 +175,74 @@ class RealKVCacheManager:
         )
         return None if out is None else [b.block_id for group in out.blocks for b in group]
 
+    def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
+        """The async scheduler caches a step's blocks once its output is applied
+        (`kv_cache_manager.py:L391-394 @0.11.0`, `L791-801 @0.33.0`)."""
+        self._call(self.real.cache_blocks, self._request(request), num_computed_tokens)
+
     def free(self, request: Sequence) -> None:
         self._call(self.real.free, self._request(request))
+
+    @property
+    def pin(self) -> VllmPin:
+        """The release whose scheduler rules run around this manager (`sim.kv.pins`): the
+        install's version when kvsim pins it, else 4ac7713's (the rules kvsim's V1 model was
+        written from). Before this property, every install ran 4ac7713's rules, so kvsim's
+        scheduler gave 0.33.0's real manager no full-sequence gate (found by
+        `kvsim fuzz --vllm-root .vllm/0.33.0` against the model's tables)."""
+        for pin in PINS_BY_DESIGN[Design.V1_ENGINE]:
+            if pin.value == self.install.version:
+                return pin
+        return V1_BASELINE
+
+    def _hit_blocks(self, block_ids: list[int] | None):
+        """vLLM's `KVCacheBlocks` for kvsim's flat hit ids (equal shares per group, in order)."""
+        if not block_ids:
+            return None
+        pool = self.real.block_pool.blocks
+        share = len(block_ids) // self.num_groups
+        return self._kv_blocks_cls(
+            tuple(
+                [pool[i] for i in block_ids[g * share : (g + 1) * share]]
+                for g in range(self.num_groups)
+            )
+        )
+
+    def num_blocks_to_admit(
+        self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
+    ) -> int:
+        """The real full-sequence count (`allocate_slots(full_sequence_must_fit=True)`,
+        `kv_cache_manager.py:L531-547 @0.33.0`), without the watermark (kvsim's V1 engine has
+        none) and without allocating. vLLM bakes each manager's admission cap in at
+        construction from `max_in_flight_tokens` (`single_type_kv_cache_manager.py:L2610-2650
+        @0.33.0`); kvsim's scheduler knows that only once it is built, so the caps are set
+        here, from the same spec method, before the count."""
+        real = self.real
+        for manager in real.coordinator.single_type_managers:
+            spec_cap = getattr(manager.kv_cache_spec, "max_admission_blocks_per_request", None)
+            if spec_cap is not None and manager.max_admission_blocks_per_request is not None:
+                manager.max_admission_blocks_per_request = spec_cap(
+                    max_in_flight_tokens=max_in_flight_tokens, max_model_len=real.max_model_len
+                )
+        req = self._request(request)
+        hits = self._hit_blocks(new_computed_block_ids)
+        blocks = real.empty_kv_cache_blocks.blocks if hits is None else hits.blocks
+        num_hit_tokens = len(blocks[0]) * self.block_size if hits is not None else 0
+        num_local = req.num_computed_tokens + num_hit_tokens
+        full = min(req.num_tokens, real.max_model_len)
+        return int(
+            real.coordinator.get_num_blocks_to_allocate(
+                request_id=req.request_id,
+                num_tokens=full,
+                new_computed_blocks=blocks,
+                num_encoder_tokens=0,
+                total_computed_tokens=min(num_local, real.max_model_len),
+                num_local_computed_tokens=num_local,
+                num_tokens_main_model=full,
+                apply_admission_cap=True,
+                prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1),
+            )
+        )
 
     def _call(self, fn, *args, **kwargs):
         """`fn(...)`, with what vLLM's code raised as kvsim's `ManagerError` (`errors`)."""
@@ -205,7 +267,12 @@ class RealKVCacheManager:
 
     # ------------------------------------------------------------------ PoolIntrospection
     def block_refcounts(self) -> dict[int, int]:
-        return {b.block_id: b.ref_cnt for b in self.real.block_pool.blocks if b.ref_cnt > 0}
+        """Held blocks' refcounts; the null block reads 1, as in kvsim's pool (vLLM does not
+        maintain its ref_cnt, `block_pool.py:L189-192 @0.33.0`, but never frees it)."""
+        pool = self.real.block_pool
+        counts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0}
+        counts[pool.null_block.block_id] = 1
+        return counts
 
     def pool_stats(self) -> PoolStats:
         free = self.num_free_blocks
@@ -216,8 +283,8 @@ class RealKVCacheManager:
                 for b in self.real.block_pool.blocks
                 if b.ref_cnt == 0 and b.block_hash is not None
             )
-        # The null block has ref_cnt 0 but is never free: count it as held.
-        held = len(self.block_refcounts()) + 1
+        # The null block (in `block_refcounts` with 1) is never free: it counts as held.
+        held = len(self.block_refcounts())
         return PoolStats(self.config.num_gpu_blocks, free, held, evictable)
 
     def group_block_ids(self, seq_id: int) -> tuple[list[int], ...]:
