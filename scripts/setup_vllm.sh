@@ -4,6 +4,7 @@
 #   bash scripts/setup_vllm.sh                 # 0.5.4 and 0.11.0
 #   bash scripts/setup_vllm.sh 0.5.4           # one version
 #   bash scripts/setup_vllm.sh 0.33.0          # the third pin (not in the default set: ~500 MB)
+#   bash scripts/setup_vllm.sh 0.19.1 0.20.0 0.25.1 0.26.0   # the 2026-bug pins (~250-430 MB each)
 #   VLLM_WHEEL_DIR=/path/to/wheels bash scripts/setup_vllm.sh 0.11.0
 #
 # For each version V this makes .vllm/V/ (git-ignored):
@@ -54,6 +55,10 @@ DEPS_V1_ENGINE_0_33=(
   truststore==0.10.5 urllib3==2.8.0 uvloop==0.23.0 xgrammar==0.2.8 yarl==1.25.1
 )
 
+# 0.19.1 to 0.26.0 (the releases where the 2026 admission bugs live) import on 0.33.0's set plus
+# these, found the same way (0.19.x's vllm.v1.request reaches gguf through transformers_utils).
+DEPS_V1_ENGINE_0_2X=(gguf==0.19.0)
+
 install_one() {
   local version="$1" target="$REPO/.vllm/$1" wheel=""
   if [ -n "$WHEEL_DIR" ]; then
@@ -67,6 +72,7 @@ install_one() {
   find "$target/vllm" -name '*.so' -delete
   case "$version" in
     0.5.*|0.6.*) ;;  # v0 block managers need only numpy, psutil, typing_extensions and torch
+    0.19.*|0.2[0-9].*) "$PY" -m pip install --quiet --no-deps --target "$target/_deps" "${DEPS_V1_ENGINE_0_33[@]}" "${DEPS_V1_ENGINE_0_2X[@]}" ;;
     0.33.*) "$PY" -m pip install --quiet --no-deps --target "$target/_deps" "${DEPS_V1_ENGINE_0_33[@]}" ;;
     *) "$PY" -m pip install --quiet --no-deps --target "$target/_deps" "${DEPS_V1_ENGINE[@]}" ;;
   esac

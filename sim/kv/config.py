@@ -108,6 +108,10 @@ class KVCacheConfig:
     #: sliding-window layers; `sim.kv.v1_engine.hybrid_layout`). Empty: one group, sliding
     #: when `sliding_window` is set. `num_gpu_blocks` is then the shared pool of all groups.
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+    #: The scheduler's token budget, as vLLM 0.20.0's `KVCacheManager(max_num_batched_tokens=)`
+    #: takes it for the sliding-window cap inside every block count (`sim.kv.pins.AdmissionCap`);
+    #: None: max_model_len, as upstream defaults it. No other pin reads it here.
+    max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -120,6 +124,10 @@ class KVCacheConfig:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
+            raise ValueError(
+                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+            )
 
     @property
     def watermark_blocks(self) -> int:

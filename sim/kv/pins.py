@@ -70,6 +70,14 @@ class VllmPin(enum.Enum):
     C4AC7713 = "4ac7713"
     #: vLLM 0.11.0 (2025-10-03).
     V0_11_0 = "0.11.0"
+    #: vLLM 0.19.1: the full-sequence admission gate without the sliding-window cap.
+    V0_19_1 = "0.19.1"
+    #: vLLM 0.20.0: the cap (PR #40946) applied inside every `get_num_blocks_to_allocate`.
+    V0_20_0 = "0.20.0"
+    #: vLLM 0.25.1, the last release before 0.26.0: the cap in the full-sequence check only.
+    V0_25_1 = "0.25.1"
+    #: vLLM 0.26.0: in-flight tokens, processed-basis frees, the cap on `max_in_flight_tokens`.
+    V0_26_0 = "0.26.0"
     #: vLLM 0.33.0, the latest release on the package index when this was written.
     V0_33_0 = "0.33.0"
 
@@ -88,40 +96,143 @@ class VllmPin(enum.Enum):
     # -- V1 behaviours ---------------------------------------------------------------------
     @property
     def has_full_sequence_gate(self) -> bool:
-        """`scheduler_reserve_full_isl` (default True) exists from 0.33.0 on in kvsim's pins."""
-        return self is VllmPin.V0_33_0
+        """`scheduler_reserve_full_isl` (default True): 0.19.1 `config/scheduler.py:L139`,
+        the check `kv_cache_manager.py:L218-255` (`can_fit_full_sequence`); from 0.25.x it is
+        `allocate_slots(full_sequence_must_fit=True)` (0.25.1 `L376-391`, 0.33.0 `L531-547`)."""
+        return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def admission_cap(self) -> AdmissionCap:
+        """Where the sliding-window cap `max_admission_blocks_per_request` applies."""
+        return _ADMISSION_CAP.get(self, AdmissionCap.NONE)
+
+    @property
+    def caps_on_in_flight_tokens(self) -> bool:
+        """The cap counts `max_in_flight_tokens` (max_concurrent_batches x the token budget,
+        0.26.0 `kv_cache_interface.py:L567-588`, `config/vllm.py:L525-533`), not the token
+        budget alone (0.20.0 `L421-441`, 0.25.1 `L546-566`)."""
+        return self in _PROCESSED_BASIS
+
+    @property
+    def drops_out_of_window_hits(self) -> bool:
+        """A new request's prefix hits that fall before its sliding window are neither touched
+        nor counted: its table starts with nulls there (0.19.1
+        `single_type_kv_cache_manager.py:L177-204`, `allocate_new_computed_blocks`); 0.11.0
+        touches every hit and frees the skipped ones after. They differ only where such a hit
+        is a real block (W = 1 before 0.25.1's reachable mask: a hit is the last block alone).
+        Found by the manager lockstep against 0.19.1."""
+        return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def clamps_skipped_to_table(self) -> bool:
+        """`remove_skipped_blocks` caps the skipped blocks at the table's length (0.19.1 on,
+        `single_type_kv_cache_manager.py:L404-410 @0.20.0`); 0.11.0 has no such cap. Found by
+        the manager lockstep against 0.20.0 (a capped count leaves the table short)."""
+        return self in _FULL_SEQUENCE_GATE
 
     @property
     def caches_only_reachable_window_blocks(self) -> bool:
-        """A sliding-window group caches only blocks a later hit can use (0.33.0's
-        `SlidingWindowManager.reachable_block_mask`): with W = 1 a hit needs no earlier block,
-        so none is cached."""
-        return self is VllmPin.V0_33_0
+        """A sliding-window group caches only blocks a later hit can use (0.25.1 / 0.26.0 /
+        0.33.0 `SlidingWindowManager.reachable_block_mask`): with W = 1 a hit needs no earlier
+        block, so none is cached."""
+        return self in _REACHABLE_MASK
 
     @property
     def reuses_uncached_blocks_first(self) -> bool:
-        """Freed blocks without a hash go to the head of the free queue (0.33.0)."""
-        return self is VllmPin.V0_33_0
+        """Freed blocks without a hash go to the head of the free queue (0.25.1
+        `block_pool.py:L614-635`, 0.33.0 `L816-849`; 0.20.0 and earlier append every freed
+        block). Found by the manager lockstep against 0.25.1."""
+        return self in _UNCACHED_FIRST
 
     @property
     def frees_on_processed_basis(self) -> bool:
         """`allocate_slots` frees out-of-window blocks below the *processed* tokens, C minus
-        the request's in-flight tokens (0.33.0 `kv_cache_manager.py:L558-568`); 4ac7713 /
-        0.11.0 free below C (0.11.0 `L247-254`). In a synchronous engine nothing is in flight
-        when a step is scheduled, so the two agree; under async scheduling they do not."""
-        return self is VllmPin.V0_33_0
+        the request's in-flight tokens (0.26.0 `kv_cache_manager.py:L440-447`, 0.33.0
+        `L558-568`); 0.25.1 and earlier free below C (0.11.0 `L247-254`). In a synchronous
+        engine nothing is in flight when a step is scheduled, so the two agree; under async
+        scheduling they do not (vllm PR #47728)."""
+        return self in _PROCESSED_BASIS
 
     @property
     def bounds_long_prefill_threshold(self) -> bool:
-        """`long_prefill_token_threshold > max_model_len` is refused at start-up (0.33.0)."""
+        """`long_prefill_token_threshold > max_model_len` is refused at start-up (0.33.0
+        `config/scheduler.py:L355-360`; 0.26.0 and earlier only with partial prefills > 1)."""
         return self is VllmPin.V0_33_0
 
+    # -- V1 engine core and async scheduling ------------------------------------------------
+    @property
+    def queues_empty_batches(self) -> bool:
+        """`step_with_batch_queue` returns early when the queue has room and the batch ran
+        tokens *or the scheduler still has requests* (0.25.1 `v1/engine/core.py:L576-581`,
+        0.26.0 `L674-679`, 0.33.0 `L764-769`); 0.19.1 / 0.20.0 (`L477-485`, `L499-507`) and
+        0.11.0 need tokens run (`sim.scheduler.v1.engine_core`)."""
+        return self in _QUEUES_EMPTY_BATCHES
+
+    @property
+    def skips_request_with_last_step_in_flight(self) -> bool:
+        """Async scheduling: a running request whose in-flight step already reaches
+        max_tokens is not scheduled again (0.19.1 `sched/scheduler.py:L390-403`, 0.33.0
+        `L798-812`); 0.11.0 schedules it once more."""
+        return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def counts_in_flight_tokens(self) -> bool:
+        """`Request.num_in_flight_tokens` is kept (0.26.0 `sched/scheduler.py:L1250`,
+        `L1656`; 0.33.0)."""
+        return self in _PROCESSED_BASIS
+
+    @property
+    def drops_stale_outputs(self) -> bool:
+        """A preempted request's in-flight output is stale and its placeholders are zeroed
+        (0.33.0 `_preempt_request`, `sched/scheduler.py:L1826-1836`); 0.26.0 and earlier keep
+        the placeholders and apply the output (0.26.0 `L1212-1233`)."""
+        return self is VllmPin.V0_33_0
+
+
+class AdmissionCap(enum.Enum):
+    """Where a release applies the recycling-aware per-request cap of a sliding-window group,
+    ``cdiv(min(W - 1 + T, max_model_len), bs) + 1`` blocks (T: the token budget, or from
+    0.26.0 `max_in_flight_tokens`).
+
+    Example (bs=16, W=32, T=64, a running request whose table has 8 entries asking for
+    129 tokens): the cap is ``cdiv(95, 16) + 1 = 7``; without it the count is
+    ``cdiv(129, 16) - 8 = 1``; with it in every count (0.20.0) it is ``max(7 - 8, 0) = 0``,
+    while the allocation still takes 1 block (vllm #45856).
+    """
+
+    #: No cap: the full-sequence gate counts every block of the prompt (0.19.1, vllm #39734).
+    NONE = "none"
+    #: The cap inside every `get_num_blocks_to_allocate`, `allocate_slots`' own count
+    #: included (0.20.0 `single_type_kv_cache_manager.py:L114-128`).
+    EVERY_COUNT = "every count"
+    #: The cap in the full-sequence check only (`apply_admission_cap=True`, 0.25.1
+    #: `single_type_kv_cache_manager.py:L134-146`; 0.26.0, 0.33.0).
+    GATE_ONLY = "full-sequence check only"
+
+
+_FULL_SEQUENCE_GATE = frozenset(
+    {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
+)
+_ADMISSION_CAP = {
+    VllmPin.V0_20_0: AdmissionCap.EVERY_COUNT,
+    VllmPin.V0_25_1: AdmissionCap.GATE_ONLY,
+    VllmPin.V0_26_0: AdmissionCap.GATE_ONLY,
+    VllmPin.V0_33_0: AdmissionCap.GATE_ONLY,
+}
+_REACHABLE_MASK = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
+_PROCESSED_BASIS = frozenset({VllmPin.V0_26_0, VllmPin.V0_33_0})
+_UNCACHED_FIRST = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
+_QUEUES_EMPTY_BATCHES = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
 
 _WORDS = {
     VllmPin.V0_5_4: "vLLM 0.5.4",
     VllmPin.V0_5_4_PR_7380: "vLLM 0.5.4 + #7380",
     VllmPin.C4AC7713: "vLLM ~0.10 @ 4ac7713",
     VllmPin.V0_11_0: "vLLM 0.11.0",
+    VllmPin.V0_19_1: "vLLM 0.19.1",
+    VllmPin.V0_20_0: "vLLM 0.20.0",
+    VllmPin.V0_25_1: "vLLM 0.25.1",
+    VllmPin.V0_26_0: "vLLM 0.26.0",
     VllmPin.V0_33_0: "vLLM 0.33.0",
 }
 
@@ -130,7 +241,15 @@ PINS_BY_DESIGN: dict[Design, tuple[VllmPin, ...]] = {
     Design.V0_V1: (VllmPin.V0_5_4,),
     Design.V0_V2: (VllmPin.V0_5_4, VllmPin.V0_5_4_PR_7380),
     Design.V0_FIXED: (VllmPin.V0_5_4,),
-    Design.V1_ENGINE: (VllmPin.C4AC7713, VllmPin.V0_11_0, VllmPin.V0_33_0),
+    Design.V1_ENGINE: (
+        VllmPin.C4AC7713,
+        VllmPin.V0_11_0,
+        VllmPin.V0_19_1,
+        VllmPin.V0_20_0,
+        VllmPin.V0_25_1,
+        VllmPin.V0_26_0,
+        VllmPin.V0_33_0,
+    ),
 }
 
 #: What a scenario that names no version gets: for v0 the release the real-code mode runs (so

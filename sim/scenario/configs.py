@@ -120,6 +120,7 @@ def kv_cache_config_of(
     max_model_len: int | None,
     vllm_pin: str | None,
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
+    max_num_batched_tokens: int | None = None,
 ) -> KVCacheConfig:
     """The KV pool a block manager is built from: the section's block size, prefix caching
     and watermark, with the pool sizes and window already resolved."""
@@ -133,4 +134,5 @@ def kv_cache_config_of(
         max_model_len=max_model_len,
         vllm_pin=vllm_pin,
         kv_cache_groups=kv_cache_groups,
+        max_num_batched_tokens=max_num_batched_tokens,
     )

@@ -90,6 +90,7 @@ def _kv_config(
         max_model_len=max_model_len,
         vllm_pin=scenario.scheduler.resolved_vllm_version,
         kv_cache_groups=layout.groups if layout is not None else (),
+        max_num_batched_tokens=token_budget,
     )
     if layout is not None:
         inputs["kv_cache_groups"] = [

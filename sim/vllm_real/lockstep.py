@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
+from sim.kv.pins import AdmissionCap, VllmPin
 from sim.vllm_real.lockstep_pair import Diverged, Divergence, Pair, VerifyResult
 from sim.vllm_real.lockstep_walks import (
     Crash,
@@ -45,7 +46,13 @@ PINNED_RELEASES = {"v0-v1": ("0.5.4",), "v0-v2": ("0.5.4",), "v1-engine": ("0.11
 _MODELLED_VERSION = {"v0-v1": (0, 5), "v0-v2": (0, 5), "v1-engine": (0, 10)}
 #: kvsim's V1 pin for a loaded vLLM (major, minor) whose manager decides differently from
 #: 4ac7713 (the pin a config without `vllm_pin` gets, and what 0.10/0.11 decide).
-_V1_PIN_FOR_VERSION: dict[tuple[int, ...], str] = {(0, 33): "0.33.0"}
+_V1_PIN_FOR_VERSION: dict[tuple[int, ...], str] = {
+    (0, 19): "0.19.1",
+    (0, 20): "0.20.0",
+    (0, 25): "0.25.1",
+    (0, 26): "0.26.0",
+    (0, 33): "0.33.0",
+}
 
 
 def v1_pin_for(version: tuple[int, ...]) -> str | None:
@@ -114,6 +121,10 @@ def verify(
         cfg = config or (random_hybrid_config(rng) if hybrid else random_config(rng, design))
         if pin is not None and cfg.vllm_pin is None:
             cfg = replace(cfg, vllm_pin=pin)
+            if config is None and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
+                # 0.20.0 caps every count on the token budget: draw one small enough to bite
+                # (a budget above max_model_len caps nothing).
+                cfg = replace(cfg, max_num_batched_tokens=rng.randint(1, 8 * cfg.block_size))
         pair = Pair(
             make_manager(design, cfg), make_real(design, cfg, install), cfg, compare_ids, v1
         )

@@ -383,6 +383,10 @@ class V1Walk(Walk):
                 req, n, hit_tokens, list(hit_ids if m is pair.model else real_hit_ids), k
             ),
         )
+        if out[0] == "raise":
+            # Both raised (vllm #45856 at 0.20.0: the count passed, the pool ran dry): the
+            # real engine is dead, so the episode ends as a crash, as in the v0 walks.
+            raise Crash()
         if out[1] is not None:
             self.waiting.pop(0)
             req.status = SequenceStatus.RUNNING
@@ -408,6 +412,8 @@ class V1Walk(Walk):
             req.seq_id,
             lambda m: m.allocate_slots(req, n, 0, None, k),
         )
+        if out[0] == "raise":
+            raise Crash()  # as in `admit`
         if out[1] is not None:
             req.num_computed_tokens += n
             return After.CHECK

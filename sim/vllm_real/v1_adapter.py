@@ -21,6 +21,7 @@ Worked example (spec vector 6, bs=16, 11 blocks, no caching)::
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,30 @@ def real_kv_cache_config(iface: Any, block_size: int, num_blocks: int, windows: 
 
 def sha256_fn(install: VllmInstall) -> Any:
     """vLLM's pickle-then-sha256 block hash: `vllm.utils.sha256` (0.10/0.11), moved to
-    `vllm.utils.hashing` by 0.33.0."""
-    if install.version_tuple >= (0, 33):
+    `vllm.utils.hashing` by 0.19.1."""
+    hashing = install.root / "vllm" / "utils" / "hashing.py"
+    if hashing.is_file():
         return import_vllm("utils.hashing", install).sha256
     return import_vllm("utils", install).sha256
 
 
 def request_extra_kwargs(install: VllmInstall) -> dict[str, Any]:
-    """`Request(...)` arguments that only some versions take: 0.33.0 dropped `eos_token_id`."""
-    return {} if install.version_tuple >= (0, 33) else {"eos_token_id": None}
+    """`Request(...)` arguments that only some versions take (`eos_token_id`, dropped after
+    0.11.0)."""
+    request_cls = import_vllm("v1.request", install).Request
+    return accepted_kwargs(request_cls.__init__, {"eos_token_id": _NO_EOS})
+
+
+#: `eos_token_id=None` for the releases that take it (`accepted_kwargs` drops None values).
+_NO_EOS = object()
+
+
+def accepted_kwargs(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+    """The `candidates` that `fn` takes as keywords: vLLM's signatures grew release by release
+    (0.19.1's `get_num_blocks_to_allocate` has no `apply_admission_cap`). None values are
+    left out, so the release's own default applies."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in candidates.items() if k in params and v is not None}
 
 
 class RealKVCacheManager:
@@ -104,18 +120,20 @@ class RealKVCacheManager:
         windows = [g.sliding_window for g in config.kv_cache_groups] or [config.sliding_window]
         self.num_groups = len(windows)
         kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, windows)
-        # 0.33.0 splits the block size in three (kernel, scheduler, hash); one pool of one
-        # block size uses the same for all, as its unit tests do.
-        sizes = (
-            {"scheduler_block_size": config.block_size, "hash_block_size": config.block_size}
-            if self.install.version_tuple >= (0, 33)
-            else {}
-        )
+        # 0.19.1 on take the hash block size, 0.25.1 on the scheduler's too (0.33.0 splits the
+        # block size in three: kernel, scheduler, hash); one pool of one block size uses the
+        # same for all, as vLLM's unit tests do. 0.20.0 / 0.25.1 build the sliding-window cap
+        # from `max_num_batched_tokens` (0.20.0 applies it in every count, `sim.kv.pins`).
+        optional = {
+            "scheduler_block_size": config.block_size,
+            "hash_block_size": config.block_size,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+        }
         self.real = mgr_mod.KVCacheManager(
             kv_config,
             max_model_len=config.max_model_len or _UNBOUNDED_MODEL_LEN,
             enable_caching=config.enable_prefix_caching,
-            **sizes,
+            **accepted_kwargs(mgr_mod.KVCacheManager, optional),
         )
         self._kv_blocks_cls = mgr_mod.KVCacheBlocks
         hash_fn = sha256_fn(self.install)
@@ -136,7 +154,7 @@ class RealKVCacheManager:
                 pooling_params=None,
                 arrival_time=0.0,
                 block_hasher=self._hasher,
-                **request_extra_kwargs(self.install),
+                **{k: None for k in request_extra_kwargs(self.install)},
             )
             self._requests[seq.seq_id] = req
         if req.num_tokens < seq.num_tokens:
@@ -209,40 +227,60 @@ class RealKVCacheManager:
         )
 
     def num_blocks_to_admit(
-        self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
+        self,
+        request: Sequence,
+        new_computed_block_ids: list[int],
+        max_in_flight_tokens: int | None,
     ) -> int:
-        """The real full-sequence count (`allocate_slots(full_sequence_must_fit=True)`,
-        `kv_cache_manager.py:L531-547 @0.33.0`), without the watermark (kvsim's V1 engine has
-        none) and without allocating. vLLM bakes each manager's admission cap in at
-        construction from `max_in_flight_tokens` (`single_type_kv_cache_manager.py:L2610-2650
-        @0.33.0`); kvsim's scheduler knows that only once it is built, so the caps are set
-        here, from the same spec method, before the count."""
+        """The real full-sequence count (0.19.1 `can_fit_full_sequence`, `kv_cache_manager.py:
+        L218-255`; 0.25.1 on `allocate_slots(full_sequence_must_fit=True)`, 0.33.0
+        `L531-547`), without the watermark (default 0) and without allocating. vLLM bakes each
+        sliding manager's admission cap in at construction (0.20.0 from the token budget,
+        0.26.0 / 0.33.0 from `max_in_flight_tokens`, `single_type_kv_cache_manager.py:
+        L2610-2650 @0.33.0`); kvsim's scheduler knows that only once it is built, so the caps
+        are set here, from the same spec method, before the count (None: 0.19.1, no cap)."""
         real = self.real
-        for manager in real.coordinator.single_type_managers:
-            spec_cap = getattr(manager.kv_cache_spec, "max_admission_blocks_per_request", None)
-            if spec_cap is not None and manager.max_admission_blocks_per_request is not None:
-                manager.max_admission_blocks_per_request = spec_cap(
-                    max_in_flight_tokens=max_in_flight_tokens, max_model_len=real.max_model_len
-                )
+        if max_in_flight_tokens is not None:
+            self._set_admission_caps(max_in_flight_tokens)
         req = self._request(request)
         hits = self._hit_blocks(new_computed_block_ids)
         blocks = real.empty_kv_cache_blocks.blocks if hits is None else hits.blocks
         num_hit_tokens = len(blocks[0]) * self.block_size if hits is not None else 0
         num_local = req.num_computed_tokens + num_hit_tokens
         full = min(req.num_tokens, real.max_model_len)
+        count = real.coordinator.get_num_blocks_to_allocate
+        arguments = {
+            "num_encoder_tokens": 0,
+            "total_computed_tokens": min(num_local, real.max_model_len),
+            "num_local_computed_tokens": num_local,
+            "num_tokens_main_model": full,
+            "apply_admission_cap": True,
+            "prefill_end": max(req.num_prompt_tokens, req.num_tokens - 1),
+        }
         return int(
-            real.coordinator.get_num_blocks_to_allocate(
+            count(
                 request_id=req.request_id,
                 num_tokens=full,
                 new_computed_blocks=blocks,
-                num_encoder_tokens=0,
-                total_computed_tokens=min(num_local, real.max_model_len),
-                num_local_computed_tokens=num_local,
-                num_tokens_main_model=full,
-                apply_admission_cap=True,
-                prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1),
+                **accepted_kwargs(count, arguments),
             )
         )
+
+    def _set_admission_caps(self, cap_tokens: int) -> None:
+        """Each capped manager's `max_admission_blocks_per_request` (0.33.0; private with a
+        leading underscore at 0.20.0-0.26.0) from its spec on `cap_tokens`."""
+        real = self.real
+        for manager in real.coordinator.single_type_managers:
+            spec_cap = getattr(manager.kv_cache_spec, "max_admission_blocks_per_request", None)
+            if spec_cap is None:
+                continue
+            for name in ("max_admission_blocks_per_request", "_max_admission_blocks_per_request"):
+                if getattr(manager, name, None) is not None:
+                    basis = accepted_kwargs(
+                        spec_cap,
+                        {"max_in_flight_tokens": cap_tokens, "max_num_batched_tokens": cap_tokens},
+                    )
+                    setattr(manager, name, spec_cap(max_model_len=real.max_model_len, **basis))
 
     def _call(self, fn, *args, **kwargs):
         """`fn(...)`, with what vLLM's code raised as kvsim's `ManagerError` (`errors`)."""

@@ -42,7 +42,12 @@ from sim.scenario.configs import (
 from sim.scenario.schema import CacheSection, SchedulerSection
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
-from sim.vllm_real.v1_adapter import real_kv_cache_config, request_extra_kwargs, sha256_fn
+from sim.vllm_real.v1_adapter import (
+    accepted_kwargs,
+    real_kv_cache_config,
+    request_extra_kwargs,
+    sha256_fn,
+)
 
 #: The stub architecture named in the local config.json (registered in vLLM's registry).
 STUB_ARCH = "KvsimStubForCausalLM"
@@ -188,6 +193,7 @@ def case_configs(
         sliding_window=sliding_window_of(cache, None),
         max_model_len=case.max_model_len,
         vllm_pin=scheduler.resolved_vllm_version,
+        max_num_batched_tokens=case.max_num_batched_tokens,
     )
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
@@ -214,10 +220,10 @@ def _real_vllm_config(
             seed=0,
             max_model_len=sched.max_model_len,
         )
-    # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`.
+    # 0.33.0: SchedulerConfig needs `is_encoder_decoder`; CacheConfig has no `swap_space`
+    # (each passed where the release's signature has it).
     # Async scheduling is set either way (0.33.0's default would turn it on): on, it doubles
     # `max_in_flight_tokens` (the sliding-window admission cap) and picks `AsyncScheduler`.
-    v033 = install.version_tuple >= (0, 33)
     scheduler_config = cfg.SchedulerConfig(
         max_num_seqs=sched.max_num_seqs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
@@ -226,14 +232,14 @@ def _real_vllm_config(
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         policy=sched.policy.value,
         async_scheduling=sched.async_scheduling,
-        **({"is_encoder_decoder": False} if v033 else {}),
+        **accepted_kwargs(cfg.SchedulerConfig, {"is_encoder_decoder": False}),
     )
     cache_config = cfg.CacheConfig(
         block_size=kv.block_size,
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
         enable_prefix_caching=kv.enable_prefix_caching,
-        **({} if v033 else {"swap_space": 0}),
+        **accepted_kwargs(cfg.CacheConfig, {"swap_space": 0}),
     )
     vllm_config = cfg.VllmConfig(
         device_config=cfg.DeviceConfig(device="cpu"),
@@ -272,7 +278,7 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         log_stats=False,
         # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
         # KV-cache groups' common block size; hashing uses the same by default).
-        **({"block_size": kv.block_size} if install.version_tuple >= (0, 33) else {}),
+        **accepted_kwargs(scheduler_cls, {"block_size": kv.block_size}),
     )
 
 
@@ -328,7 +334,7 @@ class RealV1Scheduler:
             arrival_time=spec.arrival_s,
             priority=spec.priority,
             block_hasher=self._hasher,
-            **request_extra_kwargs(self.install),
+            **{k: None for k in request_extra_kwargs(self.install)},
         )
         self._contents[request.request_id] = content
         self._guard("add_request", self.real.add_request, request)

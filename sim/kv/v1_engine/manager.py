@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.kv.config import Design, KVCacheConfig
-from sim.kv.pins import manager_pin
+from sim.kv.pins import AdmissionCap, manager_pin
 from sim.kv.types import Sequence
 from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
@@ -58,7 +58,7 @@ from sim.kv.v1_engine.decode_shortcuts import DecodeShortcuts
 from sim.kv.v1_engine.free_order import free_order_for
 from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.pool_queries import PoolQueries
-from sim.kv.v1_engine.single_type import SingleTypeManager
+from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
 
 
 class KVCacheManager(DecodeShortcuts, PoolQueries):
@@ -85,6 +85,12 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
         self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
         self._frees_on_processed_basis = self.pin.frees_on_processed_basis
+        self._drops_out_of_window_hits = self.pin.drops_out_of_window_hits
+        #: 0.20.0: each sliding group's cap inside `allocate_slots`' own count, on the token
+        #: budget the manager was built with (None: max_model_len); None: no cap in that count.
+        self._count_cap_tokens: int | None = None
+        if self.pin.admission_cap is AdmissionCap.EVERY_COUNT:
+            self._count_cap_tokens = config.max_num_batched_tokens or config.max_model_len
         self.block_pool = BlockPool(
             config.num_gpu_blocks, self.enable_caching, free_order_for(self.pin)
         )
@@ -104,6 +110,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 config.sliding_window,
                 only_reachable_cached=only_reachable,
             )
+        if self.pin.clamps_skipped_to_table:
+            for manager in self.coordinator.managers:
+                if isinstance(manager, SlidingWindowManager):
+                    manager.clamps_skipped_to_table = True
         #: KV-cache groups (one block table per group per request).
         self.num_kv_cache_groups = len(self.coordinator.managers)
         # For the sliding-window footprint bound and the decode shortcuts: the C of the last
@@ -179,6 +189,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         # Only a new request's first call can bring prefix hits.
         if new_computed_block_ids or num_new_computed_tokens:
             hits = self._resolve_hits(new_computed_block_ids or [], num_new_computed_tokens)
+            if self._drops_out_of_window_hits:
+                hits = self._without_out_of_window_hits(
+                    hits, request.num_computed_tokens + num_new_computed_tokens
+                )
         else:
             hits = coordinator.no_hits
         request_id = request.seq_id
@@ -198,9 +212,14 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
-        num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, hits
-        )
+        if self._count_cap_tokens is None:
+            num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, hits
+            )
+        else:
+            num_blocks_to_allocate = self._capped_count(
+                request, num_tokens_need_slot, hits, num_computed_tokens, self._count_cap_tokens
+            )
         if num_blocks_to_allocate > len(self.block_pool.free_block_queue):
             return None
         if hits[0]:
@@ -218,6 +237,27 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             )
         return new_block_ids
 
+    def _without_out_of_window_hits(
+        self, hits: GroupBlocks, num_computed_tokens: int
+    ) -> GroupBlocks:
+        """Hits before each sliding group's window as nulls (0.19.1 on,
+        `VllmPin.drops_out_of_window_hits`): neither touched nor counted nor held. Example
+        (bs=16, W=1, a 32-token hit [null, b]): both blocks fall before the window, so the
+        table starts [null, null] and b stays free.
+
+        kvsim's own (no upstream counterpart).
+        """
+        null = self.block_pool.null_block
+        out = []
+        for window, group_hits in zip(self.coordinator.windows, hits, strict=True):
+            if window is not None:
+                num_skipped = max(0, num_computed_tokens - window + 1) // self.block_size
+                if any(not block.is_null for block in group_hits[:num_skipped]):
+                    kept = group_hits[num_skipped:]
+                    group_hits = [null] * (len(group_hits) - len(kept)) + kept
+            out.append(group_hits)
+        return tuple(out)
+
     def _resolve_hits(self, block_ids: list[int], num_new_computed_tokens: int) -> GroupBlocks:
         """The hit blocks of a flat id list, per group; checked against the token count."""
         if block_ids and not self.enable_caching:
@@ -230,11 +270,16 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         return self.coordinator.split_hits(blocks, num_new_computed_tokens)
 
     def num_blocks_to_admit(
-        self, request: Sequence, new_computed_block_ids: list[int], max_in_flight_tokens: int
+        self,
+        request: Sequence,
+        new_computed_block_ids: list[int],
+        max_in_flight_tokens: int | None,
     ) -> int:
-        """0.33.0's full-sequence count for a waiting request (`sim.kv.v1_engine.admission`),
-        summed over groups as `get_num_blocks_to_allocate` sums them; a pure query.
-        Example (bs=16, one group, no hits): a 200-token prompt needs 13.
+        """The full-sequence count for a waiting request (0.19.1 on,
+        `sim.kv.v1_engine.admission`), summed over groups as `get_num_blocks_to_allocate`
+        sums them; `max_in_flight_tokens` is what the sliding-window cap counts (None: no
+        cap, 0.19.1). A pure query. Example (bs=16, one group, no hits): a 200-token prompt
+        needs 13.
 
         kvsim's own (no upstream counterpart).
         """
@@ -246,15 +291,32 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             new_computed_block_ids, len(new_computed_block_ids) // num_groups * self.block_size
         )
         num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        return self._capped_count(request, num_tokens, hits, num_computed, max_in_flight_tokens)
+
+    def _capped_count(
+        self,
+        request: Sequence,
+        num_tokens: int,
+        hits: GroupBlocks,
+        num_computed_tokens: int,
+        cap_tokens: int | None,
+    ) -> int:
+        """`get_num_blocks_to_allocate` with each sliding group capped on `cap_tokens`
+        (0.20.0 `single_type_kv_cache_manager.py:L88-166`, 0.33.0 `L176-262`): the
+        full-sequence check's count, and 0.20.0's count in every `allocate_slots` (where a
+        running request past the cap counts 0 though its table still grows, vllm #45856).
+
+        kvsim's own (no upstream counterpart).
+        """
         total = 0
         for manager, window, group_hits in zip(
             self.coordinator.managers, self.coordinator.windows, hits, strict=True
         ):
-            cap = admission_cap_blocks(
-                window, self.block_size, max_in_flight_tokens, self.max_model_len
-            )
+            cap = None
+            if cap_tokens is not None:
+                cap = admission_cap_blocks(window, self.block_size, cap_tokens, self.max_model_len)
             total += num_blocks_to_admit(
-                manager, request.seq_id, num_tokens, group_hits, num_computed, window, cap
+                manager, request.seq_id, num_tokens, group_hits, num_computed_tokens, window, cap
             )
         return total
 

@@ -206,6 +206,10 @@ class SlidingWindowManager(SingleTypeManager):
         #: no block of this group is ever cached (`reachable_block_mask`, all False). For
         #: W > 1 and one block size every block is reachable, as at 4ac7713.
         self._caches_nothing = only_reachable_cached and cdiv(sliding_window - 1, block_size) == 0
+        #: 0.19.1 on cap the skipped blocks at the table's length (a window that moved past
+        #: blocks not yet allocated, `L404-410 @0.20.0`); 0.11.0 indexes past it (kvsim:
+        #: ValueError). Set by the manager from its pin (`VllmPin.clamps_skipped_to_table`).
+        self.clamps_skipped_to_table = False
 
     def save_new_computed_blocks(
         self, request_id: int, new_computed_blocks: list[KVCacheBlock]
@@ -291,6 +295,8 @@ class SlidingWindowManager(SingleTypeManager):
         table = self.req_to_blocks.get(request_id)
         if table is None:  # `blocks_of`, with get: no empty list is built per call
             table = self.req_to_blocks[request_id] = []
+        if first_useful_block > len(table) and self.clamps_skipped_to_table:
+            first_useful_block = len(table)
         if first_useful_block > len(table):
             raise ValueError(
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "

@@ -79,6 +79,13 @@ RELEASES: dict[str, VllmPin] = {
     VllmPin.V0_5_4_PR_7380.value: VllmPin.V0_5_4,  # a block-table fix; same arg_utils.py
     VllmPin.C4AC7713.value: VllmPin.V0_11_0,
     VllmPin.V0_11_0.value: VllmPin.V0_11_0,
+    # The 2026-bug pins (issue #23) model the block managers and schedulers; their serve
+    # defaults follow 0.33.0's code, which the defaults lockstep has not compared with their
+    # own arg_utils.py (a scenario that sets what it needs is not affected).
+    VllmPin.V0_19_1.value: VllmPin.V0_33_0,
+    VllmPin.V0_20_0.value: VllmPin.V0_33_0,
+    VllmPin.V0_25_1.value: VllmPin.V0_33_0,
+    VllmPin.V0_26_0.value: VllmPin.V0_33_0,
     VllmPin.V0_33_0.value: VllmPin.V0_33_0,
 }
 

@@ -60,6 +60,17 @@ from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 from sim.scheduler.v1.scheduler import V1Scheduler, check_stop
 
 
+def last_step_reached(request: Request) -> bool:
+    """0.33.0 `sched/scheduler.py:L798-812` (0.19.1 on): C + 2 - placeholders reaches
+    prompt + max_tokens. Example: a 10-token prompt, max_tokens 1, its prefill in flight
+    (C = 10, one placeholder): 10 + 2 - 1 = 11 >= 11, so it is not scheduled again."""
+    seq = request.seq
+    return (
+        seq.num_computed_tokens + 2 - request.num_output_placeholders
+        >= seq.prompt_len + request.max_tokens
+    )
+
+
 class AsyncRelease(abc.ABC):
     """What one release's `AsyncScheduler` does with placeholders and in-flight tokens."""
 
@@ -122,6 +133,41 @@ class AsyncRelease0110(AsyncRelease):
             manager.cache_blocks(seq, seq.num_computed_tokens - request.num_output_placeholders)
 
 
+class AsyncRelease0191(AsyncRelease0110):
+    """0.19.1 to 0.25.1 (`async_scheduler.py:L18-58 @0.19.1`): the placeholder is added to a
+    step that is not a prefill chunk, and a request whose in-flight step is its last is
+    skipped (as 0.33.0); preemption keeps placeholders and caching is on C - placeholders (as
+    0.11.0). No in-flight tokens."""
+
+    def after_schedule(self, work: ScheduledWork) -> None:
+        """`_update_after_schedule` (0.19.1 `sched/scheduler.py:L992-994`, then
+        `async_scheduler.py:L18-34`): not a prefill chunk -> one placeholder."""
+        request = work.request
+        seq = request.seq
+        if seq.num_computed_tokens >= seq.num_tokens + request.num_output_placeholders:
+            request.num_output_placeholders += 1
+            work.samples = True
+
+    def last_step_in_flight(self, request: Request) -> bool:
+        """0.19.1 `sched/scheduler.py:L390-403`, as 0.33.0's."""
+        return last_step_reached(request)
+
+
+class AsyncRelease0260(AsyncRelease0191):
+    """0.26.0: 0.19.1's rules plus in-flight tokens (`sched/scheduler.py:L1250`, settled at
+    `L1656` whatever the request's state since), which the processed-basis frees and the
+    sliding-window cap read; a preempted request's output is still applied (no stale
+    outputs: `_preempt_request`, L1212-1233, keeps the placeholders)."""
+
+    def after_schedule(self, work: ScheduledWork) -> None:
+        work.request.seq.num_in_flight_tokens += work.num_tokens
+        super().after_schedule(work)
+
+    def settle(self, work: ScheduledWork) -> bool:
+        work.request.seq.num_in_flight_tokens -= work.num_tokens
+        return False
+
+
 class AsyncRelease0330(AsyncRelease):
     """0.33.0 (`async_scheduler.py:L24-49` and `sched/scheduler.py`'s in-flight tokens)."""
 
@@ -136,14 +182,8 @@ class AsyncRelease0330(AsyncRelease):
             work.samples = True
 
     def last_step_in_flight(self, request: Request) -> bool:
-        """`sched/scheduler.py:L798-812`: C + 2 - placeholders reaches prompt + max_tokens.
-        Example: a 10-token prompt, max_tokens 1, its prefill in flight (C = 10, one
-        placeholder): 10 + 2 - 1 = 11 >= 11, so it is not scheduled again."""
-        seq = request.seq
-        return (
-            seq.num_computed_tokens + 2 - request.num_output_placeholders
-            >= seq.prompt_len + request.max_tokens
-        )
+        """`sched/scheduler.py:L798-812`."""
+        return last_step_reached(request)
 
     def on_preempted(self, request: Request) -> None:
         """`_preempt_request` L1826-1836: the in-flight share becomes stale, no placeholders."""
@@ -177,7 +217,13 @@ class AsyncRelease0330(AsyncRelease):
 
 def async_release_for(pin: VllmPin) -> AsyncRelease:
     """The pinned release's `AsyncScheduler` rules."""
-    return AsyncRelease0330() if pin is VllmPin.V0_33_0 else AsyncRelease0110()
+    if pin.drops_stale_outputs:
+        return AsyncRelease0330()
+    if pin.counts_in_flight_tokens:
+        return AsyncRelease0260()
+    if pin.skips_request_with_last_step_in_flight:
+        return AsyncRelease0191()
+    return AsyncRelease0110()
 
 
 class AsyncOutputs:

@@ -81,8 +81,9 @@ class EarlyReturn0330(EarlyReturn):
 
 
 def early_return_for(pin: VllmPin) -> EarlyReturn:
-    """The pinned release's rule (4ac7713 taken as 0.11.0)."""
-    return EarlyReturn0330() if pin is VllmPin.V0_33_0 else EarlyReturn0110()
+    """The pinned release's rule (4ac7713 taken as 0.11.0; 0.19.1 / 0.20.0 keep 0.11.0's,
+    0.25.1 / 0.26.0 have 0.33.0's, `VllmPin.queues_empty_batches`)."""
+    return EarlyReturn0330() if pin.queues_empty_batches else EarlyReturn0110()
 
 
 class EngineCoreLoop:

@@ -43,7 +43,7 @@ import abc
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.kv.pins import VllmPin
+from sim.kv.pins import AdmissionCap, VllmPin
 from sim.kv.types import Sequence
 from sim.scheduler.request import Request, StepPlan
 
@@ -55,7 +55,7 @@ class AdmissionManager(Protocol):
     def num_free_blocks(self) -> int: ...
 
     def num_blocks_to_admit(
-        self, seq: Sequence, hit_block_ids: list[int], max_in_flight_tokens: int
+        self, seq: Sequence, hit_block_ids: list[int], max_in_flight_tokens: int | None
     ) -> int: ...
 
 
@@ -76,10 +76,10 @@ class FirstChunkGate(AdmissionGate):
 
 @dataclass(frozen=True, slots=True)
 class FullSequenceGate(AdmissionGate):
-    """0.33.0: the whole current sequence (SWA-capped) must fit in the free pool."""
+    """0.19.1 on: the whole current sequence (from 0.20.0 SWA-capped) must fit in the pool."""
 
-    #: Tokens scheduled but not yet settled: one batch in kvsim's synchronous engine.
-    max_in_flight_tokens: int
+    #: The tokens the sliding-window cap counts (`policies_for`); None: no cap (0.19.1).
+    max_in_flight_tokens: int | None
 
     def admits(self, manager: AdmissionManager, seq: Sequence, hit_block_ids: list[int]) -> bool:
         needed = manager.num_blocks_to_admit(seq, hit_block_ids, self.max_in_flight_tokens)
@@ -118,8 +118,23 @@ class PriorityVictimRule(abc.ABC):
         """Take the victim's work of this step out of `plan`; the tokens refunded."""
 
     @abc.abstractmethod
-    def index_after_removal(self, index: int, victim_index: int) -> int:
-        """The running loop's index once `running[victim_index]` was removed."""
+    def index_after_removal(self, index: int, victim_index: int, was_scheduled: bool) -> int:
+        """The running loop's index once `running[victim_index]` was removed
+        (`was_scheduled`: it had been scheduled earlier in this step)."""
+
+
+def unschedule_victim(plan: StepPlan, victim: Request) -> int:
+    """Take the victim's work out of `plan`; the tokens it had (0 if it was not scheduled)."""
+    for position, work in enumerate(plan.scheduled):
+        if work.request is victim:
+            del plan.scheduled[position]
+            return work.num_tokens
+    for position, request in enumerate(plan.quiet):
+        if request is victim:  # a fast-path decode: one token
+            del plan.quiet[position]
+            del plan.quiet_contexts[position]
+            return 1
+    return 0
 
 
 class KeepScheduledVictim(PriorityVictimRule):
@@ -130,8 +145,29 @@ class KeepScheduledVictim(PriorityVictimRule):
     def unschedule(self, plan: StepPlan, victim: Request) -> int:
         return 0
 
-    def index_after_removal(self, index: int, victim_index: int) -> int:
+    def index_after_removal(self, index: int, victim_index: int, was_scheduled: bool) -> int:
         return index
+
+
+class RefundVictimIfScheduled(PriorityVictimRule):
+    """0.19.1 to 0.26.0 (0.19.1 `sched/scheduler.py:L476-506`, 0.26.0 `L580-608`): a victim
+    scheduled earlier in this step is un-scheduled, its tokens go back to the budget and the
+    loop index steps back by one; a victim not scheduled (skipped earlier in the loop) leaves
+    the index as it is; a request that preempts itself ends the running loop.
+
+    Example: running [a, b, c], a skipped (its last step is in flight), b scheduled (1
+    token), c's chunk does not fit and a is the worst: a leaves, nothing is refunded and c
+    (now at index 1) is not retried in place: the index stays 2 and the loop moves past it;
+    had b been the worst, its token is refunded and the index becomes 1 (c retries).
+    """
+
+    self_preemption_ends_loop = True
+
+    def unschedule(self, plan: StepPlan, victim: Request) -> int:
+        return unschedule_victim(plan, victim)
+
+    def index_after_removal(self, index: int, victim_index: int, was_scheduled: bool) -> int:
+        return index - 1 if was_scheduled else index
 
 
 class RefundScheduledVictim(PriorityVictimRule):
@@ -144,18 +180,9 @@ class RefundScheduledVictim(PriorityVictimRule):
     self_preemption_ends_loop = False
 
     def unschedule(self, plan: StepPlan, victim: Request) -> int:
-        for position, work in enumerate(plan.scheduled):
-            if work.request is victim:
-                del plan.scheduled[position]
-                return work.num_tokens
-        for position, request in enumerate(plan.quiet):
-            if request is victim:  # a fast-path decode: one token
-                del plan.quiet[position]
-                del plan.quiet_contexts[position]
-                return 1
-        return 0
+        return unschedule_victim(plan, victim)
 
-    def index_after_removal(self, index: int, victim_index: int) -> int:
+    def index_after_removal(self, index: int, victim_index: int, was_scheduled: bool) -> int:
         return index - 1 if victim_index < index else index
 
 
@@ -182,17 +209,31 @@ class PinnedManager(Protocol):
     def pin(self) -> VllmPin: ...
 
 
-def policies_for(manager: PinnedManager, token_budget: int) -> V1ReleasePolicies:
-    """The rules of the release `manager` is pinned to."""
+def policies_for(
+    manager: PinnedManager, token_budget: int, max_concurrent_batches: int = 1
+) -> V1ReleasePolicies:
+    """The rules of the release `manager` is pinned to. The full-sequence gate's sliding-window
+    cap counts the token budget (0.20.0, 0.25.1) or `max_in_flight_tokens` =
+    `max_concurrent_batches` x the budget (0.26.0, 0.33.0); 0.19.1's gate has no cap.
+    Example: 0.26.0 under async scheduling with a 2,048-token budget caps on 4,096 tokens."""
     release = manager.pin
+    if not release.has_full_sequence_gate:  # 4ac7713, 0.11.0
+        return V1ReleasePolicies(
+            release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True
+        )
+    cap_tokens: int | None = token_budget
+    if release.caps_on_in_flight_tokens:
+        cap_tokens = max_concurrent_batches * token_budget
+    if release.admission_cap is AdmissionCap.NONE:
+        cap_tokens = None
     if release is VllmPin.V0_33_0:
         return V1ReleasePolicies(
             release,
-            FullSequenceGate(token_budget),
+            FullSequenceGate(cap_tokens),
             StopAtOversized(),
             RefundScheduledVictim(),
             lone_request_ignores_threshold=True,
         )
     return V1ReleasePolicies(
-        release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True
+        release, FullSequenceGate(cap_tokens), StopAtOversized(), RefundVictimIfScheduled()
     )

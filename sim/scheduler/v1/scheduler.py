@@ -270,7 +270,7 @@ class V1Scheduler:
         #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`); 0.33.0's gate
         #: caps a sliding window by `max_in_flight_tokens` (`config/vllm.py:L600-609`).
         self.release_policies = policies_for(
-            kv_cache_manager, self.max_concurrent_batches * self.token_budget
+            kv_cache_manager, self.token_budget, self.max_concurrent_batches
         )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -292,7 +292,7 @@ class V1Scheduler:
         self.prefix_hits_possible = getattr(kv_cache_manager, "enable_caching", True) is not False
         # PRIORITY preemptions during one running turn: the running-loop indices
         # of the victims and the tokens refunded to the budget (0.33.0's rule).
-        self._victim_indices: list[int] = []
+        self._victim_indices: list[tuple[int, bool]] = []
         self._refunded_tokens = 0
         #: `long_prefill_token_threshold` as it applies in the current step (`schedule`).
         self.step_threshold = config.long_prefill_token_threshold
@@ -446,7 +446,8 @@ class V1Scheduler:
             victim = max(self.running, key=self._victim_key)
             victim_index = self.running.index(victim)
             del self.running[victim_index]
-            self._victim_indices.append(victim_index)
+            was_scheduled = _in_plan(plan, victim)
+            self._victim_indices.append((victim_index, was_scheduled))
             self._refunded_tokens += self.release_policies.priority_victim.unschedule(plan, victim)
         else:
             victim = self.running.pop()
@@ -467,8 +468,8 @@ class V1Scheduler:
         """The running loop's index and budget after PRIORITY victims left `running`
         (`release.PriorityVictimRule`: unchanged at 0.11.0, corrected at 0.33.0 L960-990)."""
         rule = self.release_policies.priority_victim
-        for victim_index in self._victim_indices:
-            index = rule.index_after_removal(index, victim_index)
+        for victim_index, was_scheduled in self._victim_indices:
+            index = rule.index_after_removal(index, victim_index, was_scheduled)
         self._victim_indices.clear()
         budget += self._refunded_tokens
         self._refunded_tokens = 0
@@ -695,6 +696,13 @@ class V1Scheduler:
             and num_tokens > seq.prompt_len
             and seq.num_computed_tokens == num_tokens - 1
         )
+
+
+def _in_plan(plan: StepPlan, request: Request) -> bool:
+    """Whether `request` was scheduled earlier in the step `plan` is building."""
+    return any(work.request is request for work in plan.scheduled) or any(
+        quiet is request for quiet in plan.quiet
+    )
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
