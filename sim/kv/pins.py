@@ -12,7 +12,9 @@ design      pins (scenario default *)   unpinned manager  source
 v0-v1       0.5.4 *                     0.5.4             the 0.5.4 wheel (release 4db5176)
 v0-v2       0.5.4 *, 0.5.4+7380         0.5.4+7380        the wheel; the wheel plus PR #7380
 v0-fixed    0.5.4 *                     0.5.4             kvsim's fix over the wheel's V2
-v1-engine   4ac7713, 0.11.0, 0.33.0 *   4ac7713           upstream main 4ac7713; releases
+v1-engine   4ac7713, 0.11.0, 0.19.1,    4ac7713           upstream main 4ac7713; releases
+            0.20.0, 0.25.1, 0.26.0,
+            0.33.0 *
 ==========  ==========================  ================  ===================================
 
 v0 (the 0.5.4 wheel, release commit 4db5176 of 2024-08-05, is what `--vllm-root .vllm/0.5.4`
@@ -37,14 +39,36 @@ itself), so it too has the one pin.
 V1 (kvsim's V1 model was written against upstream main at 4ac7713, 2025-07-23, about v0.10.0;
 docs/vllm-v1-changes.md has the full diff):
 
-=================  ============================  ============================================
-behaviour          4ac7713 and 0.11.0             0.33.0 (latest on the package index)
-=================  ============================  ============================================
-free-block reuse   `AppendInFreeOrder`            `UncachedFirst` (`v1_engine/free_order.py`)
-admission gate     `FirstChunkGate`               `FullSequenceGate` (`sim/scheduler/v1`)
-prompt > budget    `SkipOversized`                `StopAtOversized` (no chunked prefill)
-priority victim    `KeepScheduledVictim`          `RefundScheduledVictim`
-=================  ============================  ============================================
+========================  ========  ======  =======  =======  =======  =======
+behaviour                 4ac7713,  0.19.1  0.20.0   0.25.1   0.26.0   0.33.0
+                          0.11.0
+========================  ========  ======  =======  =======  =======  =======
+full-sequence gate        --        yes     yes      yes      yes      yes
+sliding-window cap        --        --      every    gate     gate     gate
+                                            count    only     only     only
+cap counts                --        --      budget   budget   2 x b.*  2 x b.*
+out-of-window hits        touched   dropped dropped  dropped  dropped  dropped
+skipped past the table    raises    clamped clamped  clamped  clamped  clamped
+reachable-block caching   --        --      --       yes      yes      yes
+free-block reuse          append    append  append   uncached uncached uncached
+                                                     first    first    first
+frees below               C         C       C        C        C - in-f C - in-f
+prompt > budget           skip      stop    stop     stop     stop     stop
+PRIORITY victim           keep      refund  refund   refund   refund   refund,
+                                    if sch. if sch.  if sch.  if sch.  by index
+lone-request threshold    applied   applied applied  applied  applied  ignored
+async: empty batch queued no        no      no       yes      yes      yes
+async: last step skipped  no        yes     yes      yes      yes      yes
+async: in-flight tokens   --        --      --       --       yes      yes
+async: stale outputs      --        --      --       --       --       yes
+========================  ========  ======  =======  =======  =======  =======
+
+(* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.)
+The properties below cite each release's lines; every column was checked by the manager,
+scheduler and async lockstep against that release's wheel (`tests/vllm_real/
+test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,
+0.25.1's free order). The middle releases' *serve defaults* follow 0.33.0's code
+(`sim.scenario.vllm_defaults.RELEASES`), not compared with their own arg_utils.py.
 
 0.11.0 makes the same block and scheduling decisions as 4ac7713 for everything kvsim models
 (its changes are in hashing, metrics and bookkeeping); it is a named pin so that a scenario can

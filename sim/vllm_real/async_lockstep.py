@@ -87,11 +87,15 @@ class _FakeExecutor:
 
 
 class _CoreStandIn:
-    """What `EngineCore.step_with_batch_queue` reads of `self` (both releases)."""
+    """What `EngineCore.step_with_batch_queue` reads of `self` (every V1 pin's release)."""
 
     is_mm_encoder_only = False
     is_pooling_model = False
     check_for_draft_tokens = False
+    #: 0.19.1-0.26.0: True without an encoder-cache transfer config (`core.py:L193-196`
+    #: @0.19.1); a step counts as run only then.
+    is_ec_consumer = True
+    use_spec_decode = False
 
     def __init__(self, core: RealAsyncCore, batch_queue_size: int) -> None:
         self.scheduler = core
@@ -111,6 +115,10 @@ class _CoreStandIn:
 
     @contextmanager
     def capture_iteration_details(self, out: Any) -> Iterator[None]:
+        yield None
+
+    @contextmanager
+    def log_iteration_details(self, out: Any) -> Iterator[None]:
         yield None
 
     def _process_aborts_queue(self) -> None:

@@ -278,7 +278,7 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         log_stats=False,
         # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
         # KV-cache groups' common block size; hashing uses the same by default).
-        **accepted_kwargs(scheduler_cls, {"block_size": kv.block_size}),
+        **accepted_kwargs(sched_mod.Scheduler, {"block_size": kv.block_size}),
     )
 
 

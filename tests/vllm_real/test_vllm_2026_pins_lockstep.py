@@ -1,0 +1,151 @@
+"""Lockstep tier for the releases where the 2026 admission bugs live (issue #23): kvsim's pins
+0.19.1, 0.20.0, 0.25.1 and 0.26.0 against each release's real manager, Scheduler and
+AsyncScheduler.
+
+Needs `bash scripts/setup_vllm.sh 0.19.1 0.20.0 0.25.1 0.26.0` (CI's `.ci/run` installs them).
+Each check runs the `kvsim verify` CLI in a subprocess: these releases' dependencies live in
+their `.vllm/<v>/_deps` (transformers 5, as 0.33.0's), and a process that already imported
+0.11.0's would keep those. Skipped when an install is absent; a failure under
+KVSIM_REQUIRE_VLLM=1, as for the other lockstep tiers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.vllm_install import root_or_skip
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Every test here belongs to the lockstep tier (`pytest -m vllm` selects them).
+pytestmark = pytest.mark.vllm
+
+PINS = ["0.19.1", "0.20.0", "0.25.1", "0.26.0"]
+
+
+def _verify(version: str, *args: str) -> subprocess.CompletedProcess[str]:
+    root_or_skip(version)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", "verify", "--vllm-version", version, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("version", PINS)
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one-group", "hybrid"])
+def test_manager_identical_to_real(version, hybrid):
+    """The V1 manager pinned to the loaded release vs the real one, issue #14's size."""
+    extra = ["--hybrid"] if hybrid else []
+    out = _verify(version, "--design", "v1-engine", "--num-ops", "10000", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.search(
+        rf"v1-engine vs vLLM {re.escape(version)}: identical over (\d+) operations "
+        r"\((\d+) workloads, (\d+) crashes",
+        out.stdout,
+    )
+    assert found and int(found[1]) >= 10_000 and int(found[2]) >= 50, out.stdout
+
+
+def test_0_20_0_crashes_on_both_sides_regression_vllm_45856():
+    """0.20.0's cap inside every count makes the real manager raise `Cannot get 1 free blocks`
+    (vllm #45856) where kvsim's model raises it too: the lockstep's random workloads (with a
+    token budget small enough for the cap to bite) end in crashes seen on *both* sides."""
+    out = _verify("0.20.0", "--design", "v1-engine", "--hybrid", "--num-ops", "10000")
+    assert out.returncode == 0, out.stdout + out.stderr
+    crashes = re.search(r"(\d+) crashes seen on both sides", out.stdout)
+    assert crashes and int(crashes[1]) > 0, out.stdout
+
+
+@pytest.mark.parametrize("version", PINS)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_scheduler_identical_to_real(version, async_scheduling):
+    """Without --pin the loaded release selects kvsim's pin of it, and only that one."""
+    extra = ["--async"] if async_scheduling else []
+    out = _verify(version, "--scheduler", "--num-workloads", "40", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("v1-engine @")]
+    kind = "async scheduler" if async_scheduling else "scheduler"
+    assert lines == [line for line in lines if line.startswith(f"v1-engine @{version} {kind} ")]
+    assert len(lines) == 1 and "identical over 40 workloads" in lines[0], out.stdout
+
+
+@pytest.mark.parametrize(
+    ("version", "pin", "extra"),
+    [("0.19.1", "0.33.0", []), ("0.26.0", "0.11.0", ["--async"])],
+    ids=["0.33.0-rules-on-0.19.1", "0.11.0-async-on-0.26.0"],
+)
+def test_another_pins_rules_diverge(version, pin, extra):
+    """The comparison can fail: another release's rules do not pass for this one."""
+    out = _verify(version, "--scheduler", "--pin", pin, "--num-workloads", "40", *extra)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"v1-engine @{pin}" in out.stdout and "DIVERGED" in out.stdout
+
+
+def test_loaded_versions_pick_their_pins():
+    from sim.vllm_real.lockstep import v1_pin_for
+
+    assert [v1_pin_for(tuple(int(x) for x in v.split("."))) for v in PINS] == PINS
+
+
+@pytest.mark.parametrize(
+    ("scenario", "version", "kinds"),
+    [
+        (
+            "v1_engine_0_20_0_capped_count_undercount_vllm_45856.yaml",
+            "0.20.0",
+            {"admission_undercount", "no_progress"},
+        ),
+        ("v1_engine_0_25_1_capped_count_fixed_vllm_45856.yaml", "0.25.1", {"no_progress"}),
+        (
+            "v1_engine_0_19_1_swa_gate_vs_startup_no_progress_vllm_39734.yaml",
+            "0.19.1",
+            {"no_progress"},
+        ),
+        ("v1_engine_0_20_0_swa_gate_admits_vllm_39734.yaml", "0.20.0", set()),
+    ],
+)
+def test_regression_on_real_release_regression_vllm_45856_39734(scenario, version, kinds, tmp_path):
+    """The reproducers show on vLLM's real manager of the release too (`--vllm-root`), with
+    kvsim's scheduler and auditor around it: the findings are vLLM's, not the model's."""
+    root = root_or_skip(version)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    path = ROOT / "tests" / "regressions" / scenario
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.cli",
+            "run",
+            str(path),
+            "--no-plots",
+            "--vllm-root",
+            str(root),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert out.returncode in (0, 1), out.stdout + out.stderr
+    import pandas as pd
+
+    found = (
+        set(pd.read_csv(tmp_path / "out" / "violations.csv")["kind"])
+        if (tmp_path / "out" / "violations.csv").stat().st_size
+        else set()
+    )
+    assert found == kinds, out.stdout
