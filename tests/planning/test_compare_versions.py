@@ -20,6 +20,10 @@ LABELS = [
     "v0-fixed",
     "v1-engine@4ac7713",
     "v1-engine@0.11.0",
+    "v1-engine@0.19.1",
+    "v1-engine@0.20.0",
+    "v1-engine@0.25.1",
+    "v1-engine@0.26.0",
     "v1-engine@0.33.0",
 ]
 
@@ -141,6 +145,10 @@ def test_overrides_apply_to_every_design_and_a_v1_pin_does_not_block_v0():
         "0.5.4",
         "4ac7713",
         "0.11.0",
+        "0.19.1",
+        "0.20.0",
+        "0.25.1",
+        "0.26.0",
         "0.33.0",
     ]
 
@@ -188,7 +196,7 @@ def test_figure_marks_refused_designs():
     fig = compare_versions_figure(table)
     assert len(fig.axes) == 6
     texts = [t.get_text().strip() for ax in fig.axes for t in ax.texts]
-    assert texts.count("refused") == 3 * 6  # three V1 pins on each of the six panels
+    assert texts.count("refused") == 7 * 6  # seven V1 pins on each of the six panels
     assert "scenario cmp" in fig._suptitle.get_text()
 
 
