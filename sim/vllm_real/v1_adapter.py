@@ -76,11 +76,8 @@ def request_extra_kwargs(install: VllmInstall) -> dict[str, Any]:
     """`Request(...)` arguments that only some versions take (`eos_token_id`, dropped after
     0.11.0)."""
     request_cls = import_vllm("v1.request", install).Request
-    return accepted_kwargs(request_cls.__init__, {"eos_token_id": _NO_EOS})
-
-
-#: `eos_token_id=None` for the releases that take it (`accepted_kwargs` drops None values).
-_NO_EOS = object()
+    params = inspect.signature(request_cls.__init__).parameters
+    return {"eos_token_id": None} if "eos_token_id" in params else {}
 
 
 def accepted_kwargs(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +151,7 @@ class RealKVCacheManager:
                 pooling_params=None,
                 arrival_time=0.0,
                 block_hasher=self._hasher,
-                **{k: None for k in request_extra_kwargs(self.install)},
+                **request_extra_kwargs(self.install),
             )
             self._requests[seq.seq_id] = req
         if req.num_tokens < seq.num_tokens:

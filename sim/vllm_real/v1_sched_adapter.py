@@ -334,7 +334,7 @@ class RealV1Scheduler:
             arrival_time=spec.arrival_s,
             priority=spec.priority,
             block_hasher=self._hasher,
-            **{k: None for k in request_extra_kwargs(self.install)},
+            **request_extra_kwargs(self.install),
         )
         self._contents[request.request_id] = content
         self._guard("add_request", self.real.add_request, request)

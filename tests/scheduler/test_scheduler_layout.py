@@ -143,9 +143,9 @@ def test_the_speed_layer_reads_no_private_member_of_anything_but_itself():
 #: The faithful functions that use a shortcut name, and why: `_update_after_schedule` advances
 #: the quiet decodes' computed tokens with the others (upstream advances every scheduled
 #: request); from 0.19.1 a PRIORITY victim is un-scheduled, a quiet decode included, and
-#: whether it was scheduled (`_in_plan`) decides the loop index (`RefundVictimIfScheduled`).
+#: whether it was scheduled (it refunded tokens) decides the loop index.
 SHORTCUT_USERS = {
-    "v1/scheduler": {"_update_after_schedule", "_in_plan"},
+    "v1/scheduler": {"_update_after_schedule"},
     "v1/release": {"unschedule_victim"},
     "v1/priority_ties": set(),
 }

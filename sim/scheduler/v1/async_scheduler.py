@@ -60,6 +60,16 @@ from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan
 from sim.scheduler.v1.scheduler import V1Scheduler, check_stop
 
 
+def add_sampling_placeholder(work: ScheduledWork) -> None:
+    """0.19.1 on (`async_scheduler.py:L18-34 @0.19.1`, `L31-46 @0.33.0`): a step that is not a
+    prefill chunk (C reaches every known and promised token) samples one token."""
+    request = work.request
+    seq = request.seq
+    if seq.num_computed_tokens >= seq.num_tokens + request.num_output_placeholders:
+        request.num_output_placeholders += 1
+        work.samples = True
+
+
 def last_step_reached(request: Request) -> bool:
     """0.33.0 `sched/scheduler.py:L798-812` (0.19.1 on): C + 2 - placeholders reaches
     prompt + max_tokens. Example: a 10-token prompt, max_tokens 1, its prefill in flight
@@ -142,11 +152,7 @@ class AsyncRelease0191(AsyncRelease0110):
     def after_schedule(self, work: ScheduledWork) -> None:
         """`_update_after_schedule` (0.19.1 `sched/scheduler.py:L992-994`, then
         `async_scheduler.py:L18-34`): not a prefill chunk -> one placeholder."""
-        request = work.request
-        seq = request.seq
-        if seq.num_computed_tokens >= seq.num_tokens + request.num_output_placeholders:
-            request.num_output_placeholders += 1
-            work.samples = True
+        add_sampling_placeholder(work)
 
     def last_step_in_flight(self, request: Request) -> bool:
         """0.19.1 `sched/scheduler.py:L390-403`, as 0.33.0's."""
@@ -174,12 +180,8 @@ class AsyncRelease0330(AsyncRelease):
     def after_schedule(self, work: ScheduledWork) -> None:
         """`sched/scheduler.py:L1859-1865` (in-flight tokens, `is_prefill_chunk`), then
         `async_scheduler.py:L31-46`: a step that is not a prefill chunk samples one token."""
-        request = work.request
-        seq = request.seq
-        seq.num_in_flight_tokens += work.num_tokens
-        if seq.num_computed_tokens >= seq.num_tokens + request.num_output_placeholders:
-            request.num_output_placeholders += 1
-            work.samples = True
+        work.request.seq.num_in_flight_tokens += work.num_tokens
+        add_sampling_placeholder(work)
 
     def last_step_in_flight(self, request: Request) -> bool:
         """`sched/scheduler.py:L798-812`."""

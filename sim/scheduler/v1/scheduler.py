@@ -446,9 +446,10 @@ class V1Scheduler:
             victim = max(self.running, key=self._victim_key)
             victim_index = self.running.index(victim)
             del self.running[victim_index]
-            was_scheduled = _in_plan(plan, victim)
-            self._victim_indices.append((victim_index, was_scheduled))
-            self._refunded_tokens += self.release_policies.priority_victim.unschedule(plan, victim)
+            refunded = self.release_policies.priority_victim.unschedule(plan, victim)
+            # A scheduled victim refunds >= 1 token under every rule that reads this flag.
+            self._victim_indices.append((victim_index, refunded > 0))
+            self._refunded_tokens += refunded
         else:
             victim = self.running.pop()
         self.speed.left(victim)
@@ -696,13 +697,6 @@ class V1Scheduler:
             and num_tokens > seq.prompt_len
             and seq.num_computed_tokens == num_tokens - 1
         )
-
-
-def _in_plan(plan: StepPlan, request: Request) -> bool:
-    """Whether `request` was scheduled earlier in the step `plan` is building."""
-    return any(work.request is request for work in plan.scheduled) or any(
-        quiet is request for quiet in plan.quiet
-    )
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
