@@ -46,6 +46,7 @@ from typing import Any, TextIO
 COMPILED: tuple[str, ...] = (
     "sim.audit.auditor",
     "sim.audit.base",
+    "sim.audit.in_flight",
     "sim.audit.liveness",
     "sim.audit.v0",
     "sim.audit.v1",

@@ -9,10 +9,13 @@ for every block across the groups.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-from sim.audit.base import _MANAGER_ERRORS, AuditorBase
-from sim.audit.violations import ViolationKind
+from sim.audit.base import _MANAGER_ERRORS, AuditLevel, AuditorBase
+from sim.audit.in_flight import InFlightReads
+from sim.audit.violations import ViolationKind, ViolationPolicy
+from sim.kv.config import KVCacheConfig
 from sim.kv.pins import V1_BASELINE, VllmPin
 from sim.kv.protocol import V1KVCacheManager
 from sim.kv.types import (
@@ -36,6 +39,18 @@ class AuditedV1Manager(AuditorBase):
         "get_block_ids",
         "num_blocks_to_admit",
     }
+
+    def __init__(
+        self,
+        inner: V1KVCacheManager,
+        policy: ViolationPolicy = ViolationPolicy.RECORD,
+        level: AuditLevel = AuditLevel.CHEAP,
+        clock: Callable[[], tuple[float | None, int | None]] | None = None,
+    ) -> None:
+        super().__init__(inner, policy, level, clock)
+        #: Under async scheduling, the blocks each step in flight reads (`note_step_scheduled`);
+        #: None where no group has a window or the manager cannot say which block is where.
+        self._in_flight: InFlightReads | None = _in_flight_reads(inner)
 
     @property
     def pin(self) -> VllmPin:
@@ -115,8 +130,41 @@ class AuditedV1Manager(AuditorBase):
             self._live_seq_to_request[rid] = rid
             if blocks or self._full:
                 self._check_footprint("allocate_slots", rid, request)
+        if self._in_flight is not None:
+            self._check_in_flight_reads(rid)
         self._after_call("allocate_slots", rid)
         return blocks
+
+    # ------------------------------------------------------------------ async scheduling
+    @property
+    def tracks_in_flight_reads(self) -> bool:
+        """True when a step in flight can have blocks pruned under it (a sliding window)."""
+        return self._in_flight is not None
+
+    def note_step_scheduled(self, request: Sequence, num_tokens: int) -> None:
+        """Async scheduling: a step of `num_tokens` was scheduled for `request` (its C already
+        counts them) and runs while the next step is scheduled (`sim.audit.in_flight`)."""
+        if self._in_flight is not None:
+            first_position = request.num_computed_tokens - num_tokens
+            self._in_flight.step_scheduled(request.seq_id, first_position)
+
+    def note_step_settled(self, request: Sequence) -> None:
+        """The request's oldest step in flight returned its output."""
+        if self._in_flight is not None:
+            self._in_flight.step_settled(request.seq_id)
+
+    def _check_in_flight_reads(self, rid: int) -> None:
+        assert self._in_flight is not None
+        for read in self._in_flight.pruned(rid):
+            self._record(
+                ViolationKind.FREED_WHILE_IN_FLIGHT,
+                "allocate_slots",
+                rid,
+                f"allocate_slots freed block {read.block_id} (index {read.block_index} of "
+                f"request {rid}'s group-{read.group} table) while a step in flight still "
+                f"reads position {read.first_position} in it",
+                free_blocks=self._free(),
+            )
 
     def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
         """The async scheduler's caching once a step's output is applied (no block moves)."""
@@ -129,6 +177,8 @@ class AuditedV1Manager(AuditorBase):
     def free(self, request: Sequence) -> None:
         rid = request.seq_id
         self._live_seq_to_request.pop(rid, None)
+        if self._in_flight is not None:
+            self._in_flight.forget(rid)
         try:
             self.inner.free(request)
         except _MANAGER_ERRORS as exc:
@@ -138,3 +188,14 @@ class AuditedV1Manager(AuditorBase):
     @property
     def num_free_blocks(self) -> int:
         return self.inner.num_free_blocks
+
+
+def _in_flight_reads(inner: Any) -> InFlightReads | None:
+    """The in-flight read tracker for a manager whose config has a sliding window."""
+    config = getattr(inner, "config", None)
+    block_id_at = getattr(inner, "block_id_at", None)
+    if not isinstance(config, KVCacheConfig) or block_id_at is None:
+        return None
+    windows = tuple(g.sliding_window for g in config.kv_cache_groups) or (config.sliding_window,)
+    reads = InFlightReads(windows, config.block_size, block_id_at)
+    return reads if reads.tracks_anything else None

@@ -33,6 +33,9 @@ class ViolationKind(enum.Enum):
     #: The manager raised a failure of vLLM's code (a `sim.kv.types.ManagerError`, e.g. "null
     #: block should not be modified"), or ran dry on a call no admission query had promised.
     MANAGER_ERROR = "manager_error"
+    #: Async scheduling: a block left a running request's sliding-window table while a step
+    #: in flight still reads it (silent: the free succeeds; `sim.audit.in_flight`).
+    FREED_WHILE_IN_FLIGHT = "freed_while_in_flight"
     #: The queue can never move (nothing runs and nothing can be admitted, or steps keep
     #: preempting without running anything): the real engine would hang. The engine aborts
     #: what is left; the message diagnoses it (`sim.audit.liveness`).

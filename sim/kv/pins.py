@@ -137,6 +137,15 @@ class VllmPin(enum.Enum):
         budget alone (0.20.0 `L421-441`, 0.25.1 `L546-566`)."""
         return self in _PROCESSED_BASIS
 
+    def window_bound_tokens(self, token_budget: int, max_concurrent_batches: int) -> int:
+        """T of the sliding-window per-request bound `cdiv(min(W - 1 + T, max_model_len), bs)
+        + 1`, which startup sizing charges (every V1 pin) and the gate caps at (0.20.0 on):
+        the token budget, or from 0.26.0 `max_in_flight_tokens` = max_concurrent_batches x
+        the budget. Example: 0.26.0 under async (2 batches), budget 8,192: 16,384."""
+        if self.caps_on_in_flight_tokens:
+            return max_concurrent_batches * token_budget
+        return token_budget
+
     @property
     def drops_out_of_window_hits(self) -> bool:
         """A new request's prefix hits that fall before its sliding window are neither touched

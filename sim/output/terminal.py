@@ -75,6 +75,26 @@ def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
     return rows
 
 
+def _admission_reserve_rows(reserve: dict | None) -> list[tuple[str, str]]:
+    """The full-sequence gate's per-request charge a request never holds, where there is one
+    (`sim.planning.admission_reserve`, vllm #54703)."""
+    if not reserve:
+        return []
+    tokens, charged = reserve["request_tokens"], reserve["charged_blocks"]
+    share = reserve["reserved_share"]
+    return [
+        (
+            "admission reserve",
+            f"{charged - reserve['resident_blocks']} of {charged} blocks per {tokens}-token "
+            f"request never held ({share:.1%})",
+        ),
+        (
+            "  at once (gate / pooled)",
+            f"{reserve['gate_concurrency']} / {reserve['pooled_concurrency']} requests",
+        ),
+    ]
+
+
 def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) -> None:
     table = Table(title=f"kvsim run: {name}", show_header=True, header_style="bold")
     table.add_column("metric")
@@ -88,6 +108,7 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         ("GPU blocks", f"{inputs.get('num_gpu_blocks')} ({inputs.get('num_gpu_blocks_source')})"),
         ("sliding window (tokens)", inputs.get("sliding_window")),
         *_kv_group_rows(inputs.get("kv_cache_groups")),
+        *_admission_reserve_rows(inputs.get("admission_reserve")),
         ("requests", summary["num_requests"]),
         ("  finished / ignored", f"{states['finished']} / {states['ignored']}"),
         ("  failed / aborted", f"{states['failed']} / {states['aborted']}"),

@@ -16,12 +16,14 @@ from sim.cluster.config import ClusterMode
 from sim.engine.engine import EngineConfig
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig
+from sim.kv.pins import AdmissionCap, VllmPin, resolve_pin
 from sim.kv.v1_engine.hybrid_layout import HybridLayout
 from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
 from sim.memory.derive import given_num_gpu_blocks, hybrid_layout_of
 from sim.memory.host import check_pool_fits
 from sim.memory.terms import VllmEngine
+from sim.planning.admission_reserve import AdmissionReserve, admission_reserve
 from sim.routing import Router
 from sim.scenario.configs import (
     derive_budget,
@@ -203,7 +205,16 @@ def _startup(
     kv = _kv_config(scenario, model, token_budget, max_model_len, inputs)
     inputs["vllm_version"] = pin
     _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
-    _check_cache_fits(sched.design, kv, max_model_len, token_budget)
+    if sched.design is Design.V1_ENGINE:
+        release = resolve_pin(sched.design, pin)
+        batches = 2 if scheduler_config.async_scheduling else 1
+        bound_tokens = release.window_bound_tokens(token_budget, batches)
+        _check_cache_fits(sched.design, kv, max_model_len, bound_tokens)
+        reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
+        if reserve is not None:
+            inputs["admission_reserve"] = reserve.as_dict()
+    else:
+        _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
     if offload is not None:  # its stores need every decode: `KVConnector.needs_every_step`
         scheduler_config = replace(scheduler_config, decode_fast_path=False, decode_cohort=False)
@@ -290,14 +301,32 @@ def _check_v0_startup(design: Design, kv: KVCacheConfig, chunked_prefill: bool) 
         )
 
 
+def _admission_reserve(
+    release: VllmPin, kv: KVCacheConfig, max_model_len: int, bound_tokens: int
+) -> AdmissionReserve | None:
+    """The full-sequence gate's charge for a max_model_len request against what it holds
+    once processed (`sim.planning.admission_reserve`, vllm #54703), where the release has
+    the gate and a group has a window; None where nothing is reserved."""
+    windows = tuple(g.sliding_window for g in kv.kv_cache_groups) or (kv.sliding_window,)
+    if not release.has_full_sequence_gate or all(w is None for w in windows):
+        return None
+    in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
+    reserve = admission_reserve(
+        windows, (kv.block_size,) * len(windows), kv.num_gpu_blocks - 1, in_flight, max_model_len
+    )
+    return reserve if reserve.reserved_blocks > 0 else None
+
+
 def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> None:
     """vLLM refuses to start when one max-length request cannot fit in the pool.
 
     v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
     V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
     request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
-    cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks; a hybrid model
-    needs the sum over its KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0).
+    cdiv(min(W - 1 + T, max_model_len), bs) + 1 blocks; a hybrid model needs the sum over its
+    KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0). T (`token_budget` here) is
+    `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
+    scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
     """
     bs, num_blocks = kv.block_size, kv.num_gpu_blocks

@@ -16,6 +16,7 @@ Example (the 4-vs-3 case on v0 BlockSpaceManagerV2)::
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -236,10 +237,21 @@ class ExpectSection(_Closed):
             raise ValueError(f"expected none, any or a list of violation kinds ({known})")
         for item in items:
             if not isinstance(item, str) or item not in {k.value for k in ViolationKind}:
-                raise ValueError(
-                    f"unknown violation kind {item!r}; give none, any or a list of: {known}"
-                )
+                raise ValueError(_unknown_kind(item, known))
         return value
+
+
+def _unknown_kind(item: object, known: str) -> str:
+    """A misspelt kind gets its nearest name; anything else the list. Kept short: the list of
+    13 kinds nearly fills the one-line error (`sim.errors.MAX_ERROR_CHARS`).
+
+    >>> _unknown_kind("no_progres", "no_progress")
+    "unknown violation kind 'no_progres'; did you mean 'no_progress'?"
+    """
+    close = difflib.get_close_matches(str(item), [k.value for k in ViolationKind], n=1)
+    if close:
+        return f"unknown violation kind {item!r}; did you mean {close[0]!r}?"
+    return f"unknown violation kind {item!r}; none, any or of: {known}"
 
 
 #: A scenario name becomes one folder name (runs/NAME, plus kvsim's ``.NAME.partial-*``

@@ -331,6 +331,13 @@ class RealKVCacheManager:
     def seq_block_ids(self, seq_id: int) -> list[int]:
         return [block_id for table in self.group_block_ids(seq_id) for block_id in table]
 
+    def block_id_at(self, seq_id: int, group: int, index: int) -> int | None:
+        """As kvsim's manager's (`sim.audit.in_flight`); the null block is vLLM's block 0."""
+        table = self.group_block_ids(seq_id)[group]
+        if index >= len(table) or table[index] == self.real.block_pool.null_block.block_id:
+            return None
+        return table[index]
+
     def num_seq_blocks(self, seq_id: int) -> int:
         return len({b for b in self.seq_block_ids(seq_id) if b != 0})
 

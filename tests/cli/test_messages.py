@@ -49,10 +49,11 @@ def test_apply_overrides_names_the_assignment():
 @pytest.mark.parametrize(
     ("violations", "fragment"),
     [
-        (["bogus"], "unknown violation kind 'bogus'; give none, any or a list of: admission_"),
+        (["bogus"], "unknown violation kind 'bogus'; none, any or of: admission_"),
         ("nonee", "unknown violation kind 'nonee'"),
         ({"leaked_blocks": 1}, "expected none, any or a list of violation kinds"),
         ([3], "unknown violation kind 3"),
+        (["freed_while_inflight"], "did you mean 'freed_while_in_flight'?"),
     ],
 )
 def test_expect_names_an_unknown_kind_and_lists_the_known(violations, fragment):

@@ -104,18 +104,30 @@ def test_loaded_versions_pick_their_pins():
         (
             "v1_engine_0_20_0_capped_count_undercount_vllm_45856.yaml",
             "0.20.0",
-            {"admission_undercount", "no_progress"},
+            {"admission_undercount", "no_progress", "freed_while_in_flight"},
         ),
-        ("v1_engine_0_25_1_capped_count_fixed_vllm_45856.yaml", "0.25.1", {"no_progress"}),
+        (
+            "v1_engine_0_25_1_capped_count_fixed_vllm_45856.yaml",
+            "0.25.1",
+            {"no_progress", "freed_while_in_flight"},
+        ),
         (
             "v1_engine_0_19_1_swa_gate_vs_startup_no_progress_vllm_39734.yaml",
             "0.19.1",
             {"no_progress"},
         ),
         ("v1_engine_0_20_0_swa_gate_admits_vllm_39734.yaml", "0.20.0", set()),
+        (
+            "v1_engine_0_25_1_async_swa_freed_while_in_flight_vllm_47728.yaml",
+            "0.25.1",
+            {"freed_while_in_flight"},
+        ),
+        ("v1_engine_0_26_0_async_swa_processed_basis_vllm_47728.yaml", "0.26.0", set()),
     ],
 )
-def test_regression_on_real_release_regression_vllm_45856_39734(scenario, version, kinds, tmp_path):
+def test_regression_on_real_release_regression_vllm_45856_39734_47728(
+    scenario, version, kinds, tmp_path
+):
     """The reproducers show on vLLM's real manager of the release too (`--vllm-root`), with
     kvsim's scheduler and auditor around it: the findings are vLLM's, not the model's."""
     root = root_or_skip(version)
@@ -149,3 +161,39 @@ def test_regression_on_real_release_regression_vllm_45856_39734(scenario, versio
         else set()
     )
     assert found == kinds, out.stdout
+
+
+_BOUND_SCRIPT = """
+import random, sys, torch
+from sim.vllm_real.loader import import_vllm, load_vllm
+from sim.kv.v1_engine.admission import admission_cap_blocks
+iface = import_vllm("v1.kv_cache_interface", load_vllm(None, sys.argv[1]))
+rng = random.Random(0)
+for _ in range(2000):
+    bs, w = rng.choice([1, 2, 4, 16, 32]), rng.randint(1, 9000)
+    t, length = rng.randint(1, 40000), rng.randint(1, 140000)
+    spec = iface.SlidingWindowSpec(
+        block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float16, sliding_window=w
+    )
+    real = spec.max_admission_blocks_per_request(t, length)
+    assert real == admission_cap_blocks(w, bs, t, length), (bs, w, t, length, real)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.25.1", "0.26.0", "0.33.0"])
+def test_window_bound_is_the_release_s_regression_vllm_54703(version):
+    """kvsim's per-request sliding-window bound (the gate's cap, the startup sizing and the
+    admission reserve of vllm #54703) is each release's `max_admission_blocks_per_request`,
+    on 2,000 drawn windows, block sizes, token counts and lengths."""
+    root_or_skip(version)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", _BOUND_SCRIPT, version],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr

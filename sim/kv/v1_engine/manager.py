@@ -363,6 +363,17 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             [block.block_id for block in table] for table in self.coordinator.get_blocks(request_id)
         )
 
+    def block_id_at(self, request_id: int, group: int, index: int) -> int | None:
+        """The block at `index` of the request's table in `group`; None for the null block or
+        past the table's end (the auditor's in-flight read check, `sim.audit.in_flight`).
+
+        kvsim's own (no upstream counterpart).
+        """
+        table = self.coordinator.managers[group].req_to_blocks.get(request_id)
+        if table is None or index >= len(table) or table[index].is_null:
+            return None
+        return table[index].block_id
+
     def get_block_ids(self, request_id: int) -> list[int]:
         """Upstream: `vllm/v1/core/kv_cache_manager.py:L387-389 (0.11.0)`."""
         return [block_id for table in self.group_block_ids(request_id) for block_id in table]

@@ -27,6 +27,9 @@ is one small class each (`AsyncRelease`):
   blocks freed with the finish); 0.33.0 skips a request whose in-flight step is already its
   last (`sched/scheduler.py:L798-812`). An output for a finished request is dropped (0.11.0
   `L886-891`, 0.33.0 `L2325-2334`).
+* **Blocks a step in flight reads**: the auditor is told of each step when it is scheduled
+  and when its output is back, and reports a sliding-window block pruned in between
+  (`sim.audit.in_flight`: before 0.26.0 the prune counts the in-flight tokens as computed).
 * **Preemption with a step in flight**: the step's token is still delivered, to the request
   now waiting (it may even finish there and leave the waiting queue, 0.11.0 `L929-934`,
   `L996-998`). 0.11.0 keeps its placeholders; 0.33.0 zeroes them and marks the in-flight
@@ -242,6 +245,9 @@ class AsyncOutputs:
         #: engine core keeps calling the scheduler while any are unreported
         #: (`has_requests`, `sched/interface.py`, 0.11.0 L126-129, 0.33.0 L205-208).
         self.num_finished_unreported = 0
+        #: The auditor checks that no block a step in flight reads is pruned under it
+        #: (`sim.audit.in_flight`); only a sliding-window group can be.
+        self.tracks_in_flight_reads = scheduler.kv_cache_manager.tracks_in_flight_reads
 
     def last_step_in_flight(self, request: Request) -> bool:
         return self.async_release.last_step_in_flight(request)
@@ -255,6 +261,10 @@ class AsyncOutputs:
         after_schedule = self.async_release.after_schedule
         for work in plan.scheduled:
             after_schedule(work)
+        if self.tracks_in_flight_reads:  # the auditor's in-flight read check
+            note = self.scheduler.kv_cache_manager.note_step_scheduled
+            for work in plan.scheduled:
+                note(work.request.seq, work.num_tokens)
         self.num_finished_unreported = 0
 
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
@@ -264,9 +274,12 @@ class AsyncOutputs:
         scheduler, release = self.scheduler, self.async_release
         finished: list[Request] = []
         finished_waiting: list[Request] = []
+        manager = scheduler.kv_cache_manager
         for work in plan.scheduled:
             request = work.request
             stale = release.settle(work)
+            if self.tracks_in_flight_reads:
+                manager.note_step_settled(request.seq)
             if request.state.is_terminal or not work.samples:
                 continue  # finished already (its output is dropped), or a prefill chunk
             was_running = request.state is RequestState.RUNNING

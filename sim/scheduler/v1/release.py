@@ -221,9 +221,7 @@ def policies_for(
         return V1ReleasePolicies(
             release, FirstChunkGate(), SkipOversized(), KeepScheduledVictim(), True
         )
-    cap_tokens: int | None = token_budget
-    if release.caps_on_in_flight_tokens:
-        cap_tokens = max_concurrent_batches * token_budget
+    cap_tokens: int | None = release.window_bound_tokens(token_budget, max_concurrent_batches)
     if release.admission_cap is AdmissionCap.NONE:
         cap_tokens = None
     if release is VllmPin.V0_33_0:

@@ -1,0 +1,108 @@
+"""The in-flight read check: a sliding-window block freed while a step in flight reads it.
+
+Under async scheduling step N+1 is scheduled while step N runs. Before vLLM 0.26.0 the
+scheduler prunes a sliding-window table on C, the computed-token count, which already counts
+step N's tokens (`remove_skipped_blocks(request, request.num_computed_tokens)` inside
+`allocate_slots`, `kv_cache_manager.py @0.25.1`), so it can free a block step N's attention
+window still covers. A freed block may be handed to another request in the same schedule, or
+filled by a KV load that is not ordered with the compute stream, while step N reads it: silent
+KV corruption, no crash (vllm-ascend #13501; fixed in 0.26.0 by vllm PR #47728, which prunes
+on C minus the in-flight tokens: `sim.kv.pins.VllmPin.frees_on_processed_basis`).
+
+Worked example (window 128, block 32, 158 tokens processed): the step computing position 158
+reads positions [158 - 128 + 1, 158] = [31, 158], so block 0 (positions 0-31) is read. Its
+schedule advances C to 159; scheduling the next step prunes (159 - 128 + 1) // 32 = 1 block:
+block 0, while the step still reads position 31. On the processed basis the prune counts
+159 - 1 = 158: (158 - 127) // 32 = 0 blocks, and block 0 stays until the step's output is back.
+
+What is checked: for each step in flight and each sliding-window group, the block holding
+the lowest position the step reads (tables are pruned from the front, so if that block is
+still there, so is every later one). It is checked after each `allocate_slots` of the same
+request, the only call that prunes a running request's table. A request freed with a step in
+flight (finished, aborted, preempted) is not reported: upstream frees those at once and defers
+the free only for a KV consumer under P/D (vllm PR #45357), which kvsim refuses with async
+scheduling. Full-attention groups are never pruned and are not tracked.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: (request id, group index, block index) -> the block id there, None for a null block or an
+#: index past the table's end.
+BlockIdAt = Callable[[int, int, int], int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightRead:
+    """The lowest block one in-flight step reads in one sliding-window group."""
+
+    group: int
+    block_index: int
+    block_id: int
+    #: The lowest token position the step's attention reads in this group.
+    first_position: int
+
+
+class InFlightReads:
+    """Which sliding-window blocks each request's steps in flight read (module docstring).
+
+    Example (window 128, block 32): `step_scheduled(r, first_position=158)` records
+    group 0's block index (158 - 127) // 32 = 0; after the next `allocate_slots(r)` nulled
+    index 0, `pruned(r)` returns that record.
+    """
+
+    def __init__(
+        self, windows: tuple[int | None, ...], block_size: int, block_id_at: BlockIdAt
+    ) -> None:
+        self.windows = windows
+        self.block_size = block_size
+        self.block_id_at = block_id_at
+        #: request id -> one list of reads per step in flight, oldest first.
+        self._steps: dict[int, deque[list[InFlightRead]]] = {}
+
+    @property
+    def tracks_anything(self) -> bool:
+        """False when no group has a window: nothing is ever pruned."""
+        return any(window is not None for window in self.windows)
+
+    def step_scheduled(self, request_id: int, first_position: int) -> None:
+        """A step computing positions from `first_position` on was scheduled for the request."""
+        reads = []
+        for group, window in enumerate(self.windows):
+            if window is None:
+                continue
+            lowest = max(0, first_position - window + 1)
+            index = lowest // self.block_size
+            block_id = self.block_id_at(request_id, group, index)
+            if block_id is not None:  # nothing live to protect (a dropped prefix hit)
+                reads.append(InFlightRead(group, index, block_id, lowest))
+        self._steps.setdefault(request_id, deque()).append(reads)
+
+    def step_settled(self, request_id: int) -> None:
+        """The request's oldest step in flight returned its output."""
+        steps = self._steps.get(request_id)
+        if steps:
+            steps.popleft()
+            if not steps:
+                del self._steps[request_id]
+
+    def forget(self, request_id: int) -> None:
+        """The request's blocks were freed (finished, aborted or preempted)."""
+        self._steps.pop(request_id, None)
+
+    def pruned(self, request_id: int) -> list[InFlightRead]:
+        """The reads of the request's steps in flight whose block left its table; each is
+        reported once (the step's record is dropped)."""
+        steps = self._steps.get(request_id)
+        if not steps:
+            return []
+        lost = []
+        for reads in steps:
+            for read in list(reads):
+                if self.block_id_at(request_id, read.group, read.block_index) != read.block_id:
+                    lost.append(read)
+                    reads.remove(read)
+        return lost
