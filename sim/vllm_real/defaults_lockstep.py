@@ -169,11 +169,18 @@ class _RealV1(_RealConfigs):
         iface = import_vllm("platforms.interface", install)
         self.platform = _fake_platform_class(cuda.CudaPlatformBase, iface.DeviceCapability)()
         _patch(import_vllm("platforms", install), "_current_platform", self.platform)
-        if install.version_tuple >= (0, 33):
-            _patch(import_vllm("config.vllm", install), "HAS_TRITON", True)
-        else:
-            _patch(import_vllm("config.parallel", install), "cuda_device_count_stateless", _eight)
-            _patch(import_vllm("config.cache", install), "get_cpu_memory", _host_memory)
+        # Each release has some of these (0.11.0 the last two, 0.33.0 the first): patch what
+        # the install has, by name, as the real adapters pick arguments by signature.
+        for module, name, value in (
+            ("config.vllm", "HAS_TRITON", True),
+            ("config.parallel", "cuda_device_count_stateless", _eight),
+            ("config.cache", "get_cpu_memory", _host_memory),
+        ):
+            if importlib.util.find_spec(f"vllm.{module}") is None:
+                continue  # 0.11.0 has no config/vllm.py
+            target = import_vllm(module, install)
+            if hasattr(target, name):
+                _patch(target, name, value)
         registry = import_vllm("model_executor.models.registry", install).ModelRegistry
         stub = _pp_stub_model_class()
         for arch in {hf_config(get_model(name))["architectures"][0] for name in GRID_MODELS}:
@@ -308,7 +315,7 @@ def same_outcome(kvsim: dict[str, Any] | str, real: dict[str, Any] | str) -> boo
 
 
 #: The releases whose config code is built here (4ac7713 has no install).
-VERIFIABLE = ("0.5.4", "0.11.0", "0.33.0")
+VERIFIABLE = ("0.5.4", "0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0")
 
 
 def verify_defaults(

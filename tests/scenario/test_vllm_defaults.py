@@ -274,3 +274,27 @@ def test_long_prefill_threshold_above_the_length() -> None:
         16384,
         Origin.USER,
     )
+
+
+# -- the 2026-bug pins (found by the defaults lockstep, `kvsim verify --defaults`) -------------
+@pytest.mark.parametrize(
+    ("release", "batch"),
+    [("0.19.1", (1024, 8192)), ("0.26.0", (1024, 8192)), ("0.33.0", (1024, 16384))],
+)
+def test_b200_batch_tier_is_0_33_0_s_alone_regression_defaults_lockstep(release, batch):
+    """The >= 160 GiB tier (16,384 tokens for the API server) arrived in 0.33.0; the 2026 pins
+    kept 0.11.0's two tiers, so a B200 gets the H100 table there."""
+    assert _batch(_resolve(release, "llama-3.1-8b", "b200")) == batch
+
+
+@pytest.mark.parametrize(("release", "util"), [("0.19.1", 0.9), ("0.20.0", 0.92)])
+def test_gpu_memory_utilization_default_rose_in_0_20_0_regression_defaults_lockstep(release, util):
+    assert _resolve(release, "llama-3.1-8b", "h100-sxm").gpu_memory_utilization.value == util
+
+
+def test_long_prefill_bound_is_0_33_0_s_alone_regression_defaults_lockstep():
+    """0.19.1-0.26.0 check the threshold against max_model_len only with partial prefills."""
+    flags = UserFlags(long_prefill_token_threshold=16384, max_model_len=8192)
+    assert _resolve("0.26.0", "llama-3.1-8b", "h100-sxm", flags=flags).max_model_len.value == 8192
+    with pytest.raises(DefaultsError):
+        _resolve("0.33.0", "llama-3.1-8b", "h100-sxm", flags=flags)

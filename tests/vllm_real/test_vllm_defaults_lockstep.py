@@ -29,7 +29,9 @@ pytestmark = pytest.mark.vllm
 NUM_CONFIGS = 220
 
 
-@pytest.mark.parametrize("version", ["0.5.4", "0.11.0", "0.33.0"])
+@pytest.mark.parametrize(
+    "version", ["0.5.4", "0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
+)
 def test_defaults_identical_to_the_release(version: str) -> None:
     root_or_skip(version)
     if version == "0.5.4":

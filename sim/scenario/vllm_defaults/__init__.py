@@ -8,7 +8,8 @@ server would run; `sim.scenario.release_defaults` fills a scenario's unset field
 `sim/vllm_real/defaults_lockstep.py` builds each installed release's real
 `EngineArgs(...).create_engine_config()` (0.5.4, 0.11.0, 0.33.0) over a grid of deployments
 and compares every field with this (`kvsim verify --defaults --vllm-version V`): identical
-over 588 / 1344 / 1428 deployments.
+over 588 / 1344 / 1428 deployments; the 2026-bug pins 0.19.1, 0.20.0, 0.25.1 and 0.26.0 over
+1,596 each.
 
 Layout: `common` (inputs, results, the rules every release shares), `v1` (0.11.0, 0.33.0),
 `v0` (0.5.4); `resolve_defaults` picks by pin.
@@ -79,9 +80,10 @@ RELEASES: dict[str, VllmPin] = {
     VllmPin.V0_5_4_PR_7380.value: VllmPin.V0_5_4,  # a block-table fix; same arg_utils.py
     VllmPin.C4AC7713.value: VllmPin.V0_11_0,
     VllmPin.V0_11_0.value: VllmPin.V0_11_0,
-    # The 2026-bug pins (issue #23) model the block managers and schedulers; their serve
-    # defaults follow 0.33.0's code, which the defaults lockstep has not compared with their
-    # own arg_utils.py (a scenario that sets what it needs is not affected).
+    # The 2026-bug pins (issue #23) follow 0.33.0's code with three release differences (no
+    # >= 160 GiB batch tier before 0.33.0, gpu_memory_utilization 0.9 on 0.19.1, the
+    # long-prefill threshold bound only on 0.33.0); each compared with its own
+    # `create_engine_config` by the defaults lockstep: 1,596 of 1,596 deployments identical.
     VllmPin.V0_19_1.value: VllmPin.V0_33_0,
     VllmPin.V0_20_0.value: VllmPin.V0_33_0,
     VllmPin.V0_25_1.value: VllmPin.V0_33_0,
@@ -120,7 +122,7 @@ def resolve_defaults(
         if getattr(flags, name) is not None:
             raise InputError(f"vLLM {release} has no --{name.replace('_', '-')}")
     if rules is VllmPin.V0_33_0:
-        return resolve_v033(dep, flags)
+        return resolve_v033(dep, flags, release)
     if rules is VllmPin.V0_11_0:
         return resolve_v011(dep, flags, release)
     return resolve_v054(dep, flags)

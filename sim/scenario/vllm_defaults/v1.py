@@ -21,6 +21,11 @@ from sim.scenario.vllm_defaults.common import (
     pick,
 )
 
+#: The releases whose defaults follow 0.33.0's code (`RELEASES`), each lockstep-checked.
+_V033_CODE = frozenset(
+    {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
+)
+
 
 # -- the V1 batch tables ----------------------------------------------------------------------
 def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
@@ -32,8 +37,10 @@ def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
     (L2997-3006). 0.11.0 `_set_default_args` (L1605-1624) has no >= 160 GiB tier."""
     api = dep.usage is UsageContext.API_SERVER
     memory, name = dep.device_memory_bytes, dep.device_name.lower()
-    v033 = VllmPin(release) is VllmPin.V0_33_0
-    if v033 and memory >= 160 * GIB:
+    v033 = VllmPin(release) in _V033_CODE
+    # The >= 160 GiB tier is 0.33.0's alone: 0.19.1 to 0.26.0 have 0.11.0's two tiers
+    # (0.26.0 `engine/arg_utils.py` L2460-2479), checked by the defaults lockstep.
+    if VllmPin(release) is VllmPin.V0_33_0 and memory >= 160 * GIB:
         return 16384, 1024, "0.33.0 engine/arg_utils.py L2973-2982 (>= 160 GiB)"
     if memory >= 70 * GIB and "a100" not in name:
         where = (
@@ -45,14 +52,14 @@ def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
 
 
 def _batch_v033(
-    dep: Deployment, flags: UserFlags, max_model_len: int, chunked: bool
+    dep: Deployment, flags: UserFlags, max_model_len: int, chunked: bool, release: str
 ) -> tuple[int, int, str]:
     """(max_num_seqs, max_num_batched_tokens, rule): `_set_default_max_num_seqs_and_batched_
     tokens_args` (engine/arg_utils.py L3151-3240) on the table's values.
 
     Example: Llama-2 (4096 tokens) on an L4, API server, chunked prefill off: the table's 2048
     tokens rise to one whole sequence, max(4096, 2048) = 4096; min(256 x 4096, 4096) = 4096."""
-    table_mnbt, table_mns, table_rule = _v1_batch_table(dep, "0.33.0")
+    table_mnbt, table_mns, table_rule = _v1_batch_table(dep, release)
     factor = 2 if flags.performance_mode == "throughput" else 1  # L3184-3188
     mns = table_mns * factor if flags.max_num_seqs is None else flags.max_num_seqs
     if flags.max_num_batched_tokens is None:
@@ -67,8 +74,9 @@ def _batch_v033(
     return mns, mnbt, table_rule
 
 
-def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
-    """vLLM 0.33.0's V1 engine (`EngineArgs.create_engine_config`, engine/arg_utils.py L2245)."""
+def resolve_v033(dep: Deployment, flags: UserFlags, release: str = "0.33.0") -> ResolvedDefaults:
+    """vLLM 0.33.0's V1 engine (`EngineArgs.create_engine_config`, engine/arg_utils.py L2245),
+    or a 2026 pin that follows it (`release`: only the batch table differs)."""
     mml = max_model_len_setting(dep, flags, "0.33.0 config/model.py L2545-2684")
     chunked = pick(
         flags.enable_chunked_prefill,
@@ -82,12 +90,13 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         "0.33.0 arg_utils.py L3075-3076: decoder models support prefix caching "
         "(config/model.py L2289-2291)",
     )
-    mns, mnbt, table_rule = _batch_v033(dep, flags, mml.value, chunked.value)
+    mns, mnbt, table_rule = _batch_v033(dep, flags, mml.value, chunked.value, release)
     batch_rule = f"{table_rule}; arg_utils.py L3151-3240"
     check_batch(mnbt, mns, mml.value, chunked.value, "0.33.0 config/scheduler.py L317-336")
     threshold = flags.long_prefill_token_threshold or 0
-    if threshold > mml.value:  # config/scheduler.py L355-360 (0.11.0 checks it only with
-        # max_num_partial_prefills > 1, which its V1 engine does not support)
+    # config/scheduler.py L355-360; 0.11.0 to 0.26.0 check it only with
+    # max_num_partial_prefills > 1 (0.26.0 L301-313), which kvsim's V1 engine does not have.
+    if threshold > mml.value and VllmPin(release).bounds_long_prefill_threshold:
         raise DefaultsError(
             f"long_prefill_token_threshold {threshold} > max_model_len {mml.value} "
             "(0.33.0 config/scheduler.py L355-360)",
@@ -96,14 +105,12 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
     # VllmConfig.__post_init__ (config/vllm.py L1549) checks the layout after the batch.
     check_heads(dep, "0.33.0 config/model.py L1559")
     return ResolvedDefaults(
-        release="0.33.0",
+        release=release,
         max_num_seqs=pick(flags.max_num_seqs, mns, batch_rule),
         max_num_batched_tokens=pick(flags.max_num_batched_tokens, mnbt, batch_rule),
         enable_prefix_caching=prefix,
         enable_chunked_prefill=chunked,
-        gpu_memory_utilization=pick(
-            flags.gpu_memory_utilization, 0.92, "0.33.0 config/cache.py L215"
-        ),
+        gpu_memory_utilization=_gpu_memory_utilization(flags, release),
         block_size=pick(
             flags.block_size,
             16,
@@ -121,6 +128,14 @@ def resolve_v033(dep: Deployment, flags: UserFlags) -> ResolvedDefaults:
         ),
         executor=executor_setting(dep, flags, "0.33.0 config/parallel.py L1054-1099"),
     )
+
+
+def _gpu_memory_utilization(flags: UserFlags, release: str) -> Setting:
+    """0.92 from 0.20.0 (0.33.0 config/cache.py L215, 0.20.0 L66); 0.19.1 still has 0.9
+    (L41), as 0.11.0."""
+    if VllmPin(release) is VllmPin.V0_19_1:
+        return pick(flags.gpu_memory_utilization, 0.9, "0.19.1 config/cache.py L41")
+    return pick(flags.gpu_memory_utilization, 0.92, "0.33.0 config/cache.py L215")
 
 
 def _async_v033(flags: UserFlags) -> Setting:
