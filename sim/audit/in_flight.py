@@ -26,7 +26,6 @@ scheduling. Full-attention groups are never pruned and are not tracked.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,9 +48,9 @@ class InFlightRead:
 class InFlightReads:
     """Which sliding-window blocks each request's steps in flight read (module docstring).
 
-    Example (window 128, block 32): `step_scheduled(r, first_position=158)` records
-    group 0's block index (158 - 127) // 32 = 0; after the next `allocate_slots(r)` nulled
-    index 0, `pruned(r)` returns that record.
+    Example (window 128, block 32): `step_scheduled(r, 158, 159)` records group 0's block
+    index (158 - 127) // 32 = 0, which a prune on C = 159 reaches ((159 - 127) // 32 = 1);
+    after the next `allocate_slots(r)` nulled index 0, `pruned(r)` returns that record.
     """
 
     def __init__(
@@ -60,32 +59,42 @@ class InFlightReads:
         self.windows = windows
         self.block_size = block_size
         self.block_id_at = block_id_at
-        #: request id -> one list of reads per step in flight, oldest first.
-        self._steps: dict[int, deque[list[InFlightRead]]] = {}
+        #: request id -> the reads of each of its steps in flight at risk, by the step's first
+        #: position (a step is settled by it, so steps with nothing at risk need no record).
+        self._steps: dict[int, dict[int, list[InFlightRead]]] = {}
 
     @property
     def tracks_anything(self) -> bool:
         """False when no group has a window: nothing is ever pruned."""
         return any(window is not None for window in self.windows)
 
-    def step_scheduled(self, request_id: int, first_position: int) -> None:
-        """A step computing positions from `first_position` on was scheduled for the request."""
+    def step_scheduled(self, request_id: int, first_position: int, computed_tokens: int) -> None:
+        """A step computing positions [first_position, computed_tokens) was scheduled.
+
+        Only a read a prune could reach is recorded: the request's next `allocate_slots`,
+        the one call that prunes before the step settles, counts at most C =
+        `computed_tokens` (the in-flight tokens included), so it nulls at most the first
+        (C - W + 1) // bs blocks. A decode's lowest block is at risk once in bs steps.
+        """
         reads = []
         for group, window in enumerate(self.windows):
             if window is None:
                 continue
             lowest = max(0, first_position - window + 1)
             index = lowest // self.block_size
+            if index >= max(0, computed_tokens - window + 1) // self.block_size:
+                continue  # beyond any prune before the step settles
             block_id = self.block_id_at(request_id, group, index)
             if block_id is not None:  # nothing live to protect (a dropped prefix hit)
                 reads.append(InFlightRead(group, index, block_id, lowest))
-        self._steps.setdefault(request_id, deque()).append(reads)
+        if reads:
+            self._steps.setdefault(request_id, {})[first_position] = reads
 
-    def step_settled(self, request_id: int) -> None:
-        """The request's oldest step in flight returned its output."""
+    def step_settled(self, request_id: int, first_position: int) -> None:
+        """The request's step from `first_position` returned its output."""
         steps = self._steps.get(request_id)
-        if steps:
-            steps.popleft()
+        if steps is not None:
+            steps.pop(first_position, None)
             if not steps:
                 del self._steps[request_id]
 
@@ -100,7 +109,7 @@ class InFlightReads:
         if not steps:
             return []
         lost = []
-        for reads in steps:
+        for reads in steps.values():
             for read in list(reads):
                 if self.block_id_at(request_id, read.group, read.block_index) != read.block_id:
                     lost.append(read)

@@ -145,13 +145,13 @@ class AuditedV1Manager(AuditorBase):
         """Async scheduling: a step of `num_tokens` was scheduled for `request` (its C already
         counts them) and runs while the next step is scheduled (`sim.audit.in_flight`)."""
         if self._in_flight is not None:
-            first_position = request.num_computed_tokens - num_tokens
-            self._in_flight.step_scheduled(request.seq_id, first_position)
+            computed = request.num_computed_tokens
+            self._in_flight.step_scheduled(request.seq_id, computed - num_tokens, computed)
 
-    def note_step_settled(self, request: Sequence) -> None:
-        """The request's oldest step in flight returned its output."""
+    def note_step_settled(self, request: Sequence, first_position: int) -> None:
+        """The request's step from `first_position` (its context length) returned."""
         if self._in_flight is not None:
-            self._in_flight.step_settled(request.seq_id)
+            self._in_flight.step_settled(request.seq_id, first_position)
 
     def _check_in_flight_reads(self, rid: int) -> None:
         assert self._in_flight is not None

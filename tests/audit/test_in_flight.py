@@ -33,14 +33,16 @@ def test_worked_example_window_128_block_32():
         return table[index] if index < len(table) and table[index] != 0 else None
 
     reads = InFlightReads((128,), 32, block_id_at)
-    reads.step_scheduled(0, first_position=158)
+    reads.step_scheduled(0, 158, 159)
     assert reads.pruned(0) == []
     tables[0][0] = 0  # the prune nulls block 0
     (lost,) = reads.pruned(0)
     assert (lost.block_index, lost.block_id, lost.first_position) == (0, 7, 31)
     assert reads.pruned(0) == []  # reported once
-    reads.step_settled(0)
-    reads.step_scheduled(0, first_position=159)  # reads [32, 159]: block 1 onwards
+    reads.step_settled(0, 158)
+    reads.step_scheduled(0, 159, 160)  # reads [32, 159]: block 1, beyond a prune on 160
+    assert reads._steps == {}
+    tables[0][1] = 0
     assert reads.pruned(0) == []
 
 

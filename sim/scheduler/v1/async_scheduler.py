@@ -279,7 +279,7 @@ class AsyncOutputs:
             request = work.request
             stale = release.settle(work)
             if self.tracks_in_flight_reads:
-                manager.note_step_settled(request.seq)
+                manager.note_step_settled(request.seq, work.num_context_tokens)
             if request.state.is_terminal or not work.samples:
                 continue  # finished already (its output is dropped), or a prefill chunk
             was_running = request.state is RequestState.RUNNING
