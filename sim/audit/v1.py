@@ -196,6 +196,5 @@ def _in_flight_reads(inner: Any) -> InFlightReads | None:
     block_id_at = getattr(inner, "block_id_at", None)
     if not isinstance(config, KVCacheConfig) or block_id_at is None:
         return None
-    windows = tuple(g.sliding_window for g in config.kv_cache_groups) or (config.sliding_window,)
-    reads = InFlightReads(windows, config.block_size, block_id_at)
+    reads = InFlightReads(config.group_windows, config.block_size, block_id_at)
     return reads if reads.tracks_anything else None

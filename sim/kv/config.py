@@ -130,6 +130,13 @@ class KVCacheConfig:
             )
 
     @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        """Each KV-cache group's window in group-id order (None: full attention); one group,
+        `sliding_window`'s, when there are no hybrid groups. Example: Gemma-2's layout ->
+        (4096, None); a Mistral config -> (4096,); a full-attention one -> (None,)."""
+        return tuple(g.sliding_window for g in self.kv_cache_groups) or (self.sliding_window,)
+
+    @property
     def watermark_blocks(self) -> int:
         """`int(watermark * G)`: 20 blocks for G=2048 at 0.01 (vLLM truncates)."""
         return int(self.watermark * self.num_gpu_blocks)

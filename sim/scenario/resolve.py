@@ -207,8 +207,9 @@ def _startup(
     _check_v0_startup(sched.design, kv, scheduler_config.enable_chunked_prefill)
     if sched.design is Design.V1_ENGINE:
         release = resolve_pin(sched.design, pin)
-        batches = 2 if scheduler_config.async_scheduling else 1
-        bound_tokens = release.window_bound_tokens(token_budget, batches)
+        bound_tokens = release.window_bound_tokens(
+            token_budget, scheduler_config.max_concurrent_batches
+        )
         _check_cache_fits(sched.design, kv, max_model_len, bound_tokens)
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
         if reserve is not None:
@@ -307,7 +308,7 @@ def _admission_reserve(
     """The full-sequence gate's charge for a max_model_len request against what it holds
     once processed (`sim.planning.admission_reserve`, vllm #54703), where the release has
     the gate and a group has a window; None where nothing is reserved."""
-    windows = tuple(g.sliding_window for g in kv.kv_cache_groups) or (kv.sliding_window,)
+    windows = kv.group_windows
     if not release.has_full_sequence_gate or all(w is None for w in windows):
         return None
     in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
@@ -337,7 +338,7 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
                 f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
             )
         return
-    windows = [g.sliding_window for g in kv.kv_cache_groups] or [kv.sliding_window]
+    windows = kv.group_windows
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for window in windows:

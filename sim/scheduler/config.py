@@ -56,6 +56,12 @@ class SchedulerConfig:
                 f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
             )
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """`VllmConfig.max_concurrent_batches` (0.33.0 `config/vllm.py:L587-598`): 2 under
+        async scheduling (step N+1 is scheduled while step N runs), else 1."""
+        return 2 if self.async_scheduling else 1
+
     def token_budget(self, engine: str) -> int:
         """The resolved `max_num_batched_tokens` for the v0 or V1 engine."""
         if self.max_num_batched_tokens is not None:

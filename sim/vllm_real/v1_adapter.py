@@ -114,7 +114,7 @@ class RealKVCacheManager:
         self.block_size = config.block_size
         self.watermark_blocks = 0
 
-        windows = [g.sliding_window for g in config.kv_cache_groups] or [config.sliding_window]
+        windows = list(config.group_windows)
         self.num_groups = len(windows)
         kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, windows)
         # 0.19.1 on take the hash block size, 0.25.1 on the scheduler's too (0.33.0 splits the

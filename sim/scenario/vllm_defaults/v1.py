@@ -21,11 +21,6 @@ from sim.scenario.vllm_defaults.common import (
     pick,
 )
 
-#: The releases whose defaults follow 0.33.0's code (`RELEASES`), each lockstep-checked.
-_V033_CODE = frozenset(
-    {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
-)
-
 
 # -- the V1 batch tables ----------------------------------------------------------------------
 def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
@@ -37,7 +32,7 @@ def _v1_batch_table(dep: Deployment, release: str) -> tuple[int, int, str]:
     (L2997-3006). 0.11.0 `_set_default_args` (L1605-1624) has no >= 160 GiB tier."""
     api = dep.usage is UsageContext.API_SERVER
     memory, name = dep.device_memory_bytes, dep.device_name.lower()
-    v033 = VllmPin(release) in _V033_CODE
+    v033 = VllmPin(release) is not VllmPin.V0_11_0  # 0.33.0's code (`RELEASES`), or 0.11.0's
     # The >= 160 GiB tier is 0.33.0's alone: 0.19.1 to 0.26.0 have 0.11.0's two tiers
     # (0.26.0 `engine/arg_utils.py` L2460-2479), checked by the defaults lockstep.
     if VllmPin(release) is VllmPin.V0_33_0 and memory >= 160 * GIB:
@@ -76,7 +71,8 @@ def _batch_v033(
 
 def resolve_v033(dep: Deployment, flags: UserFlags, release: str = "0.33.0") -> ResolvedDefaults:
     """vLLM 0.33.0's V1 engine (`EngineArgs.create_engine_config`, engine/arg_utils.py L2245),
-    or a 2026 pin that follows it (`release`: only the batch table differs)."""
+    or a 2026 pin that follows it (`release`: the batch table, the memory utilization and the
+    long-prefill bound differ)."""
     mml = max_model_len_setting(dep, flags, "0.33.0 config/model.py L2545-2684")
     chunked = pick(
         flags.enable_chunked_prefill,

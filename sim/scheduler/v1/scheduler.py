@@ -264,9 +264,8 @@ class V1Scheduler:
         # below max_model_len without chunked prefill is refused at startup, as vLLM's
         # SchedulerConfig refuses it (`sim.scenario.startup.check_token_budget`).
         self.token_budget = config.token_budget("v1")
-        #: `VllmConfig.max_concurrent_batches` (0.33.0 `config/vllm.py:L587-598`): 2 under
-        #: async scheduling (one batch runs while the next is scheduled), else 1.
-        self.max_concurrent_batches = 2 if config.async_scheduling else 1
+        #: `SchedulerConfig.max_concurrent_batches` (2 under async scheduling), read once.
+        self.max_concurrent_batches = config.max_concurrent_batches
         #: The pinned release's waiting-side rules (`sim.scheduler.v1.release`); 0.33.0's gate
         #: caps a sliding window by `max_in_flight_tokens` (`config/vllm.py:L600-609`).
         self.release_policies = policies_for(
