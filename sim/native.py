@@ -68,6 +68,7 @@ COMPILED: tuple[str, ...] = (
     "sim.kv.v0_v2.trackers",
     "sim.kv.v1_engine.admission",
     "sim.kv.v1_engine.block_pool",
+    "sim.kv.v1_engine.chunked_local",
     "sim.kv.v1_engine.coordinator",
     "sim.kv.v1_engine.decode_shortcuts",
     "sim.kv.v1_engine.free_order",

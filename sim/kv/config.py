@@ -73,14 +73,28 @@ _UPSTREAM = {
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
-    """One KV-cache group of the V1 engine's hybrid allocator: full attention (no window) or
-    sliding-window attention of `sliding_window` tokens; its layers share one block table."""
+    """One KV-cache group of the V1 engine's hybrid allocator: full attention (neither set),
+    sliding-window attention of `sliding_window` tokens, or chunked-local attention in chunks
+    of `attention_chunk_size` tokens (Llama-4's RoPE layers; `ChunkedLocalAttentionSpec`,
+    `vllm/v1/kv_cache_interface.py (0.11.0)`); its layers share one block table."""
 
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
+            raise ValueError(
+                f"attention_chunk_size must be positive, got {self.attention_chunk_size}"
+            )
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise ValueError("a KV-cache group is sliding-window or chunked-local, not both")
+
+    @property
+    def is_full_attention(self) -> bool:
+        """Neither a window nor chunks: every earlier token is read."""
+        return self.sliding_window is None and self.attention_chunk_size is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +149,18 @@ class KVCacheConfig:
         `sliding_window`'s, when there are no hybrid groups. Example: Gemma-2's layout ->
         (4096, None); a Mistral config -> (4096,); a full-attention one -> (None,)."""
         return tuple(g.sliding_window for g in self.kv_cache_groups) or (self.sliding_window,)
+
+    @property
+    def group_specs(self) -> tuple[KVCacheGroupSpec, ...]:
+        """Each KV-cache group's spec in group-id order; one group, `sliding_window`'s, when
+        there are no hybrid groups. Example: Llama-4-Scout's layout -> three chunked-local
+        groups of 8,192-token chunks and one full group."""
+        return self.kv_cache_groups or (KVCacheGroupSpec(sliding_window=self.sliding_window),)
+
+    @property
+    def has_chunked_local_group(self) -> bool:
+        """Whether any group is chunked-local attention."""
+        return any(g.attention_chunk_size is not None for g in self.kv_cache_groups)
 
     @property
     def watermark_blocks(self) -> int:

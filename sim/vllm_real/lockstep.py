@@ -118,7 +118,15 @@ def verify(
     v1 = design == "v1-engine"
     pin = v1_pin_for(install.version_tuple) if v1 else None
     while result.num_ops < num_ops:
-        cfg = config or (random_hybrid_config(rng) if hybrid else random_config(rng, design))
+        cfg = config or (
+            random_hybrid_config(rng, chunked_local=install.version_tuple[:2] >= (0, 11))
+            if hybrid
+            else random_config(rng, design)
+        )
+        if pin is None and cfg.has_chunked_local_group and cfg.vllm_pin is None:
+            # kvsim models chunked-local groups from 0.11.0 on; 4ac7713 (the pin 0.11.0 is
+            # otherwise compared as) is not compared with them.
+            cfg = replace(cfg, vllm_pin=VllmPin.V0_11_0.value)
         if pin is not None and cfg.vllm_pin is None:
             cfg = replace(cfg, vllm_pin=pin)
             if config is None and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
@@ -132,9 +140,25 @@ def verify(
         pair.skip_swa_fork = not fork_after_window_drop
         result.num_workloads += 1
         budget = min(ops_per_workload, num_ops - result.num_ops)
-        if not _run_episode(pair, rng, budget, next_id, result):
+        ops_before = result.num_ops
+        ok = _run_episode(pair, rng, budget, next_id, result)
+        layout = layout_name(cfg)
+        result.ops_by_layout[layout] = (
+            result.ops_by_layout.get(layout, 0) + result.num_ops - ops_before
+        )
+        if not ok:
             break
     return result
+
+
+def layout_name(config: KVCacheConfig) -> str:
+    """The KV-cache layout of a config in words: 'one group', 'full + sliding window',
+    'full + chunked-local'."""
+    if not config.kv_cache_groups:
+        return "one group"
+    if config.has_chunked_local_group:
+        return "full + chunked-local"
+    return "full + sliding window"
 
 
 def _checked_design(design: str, hybrid: bool) -> str:

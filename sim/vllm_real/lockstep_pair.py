@@ -52,6 +52,8 @@ class VerifyResult:
     num_workloads: int = 0
     num_crashes: int = 0
     op_counts: dict[str, int] = field(default_factory=dict)
+    #: Operations per KV-cache layout of the drawn configs ("full + chunked-local", ...).
+    ops_by_layout: dict[str, int] = field(default_factory=dict)
     divergence: Divergence | None = None
 
     @property
@@ -69,6 +71,10 @@ class VerifyResult:
             )
             + f" ({self.num_workloads} workloads, {self.num_crashes} crashes seen on both sides; {counts})"
         )
+        if len(self.ops_by_layout) > 1:
+            head += "; by layout: " + ", ".join(
+                f"{k} {v}" for k, v in sorted(self.ops_by_layout.items())
+            )
         return head if self.identical else head + "\n" + self.divergence.describe()  # type: ignore[union-attr]
 
 

@@ -61,12 +61,18 @@ def random_config(rng: random.Random, design: str) -> KVCacheConfig:
     )
 
 
-def random_hybrid_config(rng: random.Random) -> KVCacheConfig:
+def random_hybrid_config(rng: random.Random, *, chunked_local: bool = False) -> KVCacheConfig:
     """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
-    window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching."""
+    window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching. With
+    `chunked_local`, the other groups are chunked-local attention of one chunk size instead
+    in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not)."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     window = rng.randint(1, 6 * block_size)
-    sliding = [KVCacheGroupSpec(window)] * rng.randint(1, 3)
+    other = KVCacheGroupSpec(window)
+    if chunked_local and rng.random() < 1 / 3:
+        chunk = rng.choice([block_size * rng.randint(1, 6), rng.randint(1, 6 * block_size)])
+        other = KVCacheGroupSpec(attention_chunk_size=chunk)
+    sliding = [other] * rng.randint(1, 3)
     full = [KVCacheGroupSpec(None)]
     groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
     return KVCacheConfig(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.kv.config import Design, KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig, KVCacheGroupSpec
 from sim.kv.pins import PINS_BY_DESIGN, V1_BASELINE, VllmPin
 from sim.kv.protocol import PoolStats
 from sim.kv.types import Sequence, SequenceStatus
@@ -37,28 +37,35 @@ from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 _UNBOUNDED_MODEL_LEN = 1 << 40
 
 
-def real_kv_cache_config(iface: Any, block_size: int, num_blocks: int, windows: list[int | None]):
-    """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `windows`
-    (None: full attention, else a sliding window of that many tokens), one layer of one KV head
+def real_kv_cache_config(
+    iface: Any, block_size: int, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...]
+):
+    """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
+    (full attention, a sliding window, or chunked-local attention), one layer of one KV head
     of size 1 each, as vLLM's unit tests build it: the block managers read only the specs'
-    block sizes and windows, never the layer shapes. `iface` is `vllm.v1.kv_cache_interface`.
+    block sizes, windows and chunk sizes, never the layer shapes. `iface` is
+    `vllm.v1.kv_cache_interface`.
     """
     import torch
 
     # By keyword: from 0.33.0 on the spec fields after block_size are keyword-only.
     shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
 
-    def spec_for(window: int | None) -> Any:
-        if window is None:
+    def spec_for(group: KVCacheGroupSpec) -> Any:
+        if group.attention_chunk_size is not None:
+            return iface.ChunkedLocalAttentionSpec(
+                **shape, attention_chunk_size=group.attention_chunk_size
+            )
+        if group.sliding_window is None:
             return iface.FullAttentionSpec(**shape)
-        return iface.SlidingWindowSpec(**shape, sliding_window=window)
+        return iface.SlidingWindowSpec(**shape, sliding_window=group.sliding_window)
 
     return iface.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(window))
-            for i, window in enumerate(windows)
+            iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(group))
+            for i, group in enumerate(groups)
         ],
     )
 
@@ -114,9 +121,9 @@ class RealKVCacheManager:
         self.block_size = config.block_size
         self.watermark_blocks = 0
 
-        windows = list(config.group_windows)
-        self.num_groups = len(windows)
-        kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, windows)
+        groups = config.group_specs
+        self.num_groups = len(groups)
+        kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, groups)
         # 0.19.1 on take the hash block size, 0.25.1 on the scheduler's too (0.33.0 splits the
         # block size in three: kernel, scheduler, hash); one pool of one block size uses the
         # same for all, as vLLM's unit tests do. 0.20.0 / 0.25.1 build the sliding-window cap

@@ -198,6 +198,20 @@ GROUP_SETS = [
     (KVCacheGroupSpec(None), KVCacheGroupSpec(6)),
     (KVCacheGroupSpec(13), KVCacheGroupSpec(13), KVCacheGroupSpec(None)),
 ]
+#: Llama-4's shape (chunked-local groups, then full), and a chunk that is not a block multiple.
+CHUNKED_SETS = [
+    (
+        KVCacheGroupSpec(attention_chunk_size=8),
+        KVCacheGroupSpec(attention_chunk_size=8),
+        KVCacheGroupSpec(None),
+    ),
+    (KVCacheGroupSpec(None), KVCacheGroupSpec(attention_chunk_size=6)),
+]
+#: (groups, pin): chunked-local groups are modelled from 0.11.0 on (0.11.0 keeps the last
+#: cached block at a chunk boundary; 0.19.1 on do not).
+LAYOUTS = [(groups, None) for groups in GROUP_SETS] + [
+    (groups, pin) for groups in CHUNKED_SETS for pin in ("0.11.0", "0.20.0", "0.33.0")
+]
 OP_STRATEGY = st.tuples(
     st.sampled_from(["step", "step", "step", "preempt", "finish", "new"]),
     st.integers(0, 3),  # request slot
@@ -210,11 +224,12 @@ OP_STRATEGY = st.tuples(
 @given(
     ops=st.lists(OP_STRATEGY, min_size=5, max_size=60),
     num_gpu_blocks=st.integers(2, 24),
-    groups=st.sampled_from(GROUP_SETS),
+    layout=st.sampled_from(LAYOUTS),
     caching=st.booleans(),
 )
-def test_property_random_hybrid_schedules(ops, num_gpu_blocks, groups, caching):
-    m = make(num_gpu_blocks, groups, enable_prefix_caching=caching)
+def test_property_random_hybrid_schedules(ops, num_gpu_blocks, layout, caching):
+    groups, pin = layout
+    m = make(num_gpu_blocks, groups, enable_prefix_caching=caching, vllm_pin=pin)
     num_groups = len(groups)
     seqs: dict[int, Sequence] = {}
     running: set[int] = set()
@@ -315,9 +330,9 @@ def _structural_hybrid(m: HybridKVCacheManager, seq_ids) -> tuple:
     )
 
 
-@pytest.mark.parametrize("groups", GROUP_SETS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("caching", [False, True])
-def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, groups, caching):
+def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, layout, caching):
     """tests/harness/fast_path_drivers.py's A/B replay (A called on every decode, B skipping the
     decodes its `decode_touch_len` declares quiet) over hybrid managers: identical pools,
     caches, per-group tables and counters, and every skipped decode was quiet on A."""
@@ -331,7 +346,8 @@ def test_hybrid_skipping_quiet_decodes_is_exact(monkeypatch, groups, caching):
             num_gpu_blocks=40,
             block_size=BS,
             enable_prefix_caching=caching,
-            kv_cache_groups=groups,
+            kv_cache_groups=layout[0],
+            vllm_pin=layout[1],
         )
         pair = run_v1(config, seed, num_ops=800)
         num_quiet += pair.num_quiet

@@ -18,7 +18,9 @@ for ``T = min(num_tokens, max_model_len)`` tokens with the admission cap applied
 * a request already holding a table needs ``max(R - len(table), 0)``;
 * a new one with H hit blocks (C hit tokens) needs
   ``max(R - max(S, H), 0) + #{evictable hits past the first S}``, where
-  ``S = floor(max(0, C - W + 1) / bs)`` blocks fall before the window (0 for full attention).
+  ``S = floor(max(0, C - W + 1) / bs)`` blocks fall before the window (0 for full attention;
+  ``floor(C // A * A / bs)`` for chunked-local attention in chunks of A, whose cap is
+  ``cdiv(min(A + max_in_flight_tokens, max_model_len), bs)``: `chunked_local`).
 
 Worked example (bs=16, full attention, no hits, 10 free blocks): a 200-token prompt needs
 ``cdiv(200, 16) = 13 > 10`` and is refused, although its first 64-token chunk (4 blocks)
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from sim.kv.types import cdiv
 from sim.kv.v1_engine.block_pool import KVCacheBlock
-from sim.kv.v1_engine.single_type import SingleTypeManager
+from sim.kv.v1_engine.single_type import SingleTypeManager, sliding_window_cap_blocks
 
 
 def admission_cap_blocks(
@@ -39,16 +41,15 @@ def admission_cap_blocks(
     max_in_flight_tokens: int,
     max_model_len: int | None,
 ) -> int | None:
-    """The per-request admission cap in blocks; None for full attention (no cap).
+    """The per-request admission cap in blocks of a sliding window; None for full attention.
 
     kvsim's own (no upstream counterpart).
     """
     if sliding_window is None:
         return None
-    num_tokens = sliding_window - 1 + max_in_flight_tokens
-    if max_model_len is not None:
-        num_tokens = min(num_tokens, max_model_len)
-    return cdiv(num_tokens, block_size) + 1
+    return sliding_window_cap_blocks(
+        sliding_window, block_size, max_in_flight_tokens, max_model_len
+    )
 
 
 def num_blocks_to_admit(
@@ -57,7 +58,6 @@ def num_blocks_to_admit(
     num_tokens: int,
     hits: list[KVCacheBlock],
     num_computed_tokens: int,
-    sliding_window: int | None,
     cap_blocks: int | None,
 ) -> int:
     """Blocks the free pool must hold to admit the request's whole sequence (see module doc).
@@ -74,10 +74,7 @@ def num_blocks_to_admit(
     table = manager.req_to_blocks.get(request_id, ())
     if request_id in manager.num_cached_block:
         return max(num_required - len(table), 0)
-    num_skipped_tokens = 0
-    if sliding_window is not None:
-        num_skipped_tokens = max(0, num_computed_tokens - sliding_window + 1)
-    num_skipped_blocks = num_skipped_tokens // block_size
+    num_skipped_blocks = manager.num_skipped_tokens(num_computed_tokens) // block_size
     num_new = max(num_required - max(num_skipped_blocks, len(hits) + len(table)), 0)
     first_kept_hit = max(0, num_skipped_blocks - len(table))
     num_evictable = sum(1 for b in hits[first_kept_hit:] if b.ref_cnt == 0 and not b.is_null)

@@ -28,8 +28,10 @@ from __future__ import annotations
 import abc
 from typing import Generic, TypeVar
 
+from sim.kv.config import KVCacheGroupSpec
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
     SingleTypeManager,
@@ -46,19 +48,21 @@ HashesT = TypeVar("HashesT")
 def make_single_type_manager(
     block_pool: BlockPool,
     block_size: int,
-    sliding_window: int | None,
+    group: KVCacheGroupSpec,
     *,
     only_reachable_cached: bool,
 ) -> SingleTypeManager:
-    """`get_manager_for_kv_cache_spec` (`single_type_kv_cache_manager.py @0.11.0`) for the two
-    attention types kvsim models.
+    """`get_manager_for_kv_cache_spec` (`single_type_kv_cache_manager.py @0.11.0`) for the
+    attention types kvsim models: full, sliding window, chunked-local.
 
     kvsim's own (no upstream counterpart).
     """
-    if sliding_window is None:
+    if group.attention_chunk_size is not None:
+        return ChunkedLocalAttentionManager(block_pool, block_size, group.attention_chunk_size)
+    if group.sliding_window is None:
         return FullAttentionManager(block_pool, block_size)
     return SlidingWindowManager(
-        block_pool, block_size, sliding_window, only_reachable_cached=only_reachable_cached
+        block_pool, block_size, group.sliding_window, only_reachable_cached=only_reachable_cached
     )
 
 
@@ -69,27 +73,27 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         self,
         block_pool: BlockPool,
         block_size: int,
-        windows: tuple[int | None, ...],
+        groups: tuple[KVCacheGroupSpec, ...],
         *,
         only_reachable_cached: bool = False,
     ) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
-        #: Each group's sliding window in tokens (None: full attention), by group id.
-        self.windows = windows
-        self.has_sliding_window = any(window is not None for window in windows)
-        #: The sliding groups' windows, for the footprint bound.
-        self.sliding_windows = tuple(window for window in windows if window is not None)
+        #: Each group's sliding window in tokens (None: full or chunked-local), by group id.
+        self.windows = tuple(group.sliding_window for group in groups)
+        #: Whether any group frees blocks a running request no longer reads (sliding window,
+        #: chunked-local); full attention alone never does.
+        self.has_skipping_group = any(not group.is_full_attention for group in groups)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             make_single_type_manager(
-                block_pool, block_size, window, only_reachable_cached=only_reachable_cached
+                block_pool, block_size, group, only_reachable_cached=only_reachable_cached
             )
-            for window in windows
+            for group in groups
         )
         #: Per request: its full blocks' hashes, extended as tokens are appended.
         self.req_to_block_hashes: dict[int, HashesT] = {}
         #: The hits of a call without any (read only: no caller mutates hit lists).
-        self.no_hits: GroupBlocks = tuple([] for _ in windows)
+        self.no_hits: GroupBlocks = tuple([] for _ in groups)
 
     # ------------------------------------------------------------------- held blocks
     @abc.abstractmethod
@@ -218,8 +222,8 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
 
     def table_touch_len(self, request_id: int) -> int | None:
         """The first decode length at which a group's table changes: a new block
-        (``len(table) * bs + 1``) or, per sliding group, a block leaving the window
-        (``(leading nulls + 1) * bs + W``). None when the request has not started (no
+        (``len(table) * bs + 1``) or, per sliding or chunked-local group, a block leaving
+        what is read (`SingleTypeManager.freeing_decode_len`). None when the request has not started (no
         allocation yet).
 
         Example (bs=16, one group, W=24): a table of 8 entries, 0..4 null -> min(129, 120) = 120.
@@ -231,10 +235,10 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
             return None
         bs = self.block_size
         touch_len = min(len(table) for table in tables) * bs + 1
-        for manager, window in zip(self.managers, self.windows, strict=True):
-            if window is not None:
-                num_nulls = manager.num_leading_null_blocks(request_id)
-                touch_len = min(touch_len, (num_nulls + 1) * bs + window)
+        for manager in self.managers:
+            free_len = manager.freeing_decode_len(manager.num_leading_null_blocks(request_id))
+            if free_len is not None and free_len < touch_len:
+                touch_len = free_len
         return touch_len
 
     def num_seq_blocks(self, request_id: int) -> int:
@@ -263,7 +267,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         only_reachable_cached: bool = False,
     ) -> None:
         super().__init__(
-            block_pool, block_size, (sliding_window,), only_reachable_cached=only_reachable_cached
+            block_pool,
+            block_size,
+            (KVCacheGroupSpec(sliding_window=sliding_window),),
+            only_reachable_cached=only_reachable_cached,
         )
         (self.manager,) = self.managers
 
@@ -316,7 +323,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         Upstream `KVCacheCoordinator.remove_skipped_blocks`:
         `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
         """
-        if self.has_sliding_window:  # fast path: full attention skips nothing
+        if self.has_skipping_group:  # fast path: full attention skips nothing
             self.manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(

@@ -101,7 +101,8 @@ class DecodeShortcuts:
         self._req_to_skip_tokens[request_id] = num_computed_tokens - 1
 
     def max_seq_footprint(self, seq: Sequence) -> int | None:
-        """The per-step live-block bound of spec §6.3; None without a sliding group.
+        """The per-step live-block bound of spec §6.3; None without a sliding or chunked-local
+        group.
 
         Per group ``cdiv(T, bs)``, less ``floor(max(0, C - W + 1) / bs)`` for a sliding group,
         where C is the `num_computed_tokens` of the request's last `allocate_slots` call (what
@@ -115,7 +116,7 @@ class DecodeShortcuts:
         kvsim's own (no upstream counterpart).
         """
         coordinator = self.coordinator
-        if not coordinator.has_sliding_window:
+        if not coordinator.has_skipping_group:
             return None
         request_id = seq.seq_id
         need_tokens = self._req_to_max_need_tokens.get(request_id)
@@ -124,9 +125,8 @@ class DecodeShortcuts:
         bs = self.block_size
         num_skip_tokens = self._req_to_skip_tokens[request_id]
         footprint = self.num_kv_cache_groups * -(-need_tokens // bs)
-        for window in coordinator.sliding_windows:
-            # floor(max(0, C - W + 1) / bs) blocks left this group's window.
-            num_skipped_tokens = num_skip_tokens - window + 1
-            if num_skipped_tokens > 0:
-                footprint -= num_skipped_tokens // bs
+        for manager in coordinator.managers:
+            # floor(skipped / bs) blocks left what this group reads (sliding: C - W + 1;
+            # chunked-local: C // A * A; full attention: none).
+            footprint -= manager.num_freed_blocks_at_least(num_skip_tokens)
         return footprint if footprint > 0 else 0

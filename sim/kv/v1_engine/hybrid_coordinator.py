@@ -28,7 +28,9 @@ collision-free as the chain itself. A lookup over several groups of one type hit
 every group has the block (`block_pool.py:L163-186`).
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
-attention, and the group ids of the two types must not interleave (`L289-350`):
+attention (the other: one sliding window, or one chunk size of chunked-local attention,
+`chunked_local.chunked_local_hit`), and the group ids of the two types must not interleave
+(`L289-350`):
 
 1. the full-attention hit, at most `max_length` tokens;
 2. the other type's hit within that length;
@@ -47,8 +49,18 @@ from __future__ import annotations
 from sim.kv.config import KVCacheGroupSpec
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
 from sim.kv.v1_engine.single_type import SlidingWindowManager
+
+
+def _describe(group: KVCacheGroupSpec) -> str:
+    """'full', 'sliding 4096' or 'chunked 8192' (for the one-line error)."""
+    if group.attention_chunk_size is not None:
+        return f"chunked {group.attention_chunk_size}"
+    if group.sliding_window is not None:
+        return f"sliding {group.sliding_window}"
+    return "full"
 
 
 def group_block_hash(block_hash: BlockHash, group_id: int) -> BlockHash:
@@ -77,28 +89,26 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
                 f"the hybrid coordinator needs >= 2 KV-cache groups, got {len(groups)}"
             )
         super().__init__(
-            block_pool,
-            block_size,
-            tuple(group.sliding_window for group in groups),
-            only_reachable_cached=only_reachable_cached,
+            block_pool, block_size, groups, only_reachable_cached=only_reachable_cached
         )
         self.groups = groups
         self.num_groups = len(groups)
         #: Per group: distinct blocks its live tables hold now, and the most ever.
         self.num_held_blocks = [0] * len(groups)
         self.peak_held_blocks = [0] * len(groups)
-        self.full_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is None]
-        self.other_group_ids = [i for i, g in enumerate(groups) if g.sliding_window is not None]
-        windows = {groups[i].sliding_window for i in self.other_group_ids}
+        self.full_group_ids = [i for i, g in enumerate(groups) if g.is_full_attention]
+        self.other_group_ids = [i for i, g in enumerate(groups) if not g.is_full_attention]
+        other_specs = {groups[i] for i in self.other_group_ids}
         # `verify_and_split_kv_cache_groups` asserts these (L289-350).
-        if not self.full_group_ids or len(windows) != 1:
+        if not self.full_group_ids or len(other_specs) != 1:
             raise ValueError(
                 "the hybrid coordinator supports full attention plus exactly one sliding "
-                f"window; got windows {[g.sliding_window for g in groups]}"
+                "window or one chunk size; got " + ", ".join(_describe(g) for g in groups)
             )
-        (other_window,) = windows
-        assert other_window is not None  # the other groups are the sliding ones
-        self.other_window: int = other_window
+        (other_spec,) = other_specs
+        #: The other type's window (None: chunked-local) and chunk size (None: sliding).
+        self.other_window: int | None = other_spec.sliding_window
+        self.other_chunk_size: int | None = other_spec.attention_chunk_size
         if max(self.full_group_ids) < min(self.other_group_ids):
             self.full_attn_first = True
         elif max(self.other_group_ids) < min(self.full_group_ids):
@@ -162,10 +172,25 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
                 group_hits.append(block)
         return hits
 
+    def _other_hit(
+        self, hashes: list[list[BlockHash]], max_length: int
+    ) -> list[list[KVCacheBlock]]:
+        """The other type's `find_longest_cache_hit` over all its groups."""
+        if self.other_chunk_size is not None:
+            return chunked_local_hit(
+                self.block_pool,
+                [hashes[i] for i in self.other_group_ids],
+                max_length,
+                self.block_size,
+                self.other_chunk_size,
+            )
+        return self._sliding_hit(hashes, max_length)
+
     def _sliding_hit(
         self, hashes: list[list[BlockHash]], max_length: int
     ) -> list[list[KVCacheBlock]]:
         """`SlidingWindowManager.find_longest_cache_hit` over all sliding groups."""
+        assert self.other_window is not None  # the other groups are the sliding ones
         num_contiguous_needed = cdiv(self.other_window - 1, self.block_size)
         max_num_blocks = max_length // self.block_size
         null = self.block_pool.null_block
@@ -192,7 +217,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
-        other_hits = self._sliding_hit(hashes, hit_length)
+        other_hits = self._other_hit(hashes, hit_length)
         num_hit_blocks = len(other_hits[0])
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
         for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
@@ -231,7 +256,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
         """
         for group_id, manager in enumerate(self.managers):
-            if isinstance(manager, SlidingWindowManager):
+            if isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)):
                 before = self.block_pool.num_held_blocks
                 manager.remove_skipped_blocks(request_id, num_computed_tokens)
                 self._count(group_id, before)

@@ -45,10 +45,11 @@ from __future__ import annotations
 from typing import Any
 
 from sim.kv.config import Design, KVCacheConfig
-from sim.kv.pins import AdmissionCap, manager_pin
+from sim.kv.pins import V1_BASELINE, AdmissionCap, manager_pin
 from sim.kv.types import Sequence
-from sim.kv.v1_engine.admission import admission_cap_blocks, num_blocks_to_admit
+from sim.kv.v1_engine.admission import num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
+from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager
 from sim.kv.v1_engine.coordinator import (
     GroupBlocks,
     KVCacheCoordinator,
@@ -110,10 +111,16 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 config.sliding_window,
                 only_reachable_cached=only_reachable,
             )
-        if self.pin.clamps_skipped_to_table:
-            for manager in self.coordinator.managers:
-                if isinstance(manager, SlidingWindowManager):
-                    manager.clamps_skipped_to_table = True
+        if config.has_chunked_local_group and self.pin is V1_BASELINE:
+            raise ValueError(
+                "chunked-local KV-cache groups are modelled from vLLM 0.11.0 on; "
+                f"pin one (this manager follows {self.pin.words})"
+            )
+        for manager in self.coordinator.managers:
+            if isinstance(manager, SlidingWindowManager):
+                manager.clamps_skipped_to_table = self.pin.clamps_skipped_to_table
+            elif isinstance(manager, ChunkedLocalAttentionManager):
+                manager.keeps_last_cached_block = not self.pin.clamps_skipped_to_table
         #: KV-cache groups (one block table per group per request).
         self.num_kv_cache_groups = len(self.coordinator.managers)
         # For the sliding-window footprint bound and the decode shortcuts: the C of the last
@@ -240,7 +247,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
     def _without_out_of_window_hits(
         self, hits: GroupBlocks, num_computed_tokens: int
     ) -> GroupBlocks:
-        """Hits before each sliding group's window as nulls (0.19.1 on,
+        """Hits before each sliding or chunked-local group's window as nulls (0.19.1 on,
         `VllmPin.drops_out_of_window_hits`): neither touched nor counted nor held. Example
         (bs=16, W=1, a 32-token hit [null, b]): both blocks fall before the window, so the
         table starts [null, null] and b stays free.
@@ -249,12 +256,11 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         """
         null = self.block_pool.null_block
         out = []
-        for window, group_hits in zip(self.coordinator.windows, hits, strict=True):
-            if window is not None:
-                num_skipped = max(0, num_computed_tokens - window + 1) // self.block_size
-                if any(not block.is_null for block in group_hits[:num_skipped]):
-                    kept = group_hits[num_skipped:]
-                    group_hits = [null] * (len(group_hits) - len(kept)) + kept
+        for manager, group_hits in zip(self.coordinator.managers, hits, strict=True):
+            num_skipped = manager.num_skipped_tokens(num_computed_tokens) // self.block_size
+            if num_skipped and any(not block.is_null for block in group_hits[:num_skipped]):
+                kept = group_hits[num_skipped:]
+                group_hits = [null] * (len(group_hits) - len(kept)) + kept
             out.append(group_hits)
         return tuple(out)
 
@@ -309,14 +315,12 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         kvsim's own (no upstream counterpart).
         """
         total = 0
-        for manager, window, group_hits in zip(
-            self.coordinator.managers, self.coordinator.windows, hits, strict=True
-        ):
+        for manager, group_hits in zip(self.coordinator.managers, hits, strict=True):
             cap = None
             if cap_tokens is not None:
-                cap = admission_cap_blocks(window, self.block_size, cap_tokens, self.max_model_len)
+                cap = manager.admission_cap_blocks(cap_tokens, self.max_model_len)
             total += num_blocks_to_admit(
-                manager, request.seq_id, num_tokens, group_hits, num_computed_tokens, window, cap
+                manager, request.seq_id, num_tokens, group_hits, num_computed_tokens, cap
             )
         return total
 

@@ -13,10 +13,16 @@ hits, a step needs
 
 blocks, because touching an evictable hit takes it out of the free pool.
 
+Each manager also answers the three questions the release code asks of its spec: how many
+tokens the next token no longer reads (`num_skipped_tokens`, upstream
+`get_num_skipped_tokens`), the per-request admission cap (`admission_cap_blocks`, upstream
+`max_admission_blocks_per_request`), and, for the decode fast path, the first decode length at
+which a block leaves what is read (`freeing_decode_len`). The chunked-local manager is
+`sim.kv.v1_engine.chunked_local`.
+
 Left out versus upstream (`vllm/v1/core/single_type_kv_cache_manager.py (0.11.0)`): the
-chunked-local, Mamba and cross-attention managers (`ChunkedLocalAttentionManager`,
-`MambaManager`, `CrossAttentionManager`), and `get_num_common_prefix_blocks` of every manager
-(cascade attention). Only full attention and sliding window are modelled.
+Mamba and cross-attention managers (`MambaManager`, `CrossAttentionManager`), and
+`get_num_common_prefix_blocks` of every manager (cascade attention).
 """
 
 from __future__ import annotations
@@ -25,6 +31,20 @@ import abc
 
 from sim.kv.types import BlockHash, cdiv, num_leading_nulls
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+
+
+def sliding_window_cap_blocks(
+    sliding_window: int, block_size: int, max_in_flight_tokens: int, max_model_len: int | None
+) -> int:
+    """``cdiv(min(W - 1 + T, max_model_len), bs) + 1``. Example (bs=16, W=32, T=64): 7.
+
+    Upstream `SlidingWindowSpec.max_admission_blocks_per_request`:
+    `vllm/v1/kv_cache_interface.py:L918-944 (0.33.0)`.
+    """
+    num_tokens = sliding_window - 1 + max_in_flight_tokens
+    if max_model_len is not None and max_model_len < num_tokens:
+        num_tokens = max_model_len
+    return cdiv(num_tokens, block_size) + 1
 
 
 class SingleTypeManager(abc.ABC):
@@ -136,6 +156,41 @@ class SingleTypeManager(abc.ABC):
         """
         return self.req_to_num_null_blocks.get(request_id, 0)
 
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the window of the token at position `num_computed_tokens` (full
+        attention: none).
+
+        Upstream `SingleTypeKVCacheManager.get_num_skipped_tokens`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L424-435 (0.20.0)`.
+        """
+        return 0
+
+    def num_freed_blocks_at_least(self, num_computed_tokens: int) -> int:
+        """Leading blocks `remove_skipped_blocks(r, C)` is sure to have freed (the footprint
+        bound): ``num_skipped_tokens(C) // bs``. Example (bs=16, W=24, C=112): 5.
+
+        kvsim's own (no upstream counterpart).
+        """
+        return self.num_skipped_tokens(num_computed_tokens) // self.block_size
+
+    def admission_cap_blocks(
+        self, max_in_flight_tokens: int, max_model_len: int | None
+    ) -> int | None:
+        """The per-request admission cap in blocks; None: no cap (full attention).
+
+        Upstream: the spec's `max_admission_blocks_per_request` (full attention has none),
+        `vllm/v1/core/single_type_kv_cache_manager.py:L2636-2651 (0.33.0)`.
+        """
+        return None
+
+    def freeing_decode_len(self, num_null_blocks: int) -> int | None:
+        """The first decode length X (``C = X - 1``) at which `remove_skipped_blocks` frees a
+        block of a table whose first `num_null_blocks` entries are null; None: never.
+
+        kvsim's own (no upstream counterpart).
+        """
+        return None
+
     @abc.abstractmethod
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
@@ -210,6 +265,36 @@ class SlidingWindowManager(SingleTypeManager):
         #: blocks not yet allocated, `L404-410 @0.20.0`); 0.11.0 indexes past it (kvsim:
         #: ValueError). Set by the manager from its pin (`VllmPin.clamps_skipped_to_table`).
         self.clamps_skipped_to_table = False
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``max(0, C - W + 1)``: the token at C reads [C - W + 1, C]. Example (W=24,
+        C=112): 89.
+
+        Upstream `SlidingWindowManager.get_num_skipped_tokens`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L602-628 (0.20.0)`.
+        """
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def admission_cap_blocks(
+        self, max_in_flight_tokens: int, max_model_len: int | None
+    ) -> int | None:
+        """``cdiv(min(W - 1 + T, max_model_len), bs) + 1``: a window that starts mid-block
+        spans one block more than its tokens fill (`sim.kv.v1_engine.admission`).
+
+        Upstream `SlidingWindowSpec.max_admission_blocks_per_request`:
+        `vllm/v1/kv_cache_interface.py:L918-944 (0.33.0)`.
+        """
+        return sliding_window_cap_blocks(
+            self.sliding_window, self.block_size, max_in_flight_tokens, max_model_len
+        )
+
+    def freeing_decode_len(self, num_null_blocks: int) -> int | None:
+        """``(nulls + 1) * bs + W``: the first X whose first useful block ``(X - W) // bs``
+        passes the nulls. Example (bs=16, W=24, 5 nulls): 120.
+
+        kvsim's own (no upstream counterpart).
+        """
+        return (num_null_blocks + 1) * self.block_size + self.sliding_window
 
     def save_new_computed_blocks(
         self, request_id: int, new_computed_blocks: list[KVCacheBlock]
