@@ -1,4 +1,5 @@
-"""The in-flight read check: a sliding-window block freed while a step in flight reads it.
+"""The in-flight read check: a sliding-window (or chunked-local) block freed while a step in
+flight reads it.
 
 Under async scheduling step N+1 is scheduled while step N runs. Before vLLM 0.26.0 the
 scheduler prunes a sliding-window table on C, the computed-token count, which already counts
@@ -22,6 +23,11 @@ request, the only call that prunes a running request's table. A request freed wi
 flight (finished, aborted, preempted) is not reported: upstream frees those at once and defers
 the free only for a KV consumer under P/D (vllm PR #45357), which kvsim refuses with async
 scheduling. Full-attention groups are never pruned and are not tracked.
+
+Chunked-local groups (chunks of A) are pruned on the same C (the shared `remove_skipped_blocks`
+from 0.19.1), so the same race exists at each chunk boundary: the step computing position
+A - 1 reads the whole chunk from 0, and scheduling the next step (C = A) frees the chunk's
+blocks while it runs. Only the lowest position differs (`first_read_position`).
 """
 
 from __future__ import annotations
@@ -29,9 +35,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sim.kv.config import KVCacheGroupSpec
+
 #: (request id, group index, block index) -> the block id there, None for a null block or an
 #: index past the table's end.
 BlockIdAt = Callable[[int, int, int], int | None]
+
+
+def first_read_position(group: KVCacheGroupSpec, position: int) -> int:
+    """The lowest position the token at `position` reads in `group` (what a prune on C =
+    `position` keeps): ``max(0, p - W + 1)`` for a window of W, ``p // A * A`` for chunks of
+    A, 0 for full attention. Example (W=128): 158 -> 31; (A=8192): 8,192 -> 8,192."""
+    if group.attention_chunk_size is not None:
+        return position // group.attention_chunk_size * group.attention_chunk_size
+    if group.sliding_window is not None:
+        return max(0, position - group.sliding_window + 1)
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +73,9 @@ class InFlightReads:
     """
 
     def __init__(
-        self, windows: tuple[int | None, ...], block_size: int, block_id_at: BlockIdAt
+        self, groups: tuple[KVCacheGroupSpec, ...], block_size: int, block_id_at: BlockIdAt
     ) -> None:
-        self.windows = windows
+        self.groups = groups
         self.block_size = block_size
         self.block_id_at = block_id_at
         #: request id -> the reads of each of its steps in flight at risk, by the step's first
@@ -65,8 +84,8 @@ class InFlightReads:
 
     @property
     def tracks_anything(self) -> bool:
-        """False when no group has a window: nothing is ever pruned."""
-        return any(window is not None for window in self.windows)
+        """False when every group is full attention: nothing is ever pruned."""
+        return any(not group.is_full_attention for group in self.groups)
 
     def step_scheduled(self, request_id: int, first_position: int, computed_tokens: int) -> None:
         """A step computing positions [first_position, computed_tokens) was scheduled.
@@ -77,12 +96,12 @@ class InFlightReads:
         (C - W + 1) // bs blocks. A decode's lowest block is at risk once in bs steps.
         """
         reads = []
-        for group, window in enumerate(self.windows):
-            if window is None:
+        for group, spec in enumerate(self.groups):
+            if spec.is_full_attention:
                 continue
-            lowest = max(0, first_position - window + 1)
+            lowest = first_read_position(spec, first_position)
             index = lowest // self.block_size
-            if index >= max(0, computed_tokens - window + 1) // self.block_size:
+            if index >= first_read_position(spec, computed_tokens) // self.block_size:
                 continue  # beyond any prune before the step settles
             block_id = self.block_id_at(request_id, group, index)
             if block_id is not None:  # nothing live to protect (a dropped prefix hit)

@@ -196,5 +196,5 @@ def _in_flight_reads(inner: Any) -> InFlightReads | None:
     block_id_at = getattr(inner, "block_id_at", None)
     if not isinstance(config, KVCacheConfig) or block_id_at is None:
         return None
-    reads = InFlightReads(config.group_windows, config.block_size, block_id_at)
+    reads = InFlightReads(config.group_specs, config.block_size, block_id_at)
     return reads if reads.tracks_anything else None

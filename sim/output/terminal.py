@@ -62,13 +62,19 @@ def _fmt(value) -> str:
 
 
 def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
-    """One row per hybrid KV-cache group: "sliding 4096, 21 layers, peak 375 blocks"."""
+    """One row per hybrid KV-cache group: "sliding 4096, 21 layers, peak 375 blocks"
+    ("chunked 8192, peak 12 blocks" for a group given in `cache.kv_cache_groups`: no layer
+    count)."""
     rows = []
     for group in groups or []:
-        window = group["sliding_window"]
+        window, chunk = group["sliding_window"], group.get("attention_chunk_size")
         kind = "full" if window is None else f"sliding {window}"
+        if chunk is not None:
+            kind = f"chunked {chunk}"
         peak = group.get("peak_blocks")
-        text = f"{kind}, {group['num_layers']} layers"
+        text = kind
+        if "num_layers" in group:
+            text += f", {group['num_layers']} layers"
         if peak is not None:
             text += f", peak {peak} blocks"
         rows.append((f"  KV group {group['group_id']}", text))

@@ -44,6 +44,8 @@ class GroupReserve:
     #: The pooled in-flight reserve #54703 proposes for the group: cdiv(T, bs) (0: full
     #: attention, whose charge is all resident).
     shared_reserve_blocks: int
+    #: Chunked-local attention's chunk (None: full or sliding window).
+    attention_chunk_size: int | None = None
 
     @property
     def reserved_blocks(self) -> int:
@@ -115,21 +117,43 @@ def group_reserve(
     request_tokens: int,
     in_flight_tokens: int | None,
     max_model_len: int,
+    *,
+    attention_chunk_size: int | None = None,
 ) -> GroupReserve:
     """One group's charge for a request of `request_tokens` (None `in_flight_tokens`: the
     release has no cap, 0.19.1). Example: W=4, bs=4, T=32,768, a 65,536-token request:
-    charged min(16,384, 8,194) = 8,194, resident 2, shared reserve 8,192."""
+    charged min(16,384, 8,194) = 8,194, resident 2, shared reserve 8,192. Chunked-local
+    attention (chunks of A) is capped at cdiv(min(A + T, max_model_len), bs) and holds the
+    last chunk's blocks once processed: A=8,192, bs=16, T=16,384, 131,071 tokens -> charged
+    1,536, resident 512."""
     required = cdiv(request_tokens, block_size)
-    if sliding_window is None:
+    if sliding_window is None and attention_chunk_size is None:
         return GroupReserve(group_id, None, block_size, required, required, 0)
     charged = required
+    if attention_chunk_size is not None:
+        cap = cdiv(min(attention_chunk_size + (in_flight_tokens or 0), max_model_len), block_size)
+        skipped = request_tokens // attention_chunk_size * attention_chunk_size
+        resident = required - skipped // block_size
+    else:
+        assert sliding_window is not None
+        cap_or_none = admission_cap_blocks(
+            sliding_window, block_size, in_flight_tokens or 0, max_model_len
+        )
+        assert cap_or_none is not None
+        cap = cap_or_none
+        resident = min(required, cdiv(sliding_window - 1, block_size) + 1)
     if in_flight_tokens is not None:
-        cap = admission_cap_blocks(sliding_window, block_size, in_flight_tokens, max_model_len)
-        assert cap is not None
         charged = min(required, cap)
-    resident = min(required, cdiv(sliding_window - 1, block_size) + 1)
     shared = cdiv(in_flight_tokens or 0, block_size)
-    return GroupReserve(group_id, sliding_window, block_size, charged, resident, shared)
+    return GroupReserve(
+        group_id,
+        sliding_window,
+        block_size,
+        charged,
+        resident,
+        shared,
+        attention_chunk_size=attention_chunk_size,
+    )
 
 
 def admission_reserve(
@@ -139,12 +163,17 @@ def admission_reserve(
     in_flight_tokens: int | None,
     max_model_len: int,
     request_tokens: int | None = None,
+    *,
+    chunk_sizes: tuple[int | None, ...] | None = None,
 ) -> AdmissionReserve:
     """The reserve of one request of `request_tokens` (default: `max_model_len`) over groups
-    with these windows and block sizes (module docstring)."""
+    with these windows, block sizes and (chunked-local groups) chunk sizes (module docstring)."""
     tokens = min(request_tokens or max_model_len, max_model_len)
+    chunks = chunk_sizes or (None,) * len(windows)
     groups = tuple(
-        group_reserve(i, window, bs, tokens, in_flight_tokens, max_model_len)
-        for i, (window, bs) in enumerate(zip(windows, block_sizes, strict=True))
+        group_reserve(
+            i, window, bs, tokens, in_flight_tokens, max_model_len, attention_chunk_size=chunk
+        )
+        for i, (window, bs, chunk) in enumerate(zip(windows, block_sizes, chunks, strict=True))
     )
     return AdmissionReserve(tokens, in_flight_tokens or 0, usable_blocks, groups)

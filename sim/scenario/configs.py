@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TypedDict, Unpack
 
 from sim.catalog import GpuSpec, ModelSpec
-from sim.kv.config import KVCacheConfig, KVCacheGroupSpec
+from sim.kv.config import Design, KVCacheConfig, KVCacheGroupSpec, make_manager
 from sim.memory.derive import (
     KvLayout,
     MemoryBudget,
@@ -27,7 +27,7 @@ from sim.memory.derive import (
 )
 from sim.memory.terms import VllmEngine
 from sim.scenario.release_defaults import applied
-from sim.scenario.schema import CacheSection, SchedulerSection
+from sim.scenario.schema import CacheSection, ScenarioError, SchedulerSection
 from sim.scheduler import SchedulerConfig
 
 
@@ -136,3 +136,36 @@ def kv_cache_config_of(
         kv_cache_groups=kv_cache_groups,
         max_num_batched_tokens=max_num_batched_tokens,
     )
+
+
+def explicit_kv_cache_groups(
+    cache: CacheSection, design: Design, vllm_pin: str | None
+) -> tuple[KVCacheGroupSpec, ...]:
+    """`cache.kv_cache_groups` as the manager's group specs (empty when not given), or the
+    one-line error a layout vLLM's hybrid coordinator would refuse gets. Example:
+    ``[{attention_chunk_size: 8192}] * 3 + [{}]`` -> Llama-4-Scout's four groups.
+    """
+    if not cache.kv_cache_groups:
+        return ()
+    field = "cache.kv_cache_groups"
+    if design is not Design.V1_ENGINE:
+        raise ScenarioError(f"{field}: KV-cache groups exist only in the V1 engine (v1-engine)")
+    if cache.num_gpu_blocks == "derive":
+        raise ScenarioError(f"{field}: give cache.num_gpu_blocks (the pool the groups share)")
+    if cache.sliding_window not in ("model", None):
+        raise ScenarioError(f"{field}: each group sets its window; drop cache.sliding_window")
+    groups = tuple(
+        KVCacheGroupSpec(g.sliding_window, g.attention_chunk_size) for g in cache.kv_cache_groups
+    )
+    try:
+        make_manager(
+            design,
+            KVCacheConfig(
+                num_gpu_blocks=cache.num_gpu_blocks,
+                kv_cache_groups=groups,
+                vllm_pin=vllm_pin,
+            ),
+        )
+    except ValueError as exc:
+        raise ScenarioError(f"{field}: {exc}") from None
+    return groups

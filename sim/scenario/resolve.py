@@ -27,6 +27,7 @@ from sim.planning.admission_reserve import AdmissionReserve, admission_reserve
 from sim.routing import Router
 from sim.scenario.configs import (
     derive_budget,
+    explicit_kv_cache_groups,
     kv_cache_config_of,
     kv_dtype_of,
     kv_layout_of,
@@ -78,8 +79,14 @@ def _kv_config(
     kv_layout = kv_layout_of(model, engine)
     # The hybrid allocator's groups, unless the scenario overrides the model's windows.
     layout = None
-    if model is not None and kv_layout == "hybrid" and cache.sliding_window == "model":
+    groups = explicit_kv_cache_groups(
+        cache, scenario.scheduler.design, scenario.scheduler.resolved_vllm_version
+    )
+    if groups:
+        kv_layout = "hybrid"
+    elif model is not None and kv_layout == "hybrid" and cache.sliding_window == "model":
         layout = hybrid_layout_of(model)
+        groups = layout.groups
     num_gpu_blocks = _num_gpu_blocks(scenario, model, token_budget, layout, inputs)
     inputs["kv_layout"] = kv_layout
     num_cpu_blocks = num_cpu_blocks_of(cache, engine, model, scenario.hardware.tensor_parallel_size)
@@ -91,9 +98,18 @@ def _kv_config(
         sliding_window=window,
         max_model_len=max_model_len,
         vllm_pin=scenario.scheduler.resolved_vllm_version,
-        kv_cache_groups=layout.groups if layout is not None else (),
+        kv_cache_groups=groups,
         max_num_batched_tokens=token_budget,
     )
+    if groups and layout is None:
+        inputs["kv_cache_groups"] = [
+            {
+                "group_id": group_id,
+                "sliding_window": group.sliding_window,
+                "attention_chunk_size": group.attention_chunk_size,
+            }
+            for group_id, group in enumerate(groups)
+        ]
     if layout is not None:
         inputs["kv_cache_groups"] = [
             {
@@ -308,12 +324,17 @@ def _admission_reserve(
     """The full-sequence gate's charge for a max_model_len request against what it holds
     once processed (`sim.planning.admission_reserve`, vllm #54703), where the release has
     the gate and a group has a window; None where nothing is reserved."""
-    windows = kv.group_windows
-    if not release.has_full_sequence_gate or all(w is None for w in windows):
+    specs = kv.group_specs
+    if not release.has_full_sequence_gate or all(g.is_full_attention for g in specs):
         return None
     in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
     reserve = admission_reserve(
-        windows, (kv.block_size,) * len(windows), kv.num_gpu_blocks - 1, in_flight, max_model_len
+        tuple(g.sliding_window for g in specs),
+        (kv.block_size,) * len(specs),
+        kv.num_gpu_blocks - 1,
+        in_flight,
+        max_model_len,
+        chunk_sizes=tuple(g.attention_chunk_size for g in specs),
     )
     return reserve if reserve.reserved_blocks > 0 else None
 
@@ -324,7 +345,9 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
     V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
     request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
-    cdiv(min(W - 1 + T, max_model_len), bs) + 1 blocks; a hybrid model needs the sum over its
+    cdiv(min(W - 1 + T, max_model_len), bs) + 1 blocks, chunked-local attention in chunks of A
+    cdiv(min(A + T, max_model_len), bs) (`kv_cache_interface.py:L376-400 @0.20.0`, the same
+    arithmetic at 0.11.0 `L174-191`); a hybrid model needs the sum over its
     KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0). T (`token_budget` here) is
     `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
     scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
@@ -338,13 +361,15 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
                 f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
             )
         return
-    windows = kv.group_windows
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
-    for window in windows:
-        if window is None:
+    for group in kv.group_specs:
+        if group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
+            needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)
+        elif group.sliding_window is None:
             needed += -(-max_model_len // bs)
         else:
+            window = group.sliding_window
             needed += -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
     if needed > num_blocks - 1:
         raise ScenarioError(

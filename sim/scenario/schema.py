@@ -75,6 +75,20 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class KVCacheGroupSection(_Closed):
+    """One V1-engine KV-cache group: full attention (neither field), a sliding window, or
+    chunked-local attention (Llama-4's RoPE layers)."""
+
+    sliding_window: Int | None = Field(default=None, ge=1)
+    attention_chunk_size: Int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_type(self) -> KVCacheGroupSection:
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise ValueError("a group is sliding-window or chunked-local, not both")
+        return self
+
+
 class CacheSection(_Closed):
     # Fields that default to None are what a user passes to `vllm serve`: unset, they take the
     # value the pinned release derives for the model, GPU and entry point
@@ -99,6 +113,10 @@ class CacheSection(_Closed):
     cpu_offload_gib: Float = Field(default=0.0, ge=0)
     #: Tokens per offloaded block (a multiple of block_size); None: block_size.
     cpu_offload_block_size: Int | None = Field(default=None, ge=1)
+    #: v1-engine: the KV-cache groups in group-id order, for a layout no catalog model has
+    #: (e.g. Llama-4's chunked-local groups then its full group); needs a given
+    #: num_gpu_blocks (the shared pool). Empty: the model's layout.
+    kv_cache_groups: tuple[KVCacheGroupSection, ...] = ()
 
 
 class SchedulerSection(_Closed):

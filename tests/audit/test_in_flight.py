@@ -9,17 +9,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.audit.in_flight import InFlightReads
+from sim.audit.in_flight import InFlightReads, first_read_position
 from sim.engine.run import run
+from sim.kv.config import KVCacheGroupSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = ROOT / "tests/regressions/v1_engine_0_25_1_async_swa_freed_while_in_flight_vllm_47728.yaml"
+CHUNKED = (
+    ROOT
+    / "tests/regressions/v1_engine_0_25_1_async_chunked_local_freed_while_in_flight_vllm_47728.yaml"
+)
 PINS_BEFORE_FIX = ["0.11.0", "0.19.1", "0.20.0", "0.25.1"]
 PINS_WITH_FIX = ["0.26.0", "0.33.0"]
 
 
-def _kinds(overrides: dict) -> list[str]:
-    result = run(BEFORE, overrides=overrides)
+def _kinds(overrides: dict, scenario: Path = BEFORE) -> list[str]:
+    result = run(scenario, overrides=overrides)
     return list(result.violations["kind"]) if len(result.violations) else []
 
 
@@ -32,7 +37,7 @@ def test_worked_example_window_128_block_32():
         table = tables[request_id]
         return table[index] if index < len(table) and table[index] != 0 else None
 
-    reads = InFlightReads((128,), 32, block_id_at)
+    reads = InFlightReads((KVCacheGroupSpec(128),), 32, block_id_at)
     reads.step_scheduled(0, 158, 159)
     assert reads.pruned(0) == []
     tables[0][0] = 0  # the prune nulls block 0
@@ -47,7 +52,29 @@ def test_worked_example_window_128_block_32():
 
 
 def test_full_attention_is_not_tracked():
-    assert not InFlightReads((None, None), 16, lambda r, g, i: None).tracks_anything
+    full = KVCacheGroupSpec()
+    assert not InFlightReads((full, full), 16, lambda r, g, i: None).tracks_anything
+
+
+def test_chunked_local_step_at_a_chunk_end_reads_the_whole_chunk():
+    """Chunks of 8 in blocks of 4: the step computing position 7 reads from 0; its schedule
+    makes C = 8, and a prune on 8 frees blocks 0 and 1, so block 0 is at risk; the step from
+    position 8 reads from 8 and risks nothing."""
+    chunked = KVCacheGroupSpec(attention_chunk_size=8)
+    assert [first_read_position(chunked, p) for p in (7, 8, 15, 16)] == [0, 8, 8, 16]
+    tables = {0: [5, 6, 7]}
+
+    def block_id_at(request_id: int, group: int, index: int) -> int | None:
+        table = tables[request_id]
+        return table[index] if index < len(table) and table[index] != 0 else None
+
+    reads = InFlightReads((chunked, KVCacheGroupSpec()), 4, block_id_at)
+    reads.step_scheduled(0, 7, 8)
+    tables[0][:2] = [0, 0]
+    (lost,) = reads.pruned(0)
+    assert (lost.group, lost.block_index, lost.block_id, lost.first_position) == (0, 0, 5, 0)
+    reads.step_scheduled(0, 8, 9)
+    assert 8 not in reads._steps[0]
 
 
 @pytest.mark.parametrize("version", PINS_BEFORE_FIX)
@@ -105,3 +132,12 @@ def test_processed_basis_never_frees_a_block_in_flight(
         ],
     }
     assert "freed_while_in_flight" not in _kinds(overrides)
+
+
+@pytest.mark.parametrize("version", PINS_BEFORE_FIX + PINS_WITH_FIX)
+def test_chunked_local_groups_free_a_chunk_in_flight_before_0_26_regression_vllm_47728(version):
+    """The same race at a chunk boundary (Llama-4's layout, scaled down): three groups'
+    chunk-0 blocks freed while the decode of position 127 reads them, one finding per group,
+    on every pin before 0.26.0; none from 0.26.0."""
+    kinds = _kinds({"scheduler.vllm_version": version}, CHUNKED)
+    assert kinds == (["freed_while_in_flight"] * 3 if version in PINS_BEFORE_FIX else [])

@@ -154,3 +154,18 @@ def test_gemma2_figures_docs_findings_quotes():
     assert (reserve["gate_concurrency"], reserve["pooled_concurrency"]) == (20, 25)
     text = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
     assert "255 of 1,024 blocks per request" in text and "admits 20 such requests" in text
+
+
+def test_chunked_local_group_reserve_worked_example():
+    """The docstring's Llama-4 numbers: chunks of 8,192 in 16-token blocks, 16,384 tokens in
+    flight (0.26.0 on, async), a 131,071-token request: the gate charges cdiv(8,192 + 16,384,
+    16) = 1,536 blocks; once processed the request holds its last chunk, 8,192 - 7,680 = 512.
+    0.19.1 (no cap) charges all 8,192."""
+    g = group_reserve(0, None, 16, 131_071, 16_384, 131_072, attention_chunk_size=8_192)
+    assert (g.charged_blocks, g.resident_blocks, g.reserved_blocks) == (1_536, 512, 1_024)
+    uncapped = group_reserve(0, None, 16, 131_071, None, 131_072, attention_chunk_size=8_192)
+    assert uncapped.charged_blocks == 8_192
+    reserve = admission_reserve(
+        (None, None), (16, 16), 20_000, 16_384, 131_072, 131_071, chunk_sizes=(8_192, None)
+    )
+    assert reserve.charged_blocks == 1_536 + 8_192

@@ -186,3 +186,65 @@ def test_summary_json_inputs_are_the_resolved_ones(tmp_path):
     for key in ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "num_cpu_blocks"):
         assert written[key] == resolved[key], key
     assert written["max_num_batched_tokens"] == 32
+
+
+# ------------------------------------------------------------ explicit KV-cache groups
+LLAMA4_GROUPS = [{"attention_chunk_size": 128}] * 3 + [{}]
+
+
+def _grouped(num_gpu_blocks: int, **scheduler) -> dict:
+    data = _tiny(vllm_version="0.25.1", max_num_batched_tokens=64, **scheduler)
+    data["cache"] = {"block_size": 16, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": 0}
+    data["cache"]["kv_cache_groups"] = LLAMA4_GROUPS
+    return data
+
+
+def test_explicit_chunked_local_groups_are_sized_as_the_release_sizes_them():
+    """Startup charges a chunked-local group cdiv(min(A + T, max_model_len), bs), no "+1":
+    three groups of cdiv(128 + 64, 16) = 12 plus the full group's cdiv(256, 16) = 16 = 52."""
+    resolved = resolve(scenario_from_dict(_grouped(53)))
+    kinds = [g["attention_chunk_size"] for g in resolved.inputs["kv_cache_groups"]]
+    assert kinds == [128, 128, 128, None]
+    with pytest.raises(ScenarioError, match="needs 52 blocks but only 51 are usable"):
+        resolve(scenario_from_dict(_grouped(52)))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"scheduler": {"design": "v0-v2", "vllm_version": None, "max_num_batched_tokens": 256}},
+            "only in the V1 engine",
+        ),
+        (
+            {
+                "model": "llama-3.1-8b",
+                "hardware": {"gpu": "h100-sxm"},
+                "cache": {"num_gpu_blocks": "derive"},
+            },
+            "give cache.num_gpu_blocks",
+        ),
+        ({"cache": {"sliding_window": 32}}, "drop cache.sliding_window"),
+        ({"scheduler": {"vllm_version": "4ac7713"}}, "from vLLM 0.11.0 on"),
+        (
+            {
+                "cache": {
+                    "kv_cache_groups": [{"attention_chunk_size": 8}, {"sliding_window": 8}, {}]
+                }
+            },
+            "exactly one sliding window or one chunk size",
+        ),
+        (
+            {"cache": {"kv_cache_groups": [{"attention_chunk_size": 8, "sliding_window": 8}, {}]}},
+            "not both",
+        ),
+    ],
+    ids=["v0", "derive", "window-too", "4ac7713", "two-other-types", "both-in-one"],
+)
+def test_explicit_groups_refusals_name_the_field(change, message):
+    data = _grouped(80)
+    for section, values in change.items():
+        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
+    with pytest.raises(ScenarioError, match=message) as excinfo:
+        resolve(scenario_from_dict(data))
+    assert "kv_cache_groups" in str(excinfo.value) or "not both" in message

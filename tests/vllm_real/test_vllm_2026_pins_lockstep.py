@@ -123,6 +123,12 @@ def test_loaded_versions_pick_their_pins():
             {"freed_while_in_flight"},
         ),
         ("v1_engine_0_26_0_async_swa_processed_basis_vllm_47728.yaml", "0.26.0", set()),
+        (
+            "v1_engine_0_25_1_async_chunked_local_freed_while_in_flight_vllm_47728.yaml",
+            "0.25.1",
+            {"freed_while_in_flight"},
+        ),
+        ("v1_engine_0_26_0_async_chunked_local_processed_basis_vllm_47728.yaml", "0.26.0", set()),
     ],
 )
 def test_regression_on_real_release_regression_vllm_45856_39734_47728(
