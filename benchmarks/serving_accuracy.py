@@ -1,0 +1,369 @@
+"""kvsim's `vllm bench serve` prediction against public real-vLLM serving measurements.
+
+    python benchmarks/serving_accuracy.py                     # every point, then the summary
+    python benchmarks/serving_accuracy.py --limit 4           # the first 4 points (sorted by id)
+    python benchmarks/serving_accuracy.py --ids a,b --detail  # two points, every metric compared
+
+The measurements are `sim/data/vllm_serving_measurements.yaml` (each with its source URL). Each
+replayable point goes through the same path as the CLI: its `vllm serve` line becomes a scenario
+with `kvsim import-vllm`'s importer (`sim.vllm_bench.importer.import_serve_line`), and its
+workload runs through `kvsim bench serve`'s simulation (`sim.vllm_bench.bench.run_bench`, the
+nominal step time, no band). `sim.vllm_bench.compare.compare` puts the predicted result beside
+the measured keys. kvsim pins two releases (0.11.0 and 0.33.0); a point measured on vLLM < 0.20
+(or an era the source only implies) runs under 0.11.0, a later one under 0.33.0 (the `kvsim`
+column). A point kvsim cannot replay (a dataset it has no lengths for, a model or GPU outside the
+catalog, a flag the importer refuses) is listed with the reason, never dropped.
+
+The summary is the median |error| per metric group, on all replayed points and on the
+`held_out` half (entries sorted by id, odd positions): TTFT (mean, else median, else the source's
+unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, else unnamed TPOT, else median/mean ITL)
+and throughput (output tok/s, else req/s). No GPU needed; under 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.errors import InputError
+from sim.scenario.schema import scenario_from_dict
+from sim.vllm_bench.bench import WorkloadOptions, run_bench
+from sim.vllm_bench.compare import MetricRow, compare
+from sim.vllm_bench.importer import import_serve_line
+from sim.vllm_bench.metrics import BenchSettings
+
+DATA_FILE = "vllm_serving_measurements.yaml"
+#: Datasets kvsim bench serve samples without a lengths file.
+REPLAYABLE_DATASETS = ("random", "prefix_repetition")
+#: Metric groups of the summary: the keys tried in order for each point.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "TTFT": ("mean_ttft_ms", "median_ttft_ms", "ttft_ms"),
+    "TPOT/ITL": ("mean_tpot_ms", "median_tpot_ms", "tpot_ms", "median_itl_ms", "mean_itl_ms"),
+    "throughput": ("output_throughput", "request_throughput"),
+}
+#: A source's unnamed statistic -> the predicted key it is compared with.
+UNNAMED = {"ttft_ms": "mean_ttft_ms", "tpot_ms": "mean_tpot_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One measurement as the YAML gives it, with its position in the split."""
+
+    raw: dict[str, Any]
+    split: str
+
+    @property
+    def id(self) -> str:
+        return str(self.raw["id"])
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        return dict(self.raw.get("workload") or {})
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return {k: float(v) for k, v in (self.raw.get("measured") or {}).items()}
+
+    @property
+    def model_name(self) -> str:
+        model = self.raw["model"]
+        return str(model["name"] if isinstance(model, dict) else model)
+
+
+@dataclass(slots=True)
+class Replay:
+    """A point's replay: the compared rows, or why there are none."""
+
+    point: Point
+    release: str = ""
+    rows: list[MetricRow] = field(default_factory=list)
+    skipped: str = ""
+    note: str = ""
+    seconds: float = 0.0
+
+    def row(self, key: str) -> MetricRow | None:
+        return next((r for r in self.rows if r.metric == key), None)
+
+    def group(self, name: str) -> tuple[str, MetricRow] | None:
+        """The first key of the group the source measured, with its compared row."""
+        for key in GROUPS[name]:
+            row = self.row(key)
+            if row is not None:
+                return key, row
+        return None
+
+
+def load_points(path: Path | None = None) -> list[Point]:
+    """Every measurement, sorted by id; even positions `fit`, odd `held_out`."""
+    text = (
+        path.read_text(encoding="utf-8")
+        if path is not None
+        else resources.files("sim.data").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    )
+    entries = yaml.safe_load(text)["measurements"]
+    ids = [e["id"] for e in entries]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{DATA_FILE}: duplicate ids")
+    entries = sorted(entries, key=lambda e: e["id"])
+    return [Point(e, "fit" if i % 2 == 0 else "held_out") for i, e in enumerate(entries)]
+
+
+def kvsim_release(version: str) -> str:
+    """The release kvsim pins that stands in for the measured one (see the module docstring)."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    if match is None:
+        return "0.11.0"
+    major, minor = int(match.group(1)), int(match.group(2))
+    return "0.33.0" if (major, minor) >= (0, 20) else "0.11.0"
+
+
+def serve_line(point: Point, placeholder_model: str) -> str:
+    """The source's `vllm serve` line with the model replaced by one the importer resolves
+    (environment assignments dropped), plus `serve_flags_assumed`."""
+    words = shlex.split(str(point.raw["vllm_serve"]))
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        words.pop(0)  # VLLM_USE_V1=1 ...: an environment assignment, not an option
+    if words[:2] != ["vllm", "serve"] or len(words) < 3:
+        raise InputError(f"{point.id}: vllm_serve must read 'vllm serve MODEL ...'")
+    words[2] = placeholder_model
+    tp = int(point.raw.get("tp", 1))
+    stated_tp = {"-tp", "--tensor-parallel-size"} & set(words) or any(
+        w.startswith("--tensor-parallel-size=") for w in words
+    )
+    if tp > 1 and not stated_tp:
+        words += ["--tensor-parallel-size", str(tp)]
+    words += shlex.split(str(point.raw.get("serve_flags_assumed") or ""))
+    return shlex.join(words)
+
+
+def scenario_for(point: Point, release: str) -> Any:
+    """The point's server as a scenario, built by `kvsim import-vllm`'s importer."""
+    model = point.raw["model"]
+    placeholder = model if isinstance(model, str) else "llama-3.1-8b"
+    text = import_serve_line(
+        serve_line(point, placeholder),
+        gpu=str(point.raw["gpu"]),
+        version=release,
+        allow_unmodelled=[str(u) for u in point.raw.get("unmodelled") or ()],
+    )
+    data = yaml.safe_load(text)
+    if isinstance(model, dict):  # a geometry outside the catalog, as `model:` accepts it
+        data["model"] = dict(model)
+        data["name"] = f"{model['name']}-{point.raw['gpu']}"
+    if point.raw.get("model_dtype"):
+        data["model_dtype"] = point.raw["model_dtype"]
+    data["name"] = point.id
+    return scenario_from_dict(data, f"{DATA_FILE}: {point.id}")
+
+
+def workload_options(point: Point) -> tuple[WorkloadOptions, BenchSettings]:
+    w = point.workload
+    options = WorkloadOptions(
+        dataset_name=str(w.get("dataset", "random")),
+        num_prompts=int(w["num_prompts"]),
+        random_input_len=int(w.get("input_len", 1024)),
+        random_output_len=int(w.get("output_len", 128)),
+        random_range_ratio=str(w.get("random_range_ratio", 0.0)),
+        random_prefix_len=int(w.get("random_prefix_len", 0)),
+        seed=int(w.get("seed", 0)),
+        num_special_tokens=int(w.get("num_special_tokens", 1)),
+    )
+    rate = w.get("request_rate", "inf")
+    concurrency = w.get("max_concurrency")
+    settings = BenchSettings(
+        request_rate=math.inf if str(rate) == "inf" else float(rate),
+        burstiness=float(w.get("burstiness", 1.0)),
+        max_concurrency=None if concurrency is None else int(concurrency),
+        percentile_metrics="ttft,tpot,itl,e2el",
+        metric_percentiles="99",
+    )
+    return options, settings
+
+
+def why_not_replayable(point: Point) -> str:
+    dataset = point.workload.get("dataset", "random")
+    if dataset not in REPLAYABLE_DATASETS:
+        return (
+            f"dataset {dataset}: its prompt lengths need the model's tokenizer; kvsim bench serve "
+            "takes them as a lengths file, which this table does not carry"
+        )
+    if not point.measured:
+        return "no measured metric"
+    return ""
+
+
+def replay(point: Point, max_prompts: int | None = None) -> Replay:
+    """Simulate the point's benchmark and compare it with what the source measured."""
+    out = Replay(point, release=kvsim_release(str(point.raw.get("vllm_version", ""))))
+    out.skipped = why_not_replayable(point)
+    if out.skipped:
+        return out
+    started = time.perf_counter()
+    try:
+        scenario = scenario_for(point, out.release)
+        options, settings = workload_options(point)
+        if max_prompts is not None and options.num_prompts > max_prompts:
+            out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
+            options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
+        run = run_bench(scenario, Path.cwd(), options, settings, band=False)
+    except InputError as error:
+        out.skipped = f"kvsim refuses it: {error}"
+        return out
+    measured = dict(point.measured)
+    for unnamed, key in UNNAMED.items():
+        if unnamed in measured and key not in measured:
+            measured[key] = measured.pop(unnamed)
+    out.rows = compare(run.result, measured)
+    out.rows = [_renamed(r, point.measured) for r in out.rows]
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def _fields(options: WorkloadOptions) -> dict[str, Any]:
+    return {name: getattr(options, name) for name in WorkloadOptions.__dataclass_fields__}
+
+
+def _renamed(row: MetricRow, measured: dict[str, float]) -> MetricRow:
+    """A row compared against a source's unnamed statistic keeps the source's key."""
+    for unnamed, key in UNNAMED.items():
+        if row.metric == key and unnamed in measured and key not in measured:
+            return MetricRow(unnamed, row.predicted, row.measured, row.band)
+    return row
+
+
+def _num(x: float) -> str:
+    if x == 0 or abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _err(x: float) -> str:
+    if not math.isfinite(x):
+        return "inf"
+    return f"{x:+.0%}" if abs(x) >= 10 else f"{x:+.1%}"
+
+
+def workload_label(point: Point) -> str:
+    w = point.workload
+    if w.get("dataset", "random") != "random":
+        text = f"{w.get('dataset')} n={w.get('num_prompts')}"
+    else:
+        text = f"random {w.get('input_len')}/{w.get('output_len')} n={w.get('num_prompts')}"
+        if w.get("random_prefix_len"):
+            text += f" prefix={w['random_prefix_len']}"
+    text += f" rate={w.get('request_rate', 'inf')}"
+    if w.get("max_concurrency") is not None:
+        text += f" c={w['max_concurrency']}"
+    return text
+
+
+def table(replays: list[Replay]) -> str:
+    head = "| id | model | gpu | tp | vLLM | kvsim | workload | split |"
+    rule = "|---|---|---|---|---|---|---|---|"
+    for name in GROUPS:
+        head += f" {name} metric | {name} predicted | {name} measured | {name} error |"
+        rule += "---|---|---|---|"
+    lines = [head, rule]
+    for r in replays:
+        p = r.point
+        version = str(p.raw.get("vllm_version", "")).split(" ")[0]
+        cells = [p.id, p.model_name, str(p.raw["gpu"]), str(p.raw.get("tp", 1)), version,
+                 r.release, workload_label(p), p.split]  # fmt: skip
+        for name in GROUPS:
+            found = r.group(name) if not r.skipped else None
+            if found is None:
+                cells += ["-", "-", "-", "-"]
+                continue
+            key, row = found
+            cells += [key, _num(row.predicted), _num(row.measured), _err(row.error)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(replays: list[Replay]) -> str:
+    lines = ["| id | metric | predicted | measured | error |", "|---|---|---|---|---|"]
+    for r in replays:
+        for row in r.rows:
+            lines.append(
+                f"| {r.point.id} | {row.metric} | {_num(row.predicted)} | "
+                f"{_num(row.measured)} | {_err(row.error)} |"
+            )
+    return "\n".join(lines)
+
+
+def median_abs_errors(replays: list[Replay]) -> dict[str, tuple[int, float]]:
+    """Per group: (points, median |error|) over the replays that measured it."""
+    out: dict[str, tuple[int, float]] = {}
+    for name in GROUPS:
+        errors = [abs(found[1].error) for r in replays if (found := r.group(name)) is not None]
+        out[name] = (len(errors), statistics.median(errors) if errors else math.nan)
+    return out
+
+
+def summary(replays: list[Replay]) -> str:
+    done = [r for r in replays if not r.skipped]
+    held = [r for r in done if r.point.split == "held_out"]
+    lines = ["| points | " + " | ".join(f"{g} median abs error (n)" for g in GROUPS) + " |",
+             "|---|" + "---|" * len(GROUPS)]  # fmt: skip
+    for label, subset in (("all", done), ("held_out", held)):
+        stats = median_abs_errors(subset)
+        cells = [f"{stats[g][1]:.1%} ({stats[g][0]})" if stats[g][0] else "-" for g in GROUPS]
+        lines.append(f"| {label} ({len(subset)}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def not_replayed(replays: list[Replay]) -> list[str]:
+    return [f"- {r.point.id}: {r.skipped}" for r in replays if r.skipped]
+
+
+def select(points: list[Point], ids: str | None, limit: int | None) -> list[Point]:
+    if ids:
+        wanted = [i.strip() for i in ids.split(",") if i.strip()]
+        known = {p.id for p in points}
+        missing = [i for i in wanted if i not in known]
+        if missing:
+            raise SystemExit(f"--ids: unknown id(s) {', '.join(missing)}")
+        points = [p for p in points if p.id in wanted]
+    return points[:limit] if limit is not None else points
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=None, help="only the first N points")
+    parser.add_argument("--ids", default=None, help="comma-separated point ids")
+    parser.add_argument("--max-prompts", type=int, default=None,
+                        help="shorten longer runs to this many prompts (noted per point)")  # fmt: skip
+    parser.add_argument("--detail", action="store_true", help="also every compared metric")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    replays = [replay(p, args.max_prompts) for p in select(load_points(), args.ids, args.limit)]
+    print(table(replays))
+    notes = [f"- {r.point.id}: {r.note}" for r in replays if r.note]
+    if notes:
+        print("\nShortened:\n" + "\n".join(notes))
+    skipped = not_replayed(replays)
+    if skipped:
+        print("\nNot replayed:\n" + "\n".join(skipped))
+    if args.detail:
+        print()
+        print(detail_table(replays))
+    print()
+    print(summary(replays))
+    print(f"\n{len(replays)} points, {len(skipped)} not replayed, "
+          f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

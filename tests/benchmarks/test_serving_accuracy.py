@@ -1,0 +1,128 @@
+"""The public real-vLLM serving measurements (sim/data/vllm_serving_measurements.yaml) are
+well-formed, and benchmarks/serving_accuracy.py replays them into a table of predicted beside
+measured values. No prediction is asserted: the script reports kvsim's error, it does not gate
+it (issue #24 sets the targets)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from sim.catalog import get_gpu, get_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The result keys a measurement may carry (vLLM's, plus a statistic the source did not name).
+KNOWN_KEYS = {
+    "duration", "completed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput",
+    *(f"{s}_{m}_ms" for s in ("mean", "median", "p99") for m in ("ttft", "tpot", "itl", "e2el")),
+    "ttft_ms", "tpot_ms",
+}  # fmt: skip
+#: Two small points the replay test runs (ids only; their predictions are not asserted).
+SMALL = ("dl-qwen2-7b-a100-tp1-u05-in1024-out1024-n10", "kvc-qwen3-0.6b-h100-rate16")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "serving_accuracy", ROOT / "benchmarks" / "serving_accuracy.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+accuracy = _script()
+POINTS = accuracy.load_points()
+
+
+def _source_key(url: str) -> str:
+    """The thread or repository a URL belongs to: host/owner/repo[/issues|pull/N]."""
+    parsed = urlparse(url)
+    parts = [p for p in parsed.path.split("/") if p]
+    if parsed.netloc == "github.com" and len(parts) >= 2:
+        if len(parts) >= 4 and parts[2] in ("issues", "pull"):
+            return "/".join([parsed.netloc, *parts[:4]])
+        return "/".join([parsed.netloc, *parts[:2]])
+    return parsed.netloc + parsed.path
+
+
+def test_at_least_25_points_from_5_sources_ids_unique_and_split_in_halves():
+    ids = [p.id for p in POINTS]
+    assert len(ids) >= 25
+    assert len(set(ids)) == len(ids)
+    assert ids == sorted(ids)
+    sources = {_source_key(p.raw["source"]) for p in POINTS}
+    assert len(sources) >= 5, sources
+    splits = [p.split for p in POINTS]
+    assert abs(splits.count("fit") - splits.count("held_out")) <= 1
+
+
+@pytest.mark.parametrize("point", POINTS, ids=[p.id for p in POINTS])
+def test_each_point_names_its_source_model_gpu_workload_and_measurement(point):
+    raw = point.raw
+    assert re.match(r"https://\S+$", raw["source"]), raw["source"]
+    assert raw.get("license"), "state the licence, or 'none stated'"
+    assert raw.get("vllm_version")
+    get_model(raw["model"])  # a catalog name, or a geometry kvsim accepts
+    get_gpu(raw["gpu"])
+    assert int(raw["tp"]) >= 1
+    assert "vllm serve " in str(raw["vllm_serve"])
+    workload = point.workload
+    assert workload.get("dataset") and int(workload["num_prompts"]) >= 1
+    if workload["dataset"] == "random":
+        assert int(workload["input_len"]) >= 1 and int(workload["output_len"]) >= 1
+    measured = point.measured
+    assert measured, "no measured metric"
+    assert set(measured) <= KNOWN_KEYS, set(measured) - KNOWN_KEYS
+    assert all(math.isfinite(v) and v >= 0 for v in measured.values())
+    assert any(key in measured for keys in accuracy.GROUPS.values() for key in keys)
+    assert isinstance(raw.get("assumed", []), list)
+
+
+def test_two_small_points_replay_into_a_table_with_finite_errors():
+    replays = [accuracy.replay(p) for p in POINTS if p.id in SMALL]
+    assert [r.point.id for r in replays] == sorted(SMALL)
+    for r in replays:
+        assert not r.skipped, r.skipped
+        assert r.rows
+        assert all(math.isfinite(row.predicted) and math.isfinite(row.error) for row in r.rows)
+        assert all(r.group(name) is not None for name in ("TTFT", "TPOT/ITL", "throughput"))
+    text = accuracy.table(replays)
+    header = text.splitlines()[0]
+    for name in accuracy.GROUPS:
+        assert f"{name} predicted" in header and f"{name} measured" in header
+    for point_id in SMALL:
+        assert point_id in text
+    stats = accuracy.median_abs_errors(replays)
+    assert all(n == 2 and math.isfinite(v) for n, v in stats.values())
+
+
+def test_a_point_kvsim_cannot_replay_is_listed_with_the_reason(capsys):
+    sharegpt = [p for p in POINTS if p.workload.get("dataset") == "sharegpt"]
+    assert sharegpt
+    assert accuracy.main(["--ids", sharegpt[0].id]) == 0
+    out = capsys.readouterr().out
+    assert "Not replayed:" in out and sharegpt[0].id in out and "lengths file" in out
+
+
+def test_limit_and_ids_select_points():
+    assert [p.id for p in accuracy.select(POINTS, None, 3)] == [p.id for p in POINTS[:3]]
+    chosen = accuracy.select(POINTS, ",".join(SMALL), None)
+    assert sorted(p.id for p in chosen) == sorted(SMALL)
+    with pytest.raises(SystemExit):
+        accuracy.select(POINTS, "no-such-point", None)
+
+
+def test_the_release_kvsim_pins_for_a_measured_version():
+    assert accuracy.kvsim_release("0.10.1.1 (printed)") == "0.11.0"
+    assert accuracy.kvsim_release("0.26.0") == "0.33.0"
+    assert accuracy.kvsim_release("assumed") == "0.11.0"
