@@ -30,7 +30,7 @@ and decode/prefill context parallelism (upstream asserts them off for this type)
 
 from __future__ import annotations
 
-from sim.kv.types import BlockHash, cdiv, num_leading_nulls
+from sim.kv.types import BlockHash, cdiv
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.single_type import SingleTypeManager
 
@@ -98,31 +98,6 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         chunk = self.attention_chunk_size
         return cdiv((num_null_blocks + 1) * self.block_size, chunk) * chunk + 1
 
-    def save_new_computed_blocks(
-        self, request_id: int, new_computed_blocks: list[KVCacheBlock]
-    ) -> None:
-        """Start the table with its hits; a hit's leading nulls (chunks before the current
-        one) are counted.
-
-        Upstream `SingleTypeKVCacheManager.save_new_computed_blocks`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L88-107 (0.11.0)`.
-        """
-        is_new = request_id not in self.num_cached_block
-        super().save_new_computed_blocks(request_id, new_computed_blocks)
-        if is_new and new_computed_blocks:
-            num_nulls = num_leading_nulls(new_computed_blocks)
-            if num_nulls:
-                self.req_to_num_null_blocks[request_id] = num_nulls
-
-    def free(self, request_id: int) -> None:
-        """Release the table and its null count.
-
-        Upstream `SingleTypeKVCacheManager.free`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L156-171 (0.11.0)`.
-        """
-        super().free(request_id)
-        self.req_to_num_null_blocks.pop(request_id, None)
-
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
     ) -> list[KVCacheBlock]:
@@ -164,17 +139,7 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "
                 f"{len(table)} blocks in its table"
             )
-        num_nulls = self.req_to_num_null_blocks.get(request_id, 0)
-        if first_useful_block <= num_nulls:
-            return  # nothing left the chunk since the last call (most calls)
-        removed: list[KVCacheBlock] = []
-        for index in range(first_useful_block - 1, -1, -1):
-            if table[index].is_null:
-                break
-            removed.append(table[index])
-            table[index] = self.block_pool.null_block
-        self.req_to_num_null_blocks[request_id] = first_useful_block
-        self.block_pool.free_blocks(removed)
+        self._free_before(request_id, table, first_useful_block)
 
 
 def chunked_local_hit(

@@ -105,6 +105,10 @@ class SingleTypeManager(abc.ABC):
             assert not table, f"request {request_id} has blocks but no cached count"
             table.extend(new_computed_blocks)
             self.num_cached_block[request_id] = len(new_computed_blocks)
+            # A sliding or chunked hit's padding is a prefix of nulls (full hits have none).
+            num_nulls = num_leading_nulls(new_computed_blocks) if new_computed_blocks else 0
+            if num_nulls:
+                self.req_to_num_null_blocks[request_id] = num_nulls
         elif new_computed_blocks:
             raise ValueError(f"request {request_id} is running; it cannot take new prefix hits")
 
@@ -146,6 +150,29 @@ class SingleTypeManager(abc.ABC):
         table = self.req_to_blocks.pop(request_id, [])
         self.block_pool.free_blocks(reversed(table))
         self.num_cached_block.pop(request_id, None)
+        self.req_to_num_null_blocks.pop(request_id, None)
+
+    def _free_before(
+        self, request_id: int, table: list[KVCacheBlock], first_useful_block: int
+    ) -> None:
+        """Null and free the table's entries before `first_useful_block`, walking back to the
+        first null (earlier calls nulled everything before it); a no-op when nothing new left
+        what is read. Shared by the sliding-window and chunked-local frees (upstream's loop,
+        `vllm/v1/core/single_type_kv_cache_manager.py:L381-391 (0.11.0)`).
+
+        kvsim's own (no upstream counterpart).
+        """
+        if first_useful_block <= self.req_to_num_null_blocks.get(request_id, 0):
+            return  # nothing left the window since the last call (most calls)
+        removed: list[KVCacheBlock] = []
+        for index in range(first_useful_block - 1, -1, -1):
+            if table[index].is_null:
+                break
+            removed.append(table[index])
+            table[index] = self.block_pool.null_block
+        # Everything before the first useful block is null now.
+        self.req_to_num_null_blocks[request_id] = first_useful_block
+        self.block_pool.free_blocks(removed)
 
     def num_leading_null_blocks(self, request_id: int) -> int:
         """Null entries at the front of the request's table (kvsim's query, for the footprint
@@ -296,31 +323,6 @@ class SlidingWindowManager(SingleTypeManager):
         """
         return (num_null_blocks + 1) * self.block_size + self.sliding_window
 
-    def save_new_computed_blocks(
-        self, request_id: int, new_computed_blocks: list[KVCacheBlock]
-    ) -> None:
-        """None.
-
-        Upstream `SingleTypeKVCacheManager.save_new_computed_blocks`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L88-107 (0.11.0)`.
-        """
-        is_new = request_id not in self.num_cached_block
-        super().save_new_computed_blocks(request_id, new_computed_blocks)
-        if is_new and new_computed_blocks:
-            # A hit's padding (`find_longest_cache_hit`) is a prefix of nulls.
-            num_nulls = num_leading_nulls(new_computed_blocks)
-            if num_nulls:
-                self.req_to_num_null_blocks[request_id] = num_nulls
-
-    def free(self, request_id: int) -> None:
-        """None.
-
-        Upstream `SingleTypeKVCacheManager.free`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L156-171 (0.11.0)`.
-        """
-        super().free(request_id)
-        self.req_to_num_null_blocks.pop(request_id, None)
-
     def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
         """None.
 
@@ -387,15 +389,4 @@ class SlidingWindowManager(SingleTypeManager):
                 f"request {request_id}: {num_computed_tokens} computed tokens but only "
                 f"{len(table)} blocks in its table"
             )
-        if first_useful_block <= self.req_to_num_null_blocks.get(request_id, 0):
-            return  # nothing left the window since the last call (most calls)
-        removed: list[KVCacheBlock] = []
-        for index in range(first_useful_block - 1, -1, -1):
-            if table[index].is_null:
-                # Earlier calls nulled everything before this index already.
-                break
-            removed.append(table[index])
-            table[index] = self.block_pool.null_block
-        # Everything before the first useful block is null now.
-        self.req_to_num_null_blocks[request_id] = first_useful_block
-        self.block_pool.free_blocks(removed)
+        self._free_before(request_id, table, first_useful_block)
