@@ -1,7 +1,8 @@
 """Timing with measurement hygiene: warm-up, synchronisation, raw samples, peak memory.
 
-On CUDA each repeat is bracketed by CUDA events (device time, no host jitter) and the device is
-synchronised before reading them; on CPU `time.perf_counter` brackets each call. The median is
+On CUDA each repeat is bracketed by CUDA events (device time, no host jitter), all enqueued
+behind a short GPU sleep so the host runs ahead and no event pair times a kernel launch, and the
+device is synchronised before reading them; on CPU `time.perf_counter` brackets each call. The median is
 the statistic we fit; the raw samples are kept. Caches are not flushed between repeats, so
 repeated reads of the same small KV may hit L2: grids keep cases larger than L2 where it matters.
 """
@@ -33,12 +34,20 @@ def time_runner(
     """Warm up, then time `repeats` calls individually. Example: repeats=20 -> 20 samples."""
     if repeats <= 0 or warmup < 0:
         raise ValueError("repeats must be positive and warmup non-negative")
+    t0 = time.perf_counter()
     for _ in range(warmup):
         run()
+    host_s = (time.perf_counter() - t0) / max(warmup, 1)  # an upper bound on one enqueue
     samples: list[float] = []
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        # Hold the GPU while the host enqueues every repeat. Without it a kernel shorter than
+        # its own launch leaves the GPU idle between the start event and the kernel, and the
+        # event pair times the host: on an H200 a 33 MB GEMM read 42 us, launch-bound, where
+        # HBM alone takes ~8 us (run1.json in sim/data/calibrations/h200-llama-3.1-8b-bf16).
+        # vLLM replays decode steps as CUDA graphs, so the kernels' own time is what to fit.
+        torch.cuda._sleep(hold_cycles(host_s, repeats))
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         for start, end in zip(starts, ends, strict=True):
@@ -57,6 +66,25 @@ def time_runner(
     # A timer of coarse resolution can return 0 for a tiny kernel; floor at 1 ns.
     samples = [max(s, 1e-9) for s in samples]
     return Timing(samples, statistics.median(samples), peak)
+
+
+#: `RunMetadata.timing` of a CUDA profile timed behind the hold below.
+RUN_AHEAD = "run-ahead"
+#: Cycles per second assumed when converting a hold to `torch.cuda._sleep` cycles: an H100 or
+#: H200 boosts to 1.98 GHz; a lower clock only lengthens the hold, which is harmless.
+HOLD_CLOCK_HZ = 2.0e9
+#: The hold's floor and ceiling, in seconds.
+HOLD_MIN_S, HOLD_MAX_S = 1e-3, 0.2
+
+
+def hold_cycles(host_s: float, repeats: int) -> int:
+    """`torch.cuda._sleep` cycles that outlast the host enqueueing `repeats` calls, twice over.
+
+    Example: 20 repeats of a call whose warm-up took 150 us each hold 2 x 20 x 150 us = 6 ms,
+    1.2e7 cycles at 2 GHz; a 10 us call holds the 1 ms floor (2e6 cycles).
+    """
+    hold_s = min(max(2.0 * repeats * host_s, HOLD_MIN_S), HOLD_MAX_S)
+    return int(hold_s * HOLD_CLOCK_HZ)
 
 
 def run_metadata(device: str, dtype: str) -> dict[str, object]:
@@ -78,6 +106,7 @@ def run_metadata(device: str, dtype: str) -> dict[str, object]:
         meta["device_name"] = props.name
         meta["cuda"] = torch.version.cuda
         meta["driver"] = _nvidia_driver()
+        meta["timing"] = RUN_AHEAD
     else:
         meta["device_name"] = platform.processor() or platform.machine() or "cpu"
         meta["num_threads"] = torch.get_num_threads()

@@ -64,6 +64,10 @@ class RunMetadata(_Closed):
     kvsim_version: str
     budget_s: float | None = None
     wall_s: float | None = None
+    # How a CUDA repeat was timed: "run-ahead" (events enqueued behind a GPU sleep, kernel time
+    # alone) or None (profiles before it: events around each launch, a small kernel's time
+    # includes its launch; sim/data/calibrations/h200-llama-3.1-8b-bf16 run1/run2).
+    timing: str | None = None
 
 
 class Point(_Closed):

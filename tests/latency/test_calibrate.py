@@ -170,3 +170,38 @@ def test_match_gpu_names():
     assert match_gpu("NVIDIA H100 80GB HBM3").name == "h100-sxm"
     assert match_gpu("NVIDIA H100 PCIe").name == "h100-pcie"
     assert match_gpu("Some CPU") is None
+
+
+def test_alternative_decode_kernel_failing_mid_sweep_is_skipped_h200_flex_no_valid_choices(
+    tmp_path, monkeypatch
+):
+    """Regression (H200, torch 2.11, 2026-12-04): FlexAttention passed its small-shape check,
+    then inductor raised NoValidChoicesError at a 32,768-token pool and the whole calibration
+    died with a traceback. An alternative kernel's failure is now recorded and skipped; the
+    primary kernel's is still raised."""
+    from calibrate import sweep
+
+    real = K.decode_kernels("cpu")
+
+    def flaky(batch):
+        if len(set(batch.context_lens)) == 1 and sum(batch.context_lens) >= 512:  # not the check
+            raise RuntimeError("NoValidChoicesError: No choices to select\nsecond line")
+        return real["torch-gather-sdpa"](batch)
+
+    monkeypatch.setattr(sweep.K, "decode_kernels", lambda device: {**real, "flaky": flaky})
+    out = tmp_path / "tiny.json"
+    profile = run_calibration(TINY, out, 120.0, "cpu", "float32", max_num_seqs=8,
+                              max_num_batched_tokens=256,
+                              decode_kernels=["torch-gather-sdpa", "flaky"])  # fmt: skip
+    assert "flaky" not in profile.alternative_decode
+    reason = profile.skipped["flaky"]
+    assert reason.startswith("failed at ") and "NoValidChoicesError" in reason
+    assert "\n" not in reason
+    assert profile.decode_attention.points  # the primary kernel's cases were all timed
+
+    monkeypatch.setattr(
+        sweep.K, "decode_kernels", lambda device: {**real, "torch-gather-sdpa": flaky}
+    )
+    with pytest.raises(RuntimeError, match="NoValidChoicesError"):
+        run_calibration(TINY, tmp_path / "t2.json", 120.0, "cpu", "float32", max_num_seqs=8,
+                        max_num_batched_tokens=256)  # fmt: skip
