@@ -3,6 +3,7 @@
     python benchmarks/serving_accuracy.py                     # every point, then the summary
     python benchmarks/serving_accuracy.py --limit 4           # the first 4 points (sorted by id)
     python benchmarks/serving_accuracy.py --ids a,b --detail  # two points, every metric compared
+    python benchmarks/serving_accuracy.py --fit-p2p           # refit the no-P2P all-reduce bandwidth
 
 The measurements are `sim/data/vllm_serving_measurements.yaml` (each with its source URL). Each
 replayable point goes through the same path as the CLI: its `vllm serve` line becomes a scenario
@@ -163,6 +164,8 @@ def scenario_for(point: Point, release: str) -> Any:
         data["name"] = f"{model['name']}-{point.raw['gpu']}"
     if point.raw.get("model_dtype"):
         data["model_dtype"] = point.raw["model_dtype"]
+    if point.raw.get("p2p") is False:  # the source's log: custom all-reduce off, no peer access
+        data["hardware"]["p2p"] = False
     data["name"] = point.id
     return scenario_from_dict(data, f"{DATA_FILE}: {point.id}")
 
@@ -338,6 +341,38 @@ def select(points: list[Point], ids: str | None, limit: int | None) -> list[Poin
     return points[:limit] if limit is not None else points
 
 
+#: The grid `fit_host_staged_algbw` searches (GB/s), around the fitted 6.5.
+HOST_STAGED_GRID_GBPS = (5.5, 6.0, 6.5, 7.0, 7.5)
+
+
+def fit_host_staged_algbw(
+    points: list[Point], grid_GBps: tuple[float, ...] = HOST_STAGED_GRID_GBPS
+) -> tuple[float, dict[float, float]]:
+    """The all-reduce bandwidth without peer access (`sim.latency.interconnect`) that the FIT
+    half of the `p2p: false` points asks for: the grid value with the smallest median |error|
+    over their TTFT, TPOT/ITL and throughput. Returns (best, median |error| per value).
+    The held-out half is not read."""
+    from sim.latency import interconnect
+
+    fit = [p for p in points if p.raw.get("p2p") is False and p.split == "fit"]
+    saved = interconnect.HOST_STAGED_ALGBW_GBPS
+    scores: dict[float, float] = {}
+    try:
+        for bw in grid_GBps:
+            interconnect.HOST_STAGED_ALGBW_GBPS = bw
+            errors = []
+            for point in fit:
+                done = replay(point)
+                for name in GROUPS:
+                    got = done.group(name)
+                    if got is not None:
+                        errors.append(abs(got[1].error))
+            scores[bw] = statistics.median(errors)
+    finally:
+        interconnect.HOST_STAGED_ALGBW_GBPS = saved
+    return min(scores, key=lambda bw: (scores[bw], bw)), scores
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None, help="only the first N points")
@@ -345,8 +380,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompts", type=int, default=None,
                         help="shorten longer runs to this many prompts (noted per point)")  # fmt: skip
     parser.add_argument("--detail", action="store_true", help="also every compared metric")
+    parser.add_argument("--fit-p2p", action="store_true",
+                        help="refit the all-reduce bandwidth without peer access on the fit "
+                        "half of the p2p: false points, print it and exit")  # fmt: skip
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.fit_p2p:
+        best, scores = fit_host_staged_algbw(load_points())
+        for bw, err in scores.items():
+            print(f"{bw:5.1f} GB/s: median |error| {100 * err:.1f}% on the fit half")
+        print(f"best: {best} GB/s (sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS)")
+        return 0
     replays = [replay(p, args.max_prompts) for p in select(load_points(), args.ids, args.limit)]
     print(table(replays))
     notes = [f"- {r.point.id}: {r.note}" for r in replays if r.note]

@@ -157,11 +157,14 @@ def make_step_time(
     tp: int = 1,
     kv_dtype: str | None = None,
     engine: Literal["v0", "v1"] = "v1",
+    p2p: bool = True,
 ) -> StepTimeModel:
     """The step-time model a scenario asks for (None means the default, measured).
 
     `engine` is the generation the scheduler models (v0 or V1); a `measured` config's own
-    `engine` wins over it.
+    `engine` wins over it. `p2p=False` (GPUs without peer access, `hardware.p2p`) sends the
+    measured model's all-reduce through host memory; the other models have no such term and
+    refuse it at tp > 1 rather than ignore it.
     """
     if config is None:
         config = StepTimeConfig(measured=MeasuredConfig())
@@ -171,6 +174,11 @@ def make_step_time(
         except ValidationError as exc:
             raise InputError(f"invalid step_time config: {exc}") from exc
     model, gpu = get_model(model), get_gpu(gpu)
+    if not p2p and tp > 1 and config.measured is None:
+        raise InputError(
+            "hardware.p2p: false is modelled by the measured step time only (its all-reduce "
+            "term); use step_time: {measured: {}} or drop hardware.p2p"
+        )
     if config.linear is not None:
         return LinearStepTime(**config.linear.model_dump())
     if config.calibrated is not None:
@@ -193,6 +201,7 @@ def make_step_time(
             engine=config.measured.engine or engine,
             kv_dtype=kv_dtype,
             coefficients=coefficients,
+            p2p=p2p,
         )
     assert config.roofline is not None
     return RooflineStepTime(

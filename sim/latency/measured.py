@@ -18,6 +18,8 @@ one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
   prefill_attention_s  per layer: one call floor + for each chunk, query traffic and 64x64 tile
                        FLOPs over (prior + chunk) keys
   allreduce_s          tp > 1: two per layer of T * hidden * 2 bytes, latency + bytes/bandwidth
+                       (NCCL through host memory where the GPUs lack peer access, `p2p=False`:
+                       `sim.latency.interconnect`)
   launch_s             one CUDA-graph launch per step (the per-kernel floors are in the terms)
   engine_overhead_s    CPU work per step, fixed + per sequence, by engine generation (v0/v1)
 
@@ -51,6 +53,7 @@ from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 from sim.latency import measured_terms as terms
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
+from sim.latency.interconnect import host_staged_allreduce
 
 #: The terms of `breakdown()`, in the order `_terms` returns them.
 TERM_NAMES = (
@@ -122,6 +125,7 @@ class MeasuredStepTime:
         engine: str = "v1",
         kv_dtype: str | None = None,
         coefficients: dict[str, Any] | None = None,
+        p2p: bool = True,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -130,7 +134,10 @@ class MeasuredStepTime:
         co = coefficients or shipped_coefficients()
         self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
         self.fitted_gpu = nearest_fitted_gpu(gpu, co["gpus"])
-        self.extrapolated = self.fitted_gpu != gpu.name or model.is_moe
+        #: False: the GPUs lack peer access and all-reduce goes through host memory
+        #: (`sim.latency.interconnect`), a term no fit has seen
+        self.p2p = p2p
+        self.extrapolated = self.fitted_gpu != gpu.name or model.is_moe or (tp > 1 and not p2p)
         c = co["gpus"][self.fitted_gpu]
         #: None while a fit is being validated (the band comes from that validation)
         self._band = co.get("band", {}).get(
@@ -189,7 +196,9 @@ class MeasuredStepTime:
     def _setup_allreduce(self, c: dict[str, Any], gpu: GpuSpec, tp: int) -> None:
         self._num_allreduce = 2 * self._L if tp > 1 else 0
         self._ar_c: dict[str, float] | None = None
-        if tp > 1:
+        if tp > 1 and not self.p2p:
+            self._ar_c = host_staged_allreduce(tp)
+        elif tp > 1:
             fitted = c["allreduce"]
             key = min(sorted(fitted), key=lambda k: (abs(math.log(int(k) / tp)), int(k)))
             scale = gpu.interconnect_GBps / c["datasheet"]["interconnect_GBps"]
@@ -369,7 +378,13 @@ class MeasuredStepTime:
         """Validation band: the fitted GPU's, or the wider cross-GPU one when extrapolated."""
         source = f"measured fit on {self.fitted_gpu} (sim/data/steptime_coefficients.json)"
         if self.extrapolated:
-            why = "MoE routing not measured" if self.model.is_moe else "GPU not in the fit"
+            why = (
+                "MoE routing not measured"
+                if self.model.is_moe
+                else "all-reduce without GPU peer access (hardware.p2p: false)"
+                if not self.p2p and self.tp > 1
+                else "GPU not in the fit"
+            )
             source += f"; extrapolated to {self.gpu.name}: {why}"
         if self._band is None:
             return StepTimeBand(1.0, 1.0, self.extrapolated, "coefficients without a band")

@@ -194,6 +194,10 @@ class HardwareSection(_Closed):
     #: interconnect_GBps, ...), as `model:` accepts a dict.
     gpu: str | dict[str, Any] = "h100-sxm"
     tensor_parallel_size: Int = Field(default=1, ge=1)
+    #: False: the GPUs cannot reach each other's memory (vLLM logs "Custom allreduce is
+    #: disabled because your platform lacks GPU P2P capability"); all-reduce goes through host
+    #: memory (sim.latency.interconnect). Measured step time only.
+    p2p: bool = True
 
     @field_validator("gpu")
     @classmethod

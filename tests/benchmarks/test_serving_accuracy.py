@@ -126,3 +126,27 @@ def test_the_release_kvsim_pins_for_a_measured_version():
     assert accuracy.kvsim_release("0.10.1.1 (printed)") == "0.11.0"
     assert accuracy.kvsim_release("0.26.0") == "0.33.0"
     assert accuracy.kvsim_release("assumed") == "0.11.0"
+
+
+def test_no_p2p_allreduce_bandwidth_is_what_the_fit_half_asks_for_and_not_a_grid_edge():
+    """sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS is fitted on the fit half of the
+    `p2p: false` points; refitting must give it back, inside the grid (not clamped)."""
+    from sim.latency.interconnect import HOST_STAGED_ALGBW_GBPS
+
+    no_p2p = [p for p in POINTS if p.raw.get("p2p") is False]
+    assert {p.split for p in no_p2p} == {"fit", "held_out"}
+    best, scores = accuracy.fit_host_staged_algbw(POINTS)
+    assert best == HOST_STAGED_ALGBW_GBPS
+    grid = sorted(scores)
+    assert grid[0] < best < grid[-1]
+
+
+def test_accuracy_doc_quotes_the_whole_tables_summary_verbatim():
+    """docs/accuracy.md's serving summary is what the script prints over every point (~11 s)."""
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    quoted = re.search(
+        r"<!-- serving-accuracy:begin -->\n(.*?)\n<!-- serving-accuracy:end -->", doc, re.S
+    )
+    assert quoted, "docs/accuracy.md lost its serving summary"
+    replays = [accuracy.replay(p) for p in POINTS]
+    assert quoted.group(1) == accuracy.summary(replays)
