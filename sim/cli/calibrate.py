@@ -37,6 +37,35 @@ def calibrate(
     report_dir: Annotated[
         Path | None, typer.Option("--report-dir", help="Write the report (table + plot) here.")
     ] = None,
+    from_bench: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--from-bench",
+            help="A measured `vllm bench serve --save-result` JSON (repeat for several): fit "
+            "the measured step time to them instead of timing kernels (no torch, no GPU).",
+        ),
+    ] = None,
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", help="--from-bench: the server the results came from."),
+    ] = None,
+    dataset_name: Annotated[str, typer.Option(help="--from-bench: the results' dataset.")] = (
+        "random"
+    ),
+    random_input_len: Annotated[
+        int, typer.Option(help="--from-bench: as vllm bench serve.")
+    ] = 1024,
+    random_output_len: Annotated[
+        int, typer.Option(help="--from-bench: as vllm bench serve.")
+    ] = 128,
+    random_range_ratio: Annotated[str, typer.Option(help="--from-bench: as vllm bench serve.")] = (
+        "0.0"
+    ),
+    random_prefix_len: Annotated[int, typer.Option(help="--from-bench: as vllm bench serve.")] = 0,
+    seed: Annotated[int, typer.Option(help="--from-bench: as vllm bench serve.")] = 0,
+    num_special_tokens: Annotated[
+        int, typer.Option(help="--from-bench: tokens the server's tokenizer adds (BOS).")
+    ] = 1,
 ) -> None:
     """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`,
     plus the measured model's coefficients refitted from the same timings (PROFILE.coefficients.json).
@@ -48,6 +77,15 @@ def calibrate(
     from sim.errors import InputError
     from sim.files.outdir import check_output_dir, check_output_file
 
+    if from_bench:
+        workload = dict(dataset_name=dataset_name, random_input_len=random_input_len,
+                        random_output_len=random_output_len,
+                        random_range_ratio=random_range_ratio,
+                        random_prefix_len=random_prefix_len, seed=seed,
+                        num_special_tokens=num_special_tokens)  # fmt: skip
+        out_file = out if out != Path("profile.json") else Path("bench.coefficients.json")
+        _from_bench(from_bench, scenario, out_file, workload)
+        return
     if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
         raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
     deadline = Deadline(budget)
@@ -100,6 +138,35 @@ def calibrate(
 
     for line in usage_lines(coefficients_path(out)):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _from_bench(files: list[Path], scenario: Path | None, out: Path, workload: dict) -> None:
+    """`kvsim calibrate --from-bench`: fit, print the comparison, write the coefficients."""
+    import json
+
+    from sim.cli.main import console
+    from sim.errors import InputError
+    from sim.files.outdir import check_output_file, write_text_atomic
+    from sim.scenario.schema import load_scenario, naming
+    from sim.vllm_bench import calibrate as cb
+    from sim.vllm_bench.bench import WorkloadOptions
+
+    if scenario is None:
+        raise InputError("--from-bench needs --scenario: the server the results came from")
+    check_output_file(out)
+    options = WorkloadOptions(**workload)
+    bench_files = [cb.read_bench_file(path, options) for path in files]
+    scenario_obj = load_scenario(scenario)
+    console.print(f"fitting the measured step time of {scenario} to {len(files)} result(s)",
+                  highlight=False)  # fmt: skip
+    with naming(scenario):
+        fit = cb.fit_from_bench(scenario_obj, scenario.parent, bench_files)
+        doc = cb.coefficients_document(fit, scenario_obj, scenario.parent, scenario)
+    for line in cb.report_lines(fit):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    write_text_atomic(out, json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {out}; use it with: step_time: {{measured: {{coefficients: {out}}}}}",
+                  highlight=False, markup=False)  # fmt: skip
 
 
 def _check_catalog_names(model: str, gpu: str | None) -> None:

@@ -135,7 +135,7 @@ class StepTimeConfig(_Closed):
         return self
 
 
-def _load_coefficients(path: Path) -> Any:
+def load_coefficients(path: Path) -> Any:
     """A measured model's coefficients JSON; a missing, non-regular or non-JSON file is one
     line naming it (a FIFO is refused before it is opened: `sim.files.inputs`)."""
     require_regular_file(path, lambda reason: InputError(f"coefficients {path}: {reason}"))
@@ -193,7 +193,7 @@ def make_step_time(
     if config.measured is not None:
         coefficients = None
         if config.measured.coefficients is not None:
-            coefficients = _load_coefficients(Path(config.measured.coefficients))
+            coefficients = load_coefficients(Path(config.measured.coefficients))
         return MeasuredStepTime(
             model,
             gpu,

@@ -1,0 +1,179 @@
+"""`kvsim calibrate --from-bench`: the fit recovers factors kvsim itself was perturbed by, the
+written coefficients reproduce the results, and bad input is one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.catalog import get_gpu
+from sim.latency.measured import MeasuredStepTime, shipped_coefficients
+from sim.scenario.schema import scenario_from_dict
+from sim.vllm_bench.bench import WorkloadOptions, run_bench
+from sim.vllm_bench.calibrate import (
+    coefficients_document,
+    fit_from_bench,
+    read_bench_file,
+    scaled_coefficients,
+)
+from sim.vllm_bench.metrics import BenchSettings, result_json
+
+WORKLOAD = WorkloadOptions(num_prompts=30, random_input_len=256, random_output_len=32)
+#: (request_rate, max_concurrency) per result file: batch sizes from 1 to all at once
+RUNS = [(2.0, None), (8.0, None), (math.inf, 1), (math.inf, 8), (math.inf, None)]
+TRUE_GPU, TRUE_OVERHEAD = 1.3, 2.0
+
+
+def _scenario_dict(coefficients: Path | None = None) -> dict:
+    data = {
+        "name": "from-bench",
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h200"},
+        "scheduler": {"design": "v1-engine", "vllm_version": "0.11.0"},
+        "workload": {
+            "kind": "inline",
+            "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}],
+        },
+    }
+    if coefficients is not None:
+        data["step_time"] = {"measured": {"coefficients": str(coefficients)}}
+    return data
+
+
+def _results(folder: Path, coefficients: Path) -> list[Path]:
+    """What a GPU `TRUE_GPU` x slower with a host `TRUE_OVERHEAD` x slower would measure."""
+    scenario = scenario_from_dict(_scenario_dict(coefficients), "true.yaml")
+    paths = []
+    for i, (rate, concurrency) in enumerate(RUNS):
+        settings = BenchSettings(request_rate=rate, max_concurrency=concurrency)
+        run = run_bench(scenario, folder, WORKLOAD, settings, band=False)
+        doc = result_json(run.result, settings, date="d", model_id="m", num_prompts=30)
+        path = folder / f"result-{i}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[Path, list[Path]]:
+    folder = tmp_path_factory.mktemp("bench")
+    truth = scaled_coefficients(shipped_coefficients(), get_gpu("h200"), TRUE_GPU, TRUE_OVERHEAD)
+    (folder / "truth.json").write_text(json.dumps(truth))
+    return folder, _results(folder, folder / "truth.json")
+
+
+def test_scaling_the_coefficients_scales_every_gpu_term_and_the_overhead():
+    from sim.catalog import get_model
+    from sim.latency import BatchShape
+
+    gpu = get_gpu("h200")
+    batch = BatchShape((1024,) * 16, ((0, 256),))
+    plain = MeasuredStepTime(get_model("llama-3.1-8b"), gpu).breakdown(batch)
+    scaled = MeasuredStepTime(
+        get_model("llama-3.1-8b"),
+        gpu,
+        coefficients=scaled_coefficients(shipped_coefficients(), gpu, 1.25, 3.0),
+    ).breakdown(batch)
+    for term, seconds in plain.items():
+        expected = 3.0 if term == "engine_overhead_s" else 1.25
+        assert scaled[term] == pytest.approx(expected * seconds, rel=1e-9), term
+
+
+def test_fit_recovers_the_factors_kvsim_was_perturbed_by(measured):
+    folder, paths = measured
+    files = [read_bench_file(p, WORKLOAD) for p in paths]
+    scenario = scenario_from_dict(_scenario_dict(), "plain.yaml")
+    fit = fit_from_bench(scenario, folder, files, iters=30)
+    assert fit.gpu_scale == pytest.approx(TRUE_GPU, rel=0.03)
+    assert fit.overhead_scale == pytest.approx(TRUE_OVERHEAD, rel=0.06)
+    assert [p.name for p in fit.held_out_files] == ["result-1.json", "result-3.json"]
+    held = fit.errors(fit.held_out_files)
+    assert all(abs(e) < 0.03 for values in held.values() for e in values), held
+    doc = coefficients_document(fit, scenario, folder, Path("plain.yaml"))
+    assert doc["provenance"]["gpu_scale"] == fit.gpu_scale
+    assert doc["calibration"]["held_out"]["mean_tpot_ms"]["n"] == 2
+
+
+def test_cli_writes_coefficients_a_scenario_then_uses(measured, tmp_path):
+    from sim.cli.main import app
+
+    folder, paths = measured
+    scenario_path = tmp_path / "server.yaml"
+    scenario_path.write_text(yaml.safe_dump(_scenario_dict()))
+    out = tmp_path / "fitted.coefficients.json"
+    args = ["calibrate", "--scenario", str(scenario_path), "--out", str(out),
+            "--random-input-len", "256", "--random-output-len", "32"]  # fmt: skip
+    for p in paths[:3]:
+        args += ["--from-bench", str(p)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "gpu_scale" in result.output and "held out" in result.output
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["held_out_files"] == [str(paths[1])]
+    refit = scenario_from_dict(_scenario_dict(out), "refit.yaml")
+    settings = BenchSettings(request_rate=8.0)
+    again = run_bench(refit, tmp_path, WORKLOAD, settings, band=False).result
+    measured_tpot = json.loads(paths[1].read_text())["mean_tpot_ms"]
+    assert again["mean_tpot_ms"] == pytest.approx(measured_tpot, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(request_rate="fast"), "request_rate: not a number"),
+        (lambda d: d.update(max_concurrency=0), "max_concurrency"),
+        (
+            lambda d: [
+                d.pop(k)
+                for k in ("mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "output_throughput")
+            ],
+            "none of",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_result_files_are_one_line_naming_file_and_field(measured, tmp_path, edit, message):
+    from sim.cli.main import app
+
+    folder, paths = measured
+    doc = json.loads(paths[0].read_text())
+    edit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    scenario_path = tmp_path / "server.yaml"
+    scenario_path.write_text(yaml.safe_dump(_scenario_dict()))
+    result = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--from-bench",
+            str(bad),
+            "--scenario",
+            str(scenario_path),
+            "--out",
+            str(tmp_path / "o.json"),
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "bad.json" in result.output
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_missing_scenario_or_a_non_measured_step_time_is_bad_input(measured, tmp_path):
+    from sim.cli.main import app
+
+    _, paths = measured
+    runner = CliRunner()
+    no_scenario = runner.invoke(app, ["calibrate", "--from-bench", str(paths[0])])
+    assert no_scenario.exit_code == 2 and "--scenario" in no_scenario.output
+    linear = _scenario_dict()
+    linear["step_time"] = {"linear": {"fixed_s": 0.01}}
+    path = tmp_path / "linear.yaml"
+    path.write_text(yaml.safe_dump(linear))
+    refused = runner.invoke(app, ["calibrate", "--from-bench", str(paths[0]), "--scenario",
+                                  str(path), "--out", str(tmp_path / "o.json")])  # fmt: skip
+    assert refused.exit_code == 2 and "measured" in refused.output
