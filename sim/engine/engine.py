@@ -337,6 +337,7 @@ class Engine(EngineArrivals):
         """Every request accounted for: the unfinished aborted, then the never-arrived (whose
         ids come after every arrived one's when ids ascend), each with the reason."""
         reason = self._stop or "run ended"
+        self.records.violations.extend(self.config.startup_violations)
         for replica in self.replicas:
             self._abort(replica.scheduler.unfinished(), reason)
             self.records.violations.extend(replica.manager.violations)

@@ -81,6 +81,9 @@ class EngineConfig:
     manager_factory: Callable[[Design, KVCacheConfig], object] | None = None
     #: A V1 KV connector per replica (`sim.kv_connector`), e.g. CPU offloading; None: none.
     kv_connector: KVConnectorConfig | None = None
+    #: Findings of the startup checks (`sim.scenario.resolve`), recorded first in the run's
+    #: violations: a latent stall is a finding even when no request of the workload meets it.
+    startup_violations: tuple[Violation, ...] = ()
 
 
 @dataclass(slots=True)

@@ -61,9 +61,14 @@ async: empty batch queued no        no      no       yes      yes      yes
 async: last step skipped  no        yes     yes      yes      yes      yes
 async: in-flight tokens   --        --      --       --       yes      yes
 async: stale outputs      --        --      --       --       --       yes
+chunked-local free        keeps **  shared  shared   shared   shared   shared
 ========================  ========  ======  =======  =======  =======  =======
 
-(* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.)
+(* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.
+** 0.11.0's `ChunkedLocalAttentionManager` keeps the last cached block at a chunk boundary;
+from 0.19.1 it frees through the shared walk-back, clamped at the table
+(`sim.kv.v1_engine.chunked_local`). kvsim does not model chunked-local groups at 4ac7713:
+a scenario with them is refused there.)
 The properties below cite each release's lines; every column was checked by the manager,
 scheduler and async lockstep against that release's wheel (`tests/vllm_real/
 test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.audit import AuditLevel
+from sim.audit.violations import Violation, ViolationKind
 from sim.catalog import ModelSpec, get_gpu
 from sim.cluster.config import ClusterMode
 from sim.engine.engine import EngineConfig
@@ -226,10 +227,13 @@ def _startup(
         bound_tokens = release.window_bound_tokens(
             token_budget, scheduler_config.max_concurrent_batches
         )
-        _check_cache_fits(sched.design, kv, max_model_len, bound_tokens)
+        startup_blocks = _check_cache_fits(sched.design, kv, max_model_len, bound_tokens)
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()
+            mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin)
+            if mismatch is not None:
+                inputs["startup_violations"] = [mismatch.to_row()]
     else:
         _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
@@ -286,6 +290,10 @@ def resolve(
         audit_level=AuditLevel(scenario.engine.audit_level),
         max_sim_time_s=scenario.engine.max_sim_time_s,
         kv_connector=offload,
+        startup_violations=tuple(
+            Violation(**{**row, "kind": ViolationKind(row["kind"])})
+            for row in inputs.get("startup_violations", ())
+        ),
     )
     return ResolvedRun(scenario, engine, workload, step_time, inputs)
 
@@ -339,7 +347,36 @@ def _admission_reserve(
     return reserve if reserve.reserved_blocks > 0 else None
 
 
-def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> None:
+def _startup_gate_mismatch(
+    reserve: AdmissionReserve, startup_blocks: int, pin: str
+) -> Violation | None:
+    """A `startup_gate_mismatch` where startup accepted max_model_len (`startup_blocks` fit the
+    pool) but the gate charges such a request more than the pool has: it would never be
+    admitted, and the engine would wait on it forever.
+
+    Example (vLLM 0.19.1, whose gate is uncapped: full attention + a 4,096-token window,
+    bs 16, T 8,192, max_model_len 32,768, 3,000 blocks): startup charges 2,048 + cdiv(4,095 +
+    8,192, 16) + 1 = 2,817 <= 2,999 usable; the gate charges 2,048 + 2,048 = 4,096 > 2,999.
+    From 0.20.0 the window's charge is capped like the startup check's: no mismatch.
+    """
+    if reserve.charged_blocks <= reserve.usable_blocks:
+        return None
+    return Violation(
+        ViolationKind.STARTUP_GATE_MISMATCH,
+        "startup",
+        None,
+        f"vLLM {pin}'s startup check accepts max_model_len {reserve.request_tokens} "
+        f"({startup_blocks} blocks of {reserve.usable_blocks} usable), but its admission gate "
+        f"charges such a request {reserve.charged_blocks} blocks: a request of "
+        f"{reserve.request_tokens} tokens would never be admitted and wait forever",
+        counted_blocks=startup_blocks,
+        needed_blocks=reserve.charged_blocks,
+        free_blocks=reserve.usable_blocks,
+        time_s=0.0,
+    )
+
+
+def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budget: int) -> int:
     """vLLM refuses to start when one max-length request cannot fit in the pool.
 
     v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
@@ -352,6 +389,7 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
     scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
+    Returns the blocks the check charged one max_model_len request.
     """
     bs, num_blocks = kv.block_size, kv.num_gpu_blocks
     if design.api == "v0":
@@ -360,7 +398,7 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
                 f"scheduler.max_model_len: {max_model_len} tokens is larger than the KV cache "
                 f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
             )
-        return
+        return -(-max_model_len // bs)
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for group in kv.group_specs:
@@ -376,6 +414,7 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
             f"scheduler.max_model_len: one {max_model_len}-token request needs {needed} blocks but "
             f"only {num_blocks - 1} are usable (block 0 is the null block); vLLM would refuse to start"
         )
+    return needed
 
 
 def absolute_step_time_paths(config: StepTimeConfig, base_dir: Path) -> StepTimeConfig:

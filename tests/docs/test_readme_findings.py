@@ -151,7 +151,11 @@ def test_readme_compare_versions_on_the_azure_trace() -> None:
         "admission_overtake×161, admission_undercount×68, leaked_blocks×68, watermark×19"
     )
     assert table.loc["v0-v2@0.5.4+7380", "num_failed"] == FIGURES["v0_v2_7380_failed"]
-    assert table["num_violations"].drop(["v0-v2", "v0-v2@0.5.4+7380"]).eq(0).all()
+    # 0.19.1's one violation is found at startup, not in the run: its uncapped gate would
+    # charge a max_model_len request more blocks than the pool has (sim.scenario.resolve).
+    assert table.loc["v1-engine@0.19.1", "violation_counts"] == "startup_gate_mismatch×1"
+    others = table["num_violations"].drop(["v0-v2", "v0-v2@0.5.4+7380", "v1-engine@0.19.1"])
+    assert others.eq(0).all()
     finished = table["num_finished"].drop(["v0-v2", "v0-v2@0.5.4+7380"])
     assert finished.eq(FIGURES["azure_requests"]).all()
     ttft_p50_s = table["ttft_p50_s"].round().astype(int).to_dict()
