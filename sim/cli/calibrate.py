@@ -49,6 +49,14 @@ def calibrate(
         Path | None,
         typer.Option("--scenario", help="--from-bench: the server the results came from."),
     ] = None,
+    from_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-log",
+            help="--from-bench: the server's startup log; its 'GPU KV cache size' replaces "
+            "the scenario's pool.",
+        ),
+    ] = None,
     dataset_name: Annotated[str, typer.Option(help="--from-bench: the results' dataset.")] = (
         "random"
     ),
@@ -84,7 +92,7 @@ def calibrate(
                         random_prefix_len=random_prefix_len, seed=seed,
                         num_special_tokens=num_special_tokens)  # fmt: skip
         out_file = out if out != Path("profile.json") else Path("bench.coefficients.json")
-        _from_bench(from_bench, scenario, out_file, workload)
+        _from_bench(from_bench, scenario, out_file, workload, from_log)
         return
     if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
         raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
@@ -140,7 +148,9 @@ def calibrate(
         console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
-def _from_bench(files: list[Path], scenario: Path | None, out: Path, workload: dict) -> None:
+def _from_bench(
+    files: list[Path], scenario: Path | None, out: Path, workload: dict, log: Path | None
+) -> None:
     """`kvsim calibrate --from-bench`: fit, print the comparison, write the coefficients."""
     import json
 
@@ -150,6 +160,7 @@ def _from_bench(files: list[Path], scenario: Path | None, out: Path, workload: d
     from sim.scenario.schema import load_scenario, naming
     from sim.vllm_bench import calibrate as cb
     from sim.vllm_bench.bench import WorkloadOptions
+    from sim.vllm_bench.server_log import read_server_log
 
     if scenario is None:
         raise InputError("--from-bench needs --scenario: the server the results came from")
@@ -159,9 +170,15 @@ def _from_bench(files: list[Path], scenario: Path | None, out: Path, workload: d
     scenario_obj = load_scenario(scenario)
     console.print(f"fitting the measured step time of {scenario} to {len(files)} result(s)",
                   highlight=False)  # fmt: skip
+    pool = None
     with naming(scenario):
+        if log is not None:
+            scenario_obj, pool = cb.apply_server_log(scenario_obj, scenario.parent,
+                                                     read_server_log(log))  # fmt: skip
+            console.print(f"KV pool from {log}: {pool['num_gpu_blocks']} blocks (kvsim would "
+                          f"derive {pool['kvsim_num_gpu_blocks']})", highlight=False)  # fmt: skip
         fit = cb.fit_from_bench(scenario_obj, scenario.parent, bench_files)
-        doc = cb.coefficients_document(fit, scenario_obj, scenario.parent, scenario)
+        doc = cb.coefficients_document(fit, scenario_obj, scenario.parent, scenario, pool)
     for line in cb.report_lines(fit):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     write_text_atomic(out, json.dumps(doc, indent=1) + "\n")

@@ -28,8 +28,11 @@ Worked example: a GEMM at compute efficiency 0.77 and launch floor 5.4 us, scale
 gpu_scale 1.25, becomes 0.77 / 1.25 = 0.616 and 6.75 us: every GEMM takes 1.25x as long (the
 compute/memory blend is a p-norm, so scaling both times scales it).
 
-What it leaves out: the start-up log (`--from-log`, not yet: the pool comes from the scenario),
-per-term factors (one GPU factor: the results of a serving benchmark rarely separate GEMM
+`--from-log SERVER_LOG` (`sim.vllm_bench.server_log`) replaces the scenario's pool with the one the
+server logged ("GPU KV cache size: N tokens"), so the replays queue as the measured server did;
+the log's release is recorded beside the one the scenario models.
+
+What it leaves out: the log's other settings (the scenario says them), per-term factors (one GPU factor: the results of a serving benchmark rarely separate GEMM
 from attention time), and the all-reduce without peer access (`hardware.p2p: false`, a
 constant of its own, not scaled).
 """
@@ -51,6 +54,7 @@ from sim.latency import load_coefficients
 from sim.latency.measured import MeasuredStepTime, nearest_fitted_gpu, shipped_coefficients
 from sim.latency.measured_fit import nelder_mead
 from sim.scenario.configs import kv_dtype_of
+from sim.scenario.overrides import apply_overrides
 from sim.scenario.schema import Scenario
 from sim.vllm_bench.arrivals import send_times
 from sim.vllm_bench.bench import (
@@ -63,6 +67,7 @@ from sim.vllm_bench.bench import (
 )
 from sim.vllm_bench.compare import read_result
 from sim.vllm_bench.metrics import BenchSettings, benchmark_result
+from sim.vllm_bench.server_log import ServerLog
 
 #: The metrics the fit reproduces, as vLLM's result keys.
 FIT_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "output_throughput")
@@ -255,7 +260,11 @@ def fit_from_bench(
 
 
 def coefficients_document(
-    fit: BenchFit, scenario: Scenario, base_dir: Path, scenario_path: Path
+    fit: BenchFit,
+    scenario: Scenario,
+    base_dir: Path,
+    scenario_path: Path,
+    pool_from_log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The coefficients JSON the fit writes: the scaled entry plus its provenance."""
     resolved_gpu = prepared(scenario, base_dir).step_time
@@ -284,6 +293,7 @@ def coefficients_document(
         "held_out_files": [str(p) for p in fit.held_out_files],
         "note": "every GPU term x gpu_scale, the engine overhead x overhead_scale; the band is "
         "the shipped one, not re-validated",
+        "pool_from_log": pool_from_log,
     }
     doc["calibration"] = {
         "fit": summary(fit.fit_files),
@@ -313,3 +323,24 @@ def report_lines(fit: BenchFit) -> list[str]:
     if not fit.held_out_files:
         lines.append("nothing held out (give 3 or more result files to hold every other one out)")
     return lines
+
+
+def apply_server_log(
+    scenario: Scenario, base_dir: Path, log: ServerLog
+) -> tuple[Scenario, dict[str, Any]]:
+    """The scenario with the log's KV pool as `cache.num_gpu_blocks`, and what was applied."""
+    resolved = prepared(scenario, base_dir)
+    kv = resolved.engine.kv
+    groups = len(resolved.inputs.get("kv_cache_groups") or ()) or 1
+    blocks = log.pool_blocks(kv.block_size, groups)
+    applied = {
+        "log": str(log.path),
+        "kv_cache_tokens": log.kv_cache_tokens,
+        "gpu_blocks_logged": log.gpu_blocks,
+        "num_gpu_blocks": blocks,
+        "kvsim_num_gpu_blocks": kv.num_gpu_blocks,
+        "vllm_version_logged": log.vllm_version,
+        "vllm_version_modelled": resolved.inputs.get("vllm_version"),
+    }
+    overridden = apply_overrides(scenario, {"cache.num_gpu_blocks": blocks}, source=str(log.path))
+    return overridden, applied

@@ -177,3 +177,37 @@ def test_missing_scenario_or_a_non_measured_step_time_is_bad_input(measured, tmp
     refused = runner.invoke(app, ["calibrate", "--from-bench", str(paths[0]), "--scenario",
                                   str(path), "--out", str(tmp_path / "o.json")])  # fmt: skip
     assert refused.exit_code == 2 and "measured" in refused.output
+
+
+def test_from_log_replaces_the_pool_and_records_it(measured, tmp_path):
+    from sim.cli.main import app
+
+    _, paths = measured
+    scenario_path = tmp_path / "server.yaml"
+    scenario_path.write_text(yaml.safe_dump(_scenario_dict()))
+    log = tmp_path / "serve.log"
+    log.write_text("INFO [kv_cache_utils.py:849] GPU KV cache size: 160,000 tokens\n")
+    out = tmp_path / "o.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--from-bench",
+            str(paths[0]),
+            "--scenario",
+            str(scenario_path),
+            "--from-log",
+            str(log),
+            "--out",
+            str(out),
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 0, result.output
+    pool = json.loads(out.read_text())["provenance"]["pool_from_log"]
+    assert pool["num_gpu_blocks"] == 10_000 and pool["kv_cache_tokens"] == 160_000
+    assert pool["kvsim_num_gpu_blocks"] != 10_000
+    assert "KV pool from" in result.output

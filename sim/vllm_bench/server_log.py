@@ -1,0 +1,78 @@
+"""What a `vllm serve` startup log says about the KV pool, for `kvsim calibrate --from-log`.
+
+The lines read (as vLLM prints them; the wording is stable across the releases kvsim pins):
+
+  V1 engine   "GPU KV cache size: 450,192 tokens" (`kv_cache_utils.py`, once per engine core;
+              the smallest is the pool a TP group runs with)
+  v0 engine   "# GPU blocks: 5961, # CPU blocks: 2048" (`executor_base.py` / `gpu_executor.py`)
+  release     "vLLM API server version 0.10.1.1" or "Initializing a V1 LLM engine (v0.10.1.1)"
+
+Anything else in the log is ignored. The pool replaces the scenario's `cache.num_gpu_blocks`
+(`pool_blocks`), so the replay queues as the measured server did even where kvsim's memory
+derivation would size the pool differently.
+
+Example: "GPU KV cache size: 450,192 tokens" with 16-token blocks and one KV-cache group is
+450,192 // 16 = 28,137 blocks; a hybrid model of two groups logs num_blocks // 2 * 16 tokens,
+so the same line means 56,274 blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.files.inputs import read_capped_bytes, refuse_non_regular
+
+#: A startup log is a few hundred KB; refuse anything far larger than that (a wrong file).
+MAX_LOG_BYTES = 64 * 2**20
+
+_V1_POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
+_V0_POOL = re.compile(r"# GPU blocks:\s*([\d,]+)")
+_VERSION = re.compile(
+    r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?)\s*v?(\d+\.\d+\.\d+[\w.+-]*)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLog:
+    path: Path
+    #: V1: the smallest "GPU KV cache size" in tokens; None where the log has none.
+    kv_cache_tokens: int | None
+    #: v0: "# GPU blocks"; None where the log has none.
+    gpu_blocks: int | None
+    vllm_version: str | None
+
+    def pool_blocks(self, block_size: int, num_kv_groups: int = 1) -> int:
+        """The pool in blocks (see the module docstring's example)."""
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens // block_size * num_kv_groups
+        assert self.gpu_blocks is not None
+        return self.gpu_blocks
+
+
+def read_server_log(path: Path) -> ServerLog:
+    """Parse a startup log; a missing or non-regular file, or one with no pool line, is bad
+    input naming it."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    refuse_non_regular(path, lambda reason: InputError(f"{path}: {reason} (a vllm serve log)"))
+    raw = read_capped_bytes(
+        path, MAX_LOG_BYTES, lambda n: InputError(f"{path}: {n} bytes, too big")
+    )
+    text = raw.decode("utf-8", errors="replace")
+    tokens = [int(m.group(1).replace(",", "")) for m in _V1_POOL.finditer(text)]
+    blocks = [int(m.group(1).replace(",", "")) for m in _V0_POOL.finditer(text)]
+    if not tokens and not blocks:
+        raise InputError(
+            f"{path}: no 'GPU KV cache size: N tokens' (V1) or '# GPU blocks: N' (v0) line: "
+            "not a vllm serve startup log, or one cut before the KV cache was sized"
+        )
+    version = _VERSION.search(text)
+    return ServerLog(
+        path,
+        min(tokens) if tokens else None,
+        min(blocks) if blocks else None,
+        version.group(1) if version else None,
+    )
