@@ -249,10 +249,23 @@ def fit_from_bench(
     best = nelder_mead(objective, np.zeros(2), iters=iters, step=0.4)
     best = np.clip(best, math.log(0.05), math.log(20.0))
     gpu_scale, overhead_scale = float(math.exp(best[0])), float(math.exp(best[1]))
-    result = BenchFit(round(gpu_scale, 4), round(overhead_scale, 4),
-                      [f.path for f in fit], [f.path for f in held])  # fmt: skip
-    everything = Replayer(scenario, base_dir, files)
-    predicted = everything.replay(result.gpu_scale, result.overhead_scale)
+    return evaluate(scenario, base_dir, files, round(gpu_scale, 4), round(overhead_scale, 4))
+
+
+def evaluate(
+    scenario: Scenario,
+    base_dir: Path,
+    files: list[BenchFile],
+    gpu_scale: float = 1.0,
+    overhead_scale: float = 1.0,
+) -> BenchFit:
+    """Every file compared at the given factors (1, 1: the model as it ships), with the split
+    `fit_from_bench` uses."""
+    files = sorted(files, key=lambda f: str(f.path))
+    held = files[1::2] if len(files) >= 3 else []
+    fit = [f for f in files if f not in held]
+    result = BenchFit(gpu_scale, overhead_scale, [f.path for f in fit], [f.path for f in held])
+    predicted = Replayer(scenario, base_dir, files).replay(gpu_scale, overhead_scale)
     result.loss = _loss([p for p, f in zip(predicted, files, strict=True) if f in fit], fit)
     for pred, f in zip(predicted, files, strict=True):
         result.compared[f.path] = {k: (pred[k], v) for k, v in f.measured.items() if k in pred}
