@@ -192,6 +192,17 @@ class VllmPin(enum.Enum):
         return self in _PROCESSED_BASIS
 
     @property
+    def logs_capacity_from_concurrency(self) -> bool:
+        """The logged "GPU KV cache size" is int(max concurrency x max_model_len) tokens
+        (0.25.1 `kv_cache_utils.py:L1788-1798` `get_kv_cache_capacity`, logged at L2146-2150;
+        0.26.0 `L1819`; 0.33.0 `L1120-1150`, on one line with the concurrency); 0.20.0 and
+        earlier log num_blocks // num_groups x block_size (0.11.0 `L1080-1087`, 0.20.0
+        `L1694-1711`). The concurrency is num_blocks / the startup check's blocks per request in
+        every release (`get_max_concurrency_for_kv_cache_config`: 0.11.0 `L780-795`, 0.20.0
+        `L872-890`, 0.25.1 `L919-937`, 0.33.0 `L1061-1094`)."""
+        return self in _REACHABLE_MASK  # the same three releases
+
+    @property
     def bounds_long_prefill_threshold(self) -> bool:
         """`long_prefill_token_threshold > max_model_len` is refused at start-up (0.33.0
         `config/scheduler.py:L355-360`; 0.26.0 and earlier only with partial prefills > 1)."""

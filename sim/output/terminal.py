@@ -115,6 +115,7 @@ def print_summary(name: str, summary: dict, inputs: dict, out_dir: Path | None) 
         ("sliding window (tokens)", inputs.get("sliding_window")),
         *_kv_group_rows(inputs.get("kv_cache_groups")),
         *_admission_reserve_rows(inputs.get("admission_reserve")),
+        *(("vLLM would log", line) for line in inputs.get("vllm_kv_cache_log") or ()),
         ("requests", summary["num_requests"]),
         ("  finished / ignored", f"{states['finished']} / {states['ignored']}"),
         ("  failed / aborted", f"{states['failed']} / {states['aborted']}"),

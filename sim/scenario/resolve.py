@@ -23,6 +23,7 @@ from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
 from sim.memory.derive import given_num_gpu_blocks, hybrid_layout_of
 from sim.memory.host import check_pool_fits
+from sim.memory.logged import logged_kv_cache
 from sim.memory.terms import VllmEngine
 from sim.planning.admission_reserve import AdmissionReserve, admission_reserve
 from sim.routing import Router
@@ -228,6 +229,17 @@ def _startup(
             token_budget, scheduler_config.max_concurrent_batches
         )
         startup_blocks = _check_cache_fits(sched.design, kv, max_model_len, bound_tokens)
+        logged = logged_kv_cache(
+            kv.num_gpu_blocks,
+            len(kv.group_specs),
+            kv.block_size,
+            max_model_len,
+            startup_blocks,
+            from_concurrency=release.logs_capacity_from_concurrency,
+        )
+        inputs["vllm_kv_cache_log"] = logged.lines()
+        inputs["startup_blocks_per_request"] = startup_blocks
+        inputs["logs_capacity_from_concurrency"] = release.logs_capacity_from_concurrency
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()

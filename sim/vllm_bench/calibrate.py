@@ -345,7 +345,13 @@ def apply_server_log(
     resolved = prepared(scenario, base_dir)
     kv = resolved.engine.kv
     groups = len(resolved.inputs.get("kv_cache_groups") or ()) or 1
-    blocks = log.pool_blocks(kv.block_size, groups)
+    blocks = log.pool_blocks(
+        kv.block_size,
+        groups,
+        from_concurrency=bool(resolved.inputs.get("logs_capacity_from_concurrency")),
+        blocks_per_request=resolved.inputs.get("startup_blocks_per_request"),
+        max_model_len=resolved.inputs.get("max_model_len"),
+    )
     applied = {
         "log": str(log.path),
         "kv_cache_tokens": log.kv_cache_tokens,

@@ -11,9 +11,10 @@ Anything else in the log is ignored. The pool replaces the scenario's `cache.num
 (`pool_blocks`), so the replay queues as the measured server did even where kvsim's memory
 derivation would size the pool differently.
 
-Example: "GPU KV cache size: 450,192 tokens" with 16-token blocks and one KV-cache group is
-450,192 // 16 = 28,137 blocks; a hybrid model of two groups logs num_blocks // 2 * 16 tokens,
-so the same line means 56,274 blocks.
+Example (0.20.0 and earlier): "GPU KV cache size: 450,192 tokens" with 16-token blocks and one
+KV-cache group is 450,192 // 16 = 28,137 blocks; a hybrid model of two groups logs num_blocks //
+2 * 16 tokens, so the same line means 56,274 blocks. From 0.25.1 the line is int(concurrency x
+max_model_len) tokens instead (`ServerLog.pool_blocks`).
 """
 
 from __future__ import annotations
@@ -44,12 +45,30 @@ class ServerLog:
     gpu_blocks: int | None
     vllm_version: str | None
 
-    def pool_blocks(self, block_size: int, num_kv_groups: int = 1) -> int:
-        """The pool in blocks (see the module docstring's example)."""
-        if self.kv_cache_tokens is not None:
+    def pool_blocks(
+        self,
+        block_size: int,
+        num_kv_groups: int = 1,
+        *,
+        from_concurrency: bool = False,
+        blocks_per_request: int | None = None,
+        max_model_len: int | None = None,
+    ) -> int:
+        """The pool in blocks (see the module docstring's example). From 0.25.1 the logged
+        tokens are int(concurrency x max_model_len) (`sim.memory.logged`), so with
+        `from_concurrency` the pool is tokens x blocks_per_request / max_model_len, rounded up
+        (the int() dropped less than one request's worth of a token per block).
+
+        Example: 160,707 tokens, 1,025 blocks per 8,192-token request: 160,707 x 1,025 /
+        8,192 = 20,107.9 -> 20,108 blocks."""
+        if self.kv_cache_tokens is None:
+            assert self.gpu_blocks is not None
+            return self.gpu_blocks
+        if not from_concurrency:
             return self.kv_cache_tokens // block_size * num_kv_groups
-        assert self.gpu_blocks is not None
-        return self.gpu_blocks
+        if blocks_per_request is None or max_model_len is None:
+            raise ValueError("from_concurrency needs blocks_per_request and max_model_len")
+        return -(-self.kv_cache_tokens * blocks_per_request // max_model_len)
 
 
 def read_server_log(path: Path) -> ServerLog:

@@ -48,3 +48,15 @@ def test_a_log_without_a_pool_or_a_fifo_is_bad_input(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(InputError, match="pipe.log"):
         read_server_log(Path(fifo))
+
+
+def test_from_0_25_1_the_tokens_are_concurrency_times_max_model_len(tmp_path):
+    """A 20,108-block hybrid pool (1,025 blocks per 8,192-token request) logged on 0.25.1."""
+    path = tmp_path / "serve.log"
+    path.write_text("INFO [kv_cache_utils.py:2146] GPU KV cache size: 160,707 tokens\n")
+    log = read_server_log(path)
+    blocks = log.pool_blocks(16, 2, from_concurrency=True, blocks_per_request=1025,
+                             max_model_len=8192)  # fmt: skip
+    assert blocks == 20_108
+    with pytest.raises(ValueError, match="blocks_per_request"):
+        log.pool_blocks(16, 2, from_concurrency=True)
