@@ -85,6 +85,9 @@ def bench_serve_command(
     band: bool = typer.Option(
         True, "--band/--no-band", help="kvsim: also run at the step-time band's ends."
     ),
+    ready_check_timeout_sec: int = typer.Option(
+        600, help="> 0: the initial single-prompt test run first (its prompt stays cached)."
+    ),
 ) -> None:
     """Simulate `vllm bench serve` against the scenario's server; print vLLM's result block."""
     from sim.files.outdir import check_output_file, write_text_atomic
@@ -94,7 +97,8 @@ def bench_serve_command(
 
     slos = parse_goodput([p for item in goodput or () for p in item.replace(",", " ").split()])
     settings = BenchSettings(request_rate, burstiness, max_concurrency, percentile_metrics,
-                             metric_percentiles, slos, save_detailed)  # fmt: skip
+                             metric_percentiles, slos, save_detailed,
+                             ready_check_timeout_sec)  # fmt: skip
     settings.selected_metrics, settings.percentiles  # noqa: B018 - bad values refused before the run
     workload = WorkloadOptions(
         dataset_name, dataset_path, num_prompts, random_input_len, random_output_len,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from sim.vllm_bench.datasets import (
     sharegpt_dataset,
 )
 from sim.vllm_bench.metrics import BenchSettings, RequestOutcome, benchmark_result
-from sim.workload.request import PREFIX_KEY_BASE, RequestSpec
+from sim.workload.request import PREFIX_KEY_BASE, UNIQUE_KEY_BASE, RequestSpec
 
 #: The metrics whose band the `kvsim` block reports (the summary ones).
 BAND_KEYS = ("duration", "request_throughput", "output_throughput", "total_token_throughput")
@@ -174,6 +174,56 @@ def simulate(
     return Simulated(result.requests, engine.token_times_s, queue, result.summary, resolved.inputs)
 
 
+def with_test_run(specs: Sequence[RequestSpec]) -> tuple[RequestSpec, list[RequestSpec]]:
+    """`vllm bench serve`'s initial single-prompt test run, then the benchmark's requests.
+
+    Before the main run the client sends the first request's prompt and output length once
+    and waits for it to finish (`benchmark`, serve.py L875-921 @0.33.0, L508-548 @0.11.0, when
+    `--ready-check-timeout-sec` > 0, the default 600). The server keeps that prompt's blocks
+    in its prefix cache, so the first benchmark request's prompt hits them: with one prompt,
+    its TTFT is a partial prefill. Returns the test request (id 0, at 0 s) and the benchmark's
+    (ids + 1, arrival times to be offset by the test's end), the first of them made of the
+    test's tokens (its unique remainder keyed as the test's).
+    """
+    first = specs[0]
+    shared = sum(seg.num_tokens for seg in first.prefix)
+    tokens = first.prefix + (Segment(UNIQUE_KEY_BASE + 0, first.prompt_tokens - shared),)
+    test = replace(first, request_id=0, arrival_s=0.0, prefix=first.prefix)
+    main = [replace(s, request_id=s.request_id + 1) for s in specs]
+    main[0] = replace(main[0], prefix=tokens)
+    return test, main
+
+
+def simulate_bench(
+    resolved: ResolvedRun,
+    specs: Sequence[RequestSpec],
+    settings: BenchSettings,
+    step_time_factor: float = 1.0,
+) -> Simulated:
+    """The benchmark as the client runs it: the test run first where it is on (its end is the
+    benchmark's time 0), then `specs`; the result holds the benchmark's requests only."""
+    if settings.ready_check_timeout_sec <= 0 or not specs:
+        return simulate(resolved, specs, settings.max_concurrency, step_time_factor)
+    test, main = with_test_run(specs)
+    alone = simulate(resolved, [test], None, step_time_factor)
+    start_s = float(alone.requests["finish_s"].iloc[0])
+    main = [replace(s, arrival_s=s.arrival_s + start_s) for s in main]
+    both = simulate(resolved, [test, *main], settings.max_concurrency, step_time_factor)
+    return _after_test_run(both, start_s)
+
+
+def _after_test_run(sim: Simulated, start_s: float) -> Simulated:
+    """`sim` without the test request (id 0), ids back to 0.., times from the benchmark's start."""
+    requests = sim.requests[sim.requests["request_id"] != 0].copy()
+    requests["request_id"] -= 1
+    for column in ("arrival_s", "finish_s"):
+        requests[column] -= start_s
+    requests = requests.reset_index(drop=True)
+    tokens = {rid - 1: [t - start_s for t in ts] for rid, ts in sim.token_times_s.items() if rid}
+    queue = {rid - 1: q for rid, q in sim.queue_s.items() if rid}
+    return Simulated(requests, tokens, queue, sim.summary, sim.inputs)
+
+
 def outcomes(
     sim: Simulated, requests: Sequence[BenchRequest]
 ) -> tuple[list[RequestOutcome], float]:
@@ -230,13 +280,13 @@ def run_bench(
         raise InputError(f"--max-concurrency {settings.max_concurrency}: must be greater than 0")
     specs = request_specs(requests, times)
     resolved = prepared(scenario, base_dir)
-    nominal = simulate(resolved, specs, settings.max_concurrency)
+    nominal = simulate_bench(resolved, specs, settings)
     result, lines = benchmark_result(*outcomes(nominal, requests), settings)
     ends: dict[str, Any] = {}
     step_band = band_of(resolved.step_time)
     if band and (step_band.low_factor, step_band.high_factor) != (1.0, 1.0):
         for label, factor in (("low", step_band.low_factor), ("high", step_band.high_factor)):
-            sim = simulate(resolved, specs, settings.max_concurrency, factor)
+            sim = simulate_bench(resolved, specs, settings, factor)
             ends[label], _ = benchmark_result(*outcomes(sim, requests), settings)
     return BenchRun(result, lines, ends, nominal.summary, nominal.inputs)
 

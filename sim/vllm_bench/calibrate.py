@@ -63,7 +63,7 @@ from sim.vllm_bench.bench import (
     prepared,
     request_specs,
     sample_requests,
-    simulate,
+    simulate_bench,
 )
 from sim.vllm_bench.compare import read_result
 from sim.vllm_bench.metrics import BenchSettings, benchmark_result
@@ -219,7 +219,7 @@ class Replayer:
         run = dataclasses.replace(self.resolved, step_time=model)
         out = []
         for f, (requests, specs) in zip(self.files, self._inputs, strict=True):
-            sim = simulate(run, specs, f.settings.max_concurrency)
+            sim = simulate_bench(run, specs, f.settings)
             result, _ = benchmark_result(*outcomes(sim, requests), f.settings)
             out.append({k: float(result[k]) for k in f.measured if _positive(result.get(k))})
         return out

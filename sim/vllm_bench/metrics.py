@@ -76,6 +76,8 @@ class BenchSettings:
     metric_percentiles: str = "99"
     goodput: dict[str, float] = field(default_factory=dict)
     save_detailed: bool = False
+    #: > 0: the initial single-prompt test run comes first (`sim.vllm_bench.bench.with_test_run`)
+    ready_check_timeout_sec: int = 600
 
     @property
     def selected_metrics(self) -> list[str]:

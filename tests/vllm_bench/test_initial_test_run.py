@@ -1,0 +1,61 @@
+"""`vllm bench serve`'s initial single-prompt test run (serve.py L875-921 @0.33.0): kvsim runs it
+before the benchmark, so the first prompt is a prefix-cache hit, and excludes it from the
+result."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.kv.types import Segment
+from sim.scenario.schema import scenario_from_dict
+from sim.vllm_bench.bench import WorkloadOptions, run_bench, with_test_run
+from sim.vllm_bench.metrics import BenchSettings
+from sim.workload.request import UNIQUE_KEY_BASE, RequestSpec
+
+ONE = WorkloadOptions(num_prompts=1, random_input_len=1024, random_output_len=16)
+
+
+def _scenario(prefix_caching: bool):
+    return scenario_from_dict(
+        {
+            "name": "test-run",
+            "model": "llama-3.1-8b",
+            "hardware": {"gpu": "h100-sxm"},
+            "cache": {"enable_prefix_caching": prefix_caching},
+            "scheduler": {"design": "v1-engine", "vllm_version": "0.33.0"},
+            "workload": {
+                "kind": "inline",
+                "requests": [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}],
+            },  # fmt: skip
+        },
+        "test-run.yaml",
+    )
+
+
+def _ttft_ms(prefix_caching: bool, ready_check: int) -> float:
+    settings = BenchSettings(request_rate=math.inf, ready_check_timeout_sec=ready_check)
+    result = run_bench(_scenario(prefix_caching), ".", ONE, settings, band=False).result
+    assert result["completed"] == 1
+    return float(result["mean_ttft_ms"])
+
+
+def test_the_test_runs_prompt_is_cached_for_the_first_request():
+    cold = _ttft_ms(prefix_caching=True, ready_check=0)
+    warm = _ttft_ms(prefix_caching=True, ready_check=600)
+    assert warm < 0.5 * cold  # 1,024 tokens, all but the last block cached
+    off = _ttft_ms(prefix_caching=False, ready_check=600)
+    assert off == pytest.approx(cold, rel=1e-9)  # no cache: the test run changes nothing
+
+
+def test_with_test_run_gives_the_first_request_the_tests_tokens():
+    specs = [
+        RequestSpec(0, 0.0, 100, 4, prefix=(Segment(7, 10),)),
+        RequestSpec(1, 0.5, 50, 4),
+    ]
+    test, main = with_test_run(specs)
+    assert (test.request_id, test.arrival_s, test.prefix) == (0, 0.0, (Segment(7, 10),))
+    assert [s.request_id for s in main] == [1, 2]
+    assert main[0].prefix == (Segment(7, 10), Segment(UNIQUE_KEY_BASE + 0, 90))
+    assert main[1].prefix == () and main[1].arrival_s == 0.5
