@@ -239,7 +239,6 @@ def _startup(
         )
         inputs["vllm_kv_cache_log"] = logged.lines()
         inputs["startup_blocks_per_request"] = startup_blocks
-        inputs["logs_capacity_from_concurrency"] = release.logs_capacity_from_concurrency
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()

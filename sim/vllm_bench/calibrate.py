@@ -50,6 +50,7 @@ import numpy as np
 
 from sim.catalog import GpuSpec
 from sim.errors import InputError
+from sim.kv.pins import resolve_pin
 from sim.latency import load_coefficients
 from sim.latency.measured import MeasuredStepTime, nearest_fitted_gpu, shipped_coefficients
 from sim.latency.measured_fit import nelder_mead
@@ -348,7 +349,9 @@ def apply_server_log(
     blocks = log.pool_blocks(
         kv.block_size,
         groups,
-        from_concurrency=bool(resolved.inputs.get("logs_capacity_from_concurrency")),
+        from_concurrency=resolve_pin(
+            scenario.scheduler.design, resolved.inputs["vllm_version"]
+        ).logs_capacity_from_concurrency,
         blocks_per_request=resolved.inputs.get("startup_blocks_per_request"),
         max_model_len=resolved.inputs.get("max_model_len"),
     )

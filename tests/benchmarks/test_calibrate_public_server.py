@@ -3,21 +3,11 @@ files `kvsim calibrate --from-bench` fits (the fit itself takes minutes: run the
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import load_script
 
 
 def test_a_group_is_one_server_with_its_runs_and_measured_metrics():
-    spec = importlib.util.spec_from_file_location(
-        "calibrate_public_server", ROOT / "benchmarks" / "calibrate_public_server.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_script("calibrate_public_server")
     files, scenario = module.bench_files("dl-qwen2-7b-a100-tp1-u05-in1024-out1024")
     assert sorted(f.workload.num_prompts for f in files) == [1, 10, 50, 100, 500]
     assert all({"mean_ttft_ms", "mean_tpot_ms"} <= set(f.measured) for f in files)

@@ -5,10 +5,8 @@ the one that machine reported."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,20 +14,14 @@ import pytest
 from calibrate.to_measured import coefficients_doc
 from sim.catalog import get_gpu
 from sim.latency.profile import load_profile
+from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DIR = ROOT / "sim/data/calibrations/h200-llama-3.1-8b-bf16"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "h200_calibration", ROOT / "benchmarks" / "h200_calibration.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("h200_calibration")
 
 
 @pytest.mark.parametrize("run", ["run1", "run2", "run3"])

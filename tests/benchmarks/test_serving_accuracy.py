@@ -5,16 +5,15 @@ it (issue #24 sets the targets)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
 from sim.catalog import get_gpu, get_model
+from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,14 +29,7 @@ SMALL = ("dl-qwen2-7b-a100-tp1-u05-in1024-out1024-n10", "kvc-qwen3-0.6b-h100-rat
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "serving_accuracy", ROOT / "benchmarks" / "serving_accuracy.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("serving_accuracy")
 
 
 accuracy = _script()
