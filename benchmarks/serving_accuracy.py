@@ -4,6 +4,7 @@
     python benchmarks/serving_accuracy.py --limit 4           # the first 4 points (sorted by id)
     python benchmarks/serving_accuracy.py --ids a,b --detail  # two points, every metric compared
     python benchmarks/serving_accuracy.py --fit-p2p           # refit the no-P2P all-reduce bandwidth
+    python benchmarks/serving_accuracy.py --fit-frontend      # refit the API server's costs
 
 The measurements are `sim/data/vllm_serving_measurements.yaml` (each with its source URL). Each
 replayable point goes through the same path as the CLI: its `vllm serve` line becomes a scenario
@@ -24,6 +25,7 @@ and throughput (output tok/s, else req/s). No GPU needed; under 30 s on 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import shlex
@@ -37,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.errors import InputError
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
@@ -206,8 +209,11 @@ def why_not_replayable(point: Point) -> str:
     return ""
 
 
-def replay(point: Point, max_prompts: int | None = None) -> Replay:
-    """Simulate the point's benchmark and compare it with what the source measured."""
+def replay(
+    point: Point, max_prompts: int | None = None, frontend: ApiServer | None = VLLM_API_SERVER
+) -> Replay:
+    """Simulate the point's benchmark (through `frontend`, the API server; None: none) and
+    compare it with what the source measured."""
     out = Replay(point, release=kvsim_release(str(point.raw.get("vllm_version", ""))))
     out.skipped = why_not_replayable(point)
     if out.skipped:
@@ -216,6 +222,7 @@ def replay(point: Point, max_prompts: int | None = None) -> Replay:
     try:
         scenario = scenario_for(point, out.release)
         options, settings = workload_options(point)
+        settings = dataclasses.replace(settings, frontend=frontend)
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
@@ -373,6 +380,42 @@ def fit_host_staged_algbw(
     return min(scores, key=lambda bw: (scores[bw], bw)), scores
 
 
+#: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds).
+FRONTEND_GRIDS: dict[str, tuple[float, ...]] = {
+    "hand_off_s": (0.0, 0.010, 0.015, 0.020, 0.025, 0.030),
+    "request_s": (0.0, 0.001, 0.002, 0.004, 0.008),
+    "output_token_s": (0.0, 10e-6, 20e-6, 40e-6, 80e-6),
+}
+
+
+def frontend_score(points: list[Point], frontend: ApiServer) -> float:
+    """The mean over TTFT, TPOT/ITL and throughput of the median |error| on `points`."""
+    replays = [replay(point, frontend=frontend) for point in points]
+    stats = median_abs_errors([r for r in replays if not r.skipped])
+    return statistics.fmean(stats[g][1] for g in GROUPS if stats[g][0])
+
+
+def fit_frontend(
+    points: list[Point], start: ApiServer = VLLM_API_SERVER, rounds: int = 2
+) -> tuple[ApiServer, list[str]]:
+    """The API server's costs (`sim.engine.frontend`) that the FIT half asks for: coordinate
+    descent from `start` over `FRONTEND_GRIDS`, `rounds` passes, each field set to its grid
+    value with the smallest `frontend_score` (ties: the smaller value). `prompt_token_s` and
+    `output_batch_s` stay as `start` has them (sourced, not fitted). Returns the result and
+    one line per evaluation. The held-out half is not read."""
+    fit = [p for p in points if p.split == "fit" and not why_not_replayable(p)]
+    best, log = start, []
+    for _ in range(rounds):
+        for name, grid in FRONTEND_GRIDS.items():
+            scores = {}
+            for value in grid:
+                candidate = dataclasses.replace(best, **{name: value})
+                scores[value] = frontend_score(fit, candidate)
+                log.append(f"{name}={value:g}: {scores[value]:.2%}")
+            best = dataclasses.replace(best, **{name: min(grid, key=lambda v: (scores[v], v))})
+    return best, log
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None, help="only the first N points")
@@ -383,15 +426,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-p2p", action="store_true",
                         help="refit the all-reduce bandwidth without peer access on the fit "
                         "half of the p2p: false points, print it and exit")  # fmt: skip
+    parser.add_argument("--fit-frontend", action="store_true",
+                        help="refit the API server's costs on the fit half, print them and exit")  # fmt: skip
+    parser.add_argument("--no-frontend", action="store_true",
+                        help="replay without the API server (the engine core's view)")  # fmt: skip
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.fit_frontend:
+        best, log = fit_frontend(load_points())
+        print("\n".join(log))
+        print(f"best: {best} (sim.engine.frontend.VLLM_API_SERVER)")
+        return 0
     if args.fit_p2p:
         best, scores = fit_host_staged_algbw(load_points())
         for bw, err in scores.items():
             print(f"{bw:5.1f} GB/s: median |error| {100 * err:.1f}% on the fit half")
         print(f"best: {best} GB/s (sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS)")
         return 0
-    replays = [replay(p, args.max_prompts) for p in select(load_points(), args.ids, args.limit)]
+    frontend = None if args.no_frontend else VLLM_API_SERVER
+    points = select(load_points(), args.ids, args.limit)
+    replays = [replay(p, args.max_prompts, frontend) for p in points]
     print(table(replays))
     notes = [f"- {r.point.id}: {r.note}" for r in replays if r.note]
     if notes:

@@ -35,6 +35,7 @@ def import_vllm_command(
     ] = "",
 ) -> None:
     """Turn a `vllm serve` command line into a scenario that sets only what the line sets."""
+    from sim.engine.frontend import VLLM_API_SERVER
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.vllm_bench.importer import import_serve_line
 
@@ -88,8 +89,15 @@ def bench_serve_command(
     ready_check_timeout_sec: int = typer.Option(
         600, help="> 0: the initial single-prompt test run first (its prompt stays cached)."
     ),
+    api_server: bool = typer.Option(
+        True,
+        "--api-server/--no-api-server",
+        help="kvsim: time requests and tokens through vLLM's API server (sim.engine.frontend); "
+        "off: the engine core's view.",
+    ),
 ) -> None:
     """Simulate `vllm bench serve` against the scenario's server; print vLLM's result block."""
+    from sim.engine.frontend import VLLM_API_SERVER
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.scenario.schema import load_scenario, naming
     from sim.vllm_bench.bench import WorkloadOptions, metric_band, run_bench
@@ -98,7 +106,8 @@ def bench_serve_command(
     slos = parse_goodput([p for item in goodput or () for p in item.replace(",", " ").split()])
     settings = BenchSettings(request_rate, burstiness, max_concurrency, percentile_metrics,
                              metric_percentiles, slos, save_detailed,
-                             ready_check_timeout_sec)  # fmt: skip
+                             ready_check_timeout_sec,
+                             VLLM_API_SERVER if api_server else None)  # fmt: skip
     settings.selected_metrics, settings.percentiles  # noqa: B018 - bad values refused before the run
     workload = WorkloadOptions(
         dataset_name, dataset_path, num_prompts, random_input_len, random_output_len,
@@ -133,6 +142,7 @@ def bench_serve_command(
             k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(workload).items()
         },  # fmt: skip
         "num_gpu_blocks": run.inputs.get("num_gpu_blocks"),
+        "api_server": dataclasses.asdict(settings.frontend) if settings.frontend else None,
     }
     write_text_atomic(target, json.dumps(out, default=_jsonable))
     typer.echo(f"wrote {target}")

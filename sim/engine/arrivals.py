@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from sim.engine.client import ClientCap
+from sim.engine.frontend import FrontendLoop
 from sim.engine.replica import Clock, EngineConfig, Replica, SimProcess, request_of
 from sim.engine.sessions import SessionTurns
 from sim.output.records import RequestRows
@@ -45,8 +46,12 @@ class EngineArrivals:
     _open_loop_done: bool
     #: `vllm bench serve --max-concurrency` (`sim.engine.client`); None: open loop.
     client: ClientCap | None
-    #: Request id -> its tokens' sample times, when the engine records them; else None.
+    #: Request id -> its tokens' sample times, when the engine records them; else None. With
+    #: a frontend, the times the client sees them (`sim.engine.frontend`).
     token_times_s: dict[int, list[float]] | None
+    #: The API server between the client and the engine core; None: requests reach the
+    #: scheduler when sent, and tokens the client when sampled.
+    frontend: FrontendLoop | None
 
     def _route(self, request: Request) -> Replica:
         if self._cache_index is not None:
@@ -66,11 +71,20 @@ class EngineArrivals:
                 break
             self._next_spec = None
             if client is None:
-                self._arrive(request_of(spec))
+                request = request_of(spec)
             else:  # sent when a slot freed: it arrives now, after waiting since it was due
                 client.sent(spec.request_id, spec.arrival_s, self.env.now)
-                self._arrive(request_of(spec, self.env.now))
+                request = request_of(spec, self.env.now)
+            if self.frontend is None:
+                self._arrive(request)
+            else:  # its arrival time stays the send time (vLLM's client times from there)
+                self.frontend.admit(request)
         self._open_loop_done = True
+        self._check_arrivals_done()
+
+    def _through_frontend(self, request: Request) -> None:
+        """`FrontendLoop.deliver_to_engine`: the API server handed `request` to the core."""
+        self._arrive(request)
         self._check_arrivals_done()
 
     def _arrive(self, request: Request) -> None:
@@ -101,6 +115,8 @@ class EngineArrivals:
         """Once the open-loop arrivals are over and no session turn can still arrive, idle
         replicas may end."""
         if self._arrivals_done or not self._open_loop_done:
+            return
+        if self.frontend is not None and self.frontend.num_pending_inputs:
             return
         if self._turns is not None and self._turns.num_pending:
             return
@@ -150,7 +166,9 @@ class EngineArrivals:
             count += 1
             if self.token_times_s is not None and request.token_times_s is not None:
                 self.token_times_s[request.request_id] = request.token_times_s
-            if self.client is not None:
+            if self.client is not None and not (
+                self.frontend is not None and self.frontend.owes_tokens(request)
+            ):  # with a frontend, a slot frees when the client has the last token
                 self.client.done(request.request_id)
         self._num_terminal += count
         if self.progress is not None and count:

@@ -37,6 +37,7 @@ from sim.audit import ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
 from sim.engine.arrivals import EngineArrivals
 from sim.engine.client import ClientCap
+from sim.engine.frontend import ApiServer, FrontendLoop
 from sim.engine.replica import (  # re-exported: the engine's parts live in sim.engine.replica
     Clock as Clock,
 )
@@ -90,15 +91,26 @@ class Engine(EngineArrivals):
         yield_every_step: bool = False,
         max_concurrency: int | None = None,
         record_token_times: bool = False,
+        frontend: ApiServer | None = None,
     ) -> None:
         """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
         tests compare the clock-advancing loop with; the tables are identical).
         `max_concurrency`: a benchmark client's cap on requests in flight, and
         `record_token_times`: keep every output token's time in `token_times_s`
-        (`sim.engine.client`; neither changes a table otherwise)."""
+        (`sim.engine.client`; neither changes a table otherwise). `frontend`: the API
+        server's costs (`sim.engine.frontend`; needs `record_token_times`), which delay each
+        request's arrival at the scheduler and each token's time."""
         self.config = config
         self.client = None if max_concurrency is None else ClientCap(max_concurrency)
         self.token_times_s = {} if record_token_times else None
+        self.env = Clock()
+        self.frontend = None
+        if frontend is not None:
+            if not record_token_times:
+                raise ValueError("a frontend needs record_token_times (it times tokens)")
+            self.frontend = FrontendLoop(
+                self.env, frontend, self._through_frontend, self._tokens_delivered
+            )
         self.yield_every_step = yield_every_step
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
         #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A
@@ -121,7 +133,6 @@ class Engine(EngineArrivals):
         self._next_spec: RequestSpec | None = None
         self.step_time = step_time
         self.progress = progress
-        self.env = Clock()
         self.sinks = sinks or memory_sinks()
         chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
         stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
@@ -267,6 +278,13 @@ class Engine(EngineArrivals):
                 stats.num_evictable,
             )
         )
+        if self.frontend is not None:  # the step's tokens go out through the API server
+            self.frontend.stream(work.request for work in plan.scheduled)
+
+    def _tokens_delivered(self, request: Request) -> None:
+        """`FrontendLoop.on_delivered`: the client has every token of terminal `request`."""
+        if self.client is not None:
+            self.client.done(request.request_id)
 
     def _no_progress(self, replica: Replica, stall: Stall, num_empty_steps: int = 0) -> None:
         """Record the stuck queue as a `no_progress` violation, before its requests are

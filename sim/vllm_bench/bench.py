@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from sim.engine.engine import Engine
+from sim.engine.frontend import ApiServer
 from sim.errors import InputError
 from sim.kv.types import Segment
 from sim.latency import band_of, scaled
@@ -157,6 +158,7 @@ def simulate(
     specs: Sequence[RequestSpec],
     max_concurrency: int | None,
     step_time_factor: float = 1.0,
+    frontend: ApiServer | None = None,
 ) -> Simulated:
     engine = Engine(
         resolved.engine,
@@ -164,6 +166,7 @@ def simulate(
         scaled(resolved.step_time, step_time_factor),
         max_concurrency=max_concurrency,
         record_token_times=True,
+        frontend=frontend,
     )
     records = engine.run()
     result = build_result(
@@ -202,14 +205,23 @@ def simulate_bench(
 ) -> Simulated:
     """The benchmark as the client runs it: the test run first where it is on (its end is the
     benchmark's time 0), then `specs`; the result holds the benchmark's requests only."""
+    frontend = settings.frontend
     if settings.ready_check_timeout_sec <= 0 or not specs:
-        return simulate(resolved, specs, settings.max_concurrency, step_time_factor)
+        return simulate(resolved, specs, settings.max_concurrency, step_time_factor, frontend)
     test, main = with_test_run(specs)
-    alone = simulate(resolved, [test], None, step_time_factor)
-    start_s = float(alone.requests["finish_s"].iloc[0])
+    alone = simulate(resolved, [test], None, step_time_factor, frontend)
+    start_s = client_end_s(alone, 0)
     main = [replace(s, arrival_s=s.arrival_s + start_s) for s in main]
-    both = simulate(resolved, [test, *main], settings.max_concurrency, step_time_factor)
+    both = simulate(resolved, [test, *main], settings.max_concurrency, step_time_factor, frontend)
     return _after_test_run(both, start_s)
+
+
+def client_end_s(sim: Simulated, request_id: int) -> float:
+    """When the client saw request `request_id` end: its last token (which the API server
+    may deliver after the engine finished it), else the engine's end."""
+    times = sim.token_times_s.get(request_id)
+    row = sim.requests[sim.requests["request_id"] == request_id].iloc[0]
+    return float(times[-1]) if times else float(row["finish_s"])
 
 
 def _after_test_run(sim: Simulated, start_s: float) -> Simulated:
@@ -247,8 +259,10 @@ def outcomes(
                 "kvsim bench serve needs the V1 engine (scheduler.design: v1-engine)"
             )
         itl = tuple(b - a for a, b in zip(times, times[1:], strict=False))
+        # The client's end is its last token (the engine's end, without an API server).
+        ends[-1] = end = times[-1] if times else end
         out.append(RequestOutcome(True, req.input_len, int(row.generated_tokens),
-                                  times[0] - row.arrival_s, itl, row.finish_s - row.arrival_s,
+                                  times[0] - row.arrival_s, itl, end - row.arrival_s,
                                   row.arrival_s, queue))  # fmt: skip
     return out, max(ends) if ends else 0.0
 

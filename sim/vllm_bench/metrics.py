@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.errors import InputError
 
 #: `--percentile-metrics` names (serve.py L1848-1857) and the default for generation.
@@ -78,6 +79,8 @@ class BenchSettings:
     save_detailed: bool = False
     #: > 0: the initial single-prompt test run comes first (`sim.vllm_bench.bench.with_test_run`)
     ready_check_timeout_sec: int = 600
+    #: The API server's costs (`sim.engine.frontend`); None: none (the engine core's view).
+    frontend: ApiServer | None = VLLM_API_SERVER
 
     @property
     def selected_metrics(self) -> list[str]:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from sim.engine.frontend import VLLM_API_SERVER
 from sim.kv.types import Segment
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench, with_test_run
@@ -34,8 +35,10 @@ def _scenario(prefix_caching: bool):
     )
 
 
-def _ttft_ms(prefix_caching: bool, ready_check: int) -> float:
-    settings = BenchSettings(request_rate=math.inf, ready_check_timeout_sec=ready_check)
+def _ttft_ms(prefix_caching: bool, ready_check: int, frontend=None) -> float:
+    settings = BenchSettings(
+        request_rate=math.inf, ready_check_timeout_sec=ready_check, frontend=frontend
+    )
     result = run_bench(_scenario(prefix_caching), ".", ONE, settings, band=False).result
     assert result["completed"] == 1
     return float(result["mean_ttft_ms"])
@@ -47,6 +50,16 @@ def test_the_test_runs_prompt_is_cached_for_the_first_request():
     assert warm < 0.5 * cold  # 1,024 tokens, all but the last block cached
     off = _ttft_ms(prefix_caching=False, ready_check=600)
     assert off == pytest.approx(cold, rel=1e-9)  # no cache: the test run changes nothing
+
+
+def test_the_api_server_adds_the_same_latency_to_a_lone_cached_or_cold_prompt():
+    """One request alone never queues for the API server's loop: its TTFT grows by its own
+    input work and hand-off (`sim.engine.frontend`), cached or not."""
+    added_ms = 1e3 * (VLLM_API_SERVER.input_s(1024) + VLLM_API_SERVER.hand_off_s)
+    for ready_check in (0, 600):
+        bare = _ttft_ms(prefix_caching=True, ready_check=ready_check)
+        served = _ttft_ms(prefix_caching=True, ready_check=ready_check, frontend=VLLM_API_SERVER)
+        assert served - bare == pytest.approx(added_ms, rel=1e-6)
 
 
 def test_with_test_run_gives_the_first_request_the_tests_tokens():
