@@ -35,7 +35,6 @@ def import_vllm_command(
     ] = "",
 ) -> None:
     """Turn a `vllm serve` command line into a scenario that sets only what the line sets."""
-    from sim.engine.frontend import VLLM_API_SERVER
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.vllm_bench.importer import import_serve_line
 
