@@ -24,8 +24,9 @@ The dispatch, 0.11.0 (`vllm/distributed/device_communicators/`):
 dependency of the wheel): `flashinfer_all_reduce.py` L393-448 turns it on where
 `FI_ALLREDUCE_FUSION_MAX_SIZE_MB` has the GPU's capability and TP size
 (`compilation/passes/fusion/allreduce_rms_fusion.py` L104-127) and L468-497 takes messages up to
-that size (inclusive). Custom all-reduce also accepts TP 16 and SM 10.3 / 10.7 (`custom_all_reduce.py`
-L118, `all_reduce_utils.py` L31-83).
+that size (inclusive). Custom all-reduce's size table adds SM 10.3 / 10.7 (`all_reduce_utils.py`
+L31-83); it starts at TP 16 (`custom_all_reduce.py` L118) but `should_custom_ar` refuses world
+sizes above 8 (L497), so the TP sizes it serves are still 2, 4, 6, 8.
 
 Inside custom all-reduce the kernel is one-shot (each rank reads every peer's buffer and reduces)
 at TP 2 and, fully NVLink-connected, below 512 KiB at TP <= 4 or 256 KiB at TP <= 8; two-shot
@@ -120,7 +121,8 @@ _FLASHINFER_MAX_0_33 = {
 }
 #: custom_all_reduce.py L57: the buffer every rank registers (8 MiB).
 CUSTOM_BUFFER_BYTES = 8 * MiB
-_CUSTOM_TP = {"0.11.0": (2, 4, 6, 8), "0.33.0": (2, 4, 6, 8, 16)}
+#: World sizes custom all-reduce serves (0.11.0 L51; 0.33.0 L118 with L497's `world_size > 8`).
+_CUSTOM_TP = {"0.11.0": (2, 4, 6, 8), "0.33.0": (2, 4, 6, 8)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ DISPATCH_0_33_0 = [
     (H100, 6, 16 * KiB, ONE),  # no FlashInfer entry at TP 6
     (Link.of("h100-pcie"), 2, 16 * KiB, FI),
     (Link.of("b200"), 4, 32 * MiB, FI),
+    (A100, 16, 16 * KiB, NCCL),  # should_custom_ar refuses tp > 8 (L497)
     # SM 8.0 / 8.9 have no FlashInfer entry: as in 0.11.0
     (A100, 2, 16 * KiB, ONE),
     (A100, 2, 8 * MiB, NCCL),
