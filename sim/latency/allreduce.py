@@ -58,9 +58,11 @@ all-reduces 4,096 x 2 B = 8 KiB, below custom all-reduce's 8 MiB cap, so one-sho
 fit charged 16.24 us + 8,192 B / 280.5 GB/s = 16.27 us; over 64 all-reduces per step that is
 0.29 ms instead of 1.04 ms. (Two-shot: 12.6 us latency, 249 GB/s.)
 
+The other V1 pins (0.19.1, 0.20.0, 0.25.1, 0.26.0) follow 0.11.0's chain (`CHAINS`).
+
 Leaves out: NCCL symmetric memory and MSCCL++ (off by default), ROCm's quick reduce and AITER
-(MI300X keeps the NCCL fit), the all-reduce + RMSNorm fusion pass, releases other than 0.11.0 and
-0.33.0 (they keep the NCCL fit), FlashInfer's own one-shot / two-shot switch.
+(MI300X keeps the NCCL fit), the all-reduce + RMSNorm fusion pass, the v0 pin 0.5.4 and the
+commit pin 4ac7713 (they keep the NCCL fit), FlashInfer's own one-shot / two-shot switch.
 """
 
 from __future__ import annotations
@@ -83,8 +85,21 @@ class Algorithm(enum.Enum):
     HOST_STAGED = "host_staged"
 
 
-#: Releases whose dispatch is mirrored; any other keeps NCCL for every message.
-RELEASES = ("0.11.0", "0.33.0")
+#: The pins whose dispatch is mirrored, by the chain they follow; any other keeps NCCL for every
+#: message. 0.19.1, 0.20.0, 0.25.1 and 0.26.0 ship FlashInfer's all-reduce but off by default
+#: (`VLLM_ALLREDUCE_USE_FLASHINFER` "0": envs.py L1483-1484, L1553-1554, L1712-1713, L1757-1758)
+#: and otherwise 0.11.0's chain for the catalog's GPUs (custom below the same caps, world sizes
+#: 2-8, then symmetric memory, then pynccl: cuda_communicator.py `all_reduce` L180, L174, L273,
+#: L273; their size tables add only SM 10.3, which no catalog GPU has).
+CHAINS = {
+    "0.11.0": "0.11.0",
+    "0.19.1": "0.11.0",
+    "0.20.0": "0.11.0",
+    "0.25.1": "0.11.0",
+    "0.26.0": "0.11.0",
+    "0.33.0": "0.33.0",
+}
+RELEASES = tuple(CHAINS)
 
 #: CUDA compute capability and full NVLink (NVSwitch) connectivity of the catalog's GPUs
 #: (sim/data/gpus.yaml). PCIe cards (and NVLink-bridged pairs) are not fully connected.
@@ -122,7 +137,7 @@ _FLASHINFER_MAX_0_33 = {
 #: custom_all_reduce.py L57: the buffer every rank registers (8 MiB).
 CUSTOM_BUFFER_BYTES = 8 * MiB
 #: World sizes custom all-reduce serves (0.11.0 L51; 0.33.0 L118 with L497's `world_size > 8`).
-_CUSTOM_TP = {"0.11.0": (2, 4, 6, 8), "0.33.0": (2, 4, 6, 8)}
+CUSTOM_TP = (2, 4, 6, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +175,13 @@ def _symm_mem_max(link: Link, tp: int) -> int | None:
     return _SYMM_MAX.get(link.capability, {}).get(tp)
 
 
-def _custom_max(link: Link, tp: int, release: str) -> int | None:
+def _custom_max(link: Link, tp: int, chain: str) -> int | None:
     """Custom all-reduce's cap, or None where it is off (custom_all_reduce.py, docstring)."""
-    if link.capability is None or tp not in _CUSTOM_TP[release]:
+    if link.capability is None or tp not in CUSTOM_TP:
         return None
     if tp > 2 and not link.full_nvlink:
         return None
-    table = _CUSTOM_MAX_0_33 if release == "0.33.0" else _CUSTOM_MAX_0_11
+    table = _CUSTOM_MAX_0_33 if chain == "0.33.0" else _CUSTOM_MAX_0_11
     cap = table.get(link.capability, {}).get(tp)
     if _symm_mem_max(link, tp) is not None and cap is not None:
         return min(cap, CUSTOM_BUFFER_BYTES)
@@ -183,13 +198,14 @@ def algorithm(nbytes: int, tp: int, link: Link, release: str | None) -> Algorith
         raise ValueError(f"an all-reduce needs tp >= 2, got {tp}")
     if not link.p2p:
         return Algorithm.HOST_STAGED  # every peer-memory backend is off (interconnect.py)
-    if release not in RELEASES or link.capability is None:
+    chain = CHAINS.get(release or "")
+    if chain is None or link.capability is None:
         return Algorithm.NCCL
-    if release == "0.33.0":
+    if chain == "0.33.0":
         fi_cap = _FLASHINFER_MAX_0_33.get(link.capability, {}).get(tp)
         if fi_cap is not None and nbytes <= fi_cap:
             return Algorithm.FLASHINFER
-    custom_cap = _custom_max(link, tp, release)
+    custom_cap = _custom_max(link, tp, chain)
     if custom_cap is not None and nbytes < custom_cap:
         return custom_kernel(nbytes, tp, link.full_nvlink)
     symm_cap = _symm_mem_max(link, tp)

@@ -90,6 +90,13 @@ def test_dispatch_0_11_0(link, tp, nbytes, expected):
     assert algorithm(nbytes, tp, link, "0.11.0") is expected
 
 
+@pytest.mark.parametrize("release", ["0.19.1", "0.20.0", "0.25.1", "0.26.0"])
+def test_the_pins_between_follow_0_11_0s_chain(release):
+    """FlashInfer off by default there (envs.py), the rest as 0.11.0 for the catalog's GPUs."""
+    for link, tp, nbytes, expected in DISPATCH_0_11_0:
+        assert algorithm(nbytes, tp, link, release) is expected, (link, tp, nbytes)
+
+
 @pytest.mark.parametrize(("link", "tp", "nbytes", "expected"), DISPATCH_0_33_0)
 def test_dispatch_0_33_0(link, tp, nbytes, expected):
     assert algorithm(nbytes, tp, link, "0.33.0") is expected
@@ -99,7 +106,7 @@ def test_dispatch_0_33_0(link, tp, nbytes, expected):
     nbytes=st.integers(16, 256 * MiB),
     tp=st.sampled_from([2, 4, 6, 8, 16]),
     gpu=st.sampled_from(sorted(ar.GPU_LINKS)),
-    release=st.sampled_from([None, "0.5.4", "0.11.0", "0.33.0"]),
+    release=st.sampled_from([None, "0.5.4", "4ac7713", *ar.RELEASES]),
 )
 def test_dispatch_invariants(nbytes, tp, gpu, release):
     """No P2P is always host-staged; a release not mirrored is always NCCL; custom kernels never
