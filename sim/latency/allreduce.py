@@ -31,7 +31,8 @@ sizes above 8 (L497), so the TP sizes it serves are still 2, 4, 6, 8.
 Inside custom all-reduce the kernel is one-shot (each rank reads every peer's buffer and reduces)
 at TP 2 and, fully NVLink-connected, below 512 KiB at TP <= 4 or 256 KiB at TP <= 8; two-shot
 (reduce-scatter then all-gather) above (`csrc/custom_all_reduce.cuh`, `CustomAllreduce::allreduce`,
-`REDUCE_CASE`, vllm-project/vllm@036bb68).
+`REDUCE_CASE`; the same rule at vllm-project/vllm@036bb68 and @c9eabec; the wheels ship it
+compiled, so the releases' own copies were not read).
 
 Costs (seconds; `AllReduceCost`):
 
@@ -47,8 +48,9 @@ Costs (seconds; `AllReduceCost`):
 - FlashInfer: charged as custom one-shot (an ASSUMPTION: its kernel is also a one-shot push over
   peer memory; no public per-size table of the standalone FlashInfer all-reduce on Hopper was
   found).
-- torch symmetric memory: charged the NCCL fit (an upper bound: vLLM's thresholds are where it
-  stops beating NCCL, PR #20759), so sizes where it runs are not made faster than before.
+- torch symmetric memory: charged the NCCL fit (an upper bound: its size caps were set where it
+  stops beating pynccl, vllm-project/vllm PRs #20759 and #37756), so sizes where it runs are not
+  made faster than before.
 - NCCL: the existing fit on Vidur's profiles (`sim/data/steptime_coefficients.json`).
 - no P2P: NCCL through host memory (`sim.latency.interconnect`).
 
