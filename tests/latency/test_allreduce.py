@@ -224,3 +224,18 @@ def test_the_scenarios_pinned_release_reaches_the_step_time_model():
     assert step_time_model(scenario_from_dict(base, "ar.yaml")).release == "0.33.0"
     direct = make_step_time(None, "llama-3.1-8b", "h100-sxm", tp=2, release="0.33.0")
     assert direct.release == "0.33.0"
+
+
+@pytest.mark.parametrize(("gpu", "interconnect_GBps"), [("a100-80gb-sxm", 600), ("l40s", 64)])
+def test_custom_bandwidth_scales_by_the_datasheet_interconnect_and_latency_is_kept(
+    gpu, interconnect_GBps
+):
+    """Off the H100 (900 GB/s NVLink) the fitted peer bandwidth scales by the GPU's interconnect:
+    A100 x600/900, an L40S over PCIe x64/900; the latency stays the H100's."""
+    assert get_gpu(gpu).interconnect_GBps == interconnect_GBps
+    step = MeasuredStepTime(get_model("llama-3.1-8b"), get_gpu(gpu), tp=2, release="0.11.0")
+    nbytes = 64 * KiB
+    time_s, kind = step.allreduce_cost.time_and_algorithm(nbytes)
+    assert kind is ONE
+    peer_GBps = ar.ONE_SHOT_PEER_GBPS * interconnect_GBps / 900
+    assert time_s == pytest.approx(ar.ONE_SHOT_LATENCY_S + nbytes / (peer_GBps * 1e9))
