@@ -166,9 +166,16 @@ def step_report(
     decodes: list[str],
     prefills: list[str],
     step_time: str | None = None,
+    vllm_version: str | None = None,
 ) -> dict[str, Any]:
-    """Everything `kvsim step` prints, as plain data (the `--json` output)."""
+    """Everything `kvsim step` prints, as plain data (the `--json` output).
+
+    `vllm_version` (a V1-engine pin, default the scenarios' default) picks the all-reduce
+    backends the measured model charges at tp > 1 (`sim.latency.allreduce`), as `kvsim run`
+    does for a scenario pinning it.
+    """
     from sim.catalog import get_gpu, get_model
+    from sim.kv.pins import resolve_pin
     from sim.latency import band_of, make_step_time
     from sim.latency.batch import BatchShape
 
@@ -184,7 +191,12 @@ def step_report(
     if batch.num_tokens == 0:
         raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
     try:
-        predictor = make_step_time(_step_time_config(step_time), model, gpu, tp=tp)
+        release = resolve_pin("v1-engine", vllm_version).value
+    except ValueError as error:
+        raise _bad_input(f"--vllm-version: {error}") from None
+    try:
+        config = _step_time_config(step_time)
+        predictor = make_step_time(config, model, gpu, tp=tp, release=release)
     except (ValueError, OSError) as error:
         raise _bad_input(str(error).splitlines()[0]) from None
     from sim.scenario.startup import check_tensor_parallel
@@ -198,6 +210,7 @@ def step_report(
         "model": model.name,
         "gpu": gpu_name,
         "tp": tp,
+        "vllm_version": release,
         "step_time_model": type(predictor).__name__,
         "batch": {
             "num_decode_seqs": batch.num_decode_seqs,
@@ -265,6 +278,14 @@ def step(
             "(default: the default model).",
         ),
     ] = None,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-version",
+            help="V1-engine release whose all-reduce backends are charged at --tp > 1 "
+            "(default: the scenarios' default, 0.33.0).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Predicted time of one engine step, its breakdown by term, and the model's error band."""
@@ -273,7 +294,7 @@ def step(
     from sim.cli.main import INPUT_ERRORS, console, fail
 
     try:
-        report = step_report(model, gpu, tp, decode or [], prefill or [], step_time)
+        report = step_report(model, gpu, tp, decode or [], prefill or [], step_time, vllm_version)
     except INPUT_ERRORS as error:
         raise fail(str(error).splitlines()[0]) from None
     if as_json:

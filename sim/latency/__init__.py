@@ -158,13 +158,16 @@ def make_step_time(
     kv_dtype: str | None = None,
     engine: Literal["v0", "v1"] = "v1",
     p2p: bool = True,
+    release: str | None = None,
 ) -> StepTimeModel:
     """The step-time model a scenario asks for (None means the default, measured).
 
     `engine` is the generation the scheduler models (v0 or V1); a `measured` config's own
     `engine` wins over it. `p2p=False` (GPUs without peer access, `hardware.p2p`) sends the
     measured model's all-reduce through host memory; the other models have no such term and
-    refuse it at tp > 1 rather than ignore it.
+    refuse it at tp > 1 rather than ignore it. `release` (the vLLM version a scenario pins)
+    picks the measured model's all-reduce backends per message size (`sim.latency.allreduce`);
+    None charges NCCL's fit for every message.
     """
     if config is None:
         config = StepTimeConfig(measured=MeasuredConfig())
@@ -202,6 +205,7 @@ def make_step_time(
             kv_dtype=kv_dtype,
             coefficients=coefficients,
             p2p=p2p,
+            release=release,
         )
     assert config.roofline is not None
     return RooflineStepTime(

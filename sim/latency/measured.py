@@ -18,7 +18,9 @@ one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
   prefill_attention_s  per layer: one call floor + for each chunk, query traffic and 64x64 tile
                        FLOPs over (prior + chunk) keys
   allreduce_s          tp > 1: two per layer of T * hidden * 2 bytes, latency + bytes/bandwidth
-                       (NCCL through host memory where the GPUs lack peer access, `p2p=False`:
+                       of the backend the release's vLLM picks for that size (custom
+                       all-reduce, FlashInfer, symmetric memory or NCCL: `sim.latency.allreduce`;
+                       NCCL through host memory where the GPUs lack peer access, `p2p=False`:
                        `sim.latency.interconnect`)
   launch_s             one CUDA-graph launch per step (the per-kernel floors are in the terms)
   engine_overhead_s    CPU work per step, fixed + per sequence, by engine generation (v0/v1)
@@ -51,6 +53,7 @@ from typing import Any
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 from sim.latency import measured_terms as terms
+from sim.latency.allreduce import AllReduceCost, Link
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.interconnect import host_staged_allreduce
@@ -126,6 +129,7 @@ class MeasuredStepTime:
         kv_dtype: str | None = None,
         coefficients: dict[str, Any] | None = None,
         p2p: bool = True,
+        release: str | None = None,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -137,6 +141,9 @@ class MeasuredStepTime:
         #: False: the GPUs lack peer access and all-reduce goes through host memory
         #: (`sim.latency.interconnect`), a term no fit has seen
         self.p2p = p2p
+        #: the vLLM release whose all-reduce dispatch is charged (`sim.latency.allreduce`);
+        #: None or an unmirrored release: NCCL's fit for every message
+        self.release = release
         self.extrapolated = self.fitted_gpu != gpu.name or model.is_moe or (tp > 1 and not p2p)
         c = co["gpus"][self.fitted_gpu]
         #: None while a fit is being validated (the band comes from that validation)
@@ -195,17 +202,24 @@ class MeasuredStepTime:
 
     def _setup_allreduce(self, c: dict[str, Any], gpu: GpuSpec, tp: int) -> None:
         self._num_allreduce = 2 * self._L if tp > 1 else 0
-        self._ar_c: dict[str, float] | None = None
-        if tp > 1 and not self.p2p:
-            self._ar_c = host_staged_allreduce(tp)
-        elif tp > 1:
+        #: None at tp 1; otherwise charges each message by the backend vLLM picks for it
+        self.allreduce_cost: AllReduceCost | None = None
+        if tp > 1:
             fitted = c["allreduce"]
             key = min(sorted(fitted), key=lambda k: (abs(math.log(int(k) / tp)), int(k)))
             scale = gpu.interconnect_GBps / c["datasheet"]["interconnect_GBps"]
-            self._ar_c = {
+            nccl = {
                 "latency_s": fitted[key]["latency_s"],
                 "algbw_GBps": fitted[key]["algbw_GBps"] * scale,
             }
+            self.allreduce_cost = AllReduceCost(
+                tp=tp,
+                link=Link.of(gpu.name, p2p=self.p2p),
+                release=self.release,
+                nccl=nccl,
+                host_staged=host_staged_allreduce(tp),
+                interconnect_GBps=gpu.interconnect_GBps,
+            )
 
     # -- terms that depend only on the token count (cached: a replay repeats them) ------------
     def _gemm_s(self, tokens: float, k: int, n: int) -> float:
@@ -237,9 +251,9 @@ class MeasuredStepTime:
             for kind, calls, per_tok in self._ew_per_step
         )
         allreduce = 0.0
-        if self._ar_c is not None:
-            allreduce = self._num_allreduce * terms.allreduce_time_s(
-                t * self._hidden * terms.BF16_BYTES, self._ar_c
+        if self.allreduce_cost is not None:
+            allreduce = self._num_allreduce * self.allreduce_cost.time_s(
+                t * self._hidden * terms.BF16_BYTES
             )
         result = (self._L * gemm, non_gemm, allreduce)
         self._body_cache[num_tokens] = result

@@ -456,6 +456,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             kv_dtype=kv_dtype_of(scenario.cache),
             engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
             p2p=scenario.hardware.p2p,
+            release=scenario.scheduler.resolved_vllm_version,
         )
     except InputError as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None

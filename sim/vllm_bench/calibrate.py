@@ -200,8 +200,9 @@ class Replayer:
         self.base_coefficients = base_coefficients(scenario, base_dir)
         base = self.resolved.step_time
         self._model_args: dict[str, Any] = dict(
-            tp=base.tp, engine=base.engine, p2p=base.p2p, kv_dtype=kv_dtype_of(scenario.cache)
-        )
+            tp=base.tp, engine=base.engine, p2p=base.p2p, release=base.release,
+            kv_dtype=kv_dtype_of(scenario.cache),
+        )  # fmt: skip
         self._inputs = []
         for f in files:
             requests = sample_requests(f.workload)

@@ -79,6 +79,7 @@ def test_prefill_prior_context_costs_more() -> None:
         (["--decode", "1x1", "--step-time", "nonsense"], "--step-time 'nonsense'"),
         (["--decode", "1x1", "--step-time", "missing.json"], "missing.json"),
         (["--decode", "1x1", "--tp", "0"], "--tp 0"),
+        (["--decode", "1x1", "--vllm-version", "0.5.4"], "--vllm-version"),
         ([], "at least one --decode or --prefill"),
     ],
 )
@@ -126,3 +127,22 @@ def test_breakdown_of_models_without_one_or_with_a_dict() -> None:
     terms, details = breakdown_terms(DictModel(), batch)
     assert terms == {"gemm": 0.002, "overhead": 0.001}  # total_s is not a term
     assert details == {"tokens": 1.0}
+
+
+def test_vllm_version_picks_the_all_reduce_backends_as_a_scenario_does() -> None:
+    """Default (0.33.0) and 0.11.0 charge a one-token decode at TP 2 the custom one-shot
+    latency; 4ac7713 (a pin sim.latency.allreduce does not mirror) keeps NCCL's fit."""
+    from sim.latency import allreduce as ar
+
+    args = ["step", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "2"]
+    reports = {}
+    for version in (None, "0.11.0", "4ac7713"):
+        extra = [] if version is None else ["--vllm-version", version]
+        result = CliRunner().invoke(app, [*args, "--decode", "1x1024", *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        reports[version] = json.loads(result.output)
+    assert reports[None]["vllm_version"] == "0.33.0"
+    one_shot = 64 * (ar.ONE_SHOT_LATENCY_S + 8192 / (ar.ONE_SHOT_PEER_GBPS * 1e9))
+    assert reports[None]["breakdown_s"]["allreduce"] == pytest.approx(one_shot)
+    assert reports["0.11.0"]["breakdown_s"]["allreduce"] == pytest.approx(one_shot)
+    assert reports["4ac7713"]["breakdown_s"]["allreduce"] > 3 * one_shot
