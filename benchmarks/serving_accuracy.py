@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                         "half of the p2p: false points, print it and exit")  # fmt: skip
     parser.add_argument("--fit-frontend", action="store_true",
                         help="refit the API server's costs on the fit half, print them and exit")  # fmt: skip
-    parser.add_argument("--no-frontend", action="store_true",
+    parser.add_argument("--no-api-server", action="store_true",
                         help="replay without the API server (the engine core's view)")  # fmt: skip
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{bw:5.1f} GB/s: median |error| {100 * err:.1f}% on the fit half")
         print(f"best: {best} GB/s (sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS)")
         return 0
-    frontend = None if args.no_frontend else VLLM_API_SERVER
+    frontend = None if args.no_api_server else VLLM_API_SERVER
     points = select(load_points(), args.ids, args.limit)
     replays = [replay(p, args.max_prompts, frontend) for p in points]
     print(table(replays))

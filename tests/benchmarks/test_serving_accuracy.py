@@ -142,3 +142,22 @@ def test_accuracy_doc_quotes_the_whole_tables_summary_verbatim():
     assert quoted, "docs/accuracy.md lost its serving summary"
     replays = [accuracy.replay(p) for p in POINTS]
     assert quoted.group(1) == accuracy.summary(replays)
+
+
+@pytest.mark.slow
+def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
+    """sim.engine.frontend.VLLM_API_SERVER's fitted costs score no worse on the fit half than
+    their grid neighbours (`fit_frontend`'s objective, ~2 min): moving any one of them one grid
+    step either way does not lower the fit half's error."""
+    import dataclasses
+
+    from sim.engine.frontend import VLLM_API_SERVER
+
+    fit = [p for p in POINTS if p.split == "fit" and not accuracy.why_not_replayable(p)]
+    base = accuracy.frontend_score(fit, VLLM_API_SERVER)
+    for name, grid in accuracy.FRONTEND_GRIDS.items():
+        i = grid.index(getattr(VLLM_API_SERVER, name))
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(grid):
+                moved = dataclasses.replace(VLLM_API_SERVER, **{name: grid[j]})
+                assert accuracy.frontend_score(fit, moved) >= base - 1e-12, (name, grid[j])

@@ -128,3 +128,28 @@ def test_sharegpt_from_a_lengths_file_and_json_refused(tmp_path: Path) -> None:
     conversations.write_text("[]")
     refused = runner.invoke(app, [*args, str(conversations)])
     assert refused.exit_code == 2 and "sim.workload.sharegpt_vllm" in refused.output
+
+
+def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_path: Path) -> None:
+    """With the API server (the default) a lone request's TTFT carries its intake and hand-off
+    (`sim.engine.frontend`); `--no-api-server` drops them, and the kvsim block records the costs
+    used (null without)."""
+    from sim.engine.frontend import VLLM_API_SERVER
+
+    scenario = _imported(tmp_path)
+    ttft = {}
+    for flag in ("--api-server", "--no-api-server"):
+        name = f"{flag.strip('-')}.json"
+        result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "1",
+                                     "--random-input-len", "512", "--random-output-len", "4",
+                                     "--no-band", "--save-result", "--result-dir", str(tmp_path),
+                                     "--result-filename", name, flag])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        saved = json.loads((tmp_path / name).read_text())
+        ttft[flag] = saved["mean_ttft_ms"]
+        if flag == "--no-api-server":
+            assert saved["kvsim"]["api_server"] is None
+        else:
+            assert saved["kvsim"]["api_server"]["hand_off_s"] == VLLM_API_SERVER.hand_off_s
+    added_ms = 1e3 * (VLLM_API_SERVER.input_s(512) + VLLM_API_SERVER.hand_off_s)
+    assert ttft["--api-server"] - ttft["--no-api-server"] == pytest.approx(added_ms, rel=1e-6)
