@@ -396,16 +396,18 @@ def frontend_score(points: list[Point], frontend: ApiServer) -> float:
 
 
 def fit_frontend(
-    points: list[Point], start: ApiServer = VLLM_API_SERVER, rounds: int = 2
+    points: list[Point], start: ApiServer = VLLM_API_SERVER, max_rounds: int = 4
 ) -> tuple[ApiServer, list[str]]:
     """The API server's costs (`sim.engine.frontend`) that the FIT half asks for: coordinate
-    descent from `start` over `FRONTEND_GRIDS`, `rounds` passes, each field set to its grid
-    value with the smallest `frontend_score` (ties: the smaller value). `prompt_token_s` and
-    `output_batch_s` stay as `start` has them (sourced, not fitted). Returns the result and
-    one line per evaluation. The held-out half is not read."""
+    descent from `start` over `FRONTEND_GRIDS`, each field in turn set to its grid value with
+    the smallest `frontend_score` (ties: the smaller value), until a pass changes nothing (at
+    most `max_rounds`), so the result is a local optimum along every grid. `prompt_token_s`
+    and `output_batch_s` stay as `start` has them (sourced, not fitted). Returns the result
+    and one line per evaluation. The held-out half is not read."""
     fit = [p for p in points if p.split == "fit" and not why_not_replayable(p)]
     best, log = start, []
-    for _ in range(rounds):
+    for _ in range(max_rounds):
+        before = best
         for name, grid in FRONTEND_GRIDS.items():
             scores = {}
             for value in grid:
@@ -413,6 +415,8 @@ def fit_frontend(
                 scores[value] = frontend_score(fit, candidate)
                 log.append(f"{name}={value:g}: {scores[value]:.2%}")
             best = dataclasses.replace(best, **{name: min(grid, key=lambda v: (scores[v], v))})
+        if best == before:
+            break
     return best, log
 
 

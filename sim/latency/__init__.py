@@ -159,6 +159,7 @@ def make_step_time(
     engine: Literal["v0", "v1"] = "v1",
     p2p: bool = True,
     release: str | None = None,
+    weight_dtype: str | None = None,
 ) -> StepTimeModel:
     """The step-time model a scenario asks for (None means the default, measured).
 
@@ -167,7 +168,9 @@ def make_step_time(
     measured model's all-reduce through host memory; the other models have no such term and
     refuse it at tp > 1 rather than ignore it. `release` (the vLLM version a scenario pins)
     picks the measured model's all-reduce backends per message size (`sim.latency.allreduce`);
-    None charges NCCL's fit for every message.
+    None charges NCCL's fit for every message. `weight_dtype` (a scenario's `model_dtype`)
+    sets the measured model's decoder GEMM weight bytes (and, for fp8 on fp8 tensor cores,
+    their rate: `sim.latency.quantized`).
     """
     if config is None:
         config = StepTimeConfig(measured=MeasuredConfig())
@@ -206,6 +209,7 @@ def make_step_time(
             coefficients=coefficients,
             p2p=p2p,
             release=release,
+            weight_dtype=weight_dtype,
         )
     assert config.roofline is not None
     return RooflineStepTime(

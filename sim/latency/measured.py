@@ -57,6 +57,7 @@ from sim.latency.allreduce import AllReduceCost, Link
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.interconnect import host_staged_allreduce
+from sim.latency.quantized import GemmFormat, body_gemm_formats
 
 #: The terms of `breakdown()`, in the order `_terms` returns them.
 TERM_NAMES = (
@@ -130,6 +131,7 @@ class MeasuredStepTime:
         coefficients: dict[str, Any] | None = None,
         p2p: bool = True,
         release: str | None = None,
+        weight_dtype: str | None = None,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -144,7 +146,14 @@ class MeasuredStepTime:
         #: the vLLM release whose all-reduce dispatch is charged (`sim.latency.allreduce`);
         #: None or an unmirrored release: NCCL's fit for every message
         self.release = release
-        self.extrapolated = self.fitted_gpu != gpu.name or model.is_moe or (tp > 1 and not p2p)
+        #: the decoder GEMMs' weight bytes and tensor-core rate (`sim.latency.quantized`)
+        self.gemm_formats = body_gemm_formats(model, gpu, weight_dtype)
+        self.extrapolated = (
+            self.fitted_gpu != gpu.name
+            or model.is_moe
+            or (tp > 1 and not p2p)
+            or self.gemm_formats.quantized
+        )
         c = co["gpus"][self.fitted_gpu]
         #: None while a fit is being validated (the band comes from that validation)
         self._band = co.get("band", {}).get(
@@ -222,9 +231,15 @@ class MeasuredStepTime:
             )
 
     # -- terms that depend only on the token count (cached: a replay repeats them) ------------
-    def _gemm_s(self, tokens: float, k: int, n: int) -> float:
-        flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
-        time_s: float = terms.gemm_time_s(flops, nbytes, self._peak, self._bw, self._gemm_c)
+    def _gemm_s(self, tokens: float, k: int, n: int, fmt: GemmFormat | None = None) -> float:
+        """One GEMM; `fmt` None: 16-bit weights at the model dtype's peak (lm_head, router)."""
+        if fmt is None:
+            flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
+            peak = self._peak
+        else:
+            flops, nbytes = terms.gemm_flops_bytes(tokens, k, n, fmt.weight_bytes)
+            peak = fmt.peak_flops
+        time_s: float = terms.gemm_time_s(flops, nbytes, peak, self._bw, self._gemm_c)
         return time_s
 
     def _body(self, num_tokens: int) -> tuple[float, float, float]:
@@ -233,15 +248,16 @@ class MeasuredStepTime:
         if cached is not None:
             return cached
         t = float(num_tokens)
-        gemm = sum(self._gemm_s(t, k, n) for k, n in self._attn_shapes)
+        attn, mlp = self.gemm_formats.attention, self.gemm_formats.mlp
+        gemm = sum(self._gemm_s(t, k, n, attn) for k, n in self._attn_shapes)
         if self._num_experts > 1:
             e, k_per = self._num_experts, self._experts_per_token
             touched = e * (1.0 - (1.0 - k_per / e) ** t)
             per_expert = t * k_per / touched
             gemm += self._gemm_s(t, self._hidden, e)  # router
-            gemm += touched * sum(self._gemm_s(per_expert, k, n) for k, n in self._mlp_shapes)
+            gemm += touched * sum(self._gemm_s(per_expert, k, n, mlp) for k, n in self._mlp_shapes)
         else:
-            gemm += sum(self._gemm_s(t, k, n) for k, n in self._mlp_shapes)
+            gemm += sum(self._gemm_s(t, k, n, mlp) for k, n in self._mlp_shapes)
         ew = self._ew
         non_gemm = self._L * sum(
             calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
@@ -397,6 +413,8 @@ class MeasuredStepTime:
                 if self.model.is_moe
                 else "all-reduce without GPU peer access (hardware.p2p: false)"
                 if not self.p2p and self.tp > 1
+                else "quantized weights (kernels fitted on bf16)"
+                if self.gemm_formats.quantized and self.fitted_gpu == self.gpu.name
                 else "GPU not in the fit"
             )
             source += f"; extrapolated to {self.gpu.name}: {why}"

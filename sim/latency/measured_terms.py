@@ -48,9 +48,12 @@ Coefficients = Mapping[str, float]
 BF16_BYTES = 2
 
 
-def gemm_flops_bytes(tokens: float, k: float, n: float) -> tuple[float, float]:
-    """FLOPs and bytes of a [tokens x k] @ [k x n] GEMM in bf16: (2TKN, 2(KN + TK + TN))."""
-    return 2.0 * tokens * k * n, BF16_BYTES * (k * n + tokens * k + tokens * n)
+def gemm_flops_bytes(
+    tokens: float, k: float, n: float, weight_bytes: float = BF16_BYTES
+) -> tuple[float, float]:
+    """FLOPs and bytes of a [tokens x k] @ [k x n] GEMM, bf16 activations and `weight_bytes`
+    per weight (2 B: bf16; `sim.latency.quantized`): (2TKN, wb KN + 2(TK + TN))."""
+    return 2.0 * tokens * k * n, weight_bytes * k * n + BF16_BYTES * (tokens * k + tokens * n)
 
 
 def blend_s(t_compute_s: Num, t_memory_s: Num, p: float) -> Num:

@@ -70,7 +70,7 @@ class WeightFormat(enum.Enum):
 #: scale and a 4-bit zero point per 128 weights: 0.5 + 2/128 + 0.5/128 = 0.51953 B. MXFP4
 #: stores one 8-bit scale per 32 four-bit values: 0.5 + 1/32 = 0.53125 B. fp8 / int8 scales are
 #: per tensor or per channel (negligible).
-_QUANTIZED_BYTES: dict[WeightFormat, float] = {
+QUANTIZED_BYTES: dict[WeightFormat, float] = {
     WeightFormat.FP8: 1.0,
     WeightFormat.INT8: 1.0,
     WeightFormat.AWQ_INT4: 0.5 + 2 / 128 + 0.5 / 128,
@@ -112,7 +112,7 @@ def weight_bytes(model: ModelSpec, fmt: str | WeightFormat | None = None, tp: in
     else:
         quantized = model.body_linear_params
     rest = model.total_params - quantized
-    total = quantized * _QUANTIZED_BYTES[fmt] + rest * dtype_bytes(model.dtype)
+    total = quantized * QUANTIZED_BYTES[fmt] + rest * dtype_bytes(model.dtype)
     return int(total) // tp
 
 

@@ -457,6 +457,7 @@ def _step_time(scenario: Scenario, model: ModelSpec | None, base_dir: Path, inpu
             engine="v1" if scenario.scheduler.design is Design.V1_ENGINE else "v0",
             p2p=scenario.hardware.p2p,
             release=scenario.scheduler.resolved_vllm_version,
+            weight_dtype=scenario.model_dtype,
         )
     except InputError as error:
         raise ScenarioError(f"step_time: {error}".splitlines()[0]) from None

@@ -307,7 +307,8 @@ class Scenario(_Closed):
     #: A catalog model name, or a geometry (see `sim.catalog`); needed by measured, roofline, derive.
     model: str | dict[str, Any] | None = "llama-3.1-8b"
     #: How the checkpoint stores its weights: auto (the model's dtype), bfloat16, float16, fp8,
-    #: int8, awq-int4, gptq-int4, mxfp4. Changes the weight bytes `num_gpu_blocks: derive` uses.
+    #: int8, awq-int4, gptq-int4, mxfp4. Changes the weight bytes `num_gpu_blocks: derive` uses
+    #: and the measured step time's decoder GEMMs (`sim.latency.quantized`).
     model_dtype: str = "auto"
     hardware: HardwareSection = HardwareSection()
     cache: CacheSection = CacheSection()
