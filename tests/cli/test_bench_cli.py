@@ -131,7 +131,7 @@ def test_sharegpt_from_a_lengths_file_and_json_refused(tmp_path: Path) -> None:
 
 
 def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_path: Path) -> None:
-    """With the API server (the default) a lone request's TTFT carries its intake and hand-off
+    """With the API server (the default) a lone request's TTFT carries its intake, hand-off and first token's streaming
     (`sim.engine.frontend`); `--no-api-server` drops them, and the kvsim block records the costs
     used (null without)."""
     from sim.engine.frontend import VLLM_API_SERVER
@@ -151,5 +151,6 @@ def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_p
             assert saved["kvsim"]["api_server"] is None
         else:
             assert saved["kvsim"]["api_server"]["hand_off_s"] == VLLM_API_SERVER.hand_off_s
-    added_ms = 1e3 * (VLLM_API_SERVER.input_s(512) + VLLM_API_SERVER.hand_off_s)
+    costs = VLLM_API_SERVER
+    added_ms = 1e3 * (costs.input_s(512) + costs.hand_off_s + costs.output_s(1))
     assert ttft["--api-server"] - ttft["--no-api-server"] == pytest.approx(added_ms, rel=1e-6)
