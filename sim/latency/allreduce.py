@@ -93,13 +93,22 @@ class Algorithm(enum.Enum):
 #: and otherwise 0.11.0's chain for the catalog's GPUs (custom below the same caps, world sizes
 #: 2-8, then symmetric memory, then pynccl: cuda_communicator.py `all_reduce` L180, L174, L273,
 #: L273; their size tables add only SM 10.3, which no catalog GPU has).
+class Chain(enum.Enum):
+    """The order a release's communicator tries its backends in (module docstring)."""
+
+    #: 0.11.0: custom all-reduce, torch symmetric memory, pynccl
+    CUSTOM_FIRST = "custom-first"
+    #: 0.33.0: FlashInfer's all-reduce, then 0.11.0's chain (with 0.33.0's size tables)
+    FLASHINFER_FIRST = "flashinfer-first"
+
+
 CHAINS = {
-    "0.11.0": "0.11.0",
-    "0.19.1": "0.11.0",
-    "0.20.0": "0.11.0",
-    "0.25.1": "0.11.0",
-    "0.26.0": "0.11.0",
-    "0.33.0": "0.33.0",
+    "0.11.0": Chain.CUSTOM_FIRST,
+    "0.19.1": Chain.CUSTOM_FIRST,
+    "0.20.0": Chain.CUSTOM_FIRST,
+    "0.25.1": Chain.CUSTOM_FIRST,
+    "0.26.0": Chain.CUSTOM_FIRST,
+    "0.33.0": Chain.FLASHINFER_FIRST,
 }
 RELEASES = tuple(CHAINS)
 
@@ -177,13 +186,13 @@ def _symm_mem_max(link: Link, tp: int) -> int | None:
     return _SYMM_MAX.get(link.capability, {}).get(tp)
 
 
-def _custom_max(link: Link, tp: int, chain: str) -> int | None:
+def _custom_max(link: Link, tp: int, chain: Chain) -> int | None:
     """Custom all-reduce's cap, or None where it is off (custom_all_reduce.py, docstring)."""
     if link.capability is None or tp not in CUSTOM_TP:
         return None
     if tp > 2 and not link.full_nvlink:
         return None
-    table = _CUSTOM_MAX_0_33 if chain == "0.33.0" else _CUSTOM_MAX_0_11
+    table = _CUSTOM_MAX_0_33 if chain is Chain.FLASHINFER_FIRST else _CUSTOM_MAX_0_11
     cap = table.get(link.capability, {}).get(tp)
     if _symm_mem_max(link, tp) is not None and cap is not None:
         return min(cap, CUSTOM_BUFFER_BYTES)
@@ -203,7 +212,7 @@ def algorithm(nbytes: int, tp: int, link: Link, release: str | None) -> Algorith
     chain = CHAINS.get(release or "")
     if chain is None or link.capability is None:
         return Algorithm.NCCL
-    if chain == "0.33.0":
+    if chain is Chain.FLASHINFER_FIRST:
         fi_cap = _FLASHINFER_MAX_0_33.get(link.capability, {}).get(tp)
         if fi_cap is not None and nbytes <= fi_cap:
             return Algorithm.FLASHINFER
