@@ -73,13 +73,16 @@ _UPSTREAM = {
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
-    """One KV-cache group of the V1 engine's hybrid allocator: full attention (neither set),
-    sliding-window attention of `sliding_window` tokens, or chunked-local attention in chunks
+    """One KV-cache group of the V1 engine's hybrid allocator: full attention (nothing set),
+    sliding-window attention of `sliding_window` tokens, chunked-local attention in chunks
     of `attention_chunk_size` tokens (Llama-4's RoPE layers; `ChunkedLocalAttentionSpec`,
-    `vllm/v1/kv_cache_interface.py (0.11.0)`); its layers share one block table."""
+    `vllm/v1/kv_cache_interface.py (0.11.0)`), or a Mamba / linear-attention state group
+    (`mamba`; `MambaSpec`, `L1094-1166 (0.33.0)`: Qwen3.5-style hybrids, Nemotron-H, Jamba,
+    `sim.kv.v1_engine.mamba`); its layers share one block table."""
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    mamba: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -90,11 +93,13 @@ class KVCacheGroupSpec:
             )
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise ValueError("a KV-cache group is sliding-window or chunked-local, not both")
+        if self.mamba and not (self.sliding_window is None and self.attention_chunk_size is None):
+            raise ValueError("a Mamba KV-cache group has no sliding_window or attention_chunk_size")
 
     @property
     def is_full_attention(self) -> bool:
-        """Neither a window nor chunks: every earlier token is read."""
-        return self.sliding_window is None and self.attention_chunk_size is None
+        """Neither a window nor chunks nor a Mamba state: every earlier token is read."""
+        return self.sliding_window is None and self.attention_chunk_size is None and not self.mamba
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,11 @@ class KVCacheConfig:
     def has_chunked_local_group(self) -> bool:
         """Whether any group is chunked-local attention."""
         return any(g.attention_chunk_size is not None for g in self.kv_cache_groups)
+
+    @property
+    def has_mamba_group(self) -> bool:
+        """Whether any group is a Mamba (linear-attention) state group."""
+        return any(g.mamba for g in self.kv_cache_groups)
 
     @property
     def watermark_blocks(self) -> int:

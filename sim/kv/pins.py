@@ -162,6 +162,14 @@ class VllmPin(enum.Enum):
         return self in _FULL_SEQUENCE_GATE
 
     @property
+    def models_mamba_groups(self) -> bool:
+        """kvsim models Mamba state groups (caching off) on this release: 0.11.0
+        (`MambaManager`, `single_type_kv_cache_manager.py:L529-603`) and 0.33.0 (mode
+        "none", `L1428-2136`); the releases between were not read, and 4ac7713 is not
+        compared with them (`sim.kv.v1_engine.mamba`)."""
+        return self in _MAMBA_GROUPS
+
+    @property
     def clamps_skipped_to_table(self) -> bool:
         """`remove_skipped_blocks` caps the skipped blocks at the table's length (0.19.1 on,
         `single_type_kv_cache_manager.py:L404-410 @0.20.0`); 0.11.0 has no such cap. Found by
@@ -268,6 +276,7 @@ _ADMISSION_CAP = {
     VllmPin.V0_26_0: AdmissionCap.GATE_ONLY,
     VllmPin.V0_33_0: AdmissionCap.GATE_ONLY,
 }
+_MAMBA_GROUPS = frozenset({VllmPin.V0_11_0, VllmPin.V0_33_0})
 _REACHABLE_MASK = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
 _PROCESSED_BASIS = frozenset({VllmPin.V0_26_0, VllmPin.V0_33_0})
 _UNCACHED_FIRST = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
