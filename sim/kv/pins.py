@@ -62,13 +62,18 @@ async: last step skipped  no        yes     yes      yes      yes      yes
 async: in-flight tokens   --        --      --       --       yes      yes
 async: stale outputs      --        --      --       --       --       yes
 chunked-local free        keeps **  shared  shared   shared   shared   shared
+Mamba groups (caching     0.11.0    --      --       --       --       "none"
+off) ***                  only                                         mode
 ========================  ========  ======  =======  =======  =======  =======
 
 (* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.
 ** 0.11.0's `ChunkedLocalAttentionManager` keeps the last cached block at a chunk boundary;
 from 0.19.1 it frees through the shared walk-back, clamped at the table
 (`sim.kv.v1_engine.chunked_local`). kvsim does not model chunked-local groups at 4ac7713:
-a scenario with them is refused there.)
+a scenario with them is refused there.
+*** One block of max_model_len tokens per request per Mamba group (`sim.kv.v1_engine.mamba`);
+"--": refused (that release's `MambaManager` was not read), as is prefix caching over Mamba
+groups, 0.33.0's "align" mode.)
 The properties below cite each release's lines; every column was checked by the manager,
 scheduler and async lockstep against that release's wheel (`tests/vllm_real/
 test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,
@@ -165,8 +170,9 @@ class VllmPin(enum.Enum):
     def models_mamba_groups(self) -> bool:
         """kvsim models Mamba state groups (caching off) on this release: 0.11.0
         (`MambaManager`, `single_type_kv_cache_manager.py:L529-603`) and 0.33.0 (mode
-        "none", `L1428-2136`); the releases between were not read, and 4ac7713 is not
-        compared with them (`sim.kv.v1_engine.mamba`)."""
+        "none", `L1428-2136`), each lockstep-checked against its wheel
+        (tests/vllm_real/test_mamba_lockstep.py); the releases between were not read, and
+        4ac7713 is not compared with them (`sim.kv.v1_engine.mamba`)."""
         return self in _MAMBA_GROUPS
 
     @property

@@ -70,6 +70,14 @@ class MambaManager(SingleTypeManager):
         """
         return num_computed_tokens - 1
 
+    def num_freed_blocks_at_least(self, num_computed_tokens: int) -> int:
+        """``max(0, (C - 1) // bs)``: 0 for every C <= max_model_len (the state block stays).
+        Example (bs=4,096): C=0 -> 0 (not -1), C=4,096 -> 0.
+
+        kvsim's own (no upstream counterpart).
+        """
+        return max(0, self.num_skipped_tokens(num_computed_tokens) // self.block_size)
+
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
     ) -> int:

@@ -1,0 +1,133 @@
+"""Mamba groups in scenarios (`cache.kv_cache_groups: [{mamba: true}, ...]`): the documented
+example runs as written and its audit holds, the startup check and the admission reserve charge
+a Mamba group as vLLM does (one block), the auditor's conservation and ownership checks hold
+under preemption, and the refusals name their field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sim.engine.run import run
+from sim.scenario.resolve import resolve
+from sim.scenario.schema import ScenarioError, load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "scenarios" / "mamba_hybrid_v1.yaml"
+
+
+def test_the_scenario_reference_points_at_the_example_that_runs():
+    page = (ROOT / "docs" / "scenarios.md").read_text(encoding="utf-8")
+    section = page.split("## `cache.kv_cache_groups`", 1)[1].split("\n## ", 1)[0]
+    (path,) = re.findall(r"scenarios/mamba_hybrid_v1\.yaml", section)
+    assert (ROOT / path) == EXAMPLE
+    result = run(EXAMPLE)
+    groups = result.inputs["kv_cache_groups"]
+    assert [g["mamba"] for g in groups] == [True, True, True, False]
+    assert len(result.violations) == 0
+    assert result.summary["states"]["finished"] == 120
+    # Each Mamba group holds one block per running request: its peak is the same in all three
+    # groups and far below the full group's.
+    mamba_peaks = {g["peak_blocks"] for g in groups[:3]}
+    assert len(mamba_peaks) == 1
+    (peak,) = mamba_peaks
+    assert 1 <= peak <= 64 < groups[3]["peak_blocks"]
+
+
+def _mamba(num_gpu_blocks: int, groups=None, version: str = "0.33.0", **cache) -> dict:
+    return {
+        "name": "mamba",
+        "model": None,
+        "cache": {
+            "block_size": 16,
+            "num_gpu_blocks": num_gpu_blocks,
+            "num_cpu_blocks": 0,
+            "enable_prefix_caching": False,
+            "kv_cache_groups": groups or [{"mamba": True}] * 2 + [{}],
+            **cache,
+        },
+        "scheduler": {
+            "design": "v1-engine",
+            "vllm_version": version,
+            "max_model_len": 256,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 8,
+        },
+        "engine": {"violation_policy": "record", "audit_level": "full"},
+        "workload": {
+            "kind": "inline",
+            "requests": [
+                {"arrival_s": 0.001 * i, "prompt_tokens": 40 + 37 * i, "output_tokens": 100}
+                for i in range(6)
+            ],
+        },
+        "step_time": {"linear": {"fixed_s": 0.01}},
+    }
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+def test_startup_charges_one_block_per_mamba_group(version):
+    """One 256-token request: cdiv(256, 16) = 16 for the full group, 1 per Mamba group = 18,
+    which 19 blocks (18 usable) hold and 18 do not."""
+    resolve(scenario_from_dict(_mamba(19, version=version)))
+    with pytest.raises(ScenarioError, match="needs 18 blocks but only 17 are usable"):
+        resolve(scenario_from_dict(_mamba(18, version=version)))
+
+
+def test_no_admission_reserve_and_no_startup_mismatch_for_mamba_groups():
+    """The gate charges a Mamba group what it holds (one block): nothing is reserved, so a
+    pool the startup check accepts admits a max_model_len request."""
+    resolved = resolve(scenario_from_dict(_mamba(19)))
+    assert "admission_reserve" not in resolved.inputs or not resolved.inputs["admission_reserve"]
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        [{"mamba": True}, {}],
+        [{}, {"mamba": True}, {"mamba": True}, {"mamba": True}],
+        [{"mamba": True}, {"sliding_window": 24}, {}, {"mamba": True}],
+    ],
+    ids=["mamba-full", "full-3-mamba", "with-sliding"],
+)
+@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+def test_audit_holds_for_mamba_groups_under_preemption(groups, version):
+    """A pool the requests overfill as they decode (preemptions), full audit: conservation, ownership,
+    refcounts and footprint all hold; every request finishes."""
+    data = _mamba(30, groups, version)
+    result = run(scenario_from_dict(data))
+    assert len(result.violations) == 0, result.violations
+    assert result.summary["states"]["finished"] == 6
+    assert result.summary["num_preemptions"] > 0, result.summary
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"enable_prefix_caching": True}, "cache.enable_prefix_caching: .*'align'"),
+        ({"kv_cache_groups": [{"mamba": True}]}, "cache.kv_cache_groups: .*one Mamba group"),
+        (
+            {"kv_cache_groups": [{"mamba": True, "sliding_window": 8}, {}]},
+            "Mamba group has no sliding_window",
+        ),
+    ],
+    ids=["caching", "mamba-alone", "mamba-with-window"],
+)
+def test_mamba_refusals_name_the_field(change, message):
+    data = _mamba(40)
+    data["cache"] = {**data["cache"], **change}
+    with pytest.raises(ScenarioError, match=message):
+        resolve(scenario_from_dict(data))
+
+
+@pytest.mark.parametrize("version", ["4ac7713", "0.19.1", "0.20.0", "0.25.1", "0.26.0"])
+def test_pins_whose_mamba_manager_was_not_read_are_refused(version):
+    with pytest.raises(ScenarioError, match="cache.kv_cache_groups: Mamba groups are modelled"):
+        resolve(scenario_from_dict(_mamba(40, version=version)))
+
+
+def test_the_example_loads_with_its_groups():
+    scenario = load_scenario(EXAMPLE)
+    assert [g.mamba for g in scenario.cache.kv_cache_groups] == [True, True, True, False]
