@@ -76,11 +76,18 @@ def test_startup_charges_one_block_per_mamba_group(version):
         resolve(scenario_from_dict(_mamba(18, version=version)))
 
 
-def test_no_admission_reserve_and_no_startup_mismatch_for_mamba_groups():
-    """The gate charges a Mamba group what it holds (one block): nothing is reserved, so a
-    pool the startup check accepts admits a max_model_len request."""
-    resolved = resolve(scenario_from_dict(_mamba(19)))
-    assert "admission_reserve" not in resolved.inputs or not resolved.inputs["admission_reserve"]
+@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+def test_a_max_model_len_request_on_the_smallest_pool_startup_accepts_runs(version):
+    """The gate charges a Mamba group what startup charges (one block): on the 19-block pool
+    (18 usable) a 256-token request is admitted (16 + 1 + 1 = 18) and finishes, with nothing
+    reserved; a gate charging a Mamba group like full attention (16 each) would never admit
+    it (no_progress)."""
+    data = _mamba(19, version=version)
+    data["workload"]["requests"] = [{"arrival_s": 0.0, "prompt_tokens": 250, "output_tokens": 6}]
+    result = run(scenario_from_dict(data))
+    assert len(result.violations) == 0, result.violations
+    assert result.summary["states"]["finished"] == 1
+    assert not result.inputs.get("admission_reserve")
 
 
 @pytest.mark.parametrize(
