@@ -134,14 +134,14 @@ def _kv_config(
 def check_mamba_groups(config: KVCacheConfig) -> None:
     """A Mamba group (`cache.kv_cache_groups`) runs with prefix caching off, the one Mamba mode
     kvsim models (`sim.kv.v1_engine.mamba`): vLLM 0.33.0 turns caching on by default for
-    hybrid models (`ModelConfig.is_prefix_caching_supported`, `config/model.py:L2239-2291`),
+    generative hybrid models (`ModelConfig.is_prefix_caching_supported`, `config/model.py:L2239-2291`),
     which switches Mamba to the "align" mode (`MambaModelConfig`,
     `model_executor/models/config.py:L762-787`); 0.11.0 turns caching off for Mamba models
     (`L290-297`). Either way the scenario must say `cache.enable_prefix_caching: false`."""
     if config.has_mamba_group and config.enable_prefix_caching:
         raise ScenarioError(
             "cache.enable_prefix_caching: a Mamba group with prefix caching runs vLLM's "
-            "'align' Mamba mode (0.33.0; 0.11.0 turns caching off), which kvsim does not "
+            "'align' Mamba mode (0.19.1 on; 0.11.0 turns caching off), which kvsim does not "
             "model; set cache.enable_prefix_caching: false"
         )
 

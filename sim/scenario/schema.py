@@ -84,8 +84,8 @@ class KVCacheGroupSection(_Closed):
 
     sliding_window: Int | None = Field(default=None, ge=1)
     attention_chunk_size: Int | None = Field(default=None, ge=1)
-    #: A Mamba state group (vLLM 0.11.0 and 0.33.0; needs cache.enable_prefix_caching false
-    #: on 0.33.0, whose prefix caching runs Mamba in the "align" mode kvsim does not model).
+    #: A Mamba state group (vLLM 0.11.0 on; needs cache.enable_prefix_caching false: with
+    #: caching on, 0.19.1 on run Mamba in the "align" mode kvsim does not model).
     mamba: Bool = False
 
     @model_validator(mode="after")

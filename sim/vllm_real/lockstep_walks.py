@@ -68,15 +68,16 @@ def random_hybrid_config(
     window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching. With
     `chunked_local`, the other groups are chunked-local attention of one chunk size instead
     in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not).
-    With `mamba`, a third of the draws are `random_mamba_config`'s."""
-    if mamba and rng.random() < 1 / 3:
-        return random_mamba_config(rng)
+    With `mamba`, half the draws that would be sliding are `random_mamba_config`'s instead
+    (the chunked-local share stays a third)."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     window = rng.randint(1, 6 * block_size)
     other = KVCacheGroupSpec(window)
     if chunked_local and rng.random() < 1 / 3:
         chunk = rng.choice([block_size * rng.randint(1, 6), rng.randint(1, 6 * block_size)])
         other = KVCacheGroupSpec(attention_chunk_size=chunk)
+    elif mamba and rng.random() < 0.5:
+        return random_mamba_config(rng)
     sliding = [other] * rng.randint(1, 3)
     full = [KVCacheGroupSpec(None)]
     groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.engine.run import run
 from sim.scenario.resolve import resolve
@@ -99,11 +101,17 @@ def test_a_max_model_len_request_on_the_smallest_pool_startup_accepts_runs(versi
     ],
     ids=["mamba-full", "full-3-mamba", "with-sliding"],
 )
-@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.11.0", "0.25.1", "0.33.0"])
 def test_audit_holds_for_mamba_groups_under_preemption(groups, version):
     """A pool the requests overfill as they decode (preemptions), full audit: conservation, ownership,
     refcounts and footprint all hold; every request finishes."""
     data = _mamba(30, groups, version)
+    if version == "0.25.1":
+        # Its async default would show vllm PR #47728's race in the *sliding* group (kept as
+        # tests/regressions/v1_engine_0_25_1_async_swa_freed_while_in_flight_vllm_47728.yaml).
+        # 0.20.0 is left out: its sliding cap undercounts here (vllm #45856's mechanism, kept as
+        # tests/regressions/v1_engine_0_20_0_mamba_hybrid_capped_count_undercount_vllm_45856.yaml).
+        data["scheduler"]["async_scheduling"] = False
     result = run(scenario_from_dict(data))
     assert len(result.violations) == 0, result.violations
     assert result.summary["states"]["finished"] == 6
@@ -129,12 +137,61 @@ def test_mamba_refusals_name_the_field(change, message):
         resolve(scenario_from_dict(data))
 
 
-@pytest.mark.parametrize("version", ["4ac7713", "0.19.1", "0.20.0", "0.25.1", "0.26.0"])
-def test_pins_whose_mamba_manager_was_not_read_are_refused(version):
+def test_4ac7713_is_refused():
     with pytest.raises(ScenarioError, match="cache.kv_cache_groups: Mamba groups are modelled"):
-        resolve(scenario_from_dict(_mamba(40, version=version)))
+        resolve(scenario_from_dict(_mamba(40, version="4ac7713")))
 
 
 def test_the_example_loads_with_its_groups():
     scenario = load_scenario(EXAMPLE)
     assert [g.mamba for g in scenario.cache.kv_cache_groups] == [True, True, True, False]
+
+
+@st.composite
+def _mamba_cases(draw):
+    """A small Mamba hybrid (1-2 full, 1-3 Mamba, maybe a sliding group, any order) on the
+    tightest pools the startup check accepts, with prompts below max_model_len (vllm #29496's no_progress
+    is known and kept elsewhere)."""
+    bs = draw(st.sampled_from([2, 4, 8, 16]))
+    max_model_len = draw(st.integers(2 * bs, 16 * bs))
+    groups = [{}] * draw(st.integers(1, 2)) + [{"mamba": True}] * draw(st.integers(1, 3))
+    if draw(st.booleans()):
+        groups.append({"sliding_window": draw(st.integers(1, 6 * bs))})
+    groups = draw(st.permutations(groups))
+    budget = draw(st.integers(max(8, bs), max(8, bs, max_model_len)))
+    need = sum(
+        1
+        if g.get("mamba")
+        else -(-min(g["sliding_window"] - 1 + 2 * budget, max_model_len) // bs) + 1
+        if "sliding_window" in g
+        else -(-max_model_len // bs)
+        for g in groups
+    )
+    version = draw(st.sampled_from(["0.11.0", "0.25.1", "0.26.0", "0.33.0"]))
+    requests = [
+        {
+            "arrival_s": 0.002 * i,
+            "prompt_tokens": draw(st.integers(1, max_model_len - 1)),
+            "output_tokens": draw(st.integers(1, 6 * bs)),
+        }
+        for i in range(draw(st.integers(2, 12)))
+    ]
+    # A tight pool (the startup minimum and up to half as much again): requests compete.
+    data = _mamba(need + 1 + draw(st.integers(0, need // 2)), groups, version)
+    data["cache"]["block_size"] = bs
+    data["scheduler"].update(max_model_len=max_model_len, max_num_batched_tokens=budget)
+    data["scheduler"]["enable_chunked_prefill"] = True
+    if version in ("0.11.0", "0.25.1"):
+        data["scheduler"]["async_scheduling"] = False  # vllm PR #47728 in a sliding group
+    data["workload"]["requests"] = requests
+    return data
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=_mamba_cases())
+def test_no_admission_or_allocation_mismatch_on_random_mamba_hybrids(data):
+    """Full audit (conservation, ownership, refcounts, admission counts, footprint) on random
+    Mamba hybrids: no violation, every request finishes."""
+    result = run(scenario_from_dict(data))
+    assert len(result.violations) == 0, (data, result.violations)
+    assert result.summary["states"]["finished"] == len(data["workload"]["requests"])

@@ -1,9 +1,20 @@
 """Mamba / linear-attention state groups (Qwen3.5-style hybrids, Nemotron-H, Jamba).
 
-Models `MambaManager` in vLLM's default Mamba cache mode, the one without prefix caching:
+Models `MambaManager` in vLLM's Mamba cache mode without prefix caching:
 `vllm/v1/core/single_type_kv_cache_manager.py:L1428-2136 (0.33.0)` with
-`mamba_cache_mode="none"` (the `CacheConfig` default, `vllm/config/cache.py:L304-311 (0.33.0)`),
-and `L529-603 (0.11.0)`, which has no modes and no prefix caching for Mamba at all.
+`mamba_cache_mode="none"` (the `CacheConfig` field's default, `vllm/config/cache.py:L304-311
+(0.33.0)`), the same mode of 0.19.1 (`L769-1041`), 0.20.0 (`L790-1062`), 0.25.1
+(`L1026-1367`) and 0.26.0 (`L1227-1686`), and `L529-603 (0.11.0)`, which has no modes and no
+prefix caching for Mamba at all (it turns caching off for Mamba models,
+`model_executor/models/config.py:L290-297 (0.11.0)`).
+
+Which mode a server runs: from 0.19.1 `MambaModelConfig.verify_and_update_config` derives it
+from `enable_prefix_caching` ("none" when off; "align", or 0.19.1-0.26.0's "all" where the
+model supports it, when on: `model_executor/models/config.py:L436-480 (0.19.1)`,
+`L762-787 (0.33.0)`), and `vllm serve` turns prefix caching on by default for generative
+hybrid models (`ModelConfig.is_prefix_caching_supported`, `config/model.py:L2239-2291
+(0.33.0)`). So "none" is what `--no-enable-prefix-caching` runs on 0.19.1 on, and what
+0.11.0 always runs.
 
 A Mamba layer keeps one fixed-size recurrent state per request, not a K/V entry per token.
 vLLM still gives it a block table from the shared pool: the state is one page, and the
@@ -27,6 +38,10 @@ Per method, in this mode:
 * `find_longest_cache_hit`: refused (0.11.0 returns no hits; 0.33.0 asserts
   ``mamba_cache_mode == "align" or not enable_caching``, `L1442-1444`, and turning prefix
   caching on switches the mode to "align", which kvsim does not model).
+
+The five later releases differ from 0.33.0 in this mode only in code kvsim leaves out
+(speculative blocks, KV connectors): 0.19.1 subtracts `num_speculative_blocks` from C before
+the free, 0.25.1 on count them into "all" mode's start-up charge.
 * admission cap: none. `MambaSpec` has no `max_admission_blocks_per_request`
   (`vllm/v1/kv_cache_interface.py:L1094-1166 (0.33.0)`; `get_manager_for_kv_cache_spec`
   passes a cap only to sliding-window, chunked-local and HiSparse specs, `L2608-2651`), so
@@ -41,7 +56,7 @@ a 40-token prompt takes blocks 1, 2, 3 for the full group and block 4 for the Ma
 full group takes block 5 and the Mamba group still holds block 4 alone. Freed: group 0 frees
 5, 3, 2, 1 (tail first), then group 1 frees 4.
 
-Left out: the "align" mode (prefix caching over Mamba states, 0.33.0 `L1453-1468`,
+Left out: the "align" and "all" modes (prefix caching over Mamba states, 0.33.0 `L1453-1468`,
 `L1713-1925`, `L2028-2136`: checkpoint blocks, copy-on-write of partial tails, the
 same-step refusal), speculative blocks (`num_speculative_blocks`, MTP / EAGLE on Mamba
 layers), and KV connectors' external tokens.

@@ -73,7 +73,7 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
     """
     if not pin.models_mamba_groups:
         raise ValueError(
-            "kv_cache_groups: Mamba groups are modelled on vLLM 0.11.0 and 0.33.0 only; "
+            "kv_cache_groups: Mamba groups are modelled from vLLM 0.11.0 on; "
             f"pin one (this manager follows {pin.words})"
         )
     if config.enable_prefix_caching:
