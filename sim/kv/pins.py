@@ -170,7 +170,7 @@ class VllmPin(enum.Enum):
     def models_mamba_groups(self) -> bool:
         """kvsim models Mamba state groups (caching off) on this release: 0.11.0
         (`MambaManager`, `single_type_kv_cache_manager.py:L529-603`), and mode "none" of
-        0.19.1 (`L769-...`), 0.20.0 (`L790-...`), 0.25.1 (`L1026-...`), 0.26.0 (`L1227-...`)
+        0.19.1 (`L769-1041`), 0.20.0 (`L790-1062`), 0.25.1 (`L1026-1367`), 0.26.0 (`L1227-1686`)
         and 0.33.0 (`L1428-2136`), each lockstep-checked against its wheel
         (tests/vllm_real/test_mamba_lockstep.py); 4ac7713 is not compared with them
         (`sim.kv.v1_engine.mamba`)."""
