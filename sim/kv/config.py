@@ -123,8 +123,9 @@ class KVCacheConfig:
     #: `sim.kv.v0_v2.block_table`); None and "0.5.4+7380" have the fix (a scenario's runs get
     #: "0.5.4" unless they name another). v1-engine: "4ac7713" (= None), "0.11.0" or "0.33.0".
     vllm_pin: str | None = None
-    #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full and
-    #: sliding-window layers; `sim.kv.v1_engine.hybrid_layout`). Empty: one group, sliding
+    #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full,
+    #: sliding-window, chunked-local or Mamba layers; `sim.kv.v1_engine.hybrid_layout`; a
+    #: Mamba group's blocks are `max_model_len` tokens). Empty: one group, sliding
     #: when `sliding_window` is set. `num_gpu_blocks` is then the shared pool of all groups.
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
     #: The scheduler's token budget, as vLLM 0.20.0's `KVCacheManager(max_num_batched_tokens=)`
