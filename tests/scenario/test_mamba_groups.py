@@ -195,3 +195,17 @@ def test_no_admission_or_allocation_mismatch_on_random_mamba_hybrids(data):
     result = run(scenario_from_dict(data))
     assert len(result.violations) == 0, (data, result.violations)
     assert result.summary["states"]["finished"] == len(data["workload"]["requests"])
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.33.0"])
+def test_decode_shortcuts_change_no_table_with_mamba_groups(version):
+    """The decode fast path and cohort skip quiet decodes by each group's touch length (a
+    Mamba group's table never grows past one block): the tables are the same without them."""
+    data = _mamba(30, [{"mamba": True}, {"sliding_window": 24}, {}, {"mamba": True}], version)
+    data["scheduler"]["async_scheduling"] = False
+    fast = run(scenario_from_dict(data))
+    data["scheduler"].update(decode_fast_path=False, decode_cohort=False)
+    slow = run(scenario_from_dict(data))
+    for name in ("requests", "steps"):
+        assert getattr(fast, name).equals(getattr(slow, name)), name
+    assert fast.inputs["kv_cache_groups"] == slow.inputs["kv_cache_groups"]
