@@ -84,8 +84,8 @@ class InFlightReads:
 
     @property
     def tracks_anything(self) -> bool:
-        """False when every group is full attention: nothing is ever pruned."""
-        return any(not group.is_full_attention for group in self.groups)
+        """False when every group is full attention or Mamba: nothing is ever pruned."""
+        return any(not (group.is_full_attention or group.mamba) for group in self.groups)
 
     def step_scheduled(self, request_id: int, first_position: int, computed_tokens: int) -> None:
         """A step computing positions [first_position, computed_tokens) was scheduled.
@@ -97,8 +97,8 @@ class InFlightReads:
         """
         reads = []
         for group, spec in enumerate(self.groups):
-            if spec.is_full_attention:
-                continue
+            if spec.is_full_attention or spec.mamba:
+                continue  # never pruned while running (a Mamba group's one state block)
             lowest = first_read_position(spec, first_position)
             index = lowest // self.block_size
             if index >= first_read_position(spec, computed_tokens) // self.block_size:

@@ -73,13 +73,16 @@ _UPSTREAM = {
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
-    """One KV-cache group of the V1 engine's hybrid allocator: full attention (neither set),
-    sliding-window attention of `sliding_window` tokens, or chunked-local attention in chunks
+    """One KV-cache group of the V1 engine's hybrid allocator: full attention (nothing set),
+    sliding-window attention of `sliding_window` tokens, chunked-local attention in chunks
     of `attention_chunk_size` tokens (Llama-4's RoPE layers; `ChunkedLocalAttentionSpec`,
-    `vllm/v1/kv_cache_interface.py (0.11.0)`); its layers share one block table."""
+    `vllm/v1/kv_cache_interface.py (0.11.0)`), or a Mamba / linear-attention state group
+    (`mamba`; `MambaSpec`, `L1094-1166 (0.33.0)`: Qwen3.5-style hybrids, Nemotron-H, Jamba,
+    `sim.kv.v1_engine.mamba`); its layers share one block table."""
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    mamba: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -90,11 +93,13 @@ class KVCacheGroupSpec:
             )
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise ValueError("a KV-cache group is sliding-window or chunked-local, not both")
+        if self.mamba and not (self.sliding_window is None and self.attention_chunk_size is None):
+            raise ValueError("a Mamba KV-cache group has no sliding_window or attention_chunk_size")
 
     @property
     def is_full_attention(self) -> bool:
-        """Neither a window nor chunks: every earlier token is read."""
-        return self.sliding_window is None and self.attention_chunk_size is None
+        """Neither a window nor chunks nor a Mamba state: every earlier token is read."""
+        return self.sliding_window is None and self.attention_chunk_size is None and not self.mamba
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +123,9 @@ class KVCacheConfig:
     #: `sim.kv.v0_v2.block_table`); None and "0.5.4+7380" have the fix (a scenario's runs get
     #: "0.5.4" unless they name another). v1-engine: "4ac7713" (= None), "0.11.0" or "0.33.0".
     vllm_pin: str | None = None
-    #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full and
-    #: sliding-window layers; `sim.kv.v1_engine.hybrid_layout`). Empty: one group, sliding
+    #: The V1 engine's KV-cache groups in group-id order, for a hybrid model (full,
+    #: sliding-window, chunked-local or Mamba layers; `sim.kv.v1_engine.hybrid_layout`; a
+    #: Mamba group's blocks are `max_model_len` tokens). Empty: one group, sliding
     #: when `sliding_window` is set. `num_gpu_blocks` is then the shared pool of all groups.
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
     #: The scheduler's token budget, as vLLM 0.20.0's `KVCacheManager(max_num_batched_tokens=)`
@@ -161,6 +167,11 @@ class KVCacheConfig:
     def has_chunked_local_group(self) -> bool:
         """Whether any group is chunked-local attention."""
         return any(g.attention_chunk_size is not None for g in self.kv_cache_groups)
+
+    @property
+    def has_mamba_group(self) -> bool:
+        """Whether any group is a Mamba (linear-attention) state group."""
+        return any(g.mamba for g in self.kv_cache_groups)
 
     @property
     def watermark_blocks(self) -> int:

@@ -62,13 +62,18 @@ async: last step skipped  no        yes     yes      yes      yes      yes
 async: in-flight tokens   --        --      --       --       yes      yes
 async: stale outputs      --        --      --       --       --       yes
 chunked-local free        keeps **  shared  shared   shared   shared   shared
+Mamba groups (caching     0.11.0    "none"  "none"   "none"   "none"   "none"
+off) ***                  only      mode    mode     mode     mode     mode
 ========================  ========  ======  =======  =======  =======  =======
 
 (* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.
 ** 0.11.0's `ChunkedLocalAttentionManager` keeps the last cached block at a chunk boundary;
 from 0.19.1 it frees through the shared walk-back, clamped at the table
 (`sim.kv.v1_engine.chunked_local`). kvsim does not model chunked-local groups at 4ac7713:
-a scenario with them is refused there.)
+a scenario with them is refused there.
+*** One block of max_model_len tokens per request per Mamba group (`sim.kv.v1_engine.mamba`);
+refused at 4ac7713 (not compared), and on every release with prefix caching on (0.19.1 on:
+the "align" mode; 0.11.0 turns caching off for Mamba models).)
 The properties below cite each release's lines; every column was checked by the manager,
 scheduler and async lockstep against that release's wheel (`tests/vllm_real/
 test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,
@@ -160,6 +165,16 @@ class VllmPin(enum.Enum):
         is a real block (W = 1 before 0.25.1's reachable mask: a hit is the last block alone).
         Found by the manager lockstep against 0.19.1."""
         return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def models_mamba_groups(self) -> bool:
+        """kvsim models Mamba state groups (caching off) on this release: 0.11.0
+        (`MambaManager`, `single_type_kv_cache_manager.py:L529-603`), and mode "none" of
+        0.19.1 (`L769-1041`), 0.20.0 (`L790-1062`), 0.25.1 (`L1026-1367`), 0.26.0 (`L1227-1686`)
+        and 0.33.0 (`L1428-2136`), each lockstep-checked against its wheel
+        (tests/vllm_real/test_mamba_lockstep.py); 4ac7713 is not compared with them
+        (`sim.kv.v1_engine.mamba`)."""
+        return self in _MAMBA_GROUPS
 
     @property
     def clamps_skipped_to_table(self) -> bool:
@@ -268,6 +283,7 @@ _ADMISSION_CAP = {
     VllmPin.V0_26_0: AdmissionCap.GATE_ONLY,
     VllmPin.V0_33_0: AdmissionCap.GATE_ONLY,
 }
+_MAMBA_GROUPS = frozenset({VllmPin.V0_11_0, *_FULL_SEQUENCE_GATE})
 _REACHABLE_MASK = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
 _PROCESSED_BASIS = frozenset({VllmPin.V0_26_0, VllmPin.V0_33_0})
 _UNCACHED_FIRST = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})

@@ -71,6 +71,8 @@ def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
         kind = "full" if window is None else f"sliding {window}"
         if chunk is not None:
             kind = f"chunked {chunk}"
+        if group.get("mamba"):
+            kind = "mamba"
         peak = group.get("peak_blocks")
         text = kind
         if "num_layers" in group:

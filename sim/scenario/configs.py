@@ -155,7 +155,8 @@ def explicit_kv_cache_groups(
     if cache.sliding_window not in ("model", None):
         raise ScenarioError(f"{field}: each group sets its window; drop cache.sliding_window")
     groups = tuple(
-        KVCacheGroupSpec(g.sliding_window, g.attention_chunk_size) for g in cache.kv_cache_groups
+        KVCacheGroupSpec(g.sliding_window, g.attention_chunk_size, g.mamba)
+        for g in cache.kv_cache_groups
     )
     try:
         make_manager(
@@ -164,8 +165,12 @@ def explicit_kv_cache_groups(
                 num_gpu_blocks=cache.num_gpu_blocks,
                 kv_cache_groups=groups,
                 vllm_pin=vllm_pin,
+                # The layout alone: max_model_len and caching are checked on the full config
+                # (`resolve.check_mamba_groups`); a Mamba group needs some max_model_len here.
+                max_model_len=1,
             ),
         )
     except ValueError as exc:
-        raise ScenarioError(f"{field}: {exc}") from None
+        # The manager names the field itself ("kv_cache_groups: ..."): say it once.
+        raise ScenarioError(f"{field}: {str(exc).removeprefix('kv_cache_groups: ')}") from None
     return groups

@@ -109,6 +109,7 @@ def _kv_config(
                 "group_id": group_id,
                 "sliding_window": group.sliding_window,
                 "attention_chunk_size": group.attention_chunk_size,
+                "mamba": group.mamba,
             }
             for group_id, group in enumerate(groups)
         ]
@@ -123,10 +124,26 @@ def _kv_config(
                 zip(layout.groups, layout.group_layers, strict=True)
             )
         ]
+    check_mamba_groups(config)
     inputs["num_gpu_blocks"] = num_gpu_blocks
     inputs["num_cpu_blocks"] = num_cpu_blocks
     inputs["sliding_window"] = window
     return config
+
+
+def check_mamba_groups(config: KVCacheConfig) -> None:
+    """A Mamba group (`cache.kv_cache_groups`) runs with prefix caching off, the one Mamba mode
+    kvsim models (`sim.kv.v1_engine.mamba`): vLLM 0.33.0 turns caching on by default for
+    generative hybrid models (`ModelConfig.is_prefix_caching_supported`, `config/model.py:L2239-2291`),
+    which switches Mamba to the "align" mode (`MambaModelConfig`,
+    `model_executor/models/config.py:L762-787`); 0.11.0 turns caching off for Mamba models
+    (`L290-297`). Either way the scenario must say `cache.enable_prefix_caching: false`."""
+    if config.has_mamba_group and config.enable_prefix_caching:
+        raise ScenarioError(
+            "cache.enable_prefix_caching: a Mamba group with prefix caching runs vLLM's "
+            "'align' Mamba mode (0.19.1 on; 0.11.0 turns caching off), which kvsim does not "
+            "model; set cache.enable_prefix_caching: false"
+        )
 
 
 def _num_gpu_blocks(
@@ -349,7 +366,8 @@ def _admission_reserve(
     in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
     reserve = admission_reserve(
         tuple(g.sliding_window for g in specs),
-        (kv.block_size,) * len(specs),
+        # A Mamba group's block is max_model_len tokens: charged one, holding one.
+        tuple(max_model_len if g.mamba else kv.block_size for g in specs),
         kv.num_gpu_blocks - 1,
         in_flight,
         max_model_len,
@@ -396,7 +414,9 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     cdiv(min(W - 1 + T, max_model_len), bs) + 1 blocks, chunked-local attention in chunks of A
     cdiv(min(A + T, max_model_len), bs) (`kv_cache_interface.py:L376-400 @0.20.0`, the same
     arithmetic at 0.11.0 `L174-191`); a hybrid model needs the sum over its
-    KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0). T (`token_budget` here) is
+    KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0), a Mamba group one block
+    (`MambaSpec.max_memory_usage_bytes`, `kv_cache_interface.py:L1135-1141 @0.33.0`, L235-238
+    @0.11.0: one page per request with caching off). T (`token_budget` here) is
     `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
     scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
@@ -413,7 +433,9 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for group in kv.group_specs:
-        if group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
+        if group.mamba:  # `MambaSpec.max_memory_usage_bytes`: one page (caching off)
+            needed += 1
+        elif group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
             needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)
         elif group.sliding_window is None:
             needed += -(-max_model_len // bs)

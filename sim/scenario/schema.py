@@ -76,16 +76,24 @@ class _Closed(BaseModel):
 
 
 class KVCacheGroupSection(_Closed):
-    """One V1-engine KV-cache group: full attention (neither field), a sliding window, or
-    chunked-local attention (Llama-4's RoPE layers)."""
+    """One V1-engine KV-cache group: full attention (no field), a sliding window,
+    chunked-local attention (Llama-4's RoPE layers), or a Mamba / linear-attention state
+    (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request, with
+    prefix caching off). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
+    full one, `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
 
     sliding_window: Int | None = Field(default=None, ge=1)
     attention_chunk_size: Int | None = Field(default=None, ge=1)
+    #: A Mamba state group (vLLM 0.11.0 on; needs cache.enable_prefix_caching false: with
+    #: caching on, 0.19.1 on run Mamba in the "align" mode kvsim does not model).
+    mamba: Bool = False
 
     @model_validator(mode="after")
     def _one_type(self) -> KVCacheGroupSection:
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise ValueError("a group is sliding-window or chunked-local, not both")
+        if self.mamba and (self.sliding_window is not None or self.attention_chunk_size):
+            raise ValueError("a Mamba group has no sliding_window or attention_chunk_size")
         return self
 
 

@@ -119,13 +119,21 @@ def verify(
     pin = v1_pin_for(install.version_tuple) if v1 else None
     while result.num_ops < num_ops:
         cfg = config or (
-            random_hybrid_config(rng, chunked_local=install.version_tuple[:2] >= (0, 11))
+            random_hybrid_config(
+                rng,
+                chunked_local=install.version_tuple[:2] >= (0, 11),
+                mamba=_models_mamba(install.version_tuple),
+            )
             if hybrid
             else random_config(rng, design)
         )
-        if pin is None and cfg.has_chunked_local_group and cfg.vllm_pin is None:
-            # kvsim models chunked-local groups from 0.11.0 on; 4ac7713 (the pin 0.11.0 is
-            # otherwise compared as) is not compared with them.
+        if (
+            pin is None
+            and cfg.vllm_pin is None
+            and (cfg.has_chunked_local_group or cfg.has_mamba_group)
+        ):
+            # kvsim models chunked-local and Mamba groups from 0.11.0 on; 4ac7713 (the pin
+            # 0.11.0 is otherwise compared as) is not compared with them.
             cfg = replace(cfg, vllm_pin=VllmPin.V0_11_0.value)
         if pin is not None and cfg.vllm_pin is None:
             cfg = replace(cfg, vllm_pin=pin)
@@ -151,11 +159,21 @@ def verify(
     return result
 
 
+def _models_mamba(version: tuple[int, ...]) -> bool:
+    """Whether kvsim models Mamba groups on the loaded release (`VllmPin.models_mamba_groups`;
+    0.10/0.11 load as 0.11.0)."""
+    name = v1_pin_for(version) or VllmPin.V0_11_0.value
+    return version[:2] >= (0, 10) and VllmPin(name).models_mamba_groups
+
+
 def layout_name(config: KVCacheConfig) -> str:
     """The KV-cache layout of a config in words: 'one group', 'full + sliding window',
-    'full + chunked-local'."""
+    'full + chunked-local', 'full + Mamba', 'full + sliding window + Mamba'."""
     if not config.kv_cache_groups:
         return "one group"
+    if config.has_mamba_group:
+        with_window = any(g.sliding_window is not None for g in config.kv_cache_groups)
+        return "full + sliding window + Mamba" if with_window else "full + Mamba"
     if config.has_chunked_local_group:
         return "full + chunked-local"
     return "full + sliding window"

@@ -61,17 +61,23 @@ def random_config(rng: random.Random, design: str) -> KVCacheConfig:
     )
 
 
-def random_hybrid_config(rng: random.Random, *, chunked_local: bool = False) -> KVCacheConfig:
+def random_hybrid_config(
+    rng: random.Random, *, chunked_local: bool = False, mamba: bool = False
+) -> KVCacheConfig:
     """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
     window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching. With
     `chunked_local`, the other groups are chunked-local attention of one chunk size instead
-    in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not)."""
+    in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not).
+    With `mamba`, half the draws that would be sliding are `random_mamba_config`'s instead
+    (the chunked-local share stays a third)."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     window = rng.randint(1, 6 * block_size)
     other = KVCacheGroupSpec(window)
     if chunked_local and rng.random() < 1 / 3:
         chunk = rng.choice([block_size * rng.randint(1, 6), rng.randint(1, 6 * block_size)])
         other = KVCacheGroupSpec(attention_chunk_size=chunk)
+    elif mamba and rng.random() < 0.5:
+        return random_mamba_config(rng)
     sliding = [other] * rng.randint(1, 3)
     full = [KVCacheGroupSpec(None)]
     groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
@@ -81,6 +87,26 @@ def random_hybrid_config(rng: random.Random, *, chunked_local: bool = False) -> 
         enable_prefix_caching=rng.random() < 0.6,
         max_model_len=rng.choice([None, None, rng.randint(8, 20 * block_size)]),
         kv_cache_groups=groups,
+    )
+
+
+def random_mamba_config(rng: random.Random) -> KVCacheConfig:
+    """Full attention with 1-3 Mamba state groups (Jamba, Nemotron-H, Qwen3.5-style hybrids),
+    in half the draws also a sliding group, in any group order (vLLM's no-prefix-cache
+    coordinator takes any mix); caching off (the default Mamba mode) and a max_model_len
+    (the Mamba groups' block size), small enough that long prompts reach it."""
+    block_size = rng.choice([1, 2, 4, 8, 16, 16])
+    groups = [KVCacheGroupSpec()] * rng.randint(1, 2)
+    groups += [KVCacheGroupSpec(mamba=True)] * rng.randint(1, 3)
+    if rng.random() < 0.5:
+        groups.append(KVCacheGroupSpec(rng.randint(1, 6 * block_size)))
+    rng.shuffle(groups)
+    return KVCacheConfig(
+        num_gpu_blocks=rng.randint(4, 64),
+        block_size=block_size,
+        enable_prefix_caching=False,
+        max_model_len=rng.randint(8, 20 * block_size),
+        kv_cache_groups=tuple(groups),
     )
 
 

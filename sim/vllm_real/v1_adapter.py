@@ -22,6 +22,7 @@ Worked example (spec vector 6, bs=16, 11 blocks, no caching)::
 from __future__ import annotations
 
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,18 @@ _UNBOUNDED_MODEL_LEN = 1 << 40
 
 
 def real_kv_cache_config(
-    iface: Any, block_size: int, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...]
+    iface: Any,
+    block_size: int,
+    num_blocks: int,
+    groups: tuple[KVCacheGroupSpec, ...],
+    max_model_len: int | None = None,
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
-    (full attention, a sliding window, or chunked-local attention), one layer of one KV head
-    of size 1 each, as vLLM's unit tests build it: the block managers read only the specs'
-    block sizes, windows and chunk sizes, never the layer shapes. `iface` is
-    `vllm.v1.kv_cache_interface`.
+    (full attention, a sliding window, chunked-local attention, or a Mamba state of one fp16
+    value), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
+    managers read only the specs' block sizes, windows and chunk sizes, never the layer
+    shapes. A Mamba group's block size is `max_model_len`, as vLLM sets it with caching off
+    (`sim.kv.v1_engine.mamba`). `iface` is `vllm.v1.kv_cache_interface`.
     """
     import torch
 
@@ -52,6 +58,13 @@ def real_kv_cache_config(
     shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
 
     def spec_for(group: KVCacheGroupSpec) -> Any:
+        if group.mamba:
+            if max_model_len is None:
+                raise InputError("max_model_len: a Mamba group's block size is max_model_len")
+            # 0.33.0's `mamba_cache_mode` defaults to "none"; 0.11.0 has no such field.
+            return iface.MambaSpec(
+                block_size=max_model_len, shapes=((1,),), dtypes=(torch.float16,)
+            )
         if group.attention_chunk_size is not None:
             return iface.ChunkedLocalAttentionSpec(
                 **shape, attention_chunk_size=group.attention_chunk_size
@@ -123,14 +136,22 @@ class RealKVCacheManager:
 
         groups = config.group_specs
         self.num_groups = len(groups)
-        kv_config = real_kv_cache_config(iface, config.block_size, config.num_gpu_blocks, groups)
+        kv_config = real_kv_cache_config(
+            iface, config.block_size, config.num_gpu_blocks, groups, config.max_model_len
+        )
+        # Several block sizes (a Mamba group's is max_model_len): the scheduler's is their
+        # lcm, and so is the hash block size with caching off (`resolve_kv_cache_block_sizes`,
+        # `vllm/v1/core/kv_cache_utils.py:L816-918 (0.33.0)`).
+        scheduler_block_size = math.lcm(
+            *(spec.kv_cache_spec.block_size for spec in kv_config.kv_cache_groups)
+        )
         # 0.19.1 on take the hash block size, 0.25.1 on the scheduler's too (0.33.0 splits the
         # block size in three: kernel, scheduler, hash); one pool of one block size uses the
         # same for all, as vLLM's unit tests do. 0.20.0 / 0.25.1 build the sliding-window cap
         # from `max_num_batched_tokens` (0.20.0 applies it in every count, `sim.kv.pins`).
         optional = {
-            "scheduler_block_size": config.block_size,
-            "hash_block_size": config.block_size,
+            "scheduler_block_size": scheduler_block_size,
+            "hash_block_size": scheduler_block_size,
             "max_num_batched_tokens": config.max_num_batched_tokens,
         }
         self.real = mgr_mod.KVCacheManager(

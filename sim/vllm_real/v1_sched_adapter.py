@@ -268,7 +268,9 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
     if vllm_config.scheduler_config.async_scheduling:
         scheduler_cls = import_vllm("v1.core.sched.async_scheduler", install).AsyncScheduler
     structured = import_vllm("v1.structured_output", install)
-    kv_cache_config = real_kv_cache_config(iface, kv.block_size, kv.num_gpu_blocks, kv.group_specs)
+    kv_cache_config = real_kv_cache_config(
+        iface, kv.block_size, kv.num_gpu_blocks, kv.group_specs, kv.max_model_len
+    )
     return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,

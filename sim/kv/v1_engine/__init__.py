@@ -21,6 +21,11 @@ def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager:
     if len(groups) > 1:
         return KVCacheManager.hybrid(config)
     if groups:
+        if groups[0].mamba:
+            raise ValueError(
+                "kv_cache_groups: a model of Mamba layers alone (one Mamba group) is not "
+                "modelled; kvsim models Mamba groups beside attention groups"
+            )
         window = groups[0].sliding_window
         if config.sliding_window not in (None, window):
             raise ValueError("sliding_window disagrees with the one KV-cache group's window")

@@ -32,6 +32,7 @@ from sim.kv.config import KVCacheGroupSpec
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager
+from sim.kv.v1_engine.mamba import MambaManager
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
     SingleTypeManager,
@@ -51,12 +52,18 @@ def make_single_type_manager(
     group: KVCacheGroupSpec,
     *,
     only_reachable_cached: bool,
+    mamba_block_size: int | None = None,
 ) -> SingleTypeManager:
     """`get_manager_for_kv_cache_spec` (`single_type_kv_cache_manager.py @0.11.0`) for the
-    attention types kvsim models: full, sliding window, chunked-local.
+    group types kvsim models: full, sliding window, chunked-local, Mamba (whose block size
+    is its own, `mamba_block_size`: max_model_len with caching off, `sim.kv.v1_engine.mamba`).
 
     kvsim's own (no upstream counterpart).
     """
+    if group.mamba:
+        if mamba_block_size is None:
+            raise ValueError("a Mamba KV-cache group needs max_model_len (its block size)")
+        return MambaManager(block_pool, mamba_block_size)
     if group.attention_chunk_size is not None:
         return ChunkedLocalAttentionManager(block_pool, block_size, group.attention_chunk_size)
     if group.sliding_window is None:
@@ -76,6 +83,7 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         groups: tuple[KVCacheGroupSpec, ...],
         *,
         only_reachable_cached: bool = False,
+        mamba_block_size: int | None = None,
     ) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
@@ -86,7 +94,11 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         self.has_skipping_group = any(not group.is_full_attention for group in groups)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             make_single_type_manager(
-                block_pool, block_size, group, only_reachable_cached=only_reachable_cached
+                block_pool,
+                block_size,
+                group,
+                only_reachable_cached=only_reachable_cached,
+                mamba_block_size=mamba_block_size,
             )
             for group in groups
         )
@@ -233,8 +245,11 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         tables = self.get_blocks(request_id)
         if not tables[0] or request_id not in self.managers[0].num_cached_block:
             return None
-        bs = self.block_size
-        touch_len = min(len(table) for table in tables) * bs + 1
+        # Each table grows at its own group's block size (a Mamba group's is max_model_len).
+        touch_len = min(
+            len(table) * manager.block_size + 1
+            for table, manager in zip(tables, self.managers, strict=True)
+        )
         for manager in self.managers:
             free_len = manager.freeing_decode_len(manager.num_leading_null_blocks(request_id))
             if free_len is not None and free_len < touch_len:

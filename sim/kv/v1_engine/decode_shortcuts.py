@@ -107,7 +107,7 @@ class DecodeShortcuts:
         Per group ``cdiv(T, bs)``, less ``floor(max(0, C - W + 1) / bs)`` for a sliding group,
         where C is the `num_computed_tokens` of the request's last `allocate_slots` call (what
         `remove_skipped_blocks` used) and T the largest slot count it was ever given (each
-        table's length in blocks is `cdiv(T, bs)`). Exact after a step without prefix hits
+        table's length in blocks is `cdiv(T, bs)`, bs the group's own: 1 for a Mamba group). Exact after a step without prefix hits
         (hits' null padding makes it loose). In decode (T = C + 1) a sliding group's share
         never exceeds `cdiv(W - 1, bs) + 1`; e.g. bs=16, W=24, C=112: cdiv(113, 16) -
         floor(89 / 16) = 3, and with a full group as well 8 + 3 = 11. A request that holds
@@ -122,11 +122,12 @@ class DecodeShortcuts:
         need_tokens = self._req_to_max_need_tokens.get(request_id)
         if need_tokens is None:
             return 0
-        bs = self.block_size
         num_skip_tokens = self._req_to_skip_tokens[request_id]
-        footprint = self.num_kv_cache_groups * -(-need_tokens // bs)
+        footprint = 0
         for manager in coordinator.managers:
-            # floor(skipped / bs) blocks left what this group reads (sliding: C - W + 1;
-            # chunked-local: C // A * A; full attention: none).
+            # cdiv(T, bs) entries at the group's own block size (a Mamba group's is
+            # max_model_len: one), less the floor(skipped / bs) blocks that left what this
+            # group reads (sliding: C - W + 1; chunked-local: C // A * A; full, Mamba: none).
+            footprint += -(-need_tokens // manager.block_size)
             footprint -= manager.num_freed_blocks_at_least(num_skip_tokens)
         return footprint if footprint > 0 else 0

@@ -27,6 +27,11 @@ token prefix is cached once per group. kvsim keeps group 0's key the plain chain
 collision-free as the chain itself. A lookup over several groups of one type hits only if
 every group has the block (`block_pool.py:L163-186`).
 
+With a Mamba group (`sim.kv.v1_engine.mamba`) prefix caching is off, as upstream builds
+`KVCacheCoordinatorNoPrefixCache` then (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix
+of groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
+table holds one block of the group's own block size (max_model_len).
+
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
 `chunked_local.chunked_local_hit`), and the group ids of the two types must not interleave
@@ -51,11 +56,14 @@ from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
+from sim.kv.v1_engine.mamba import MambaManager
 from sim.kv.v1_engine.single_type import SlidingWindowManager
 
 
 def _describe(group: KVCacheGroupSpec) -> str:
-    """'full', 'sliding 4096' or 'chunked 8192' (for the one-line error)."""
+    """'full', 'sliding 4096', 'chunked 8192' or 'mamba' (for the one-line error)."""
+    if group.mamba:
+        return "mamba"
     if group.attention_chunk_size is not None:
         return f"chunked {group.attention_chunk_size}"
     if group.sliding_window is not None:
@@ -83,13 +91,18 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         groups: tuple[KVCacheGroupSpec, ...],
         *,
         only_reachable_cached: bool = False,
+        mamba_block_size: int | None = None,
     ) -> None:
         if len(groups) < 2:
             raise ValueError(
                 f"the hybrid coordinator needs >= 2 KV-cache groups, got {len(groups)}"
             )
         super().__init__(
-            block_pool, block_size, groups, only_reachable_cached=only_reachable_cached
+            block_pool,
+            block_size,
+            groups,
+            only_reachable_cached=only_reachable_cached,
+            mamba_block_size=mamba_block_size,
         )
         self.groups = groups
         self.num_groups = len(groups)
@@ -99,6 +112,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         self.full_group_ids = [i for i, g in enumerate(groups) if g.is_full_attention]
         self.other_group_ids = [i for i, g in enumerate(groups) if not g.is_full_attention]
         other_specs = {groups[i] for i in self.other_group_ids}
+        #: Whether a group is Mamba: then prefix caching is off (the manager refuses it) and
+        #: upstream builds `KVCacheCoordinatorNoPrefixCache`, which takes any mix of groups
+        #: (`kv_cache_coordinator.py:L480-527 (0.33.0)`): no hit rule to verify.
+        self.has_mamba_group = any(g.mamba for g in groups)
+        self.other_window: int | None = None
+        self.other_chunk_size: int | None = None
+        self.full_attn_first = True
+        if self.has_mamba_group:
+            return
         # `verify_and_split_kv_cache_groups` asserts these (L289-350).
         if not self.full_group_ids or len(other_specs) != 1:
             raise ValueError(
@@ -107,8 +129,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             )
         (other_spec,) = other_specs
         #: The other type's window (None: chunked-local) and chunk size (None: sliding).
-        self.other_window: int | None = other_spec.sliding_window
-        self.other_chunk_size: int | None = other_spec.attention_chunk_size
+        self.other_window = other_spec.sliding_window
+        self.other_chunk_size = other_spec.attention_chunk_size
         if max(self.full_group_ids) < min(self.other_group_ids):
             self.full_attn_first = True
         elif max(self.other_group_ids) < min(self.full_group_ids):
@@ -214,6 +236,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
 
         Upstream: `vllm/v1/core/kv_cache_coordinator.py:L352-414 (0.11.0)`.
         """
+        if self.has_mamba_group:
+            raise ValueError("prefix caching over a Mamba group is not modelled")
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
@@ -256,7 +280,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
         """
         for group_id, manager in enumerate(self.managers):
-            if isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)):
+            if isinstance(
+                manager, (SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager)
+            ):
                 before = self.block_pool.num_held_blocks
                 manager.remove_skipped_blocks(request_id, num_computed_tokens)
                 self._count(group_id, before)

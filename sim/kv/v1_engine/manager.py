@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.kv.config import Design, KVCacheConfig
-from sim.kv.pins import V1_BASELINE, AdmissionCap, manager_pin
+from sim.kv.pins import V1_BASELINE, AdmissionCap, VllmPin, manager_pin
 from sim.kv.types import Sequence
 from sim.kv.v1_engine.admission import num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
@@ -60,6 +60,29 @@ from sim.kv.v1_engine.free_order import free_order_for
 from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
+
+
+def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
+    """The one-line refusals of a Mamba group kvsim does not model (`sim.kv.v1_engine.mamba`):
+    a release whose `MambaManager` was not read, prefix caching (vLLM 0.33.0 then runs the
+    "align" mode; 0.11.0 silently turns caching off for Mamba models,
+    `model_executor/models/config.py:L290-297 @0.11.0`), and no max_model_len (the group's
+    block size).
+
+    kvsim's own (no upstream counterpart).
+    """
+    if not pin.models_mamba_groups:
+        raise ValueError(
+            "kv_cache_groups: Mamba groups are modelled from vLLM 0.11.0 on; "
+            f"pin one (this manager follows {pin.words})"
+        )
+    if config.enable_prefix_caching:
+        raise ValueError(
+            "enable_prefix_caching: prefix caching over a Mamba group (vLLM's "
+            "mamba_cache_mode 'align') is not modelled; turn it off"
+        )
+    if config.max_model_len is None:
+        raise ValueError("max_model_len: a Mamba group's block size is max_model_len; set it")
 
 
 class KVCacheManager(DecodeShortcuts, PoolQueries):
@@ -98,11 +121,15 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         only_reachable = self.pin.caches_only_reachable_window_blocks
         self.coordinator: KVCacheCoordinator[Any]
         if hybrid:
+            if config.has_mamba_group:
+                _check_mamba_config(config, self.pin)
             self.coordinator = HybridKVCacheCoordinator(
                 self.block_pool,
                 self.block_size,
                 config.kv_cache_groups,
                 only_reachable_cached=only_reachable,
+                # With caching off a Mamba group's block is max_model_len tokens (`mamba`).
+                mamba_block_size=config.max_model_len,
             )
         else:
             self.coordinator = UnitaryKVCacheCoordinator(

@@ -21,8 +21,8 @@ which a block leaves what is read (`freeing_decode_len`). The chunked-local mana
 `sim.kv.v1_engine.chunked_local`.
 
 Left out versus upstream (`vllm/v1/core/single_type_kv_cache_manager.py (0.11.0)`): the
-Mamba and cross-attention managers (`MambaManager`, `CrossAttentionManager`), and
-`get_num_common_prefix_blocks` of every manager (cascade attention).
+cross-attention manager (`CrossAttentionManager`) and `get_num_common_prefix_blocks` of every
+manager (cascade attention). The Mamba manager is `sim.kv.v1_engine.mamba`.
 """
 
 from __future__ import annotations
