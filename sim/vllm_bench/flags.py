@@ -1,12 +1,13 @@
-"""Every option of `vllm serve` (pinned releases 0.11.0 and 0.33.0), by what kvsim does with it.
+"""Every option of `vllm serve` (pinned releases 0.11.0, 0.19.1, 0.20.0, 0.25.1, 0.26.0 and
+0.33.0), by what kvsim does with it.
 
 The options themselves, as each release's argparse defines them (option strings, `dest`, the
 number of values, the `--no-` / `--disable-` forms), are `sim/data/vllm_serve_flags/<v>.json`,
 written from the release's real parser by `scripts/vllm_serve_flags.py` (0.33.0
 `vllm/entrypoints/common/cli_args.py` `make_arg_parser` + `vllm/engine/arg_utils.py`
-`EngineArgs.add_cli_args`; 0.11.0 `vllm/entrypoints/openai/cli_args.py`). Here each `dest` is
-in exactly one class (`tests/vllm_bench/test_flags.py` reads the releases' sources by AST and
-checks that every option they register is classified):
+`EngineArgs.add_cli_args`; 0.11.0 to 0.26.0 `vllm/entrypoints/openai/cli_args.py`). Here each
+`dest` is in exactly one class (`tests/vllm_bench/test_flags.py` reads the releases' sources by
+AST and checks that every option they register is classified):
 
 * `MODELLED`: maps to a scenario field (`sim.vllm_bench.importer`);
 * `NO_EFFECT`: changes nothing kvsim simulates (ports, TLS, logging, API keys, chat templates,
@@ -28,7 +29,7 @@ from importlib import resources
 from sim.errors import InputError
 
 #: The releases whose option tables kvsim carries.
-RELEASES = ("0.11.0", "0.33.0")
+RELEASES = ("0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0")
 
 
 class FlagClass(Enum):
@@ -103,7 +104,9 @@ UNMODELLED = frozenset([
     "disable_mm_preprocessor_cache", "disable_nccl_for_dp_synchronization",
     "disable_sliding_window", "distributed_executor_backend", "dp_sync_interval",
     "ec_manager_config", "ec_transfer_config", "elastic_ep_max_dp_size",
-    "enable_batch_sharded_sampling", "enable_cumem_allocator", "enable_dbo",
+    "enable_batch_sharded_sampling",
+    "enable_bf16x3_router_gemm",  # 0.26.0: an experimental SM100 MoE router GEMM (kernel speed)
+    "enable_cumem_allocator", "enable_dbo",
     "enable_elastic_ep", "enable_ep_weight_filter", "enable_eplb", "enable_expert_parallel",
     "enable_fault_tolerance", "enable_flashinfer_autotune", "enable_hc_sp", "enable_lora",
     "enable_lora_bias", "enable_mamba_cache_stochastic_rounding",
