@@ -90,3 +90,21 @@ def test_an_unknown_release_is_bad_input() -> None:
 
     with pytest.raises(InputError, match="0.11.0, 0.19.1, 0.20.0, 0.25.1, 0.26.0, 0.33.0 only"):
         serve_options("0.9.9")
+
+
+def test_the_readme_and_the_cli_help_list_exactly_the_releases_with_tables() -> None:
+    """The releases README.md and `kvsim import-vllm --help` offer are the ones kvsim has a
+    table for (a release added or dropped updates both)."""
+    import re
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `kvsim import-vllm")]
+    (prose,) = re.findall(r"`--vllm-version` picks the release.*?\(the default\)", readme, re.S)
+    help_text = CliRunner().invoke(app, ["import-vllm", "--help"], env={"COLUMNS": "250"}).output
+    for text in (row, prose, help_text):
+        assert set(re.findall(r"\b0\.\d+\.\d+\b", text)) == set(flags.RELEASES)
