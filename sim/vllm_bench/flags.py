@@ -50,7 +50,7 @@ MODELLED = frozenset([
 NO_EFFECT = frozenset([
     "aggregate_engine_logging", "allow_credentials", "allowed_headers",
     "allowed_local_media_path", "allowed_media_domains", "allowed_methods", "allowed_origins",
-    "anthropic_disabled_thinking_effort", "api_key", "api_server_count", "chat_template",
+    "anthropic_disabled_thinking_effort", "api_key", "chat_template",
     "chat_template_content_format", "code_revision", "cohere_format",
     "cohere_is_reasoning_model", "collect_detailed_traces", "config_format",
     "cpu_distributed_timeout_seconds", "cudagraph_metrics", "custom_histogram_buckets",
@@ -76,7 +76,7 @@ NO_EFFECT = frozenset([
     "reasoning_parser_plugin", "response_role", "return_tokens_as_token_ids", "revision",
     "root_path", "safetensors_load_strategy", "safetensors_prefetch_block_size",
     "safetensors_prefetch_num_threads", "seed", "served_model_name",
-    "show_hidden_metrics_for_version", "shutdown_timeout", "skip_tokenizer_init",
+    "show_hidden_metrics_for_version", "shutdown_timeout",
     "sse_keep_alive_interval", "ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_ciphers",
     "ssl_keyfile", "tokenizer", "tokenizer_mode", "tokenizer_revision", "tool_call_parser",
     "tool_parser_plugin", "tool_server", "tool_strict_level", "trust_remote_code",
@@ -89,6 +89,10 @@ SPECULATIVE = frozenset([
 ])
 
 UNMODELLED = frozenset([
+    # The API server kvsim models (`sim.engine.frontend`) is one process that tokenizes the
+    # prompts and detokenizes the outputs: several such processes, or one that skips that
+    # work, is not what it simulates.
+    "api_server_count", "skip_tokenizer_init",
     "additional_config", "all2all_backend", "allow_deprecated_quantization",
     "attention_backend", "attention_config", "aux_output_config", "calculate_kv_scales",
     "compilation_config", "config", "convert", "cp_kv_cache_interleave_size", "cpu_offload_gb",

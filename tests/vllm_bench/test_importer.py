@@ -145,3 +145,16 @@ def test_each_in_between_release_parses_with_its_own_spellings(version: str) -> 
     assert _imported("vllm serve llama-3.1-8b --disable-prefix-caching")["cache"] == {
         "enable_prefix_caching": False
     }
+
+
+@pytest.mark.parametrize("option", ["--api-server-count 4", "--skip-tokenizer-init"])
+def test_api_server_options_are_refused_since_kvsim_models_one_tokenizing_api_server(
+    option: str,
+) -> None:
+    """Regression: `--api-server-count` and `--skip-tokenizer-init` passed as "no effect" after
+    `sim.engine.frontend` made one API server's intake and streaming part of what kvsim times
+    (several servers, or none of the tokenizing, is not that model)."""
+    typed = option.split()[0]
+    for version in ("0.19.1", "0.33.0"):
+        with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
+            import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version=version)
