@@ -78,7 +78,7 @@ def test_every_modelled_option_has_a_field() -> None:
         ("max_num_seqs", FlagClass.MODELLED),
         ("enforce_eager", FlagClass.UNMODELLED),
         ("speculative_config", FlagClass.SPECULATIVE),
-        ("enable_bf16x3_router_gemm", FlagClass.UNMODELLED),  # 0.26.0's only new option
+        ("enable_bf16x3_router_gemm", FlagClass.UNMODELLED),  # only 0.26.0 has it
     ],  # fmt: skip
 )
 def test_classes_of_familiar_options(dest: str, kind: FlagClass) -> None:

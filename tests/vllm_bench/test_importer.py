@@ -158,3 +158,19 @@ def test_api_server_options_are_refused_since_kvsim_models_one_tokenizing_api_se
     for version in ("0.19.1", "0.33.0"):
         with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
             import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version=version)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--max-num-scheduled-tokens 4096",  # 0.26.0 config/scheduler.py: a per-step token cap
+        "--prefix-match-unit 32",  # 0.26.0 config/cache.py: where a prefix-cache hit may end
+        "--prefill-schedule-interval 2",  # 0.25.1: admit prefills every N steps (DP)
+    ],
+)
+def test_scheduling_options_added_between_0_20_and_0_26_are_refused_by_name(option: str) -> None:
+    """Options that appeared after 0.20.0 and change what the scheduler or the prefix cache does:
+    refused naming them under 0.26.0, not passed as "no effect"."""
+    typed = option.split()[0]
+    with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
+        import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version="0.26.0")
