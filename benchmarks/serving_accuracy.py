@@ -11,10 +11,12 @@ replayable point goes through the same path as the CLI: its `vllm serve` line be
 with `kvsim import-vllm`'s importer (`sim.vllm_bench.importer.import_serve_line`), and its
 workload runs through `kvsim bench serve`'s simulation (`sim.vllm_bench.bench.run_bench`, the
 nominal step time, no band). `sim.vllm_bench.compare.compare` puts the predicted result beside
-the measured keys. kvsim pins two releases (0.11.0 and 0.33.0); a point measured on vLLM < 0.20
-(or an era the source only implies) runs under 0.11.0, a later one under 0.33.0 (the `kvsim`
-column). A point kvsim cannot replay (a dataset it has no lengths for, a model or GPU outside the
-catalog, a flag the importer refuses) is listed with the reason, never dropped.
+the measured keys. A point runs under the release kvsim pins nearest at or below its measured
+version, by major.minor (0.19.0 -> 0.19.1, 0.22 -> 0.20.0, 0.30 -> 0.26.0; pins 0.11.0, 0.19.1,
+0.20.0, 0.25.1, 0.26.0, 0.33.0), and under 0.11.0 when older than every pin or when the source
+only implies an era (the `kvsim` column). A point kvsim cannot replay (a dataset it has no
+lengths for, a model or GPU outside the catalog, a flag the importer refuses) is listed with the
+reason, never dropped.
 
 The summary is the median |error| per metric group, on all replayed points and on the
 `held_out` half (entries sorted by id, odd positions): TTFT (mean, else median, else the source's
@@ -124,12 +126,20 @@ def load_points(path: Path | None = None) -> list[Point]:
 
 
 def kvsim_release(version: str) -> str:
-    """The release kvsim pins that stands in for the measured one (see the module docstring)."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
-    if match is None:
-        return "0.11.0"
-    major, minor = int(match.group(1)), int(match.group(2))
-    return "0.33.0" if (major, minor) >= (0, 20) else "0.11.0"
+    """The release kvsim pins that stands in for the measured one: the newest pin (a release
+    whose `vllm serve` options kvsim has, `sim.vllm_bench.flags.RELEASES`) whose major.minor is
+    at or below the measured one's; the oldest pin, 0.11.0, for anything older or unparsed.
+    Example: '0.19.0' -> '0.19.1', '0.24.2' -> '0.20.0', '0.10.1.1 (printed)' -> '0.11.0'."""
+    from sim.vllm_bench.flags import RELEASES
+
+    def major_minor(text: str) -> tuple[int, int] | None:
+        match = re.match(r"\s*v?(\d+)\.(\d+)", text)
+        return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+    measured = major_minor(version)
+    pins = sorted((major_minor(pin) or (0, 0), pin) for pin in RELEASES)
+    at_or_below = [pin for key, pin in pins if measured is not None and key <= measured]
+    return at_or_below[-1] if at_or_below else pins[0][1]
 
 
 def serve_line(point: Point, placeholder_model: str) -> str:

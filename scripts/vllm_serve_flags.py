@@ -3,7 +3,8 @@ parser, as its own argparse builds it, for kvsim's `import-vllm` to parse a comm
 same way without vLLM installed.
 
 Builds the release's real parser on CPU (`make_arg_parser` of 0.33.0
-`vllm/entrypoints/common/cli_args.py`, 0.11.0 `vllm/entrypoints/openai/cli_args.py`), with the
+`vllm/entrypoints/common/cli_args.py`; of 0.11.0, 0.19.1, 0.20.0, 0.25.1 and 0.26.0
+`vllm/entrypoints/openai/cli_args.py`), with the
 platform faked as `sim.vllm_real.defaults_lockstep` fakes it, and records per option: its
 option strings, `dest`, `nargs`, its action kind (`value`, `bool` with its negative forms,
 `store_true`, `append`) and whether its value is JSON. Usage::
@@ -19,8 +20,25 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_MODULE = {"0.33.0": "entrypoints.common.cli_args", "0.11.0": "entrypoints.openai.cli_args"}
-PARSER_MODULE = {"0.33.0": "utils.argparse_utils", "0.11.0": "utils"}
+#: Where each release defines `make_arg_parser` and `FlexibleArgumentParser` (read in its wheel:
+#: the parser moved to `vllm/utils/argparse_utils.py` before 0.19.1, `make_arg_parser` to
+#: `vllm/entrypoints/common/` after 0.26.0).
+CLI_MODULE = {
+    "0.11.0": "entrypoints.openai.cli_args",
+    "0.19.1": "entrypoints.openai.cli_args",
+    "0.20.0": "entrypoints.openai.cli_args",
+    "0.25.1": "entrypoints.openai.cli_args",
+    "0.26.0": "entrypoints.openai.cli_args",
+    "0.33.0": "entrypoints.common.cli_args",
+}
+PARSER_MODULE = {
+    "0.11.0": "utils",
+    "0.19.1": "utils.argparse_utils",
+    "0.20.0": "utils.argparse_utils",
+    "0.25.1": "utils.argparse_utils",
+    "0.26.0": "utils.argparse_utils",
+    "0.33.0": "utils.argparse_utils",
+}
 
 
 #: Modules the 0.11.0 serve parser's imports need but `.vllm/0.11.0/_deps` lacks (tool-call

@@ -25,7 +25,11 @@ def import_vllm_command(
     line: Annotated[str, typer.Argument(help='The command line, quoted: "vllm serve MODEL ..."')],
     gpu: Annotated[str, typer.Option(help="The GPU it runs on (a kvsim catalog name).")],
     vllm_version: Annotated[
-        str, typer.Option(help="The vLLM release whose options and defaults apply.")
+        str,
+        typer.Option(
+            help="The vLLM release whose options and defaults apply: 0.11.0, 0.19.1, 0.20.0, "
+            "0.25.1, 0.26.0 or 0.33.0."
+        ),
     ] = "0.33.0",
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the scenario here (default: stdout).")

@@ -1,12 +1,13 @@
-"""Every option of `vllm serve` (pinned releases 0.11.0 and 0.33.0), by what kvsim does with it.
+"""Every option of `vllm serve` (pinned releases 0.11.0, 0.19.1, 0.20.0, 0.25.1, 0.26.0 and
+0.33.0), by what kvsim does with it.
 
 The options themselves, as each release's argparse defines them (option strings, `dest`, the
 number of values, the `--no-` / `--disable-` forms), are `sim/data/vllm_serve_flags/<v>.json`,
 written from the release's real parser by `scripts/vllm_serve_flags.py` (0.33.0
 `vllm/entrypoints/common/cli_args.py` `make_arg_parser` + `vllm/engine/arg_utils.py`
-`EngineArgs.add_cli_args`; 0.11.0 `vllm/entrypoints/openai/cli_args.py`). Here each `dest` is
-in exactly one class (`tests/vllm_bench/test_flags.py` reads the releases' sources by AST and
-checks that every option they register is classified):
+`EngineArgs.add_cli_args`; 0.11.0 to 0.26.0 `vllm/entrypoints/openai/cli_args.py`). Here each
+`dest` is in exactly one class (`tests/vllm_bench/test_flags.py` reads the releases' sources by
+AST and checks that every option they register is classified):
 
 * `MODELLED`: maps to a scenario field (`sim.vllm_bench.importer`);
 * `NO_EFFECT`: changes nothing kvsim simulates (ports, TLS, logging, API keys, chat templates,
@@ -28,7 +29,7 @@ from importlib import resources
 from sim.errors import InputError
 
 #: The releases whose option tables kvsim carries.
-RELEASES = ("0.11.0", "0.33.0")
+RELEASES = ("0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0")
 
 
 class FlagClass(Enum):
@@ -49,7 +50,7 @@ MODELLED = frozenset([
 NO_EFFECT = frozenset([
     "aggregate_engine_logging", "allow_credentials", "allowed_headers",
     "allowed_local_media_path", "allowed_media_domains", "allowed_methods", "allowed_origins",
-    "anthropic_disabled_thinking_effort", "api_key", "api_server_count", "chat_template",
+    "anthropic_disabled_thinking_effort", "api_key", "chat_template",
     "chat_template_content_format", "code_revision", "cohere_format",
     "cohere_is_reasoning_model", "collect_detailed_traces", "config_format",
     "cpu_distributed_timeout_seconds", "cudagraph_metrics", "custom_histogram_buckets",
@@ -75,7 +76,7 @@ NO_EFFECT = frozenset([
     "reasoning_parser_plugin", "response_role", "return_tokens_as_token_ids", "revision",
     "root_path", "safetensors_load_strategy", "safetensors_prefetch_block_size",
     "safetensors_prefetch_num_threads", "seed", "served_model_name",
-    "show_hidden_metrics_for_version", "shutdown_timeout", "skip_tokenizer_init",
+    "show_hidden_metrics_for_version", "shutdown_timeout",
     "sse_keep_alive_interval", "ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_ciphers",
     "ssl_keyfile", "tokenizer", "tokenizer_mode", "tokenizer_revision", "tool_call_parser",
     "tool_parser_plugin", "tool_server", "tool_strict_level", "trust_remote_code",
@@ -88,6 +89,10 @@ SPECULATIVE = frozenset([
 ])
 
 UNMODELLED = frozenset([
+    # The API server kvsim models (`sim.engine.frontend`) is one process that tokenizes the
+    # prompts and detokenizes the outputs: several such processes, or one that skips that
+    # work, is not what it simulates.
+    "api_server_count", "skip_tokenizer_init",
     "additional_config", "all2all_backend", "allow_deprecated_quantization",
     "attention_backend", "attention_config", "aux_output_config", "calculate_kv_scales",
     "compilation_config", "config", "convert", "cp_kv_cache_interleave_size", "cpu_offload_gb",
@@ -103,7 +108,9 @@ UNMODELLED = frozenset([
     "disable_mm_preprocessor_cache", "disable_nccl_for_dp_synchronization",
     "disable_sliding_window", "distributed_executor_backend", "dp_sync_interval",
     "ec_manager_config", "ec_transfer_config", "elastic_ep_max_dp_size",
-    "enable_batch_sharded_sampling", "enable_cumem_allocator", "enable_dbo",
+    "enable_batch_sharded_sampling",
+    "enable_bf16x3_router_gemm",  # 0.26.0: an experimental SM100 MoE router GEMM (kernel speed)
+    "enable_cumem_allocator", "enable_dbo",
     "enable_elastic_ep", "enable_ep_weight_filter", "enable_eplb", "enable_expert_parallel",
     "enable_fault_tolerance", "enable_flashinfer_autotune", "enable_hc_sp", "enable_lora",
     "enable_lora_bias", "enable_mamba_cache_stochastic_rounding",

@@ -114,10 +114,30 @@ def test_limit_and_ids_select_points():
         accuracy.select(POINTS, "no-such-point", None)
 
 
-def test_the_release_kvsim_pins_for_a_measured_version():
-    assert accuracy.kvsim_release("0.10.1.1 (printed)") == "0.11.0"
-    assert accuracy.kvsim_release("0.26.0") == "0.33.0"
-    assert accuracy.kvsim_release("assumed") == "0.11.0"
+@pytest.mark.parametrize(
+    ("measured", "pin"),
+    [
+        ("0.6.3.x", "0.11.0"),
+        ("0.10.1.1 (printed)", "0.11.0"),
+        ("assumed", "0.11.0"),
+        ("0.11.0", "0.11.0"),
+        ("0.18.2", "0.11.0"),
+        ("0.19.0", "0.19.1"),
+        ("v0.19.1", "0.19.1"),
+        ("0.20.0", "0.20.0"),
+        ("0.24.9", "0.20.0"),
+        ("0.25.0", "0.25.1"),
+        ("0.25.1", "0.25.1"),
+        ("0.26.0", "0.26.0"),
+        ("0.32.1", "0.26.0"),
+        ("0.33.0", "0.33.0"),
+        ("0.40.0", "0.33.0"),
+        ("1.0.0", "0.33.0"),
+    ],  # fmt: skip
+)
+def test_the_release_kvsim_pins_for_a_measured_version(measured: str, pin: str) -> None:
+    """The nearest pin at or below the measured major.minor; 0.11.0 for older or unknown."""
+    assert accuracy.kvsim_release(measured) == pin
 
 
 def test_no_p2p_allreduce_bandwidth_is_what_the_fit_half_asks_for_and_not_a_grid_edge():

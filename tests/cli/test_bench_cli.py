@@ -45,6 +45,48 @@ def test_import_then_bench_then_compare(tmp_path: Path) -> None:
     assert "mean_ttft_ms" in compared.output and "+0.0%" in compared.output
 
 
+#: The pins between 0.11.0 and 0.33.0, with the `gpu_memory_utilization` each release defaults
+#: to (docs/vllm-defaults.md: 0.9 on 0.19.1, 0.92 from 0.20.0; checked against each release's
+#: create_engine_config by `kvsim verify --defaults`).
+IN_BETWEEN_PINS = {"0.19.1": "0.9", "0.20.0": "0.92", "0.25.1": "0.92", "0.26.0": "0.92"}
+PIN_LINE = ("vllm serve meta-llama/Llama-3.1-8B-Instruct --max_num_seqs=16 --port 8001 "
+            "--no-enable-prefix-caching --disable-log-stats")  # fmt: skip
+
+
+def _bench_blocks(tmp_path: Path, line: str, version: str, name: str) -> dict:
+    scenario = tmp_path / f"{name}.yaml"
+    result = runner.invoke(app, ["import-vllm", line, "--gpu", "h100-sxm", "--vllm-version",
+                                 version, "-o", str(scenario)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "6",
+                                 "--random-input-len", "128", "--random-output-len", "8",
+                                 "--no-band", "--save-result", "--result-dir", str(tmp_path),
+                                 "--result-filename", f"{name}.json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("version", sorted(IN_BETWEEN_PINS))
+def test_a_line_imported_under_an_in_between_pin_runs_on_that_releases_defaults(
+    tmp_path: Path, version: str
+) -> None:
+    """`import-vllm --vllm-version V` parses the line with V's own options and pins the scenario
+    to V; `bench serve` runs it on V's defaults: the KV pool is the one the release's default
+    memory utilization gives (the same line with that utilization written out)."""
+    saved = _bench_blocks(tmp_path, PIN_LINE, version, "default")
+    assert saved["completed"] == 6 and saved["kvsim"]["vllm_version"] == version
+    utilization = IN_BETWEEN_PINS[version]
+    stated = _bench_blocks(
+        tmp_path, f"{PIN_LINE} --gpu-memory-utilization {utilization}", version, "stated"
+    )
+    assert saved["kvsim"]["num_gpu_blocks"] == stated["kvsim"]["num_gpu_blocks"]
+    other = "0.92" if utilization == "0.9" else "0.9"
+    differs = _bench_blocks(
+        tmp_path, f"{PIN_LINE} --gpu-memory-utilization {other}", version, "other"
+    )
+    assert differs["kvsim"]["num_gpu_blocks"] != saved["kvsim"]["num_gpu_blocks"]
+
+
 def test_the_default_result_file_name_is_vllms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,7 +125,7 @@ def test_import_prints_the_scenario_without_an_output() -> None:
                 "--vllm-version",
                 "0.9",
             ],
-            "0.11.0, 0.33.0",
+            "0.11.0, 0.19.1, 0.20.0, 0.25.1, 0.26.0, 0.33.0 only",
         ),
         (["compare-bench", "missing.json", "missing.json"], "missing.json: no such file"),
     ],  # fmt: skip

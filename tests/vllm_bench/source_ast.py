@@ -9,8 +9,12 @@ from pathlib import Path
 
 #: Where each release declares `make_arg_parser` and the frontend's options.
 CLI_ARGS = {
-    "0.33.0": "vllm/entrypoints/common/cli_args.py",
     "0.11.0": "vllm/entrypoints/openai/cli_args.py",
+    "0.19.1": "vllm/entrypoints/openai/cli_args.py",
+    "0.20.0": "vllm/entrypoints/openai/cli_args.py",
+    "0.25.1": "vllm/entrypoints/openai/cli_args.py",
+    "0.26.0": "vllm/entrypoints/openai/cli_args.py",
+    "0.33.0": "vllm/entrypoints/common/cli_args.py",
 }
 FRONTEND_CLASSES = ("BaseFrontendArgs", "FrontendArgs")
 

@@ -1,6 +1,7 @@
 """`sim/data/vllm_serve_flags/<v>.json` is what the release's real parser builds today.
 
-Each release's `make_arg_parser` runs in its own process (`scripts/vllm_serve_flags.py`; one
+Each release of `sim.vllm_bench.flags.RELEASES` (0.11.0, 0.19.1, 0.20.0, 0.25.1, 0.26.0,
+0.33.0) has its `make_arg_parser` run in its own process (`scripts/vllm_serve_flags.py`; one
 transformers per process), and its table must equal the committed one, arity and negative
 forms included, so `kvsim import-vllm` parses as `vllm serve` does."""
 

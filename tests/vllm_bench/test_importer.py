@@ -118,3 +118,59 @@ def test_a_local_folder_with_a_config_json_becomes_a_geometry(tmp_path: Path) ->
 def test_an_unknown_model_is_refused_without_network() -> None:
     with pytest.raises(InputError, match="not a kvsim catalog name"):
         scenario_model("someone/unknown-model")
+
+
+def test_the_router_gemm_option_new_in_0_26_0_is_refused_by_name_and_unknown_before() -> None:
+    """0.26.0's `--enable-bf16x3-router-gemm` picks an experimental MoE router kernel (its
+    `vllm/config/kernel.py` KernelConfig): a speed change kvsim does not model, so refused by
+    name; 0.25.1's parser has no such option, so the line is not a 0.25.1 line."""
+    line = "vllm serve llama-3.1-8b --enable-bf16x3-router-gemm"
+    with pytest.raises(InputError, match=r"^--enable-bf16x3-router-gemm: changes scheduling"):
+        import_serve_line(line, gpu="h100-sxm", version="0.26.0")
+    with pytest.raises(InputError, match="unrecognized arguments: --enable-bf16x3-router-gemm"):
+        import_serve_line(line, gpu="h100-sxm", version="0.25.1")
+
+
+@pytest.mark.parametrize("version", ["0.19.1", "0.20.0", "0.25.1", "0.26.0"])
+def test_each_in_between_release_parses_with_its_own_spellings(version: str) -> None:
+    """The releases before 0.33.0 spell prefix caching off `--no-enable-prefix-caching` only;
+    0.33.0's `--disable-prefix-caching` is not theirs (their parser refuses it)."""
+    data = _imported("vllm serve llama-3.1-8b --no-enable-prefix-caching -tp 2", version=version)
+    assert data["cache"] == {"enable_prefix_caching": False}
+    assert data["scheduler"]["vllm_version"] == version
+    with pytest.raises(InputError, match="unrecognized arguments: --disable-prefix-caching"):
+        import_serve_line(
+            "vllm serve llama-3.1-8b --disable-prefix-caching", gpu="h100-sxm", version=version
+        )
+    assert _imported("vllm serve llama-3.1-8b --disable-prefix-caching")["cache"] == {
+        "enable_prefix_caching": False
+    }
+
+
+@pytest.mark.parametrize("option", ["--api-server-count 4", "--skip-tokenizer-init"])
+def test_api_server_options_are_refused_since_kvsim_models_one_tokenizing_api_server(
+    option: str,
+) -> None:
+    """Regression: `--api-server-count` and `--skip-tokenizer-init` passed as "no effect" after
+    `sim.engine.frontend` made one API server's intake and streaming part of what kvsim times
+    (several servers, or none of the tokenizing, is not that model)."""
+    typed = option.split()[0]
+    for version in ("0.19.1", "0.33.0"):
+        with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
+            import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version=version)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--max-num-scheduled-tokens 4096",  # 0.26.0 config/scheduler.py: a per-step token cap
+        "--prefix-match-unit 32",  # 0.26.0 config/cache.py: where a prefix-cache hit may end
+        "--prefill-schedule-interval 2",  # 0.25.1: admit prefills every N steps (DP)
+    ],
+)
+def test_scheduling_options_added_between_0_20_and_0_26_are_refused_by_name(option: str) -> None:
+    """Options that appeared after 0.20.0 and change what the scheduler or the prefix cache does:
+    refused naming them under 0.26.0, not passed as "no effect"."""
+    typed = option.split()[0]
+    with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
+        import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version="0.26.0")
