@@ -166,6 +166,6 @@ class FrontendLoop:
 #: (`python benchmarks/serving_accuracy.py --fit-frontend`; the held-out half is the test,
 #: docs/accuracy.md).
 VLLM_API_SERVER = ApiServer(
-    request_s=0.004, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=1e-5,
+    request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=75e-6,
     hand_off_s=0.025,
 )  # fmt: skip
