@@ -149,7 +149,11 @@ class EngineArrivals:
         assert self._turns is not None
         self._turns.arrived()
         if self._stop is None:
-            self._arrive(request_of(spec, self.env.now))
+            request = request_of(spec, self.env.now)
+            if self.frontend is None:
+                self._arrive(request)
+            else:  # a turn goes through the API server like any request
+                self.frontend.admit(request)
         else:  # it never arrives (recorded at the end of the run)
             self._turns_not_arrived.append(spec)
         self._check_arrivals_done()

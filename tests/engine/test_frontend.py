@@ -145,3 +145,18 @@ def test_a_free_api_server_changes_nothing(raw, cap) -> None:
     free = _run(specs, max_concurrency=cap, frontend=ApiServer())
     assert free.token_times_s == plain.token_times_s
     pd.testing.assert_frame_equal(_table(free), _table(plain))
+
+
+def test_a_closed_loop_turn_also_waits_for_the_api_server() -> None:
+    specs = [
+        RequestSpec(0, 0.0, 10, 4, session_id=0, turn=1),
+        RequestSpec(1, 1.0, 20, 4, session_id=0, turn=2, think_s=1.0),
+    ]
+    costs = ApiServer(request_s=0.05)
+    plain, served = _run(specs), _run(specs, frontend=costs)
+    assert (_table(served).state == "finished").all()
+    assert plain.token_times_s is not None and served.token_times_s is not None
+    # Each turn's first token comes 50 ms later; the second turn also starts 50 ms later
+    # (the first one ended later), so its tokens are 100 ms behind.
+    assert served.token_times_s[0][0] == pytest.approx(plain.token_times_s[0][0] + 0.05)
+    assert served.token_times_s[1][0] == pytest.approx(plain.token_times_s[1][0] + 0.10)
