@@ -75,12 +75,17 @@ class EngineArrivals:
             else:  # sent when a slot freed: it arrives now, after waiting since it was due
                 client.sent(spec.request_id, spec.arrival_s, self.env.now)
                 request = request_of(spec, self.env.now)
-            if self.frontend is None:
-                self._arrive(request)
-            else:  # its arrival time stays the send time (vLLM's client times from there)
-                self.frontend.admit(request)
+            self._send(request)
         self._open_loop_done = True
         self._check_arrivals_done()
+
+    def _send(self, request: Request) -> None:
+        """The client sent `request`: it arrives now, or after the API server's intake (its
+        arrival time stays the send time, which vLLM's client times from)."""
+        if self.frontend is None:
+            self._arrive(request)
+        else:
+            self.frontend.admit(request)
 
     def _through_frontend(self, request: Request) -> None:
         """`FrontendLoop.deliver_to_engine`: the API server handed `request` to the core."""
@@ -149,11 +154,7 @@ class EngineArrivals:
         assert self._turns is not None
         self._turns.arrived()
         if self._stop is None:
-            request = request_of(spec, self.env.now)
-            if self.frontend is None:
-                self._arrive(request)
-            else:  # a turn goes through the API server like any request
-                self.frontend.admit(request)
+            self._send(request_of(spec, self.env.now))
         else:  # it never arrives (recorded at the end of the run)
             self._turns_not_arrived.append(spec)
         self._check_arrivals_done()
