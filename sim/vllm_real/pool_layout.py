@@ -26,6 +26,7 @@ mode and CUDA-graph settings (mode "none" is set directly), and the config objec
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import sys
 from types import SimpleNamespace
@@ -86,7 +87,7 @@ def _state(model: ModelSpec, tp: int) -> tuple[Any, Any]:
     return shapes, dtypes
 
 
-def _unify(model: ModelSpec, version: str, block_size: int, mml: int, tp: int) -> Any:
+def _unify(model: ModelSpec, block_size: int, mml: int, tp: int) -> Any:
     """The cache config after the release's own page-size unification."""
     import torch
 
@@ -114,7 +115,8 @@ def _unify(model: ModelSpec, version: str, block_size: int, mml: int, tp: int) -
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         attention_config=SimpleNamespace(backend=None),
     )  # fmt: skip
-    if version in ("0.11.0", "0.19.1"):
+    platform = _vllm("platforms.interface").Platform
+    if not hasattr(platform, "_align_hybrid_block_size"):  # 0.11.0, 0.19.1: in the model config
         cfg = _vllm("model_executor.models.config")
         cfg.ModelRegistry = registry
         cfg.MambaModelConfig.verify_and_update_config = classmethod(lambda cls, vc: None)
@@ -122,7 +124,6 @@ def _unify(model: ModelSpec, version: str, block_size: int, mml: int, tp: int) -
         return cache
     _vllm("model_executor.models").ModelRegistry = registry
     backend = _backend()
-    platform = _vllm("platforms.interface").Platform
 
     class StandInPlatform(platform):  # type: ignore[misc, valid-type]
         @classmethod
@@ -184,24 +185,28 @@ def _specs(model: ModelSpec, cache: Any, mml: int, tp: int) -> dict[str, Any]:
     return specs
 
 
-def real_pool(version: str, name: str, block_size: int, mml: int, tp: int, available: int):
+def real_pool(name: str, block_size: int, mml: int, tp: int, available: int) -> dict[str, Any]:
     """What the release computes for one case (module docstring), as plain values."""
     model = get_model(name)
     cache = SimpleNamespace(block_size=block_size, mamba_page_size_padded=None)
     if model.mamba_state is not None:
-        cache = _unify(model, version, block_size, mml, tp)
+        cache = _unify(model, block_size, mml, tp)
     specs = _specs(model, cache, mml, tp)
     envs = _vllm("envs")
     chunked = model.attention_chunk_size is not None
     disable = chunked and not envs.VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
     vllm_config = _grouping_config(disable, mml, TOKEN_BUDGET)
     utils = _vllm("v1.core.kv_cache_utils")
-    planning = _vllm("v1.core.kv_cache_planning") if version == "0.33.0" else utils
+    # 0.33.0 moved the planning into its own module.
+    planning = (
+        utils if hasattr(utils, "get_kv_cache_groups") else _vllm("v1.core.kv_cache_planning")
+    )
     groups = planning.get_kv_cache_groups(vllm_config, specs)
-    if version == "0.11.0":
-        config = planning.get_kv_cache_config_from_groups(vllm_config, groups, specs, available)
+    from_groups = planning.get_kv_cache_config_from_groups
+    if "kv_cache_specs" in inspect.signature(from_groups).parameters:  # 0.11.0
+        config = from_groups(vllm_config, groups, specs, available)
     else:
-        config = planning.get_kv_cache_config_from_groups(vllm_config, groups, available)
+        config = from_groups(vllm_config, groups, available)
     return {
         "block_size": cache.block_size,
         "mamba_page_size_padded": cache.mamba_page_size_padded,
@@ -255,8 +260,7 @@ def _grouping_config(disable_hybrid: bool, mml: int, token_budget: int) -> Any:
 
 def main() -> None:
     """Print one JSON line per case for the release named on the command line."""
-    version = sys.argv[1]
-    load_vllm(vllm_version=version)
+    load_vllm(vllm_version=sys.argv[1])
     for name, block_size, mml, tp, available in CASES:
-        result = real_pool(version, name, block_size, mml, tp, available)
+        result = real_pool(name, block_size, mml, tp, available)
         print(json.dumps({"case": [name, block_size, mml, tp, available], **result}))

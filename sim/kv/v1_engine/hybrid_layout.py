@@ -88,8 +88,9 @@ def hybrid_layout(layer_windows: Sequence[int | None]) -> HybridLayout:
 def group_layers(
     layer_specs: Sequence[KVCacheGroupSpec | None], *, pad_to_largest: bool = False
 ) -> HybridLayout:
-    """Group layers by spec as `_get_kv_cache_groups_uniform_page_size` does (`L957-1001
-    @0.11.0`); None is a layer without a cache. `pad_to_largest`: 0.19.1's group size rule.
+    """Group layers by spec as `_get_kv_cache_groups_uniform_page_size` does
+    (`kv_cache_utils.py:L957-1001 @0.11.0`); None is a layer without a cache.
+    `pad_to_largest`: 0.19.1's group size rule (`VllmPin.pads_hybrid_groups_to_largest`).
 
     Example: ``group_layers([S, S, F])`` (S sliding, F full) -> group 0 = layers (0,),
     group 1 = (1,), group 2 = (2,); with ``pad_to_largest`` (2 < 1.5 x 1 is false) the same.
