@@ -96,7 +96,9 @@ def _kv_config(
     elif model is not None and uses_catalog_layout(scenario, model):
         pool = catalog_pool(scenario, model, max_model_len)
         groups = pool.groups
-        kv_layout = "hybrid" if len(groups) > 1 else "uniform"
+        if len(groups) == 1 and groups[0].is_full_attention:  # one full group: uniform
+            groups = ()
+        kv_layout = "hybrid" if groups else "uniform"
     elif model is not None and kv_layout == "hybrid" and cache.sliding_window == "model":
         layout = hybrid_layout_of(model)
         groups = layout.groups

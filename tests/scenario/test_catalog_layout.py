@@ -51,7 +51,9 @@ def test_llama4_layout_differs_by_release():
     cache = {"num_gpu_blocks": 3000}  # 0.19.1 charges an 8,192-token request 4 x 512 blocks
     old = resolve(scenario_from_dict(_scenario("llama-4-scout-17b-16e", "0.11.0", cache)))
     new = resolve(scenario_from_dict(_scenario("llama-4-scout-17b-16e", "0.19.1", cache)))
-    assert len(old.engine.kv.group_specs) == 1 and old.inputs["kv_layout"] == "uniform"
+    # One full group is the plain uniform pool (no hybrid groups: a KV connector accepts it).
+    assert old.engine.kv.kv_cache_groups == () and old.inputs["kv_layout"] == "uniform"
+    assert old.inputs["kv_cache_groups"][0]["num_layers"] == 48
     assert [g.attention_chunk_size for g in new.engine.kv.kv_cache_groups] == [8192] * 3 + [None]
 
 
