@@ -13,8 +13,11 @@ prints one JSON line with what the release computes:
   `ChunkedLocalAttentionSpec`, `MambaSpec`), grouped by its `get_kv_cache_groups`, with the
   hybrid manager disabled where the release's `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`
   default says so;
-* `num_blocks` from `get_kv_cache_config_from_groups` and the concurrency from
-  `get_max_concurrency_for_kv_cache_config`.
+* `num_blocks` from `get_kv_cache_config_from_groups`, the concurrency from
+  `get_max_concurrency_for_kv_cache_config`, and the "GPU KV cache size" tokens as the release
+  logs them (0.11.0 in `get_kv_cache_config_from_groups`, 0.19.1 / 0.20.0
+  `_report_kv_cache_config`, captured from its logger) or computes them for the log
+  (`get_kv_cache_capacity`, 0.25.1 on).
 
 What stands in for the server, and so is not checked: the model class (a stand-in returns the
 calculator's shapes from the catalog's config numbers), the attention backend (one whose
@@ -28,6 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -203,10 +207,17 @@ def real_pool(name: str, block_size: int, mml: int, tp: int, available: int) -> 
     )
     groups = planning.get_kv_cache_groups(vllm_config, specs)
     from_groups = planning.get_kv_cache_config_from_groups
-    if "kv_cache_specs" in inspect.signature(from_groups).parameters:  # 0.11.0
+    logged = _LogCapture(utils.__name__)
+    if "kv_cache_specs" in inspect.signature(from_groups).parameters:  # 0.11.0 logs in here
         config = from_groups(vllm_config, groups, specs, available)
     else:
         config = from_groups(vllm_config, groups, available)
+    if hasattr(utils, "get_kv_cache_capacity"):  # 0.25.1 on: from the concurrency
+        tokens = utils.get_kv_cache_capacity(vllm_config, config)[0]
+    else:
+        if hasattr(utils, "_report_kv_cache_config"):  # 0.19.1, 0.20.0
+            utils._report_kv_cache_config(vllm_config, config)
+        tokens = logged.tokens()
     return {
         "block_size": cache.block_size,
         "mamba_page_size_padded": cache.mamba_page_size_padded,
@@ -215,8 +226,27 @@ def real_pool(name: str, block_size: int, mml: int, tp: int, available: int) -> 
         ],
         "page_bytes": sorted({g.kv_cache_spec.page_size_bytes for g in groups}),
         "num_blocks": config.num_blocks,
+        "logged_tokens": tokens,
         "concurrency": utils.get_max_concurrency_for_kv_cache_config(vllm_config, config),
     }
+
+
+class _LogCapture(logging.Handler):
+    """The "GPU KV cache size: N tokens" line a release logs through `logger_name`."""
+
+    def __init__(self, logger_name: str) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        logger = logging.getLogger(logger_name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def tokens(self) -> int:
+        (line,) = [m for m in self.messages if m.startswith("GPU KV cache size:")]
+        return int(line.split(":")[1].split()[0].replace(",", ""))
 
 
 def _kind(spec: Any) -> str:

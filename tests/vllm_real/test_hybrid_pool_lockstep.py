@@ -62,8 +62,9 @@ def _ours(version: str, case: tuple) -> dict:
     }
 
 
-def _scenario_concurrency(version: str, case: tuple, num_blocks: int) -> float:
-    """The concurrency a scenario of the case logs, through `resolve` (the scenario path)."""
+def _scenario_log(version: str, case: tuple, num_blocks: int) -> tuple[float, int]:
+    """The concurrency and "GPU KV cache size" tokens a scenario of the case logs, through
+    `resolve` (the scenario path)."""
     name, block_size, mml, tp, _ = case
     scenario = scenario_from_dict(
         {
@@ -88,20 +89,23 @@ def _scenario_concurrency(version: str, case: tuple, num_blocks: int) -> float:
         }
     )  # fmt: skip
     inputs = resolve(scenario).inputs
-    return num_blocks / inputs["startup_blocks_per_request"]
+    tokens = int(inputs["vllm_kv_cache_log"][0].split(":")[1].split()[0].replace(",", ""))
+    return num_blocks / inputs["startup_blocks_per_request"], tokens
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_hybrid_pools_identical_to_real(version):
     """Every case: the unified block size, the padded Mamba page, each group's type and
-    layers, the page, num_blocks and (through a scenario) the logged concurrency."""
+    layers, the page, num_blocks and (through a scenario) the logged concurrency and token
+    count."""
     real = _real(version)
     for case in CASES:
         got, want = _ours(version, case), real[case]
         for key in ("block_size", "mamba_page_size_padded", "groups", "page_bytes", "num_blocks"):
             assert got[key] == want[key], (version, case, key, got[key], want[key])
-        concurrency = _scenario_concurrency(version, case, want["num_blocks"])
+        concurrency, tokens = _scenario_log(version, case, want["num_blocks"])
         assert concurrency == pytest.approx(want["concurrency"], rel=1e-12), (version, case)
+        assert tokens == want["logged_tokens"], (version, case, tokens, want["logged_tokens"])
 
 
 def test_the_comparison_catches_a_release_rule():
