@@ -16,6 +16,7 @@ import pytest
 from sim.catalog import get_model
 from sim.engine.run import resolve
 from sim.kv.pins import VllmPin
+from sim.kv.v1_engine.hybrid_coordinator import _describe as describe
 from sim.memory.hybrid_pool import hybrid_pool
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_real.pool_layout import CASES, TOKEN_BUDGET
@@ -35,16 +36,6 @@ def _real(version: str) -> dict[tuple, dict]:
     return {tuple(row["case"]): row for row in rows}
 
 
-def _kind(group) -> str:
-    if group.mamba:
-        return "mamba"
-    if group.sliding_window is not None:
-        return f"sliding {group.sliding_window}"
-    if group.attention_chunk_size is not None:
-        return f"chunked {group.attention_chunk_size}"
-    return "full"
-
-
 def _ours(version: str, case: tuple) -> dict:
     name, block_size, mml, tp, available = case
     pool = hybrid_pool(
@@ -54,7 +45,7 @@ def _ours(version: str, case: tuple) -> dict:
         "block_size": pool.block_size,
         "mamba_page_size_padded": pool.page_bytes if pool.mamba_padding_bytes else None,
         "groups": [
-            [_kind(g), list(layers)]
+            [describe(g), list(layers)]
             for g, layers in zip(pool.groups, pool.layout.group_layers, strict=True)
         ],
         "page_bytes": [pool.page_bytes],
