@@ -10,7 +10,7 @@ From the model's per-layer types (`sim.catalog_layers`), for one pinned release:
 2. **Page-size unification** (a model with Mamba layers): the attention block size is raised
    until one attention page holds a Mamba state, and the Mamba page is padded to it. 0.11.0
    `HybridAttentionMambaModelConfig.verify_and_update_config`
-   (`model_executor/models/config.py:L314-397`), 0.19.1 (`L170-316`, mode "none"), and from
+   (`model_executor/models/config.py:L314-397`), 0.19.1 (`L156-316`, mode "none"), and from
    0.20.0 `Platform._align_hybrid_block_size` (`platforms/interface.py:L502-630 @0.20.0`,
    `L940-1135 @0.33.0`)::
 
