@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.catalog_layers import LayerType, MambaState
 from sim.errors import InputError
 from sim.scenario.fields import Bool, Float, Int
 
@@ -114,7 +115,13 @@ class ModelSpec(BaseModel):
     vocab_size: Int = Field(gt=0)
     max_position_embeddings: Int = Field(gt=0)
     sliding_window: Int | None = Field(default=None, gt=0)
-    layer_pattern: Literal["full", "sliding", "alternating"] = "full"
+    #: "per_layer": `layer_types` lists each layer's type (`sim.catalog_layers`).
+    layer_pattern: Literal["full", "sliding", "alternating", "per_layer"] = "full"
+    layer_types: tuple[LayerType, ...] | None = None
+    #: Llama-4's chunked-local attention (the `chunked` layers), tokens per chunk.
+    attention_chunk_size: Int | None = Field(default=None, gt=0)
+    #: The recurrent state of the `mamba` layers.
+    mamba_state: MambaState | None = None
     tie_word_embeddings: Bool = False
     qkv_bias: Bool = False
     num_experts: Int = Field(default=1, gt=0)
@@ -128,7 +135,11 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
-        if (self.layer_pattern == "full") != (self.sliding_window is None):
+        if self.layer_pattern == "per_layer":
+            self._check_layer_types()
+        elif self.layer_types is not None:
+            raise ValueError("layer_types needs layer_pattern: per_layer")
+        elif (self.layer_pattern == "full") != (self.sliding_window is None):
             raise ValueError(
                 f"layer_pattern {self.layer_pattern!r} and sliding_window "
                 f"{self.sliding_window!r} disagree (full <=> no window)"
@@ -138,19 +149,50 @@ class ModelSpec(BaseModel):
         dtype_bytes(self.dtype)
         return self
 
+    def _check_layer_types(self) -> None:
+        """One type per layer, and each windowed / chunked / state type with its geometry."""
+        types = self.layer_types or ()
+        if len(types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {self.num_layers} layers")
+        for kind, field, value in (
+            ("sliding", "sliding_window", self.sliding_window),
+            ("chunked", "attention_chunk_size", self.attention_chunk_size),
+            ("mamba", "mamba_state", self.mamba_state),
+        ):
+            if (kind in types) != (value is not None):
+                raise ValueError(f"layer_types and {field} disagree ({kind} layers <=> {field})")
+
     # -- layers ---------------------------------------------------------------------------
+    @property
+    def layer_kinds(self) -> tuple[LayerType, ...]:
+        """Each layer's type: the list itself, or the pattern spelt out (Gemma-2's
+        "alternating": sliding, full, sliding, ...)."""
+        if self.layer_types is not None:
+            return self.layer_types
+        sliding: LayerType = "sliding"
+        full: LayerType = "full"
+        if self.layer_pattern == "sliding":
+            return (sliding,) * self.num_layers
+        if self.layer_pattern == "alternating":
+            return tuple(sliding if i % 2 == 0 else full for i in range(self.num_layers))
+        return (full,) * self.num_layers
+
     @property
     def num_sliding_layers(self) -> int:
         """Layers with a window: all (sliding), even-indexed (alternating: 21 of 42), none."""
-        if self.layer_pattern == "sliding":
-            return self.num_layers
-        if self.layer_pattern == "alternating":
-            return (self.num_layers + 1) // 2
-        return 0
+        return self.layer_kinds.count("sliding")
 
     @property
     def num_full_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers
+        """Layers that keep K/V for the whole context; a chunked-local layer counts as one
+        (its reads are bounded by the chunk, which the latency models leave out)."""
+        kinds = self.layer_kinds
+        return kinds.count("full") + kinds.count("chunked")
+
+    @property
+    def num_mamba_layers(self) -> int:
+        """Mamba / linear-attention layers (a fixed state per request, no K/V)."""
+        return self.layer_kinds.count("mamba")
 
     @property
     def is_moe(self) -> bool:

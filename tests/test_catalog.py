@@ -67,3 +67,50 @@ def test_kv_heads_replicate_beyond_tp_and_dtype_bytes():
     assert dtype_bytes("fp8") == 1 and dtype_bytes("bf16") == 2
     with pytest.raises(ValueError):
         dtype_bytes("int3")
+
+
+# -- per-layer types (issue #23 item 1) -------------------------------------------------------
+def test_per_layer_types_follow_each_configs_own_field():
+    """Each list is what its config's per-layer field says (models.yaml cites each config):
+    Llama-4's default `no_rope_layers` (interval 4: NoPE every 4th layer), Gemma-3's
+    `sliding_window_pattern: 6`, gpt-oss's alternating `layer_types`, Qwen3-Next's
+    `full_attention_interval: 4`, Nemotron-H's `hybrid_override_pattern`."""
+    scout = get_model("llama-4-scout-17b-16e").layer_kinds
+    assert [i for i, k in enumerate(scout) if k == "full"] == list(range(3, 48, 4))
+    assert scout.count("chunked") == 36
+    gemma = get_model("gemma-3-27b").layer_kinds
+    assert [i for i, k in enumerate(gemma) if k == "full"] == list(range(5, 62, 6))
+    assert get_model("gpt-oss-20b").layer_kinds == ("sliding", "full") * 12
+    assert get_model("qwen3-next-80b-a3b").layer_kinds == ("mamba", "mamba", "mamba", "full") * 12
+    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+    symbol = {"mamba": "M", "full": "*", "none": "-"}
+    assert "".join(symbol[k] for k in get_model("nemotron-h-8b").layer_kinds) == pattern
+
+
+def test_per_layer_counts_and_state_geometry():
+    qwen = get_model("qwen3-next-80b-a3b")
+    assert (qwen.num_mamba_layers, qwen.num_full_layers, qwen.num_sliding_layers) == (36, 12, 0)
+    # Gated DeltaNet: conv (128*16*2 + 128*32) x 3, SSM 32 x 128 x 128 (catalog_layers doc).
+    assert qwen.mamba_state.shapes() == ((8192, 3), (32, 128, 128))
+    assert qwen.mamba_state.state_bytes(2) == 1_097_728
+    nemotron = get_model("nemotron-h-8b")
+    assert nemotron.mamba_state.shapes(tp=2) == ((5120, 3), (64, 64, 128))
+    gemma3 = get_model("gemma-3-27b")
+    assert (gemma3.num_sliding_layers, gemma3.num_full_layers) == (52, 10)
+    # The older patterns spell out as before.
+    assert get_model("gemma-2-9b").layer_kinds[:3] == ("sliding", "full", "sliding")
+    assert set(get_model("llama-3.1-8b").layer_kinds) == {"full"}
+
+
+def test_per_layer_validation():
+    base = get_model("qwen3-next-80b-a3b").model_dump()
+    with pytest.raises(ValueError, match="48 entries for 47 layers"):
+        get_model({**base, "num_layers": 47})
+    with pytest.raises(ValueError, match="mamba_state"):
+        get_model({**base, "mamba_state": None})
+    with pytest.raises(ValueError, match="needs layer_pattern: per_layer"):
+        get_model({**base, "layer_pattern": "full"})
+    with pytest.raises(ValueError, match="attention_chunk_size"):
+        get_model({**base, "attention_chunk_size": 8192})
+    with pytest.raises(ValueError, match="exactly num_heads"):
+        get_model({**base, "mamba_state": {"kind": "mamba2", "conv_kernel": 4, "num_heads": 8}})

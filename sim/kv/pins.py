@@ -177,6 +177,33 @@ class VllmPin(enum.Enum):
         return self in _MAMBA_GROUPS
 
     @property
+    def pads_hybrid_groups_to_largest(self) -> bool:
+        """The hybrid layout's `group_size` is the largest layer count among the KV-cache specs
+        when that is under 1.5x the smallest (gpt-oss + EAGLE: 12 sliding + 13 full -> groups
+        of 13), else the smallest: 0.19.1 `kv_cache_utils.py:L1043-1047`, 0.20.0 `L1124-1128`,
+        0.25.1 `L1192-1196`, 0.26.0 `L1221-1225`, 0.33.0 `kv_cache_planning.py:L521-532`;
+        0.11.0 always takes the smallest (`L977`). `sim.kv.v1_engine.hybrid_layout`."""
+        return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def chunked_local_hybrid_by_default(self) -> bool:
+        """`VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE` defaults to 1 (0.19.1
+        `envs.py:L1459-1461`; 0.33.0 `L1931-1933`): a model with chunked-local attention
+        (Llama-4) keeps its hybrid groups. 0.11.0 defaults it to 0 (`envs.py:L1389-1391`), so
+        `VllmConfig` disables the hybrid manager (`config/__init__.py:L512-529`) and every layer
+        becomes full attention in one group (`unify_hybrid_kv_cache_specs`, `L1096-1148`)."""
+        return self in _FULL_SEQUENCE_GATE
+
+    @property
+    def aligns_mamba_block_to_block_size(self) -> bool:
+        """Page-size unification of an attention + Mamba model rounds the attention block up
+        to a multiple of max(the backend's smallest kernel block, the current block size)
+        (0.20.0 `platforms/interface.py:L577-583`, 0.33.0 `L1068-1075`); 0.11.0
+        (`model_executor/models/config.py:L367-368`) and 0.19.1 (`L218`, `L273-275`) to a
+        multiple of 16 whatever the block size. `sim.kv.v1_engine.model_layout`."""
+        return self in _FULL_SEQUENCE_GATE and self is not VllmPin.V0_19_1
+
+    @property
     def clamps_skipped_to_table(self) -> bool:
         """`remove_skipped_blocks` caps the skipped blocks at the table's length (0.19.1 on,
         `single_type_kv_cache_manager.py:L404-410 @0.20.0`); 0.11.0 has no such cap. Found by

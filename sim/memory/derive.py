@@ -142,7 +142,12 @@ def hybrid_layout_of(model: ModelSpec) -> HybridLayout:
     """
     if not is_hybrid_model(model) or model.sliding_window is None:
         raise ValueError(f"{model.layer_pattern!r} layers are not a hybrid model")
-    return hybrid_layout(alternating_layer_windows(model.num_layers, model.sliding_window))
+    if model.layer_types is None:
+        return hybrid_layout(alternating_layer_windows(model.num_layers, model.sliding_window))
+    if set(model.layer_kinds) - {"sliding", "full"}:  # chunked / Mamba: the release decides
+        raise ValueError(f"{model.name!r}: use sim.memory.hybrid_pool for its layer types")
+    window = model.sliding_window
+    return hybrid_layout([window if kind == "sliding" else None for kind in model.layer_kinds])
 
 
 def is_hybrid_model(model: ModelSpec) -> bool:

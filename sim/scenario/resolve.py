@@ -23,10 +23,17 @@ from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
 from sim.memory.derive import given_num_gpu_blocks, hybrid_layout_of
 from sim.memory.host import check_pool_fits
+from sim.memory.hybrid_pool import HybridPool
 from sim.memory.logged import logged_kv_cache
 from sim.memory.terms import VllmEngine
 from sim.planning.admission_reserve import AdmissionReserve, admission_reserve
 from sim.routing import Router
+from sim.scenario.catalog_layout import (
+    catalog_pool,
+    group_rows,
+    pool_num_blocks,
+    uses_catalog_layout,
+)
 from sim.scenario.configs import (
     derive_budget,
     explicit_kv_cache_groups,
@@ -80,16 +87,22 @@ def _kv_config(
     engine = VllmEngine(scenario.scheduler.design.api)
     kv_layout = kv_layout_of(model, engine)
     # The hybrid allocator's groups, unless the scenario overrides the model's windows.
-    layout = None
+    layout, pool = None, None
     groups = explicit_kv_cache_groups(
         cache, scenario.scheduler.design, scenario.scheduler.resolved_vllm_version
     )
     if groups:
         kv_layout = "hybrid"
+    elif model is not None and uses_catalog_layout(scenario, model):
+        pool = catalog_pool(scenario, model, max_model_len)
+        groups = pool.groups
+        if len(groups) == 1 and groups[0].is_full_attention:  # one full group: uniform
+            groups = ()
+        kv_layout = "hybrid" if groups else "uniform"
     elif model is not None and kv_layout == "hybrid" and cache.sliding_window == "model":
         layout = hybrid_layout_of(model)
         groups = layout.groups
-    num_gpu_blocks = _num_gpu_blocks(scenario, model, token_budget, layout, inputs)
+    num_gpu_blocks = _num_gpu_blocks(scenario, model, token_budget, layout, inputs, pool)
     inputs["kv_layout"] = kv_layout
     num_cpu_blocks = num_cpu_blocks_of(cache, engine, model, scenario.hardware.tensor_parallel_size)
     window = sliding_window_of(cache, model)
@@ -103,7 +116,11 @@ def _kv_config(
         kv_cache_groups=groups,
         max_num_batched_tokens=token_budget,
     )
-    if groups and layout is None:
+    if pool is not None:  # the release's unified block size (a Mamba hybrid's is raised)
+        config = replace(config, block_size=pool.block_size)
+        inputs["kv_cache_groups"] = group_rows(pool)
+        inputs["hybrid_pool"] = pool.as_dict()
+    elif groups and layout is None:
         inputs["kv_cache_groups"] = [
             {
                 "group_id": group_id,
@@ -152,9 +169,11 @@ def _num_gpu_blocks(
     token_budget: int,
     layout: HybridLayout | None,
     inputs: dict,
+    pool: HybridPool | None = None,
 ) -> int:
-    """The pool's block count, given or derived (`configs.derive_budget`); what it amounts to
-    in memory goes to `inputs["memory"]` (every term) when there is a model."""
+    """The pool's block count, given or derived (`configs.derive_budget`; a catalog model's
+    release pool re-cuts the memory left, `catalog_layout.pool_num_blocks`); what it amounts
+    to in memory goes to `inputs["memory"]` (every term) when there is a model."""
     cache, hw = scenario.cache, scenario.hardware
     kv_dtype = kv_dtype_of(cache)
     engine = VllmEngine(scenario.scheduler.design.api)
@@ -177,14 +196,16 @@ def _num_gpu_blocks(
             )
         except InputError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None
+        if pool is not None:
+            budget = pool_num_blocks(pool, model, budget)
         num_gpu_blocks = budget.num_gpu_blocks
-        if layout is None:
+        if layout is None and pool is None:
             num_gpu_blocks //= budget.num_kv_groups
         inputs["memory"] = budget.as_dict()
         inputs["num_gpu_blocks_source"] = "derived"
         return num_gpu_blocks
     inputs["num_gpu_blocks_source"] = "given"
-    if model is not None:  # what the given blocks amount to, for the record
+    if model is not None and pool is None:  # what the given blocks amount to, for the record
         budget = given_num_gpu_blocks(
             cache.num_gpu_blocks,
             model,
@@ -249,7 +270,8 @@ def _startup(
         logged = logged_kv_cache(
             kv.num_gpu_blocks,
             len(kv.group_specs),
-            kv.block_size,
+            # The smallest group block size: a Mamba group's is max_model_len.
+            min(kv.block_size, max_model_len) if kv.has_mamba_group else kv.block_size,
             max_model_len,
             startup_blocks,
             from_concurrency=release.logs_capacity_from_concurrency,

@@ -121,9 +121,10 @@ class CacheSection(_Closed):
     cpu_offload_gib: Float = Field(default=0.0, ge=0)
     #: Tokens per offloaded block (a multiple of block_size); None: block_size.
     cpu_offload_block_size: Int | None = Field(default=None, ge=1)
-    #: v1-engine: the KV-cache groups in group-id order, for a layout no catalog model has
-    #: (e.g. Llama-4's chunked-local groups then its full group); needs a given
-    #: num_gpu_blocks (the shared pool). Empty: the model's layout.
+    #: v1-engine: the KV-cache groups in group-id order, overriding the model's (a catalog
+    #: model with per-layer types gets its release's groups without them,
+    #: `sim.memory.hybrid_pool`); needs a given num_gpu_blocks (the shared pool). Empty: the
+    #: model's layout.
     kv_cache_groups: tuple[KVCacheGroupSection, ...] = ()
 
 

@@ -13,10 +13,15 @@ Follows vLLM 0.11.0 `vllm/v1/core/kv_cache_utils.py`:
 * vLLM logs the pool as ``num_blocks // num_groups * block_size`` tokens (`L1078-1080`).
 
 kvsim has one block size and one page size for all layers, which is what 0.11.0 requires
-of a hybrid model without page-size unification (`L894-956`: uniform page size). 0.33.0 takes
-the largest layer count as `group_size` when it is under 1.5x the smallest
-(`kv_cache_planning.py:L521-532 @0.33.0`); not modelled (equal counts, as in every catalog
-model, give the same layout).
+of a hybrid model (`L894-956`: uniform page size; a Mamba hybrid gets there by page-size
+unification, `sim.kv.v1_engine.model_layout`). From 0.19.1 the largest layer count is the
+`group_size` when it is under 1.5x the smallest (`VllmPin.pads_hybrid_groups_to_largest`;
+`kv_cache_planning.py:L521-532 @0.33.0`): `group_layers(..., pad_to_largest=True)`. Equal
+counts (Gemma-2, gpt-oss) give the same layout either way. Layers without a cache (Nemotron-H's
+MLP layers) are in no group. Left out: 0.33.0's merge of same-type buckets whose
+`FullAttentionSpec`s differ only in window or chunk (`L484-505`: only under
+`--disable-hybrid-kv-cache-manager`, which kvsim does not model), and the packed layout of
+mixed page sizes (`_get_packed_kv_cache_groups`, `L914-1041`: unreachable once pages are equal).
 
 Worked example (Gemma-2-9B: 42 layers, even layers sliding with W=4096, odd layers full):
 specs in order of appearance are sliding (layer 0) then full (layer 1), 21 layers each, so
@@ -71,26 +76,43 @@ class HybridLayout:
 
 
 def hybrid_layout(layer_windows: Sequence[int | None]) -> HybridLayout:
-    """Group layers given each layer's sliding window (None: full attention).
+    """Group layers given each layer's sliding window (None: full attention), 0.11.0's rule.
 
     Example: ``hybrid_layout([4096, None] * 21)`` -> 2 groups (sliding, full) of 21 layers.
 
     kvsim's own (no upstream counterpart).
     """
-    if not layer_windows:
+    return group_layers([KVCacheGroupSpec(sliding_window=w) for w in layer_windows])
+
+
+def group_layers(
+    layer_specs: Sequence[KVCacheGroupSpec | None], *, pad_to_largest: bool = False
+) -> HybridLayout:
+    """Group layers by spec as `_get_kv_cache_groups_uniform_page_size` does
+    (`kv_cache_utils.py:L957-1001 @0.11.0`); None is a layer without a cache.
+    `pad_to_largest`: 0.19.1's group size rule (`VllmPin.pads_hybrid_groups_to_largest`).
+
+    Example: ``group_layers([S, S, F])`` (S sliding, F full) -> group 0 = layers (0,),
+    group 1 = (1,), group 2 = (2,); with ``pad_to_largest`` (2 < 1.5 x 1 is false) the same.
+    """
+    by_spec: dict[KVCacheGroupSpec, list[int]] = {}
+    for index, spec in enumerate(layer_specs):
+        if spec is not None:
+            by_spec.setdefault(spec, []).append(index)
+    if not by_spec:
         raise ValueError("a model needs at least one attention layer")
-    by_spec: dict[int | None, list[int]] = {}
-    for index, window in enumerate(layer_windows):
-        by_spec.setdefault(window, []).append(index)
-    group_size = min(len(layers) for layers in by_spec.values())
+    counts = [len(layers) for layers in by_spec.values()]
+    group_size = min(counts)
+    if pad_to_largest and max(counts) < group_size * 1.5:
+        group_size = max(counts)
     groups: list[KVCacheGroupSpec] = []
-    group_layers: list[tuple[int, ...]] = []
-    for window, layers in by_spec.items():
+    group_layers_: list[tuple[int, ...]] = []
+    for spec, layers in by_spec.items():
         num_groups = cdiv(len(layers), group_size)
         for i in range(num_groups):
-            groups.append(KVCacheGroupSpec(sliding_window=window))
-            group_layers.append(tuple(layers[i::num_groups]))
-    return HybridLayout(tuple(groups), tuple(group_layers), group_size)
+            groups.append(spec)
+            group_layers_.append(tuple(layers[i::num_groups]))
+    return HybridLayout(tuple(groups), tuple(group_layers_), group_size)
 
 
 def alternating_layer_windows(num_layers: int, sliding_window: int) -> list[int | None]:
