@@ -390,14 +390,16 @@ def fit_host_staged_algbw(
     return min(scores, key=lambda bw: (scores[bw], bw)), scores
 
 
-#: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). The streaming
-#: cost stops at 75 us: one API server has streamed 12,850 output tokens/s (vllm PR #12287,
-#: https://github.com/vllm-project/vllm/pull/12287, Llama-3.2-1B on an A100, before that PR's
-#: speed-ups), so a token costs at most 1 / 12,850 s = 78 us of loop time.
+#: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). The output
+#: handler's cost per token stops at 75 us: one API server has streamed 12,850 output tokens/s
+#: (vllm PR #12287, https://github.com/vllm-project/vllm/pull/12287, Llama-3.2-1B on an A100,
+#: before that PR's speed-ups), and at that load chunks merge, so the handler's per-token work
+#: is what bounds it: at most 1 / 12,850 s = 78 us a token.
 FRONTEND_GRIDS: dict[str, tuple[float, ...]] = {
     "hand_off_s": (0.0, 0.010, 0.015, 0.020, 0.025, 0.030),
     "request_s": (0.0, 0.001, 0.002, 0.004, 0.008),
     "output_token_s": (0.0, 10e-6, 20e-6, 40e-6, 75e-6),
+    "output_chunk_s": (0.0, 25e-6, 50e-6, 100e-6, 200e-6),
 }
 
 
