@@ -38,9 +38,14 @@ each engine step's outputs go back to the loop that sent the request. `--stream-
 (0.19.1 onward, `output_processor.py:L379-391 @0.33.0`) holds a request's tokens until K
 accumulate (its first and last go at once).
 
+A request's intake takes two turns on the loop (its handler parses it, awaits, then
+tokenizes it), and the output handler one turn per `OUTPUT_PROC_CHUNK_SIZE` requests of a step:
+whatever became ready in between runs first, as on asyncio's FIFO ready queue.
+
 Example: request_s 20 ms, prompt_token_s 5 us, hand_off_s 10 ms, output costs 0; two
-1,000-token prompts sent at 0 reach the scheduler at 35 ms and 60 ms (the second waits for the
-first's 25 ms of loop work, not for its hand-off). Streaming: output_chunk_s 100 us, 64
+1,000-token prompts sent at 0 are parsed at 0-20 and 20-40 ms and tokenized at 40-45 and
+45-50 ms, so they reach the scheduler at 55 ms and 60 ms (waiting for the loop, not for each
+other's hand-off). Streaming: output_chunk_s 100 us, 64
 requests decoding in 10 ms steps: 6.4 ms of chunks a step, every token out 6.4 ms after it is
 sampled at most; at 2.5 ms steps the chunks cannot keep up, so each waiting chunk absorbs the
 next step's token and the loop settles at one chunk per request per 6.4 ms (~2.6 tokens each).
@@ -52,6 +57,7 @@ release, its costs fitted (`VLLM_API_SERVER`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 
@@ -60,6 +66,10 @@ import simpy
 from sim.scheduler import Request
 
 _Process = Generator[simpy.Event, object, None]
+
+#: Requests the output handler processes per turn on the loop (`VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`,
+#: default 128 in 0.11.0 through 0.33.0 `vllm/envs.py`).
+OUTPUT_PROC_CHUNK_SIZE = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,11 @@ class ApiServer:
         """Loop time for the output handler to process one engine step's `num_tokens` tokens
         (example: 100 us + 64 x 5 us = 420 us)."""
         return self.output_batch_s + self.output_token_s * num_tokens
+
+    def lone_stream_s(self, num_tokens: int) -> float:
+        """From sample to client for `num_tokens` tokens of a lone request's step, on an idle
+        loop: the handler's work, then its one chunk (example: 20 us + 40 us = 60 us)."""
+        return self.output_s(num_tokens) + self.output_chunk_s
 
     @property
     def streams_free(self) -> bool:
@@ -136,8 +151,11 @@ class FrontendLoop:
     #: Request id -> its chunk still waiting for the loop (the producer got ahead: new tokens
     #: merge into it, as `RequestOutputCollector.put` merges deltas).
     _waiting_chunk: dict[int, _Chunk] = field(default_factory=dict)
-    #: Request id -> output-handler jobs queued with its tokens.
+    #: Request id -> output-handler jobs queued with its tokens / tokens the handler processed.
     _handling: dict[int, int] = field(default_factory=dict)
+    _handled: dict[int, int] = field(default_factory=dict)
+    #: Per API server, the engine steps' outputs its handler has still to process.
+    _outputs: list[deque[list[tuple[Request, int]]]] = field(init=False)
     #: Requests still in the input queue (not yet at the engine core).
     num_pending_inputs: int = 0
 
@@ -149,6 +167,7 @@ class FrontendLoop:
                 f"FrontendLoop.stream_interval must be >= 1, got {self.stream_interval}"
             )
         self._loops = [simpy.Resource(self.env, capacity=1) for _ in range(self.num_servers)]
+        self._outputs = [deque() for _ in range(self.num_servers)]
 
     def admit(self, request: Request) -> None:
         self._server_of[request.request_id] = self._next_server
@@ -164,9 +183,15 @@ class FrontendLoop:
         return self._loops[self._server_of.get(request.request_id, 0)]
 
     def _input(self, request: Request) -> _Process:
-        with self._loop_of(request).request() as turn:
-            yield turn
-            yield self.env.timeout(self.costs.input_s(request.prompt_tokens))
+        """The request's handler: parse it (one turn on the loop), then tokenize it (a second
+        turn: the handler awaits between them, so whatever became ready meanwhile, such as the
+        output handler, runs first), then the hand-off."""
+        loop = self._loop_of(request)
+        for cost_s in (self.costs.request_s, self.costs.prompt_token_s * request.prompt_tokens):
+            if cost_s > 0:
+                with loop.request() as turn:
+                    yield turn
+                    yield self.env.timeout(cost_s)
         if self.costs.hand_off_s > 0:
             yield self.env.timeout(self.costs.hand_off_s)
         self.num_pending_inputs -= 1
@@ -175,43 +200,64 @@ class FrontendLoop:
     def stream(self, requests: Iterable[Request]) -> None:
         """Queue the new tokens of `requests` (sampled now): one output-handler job per API
         server, then one chunk per request with tokens to send."""
-        batches: dict[int, list[Request]] = {}
+        batches: dict[int, list[tuple[Request, int]]] = {}
         for request in requests:
             times = request.token_times_s
-            if times is None or len(times) <= self._taken.get(request.request_id, 0):
+            rid = request.request_id
+            if times is None or len(times) <= self._taken.get(rid, 0):
                 continue
-            server = self._server_of.get(request.request_id, 0)
-            batches.setdefault(server, []).append(request)
+            self._taken[rid] = len(times)
+            server = self._server_of.get(rid, 0)
+            batches.setdefault(server, []).append((request, len(times)))
         for server in sorted(batches):
             batch = batches[server]
-            num_tokens = sum(self._take(request) for request in batch)
             if self.costs.streams_free:
                 self._emit_free(batch)
-            else:
-                for request in batch:
-                    rid = request.request_id
-                    self._handling[rid] = self._handling.get(rid, 0) + 1
-                self.env.process(self._handle(server, batch, num_tokens))
+                continue
+            for request, _ in batch:
+                rid = request.request_id
+                self._handling[rid] = self._handling.get(rid, 0) + 1
+            self._outputs[server].append(batch)
+            if len(self._outputs[server]) == 1:  # the handler was idle: it wakes
+                self.env.process(self._output_handler(server))
 
-    def _take(self, request: Request) -> int:
-        times = request.token_times_s
-        assert times is not None
-        new = len(times) - self._taken.get(request.request_id, 0)
-        self._taken[request.request_id] = len(times)
-        return new
+    def _output_handler(self, server: int) -> _Process:
+        """`AsyncLLM._run_output_handler`'s task, one per API server (0.33.0
+        `async_llm.py:L876-916`). Once it has the loop it takes the engine's outputs one step
+        at a time, `OUTPUT_PROC_CHUNK_SIZE` requests a slice, and gives the loop up only
+        between slices of one step (`await asyncio.sleep(0)`) or when no output is waiting:
+        a step's outputs that are already queued (`outputs_queue.get()` on a non-empty queue)
+        follow at once. So when the handler falls behind, the stream tasks it woke have not
+        run by the time the next step's outputs reach their collectors, and those merge."""
+        queue, loop, costs = self._outputs[server], self._loops[server], self.costs
+        at = 0  # the next slice of queue[0]
+        while queue:
+            with loop.request() as turn:
+                yield turn
+                while queue:
+                    batch = queue[0]
+                    part = batch[at : at + OUTPUT_PROC_CHUNK_SIZE]
+                    num_tokens = sum(end - self._handled.get(r.request_id, 0) for r, end in part)
+                    batch_s = costs.output_batch_s if at == 0 else 0.0
+                    yield self.env.timeout(batch_s + costs.output_token_s * num_tokens)
+                    self._put_outputs(server, part)
+                    at += OUTPUT_PROC_CHUNK_SIZE
+                    if at < len(batch):
+                        break  # `asyncio.sleep(0)`: the stream tasks woken so far run first
+                    queue.popleft()
+                    at = 0
 
-    def _handle(self, server: int, batch: list[Request], num_tokens: int) -> _Process:
-        """`AsyncLLM` output handler: detokenize the step's tokens, then put each request's
-        output in its collector (a chunk job of its own, or merged into the waiting one)."""
-        with self._loops[server].request() as turn:
-            yield turn
-            yield self.env.timeout(self.costs.output_s(num_tokens))
+    def _put_outputs(self, server: int, part: list[tuple[Request, int]]) -> None:
+        """Each request's output into its collector (a chunk of its own, or merged into the
+        waiting one); the stream tasks of new chunks wait for the loop."""
         new_chunks: list[_Chunk] = []
-        for request in batch:
-            self._handling[request.request_id] -= 1
-            end = self._to_emit(request)
-            if end is not None:
-                self._put(request, end, new_chunks)
+        for request, end in part:
+            rid = request.request_id
+            self._handling[rid] -= 1
+            self._handled[rid] = end
+            emit = self._to_emit(request, end)
+            if emit is not None:
+                self._put(request, emit, new_chunks)
         if new_chunks:
             self.env.process(self._send(server, new_chunks))
 
@@ -228,18 +274,19 @@ class FrontendLoop:
             new_chunks.append(chunk)
         self._emitted[request.request_id] = end
 
-    def _to_emit(self, request: Request) -> int | None:
-        """The token count `request`'s output carries now, or None while `stream_interval`
-        holds it (vLLM 0.33.0 `output_processor.py:L379-391`: first token, finished, or
-        `stream_interval` tokens since the last sent)."""
+    def _to_emit(self, request: Request, end: int) -> int | None:
+        """The token count `request`'s output carries once its tokens up to `end` are
+        processed, or None while `stream_interval` holds them (vLLM 0.33.0
+        `output_processor.py:L379-391`: the first token, the last, or `stream_interval`
+        tokens since the last sent)."""
         times = request.token_times_s
         assert times is not None
         sent = self._emitted.get(request.request_id, 0)
-        taken = self._taken[request.request_id]
-        if taken <= sent:
+        if end <= sent:
             return None
-        if sent == 0 or request.state.is_terminal or taken - sent >= self.stream_interval:
-            return taken
+        last = request.state.is_terminal and end == len(times)
+        if sent == 0 or last or end - sent >= self.stream_interval:
+            return end
         return None
 
     def _send(self, server: int, chunks: list[_Chunk]) -> _Process:
@@ -254,14 +301,14 @@ class FrontendLoop:
                     yield self.env.timeout(self.costs.output_chunk_s)
                 self._delivered_now(chunk.request, chunk.start, chunk.end)
 
-    def _emit_free(self, batch: list[Request]) -> None:
-        for request in batch:
-            end = self._to_emit(request)
-            if end is not None:
-                self._emitted[request.request_id] = end
+    def _emit_free(self, batch: list[tuple[Request, int]]) -> None:
+        for request, end in batch:
+            emit = self._to_emit(request, end)
+            if emit is not None:
+                self._emitted[request.request_id] = emit
                 start = self._delivered.get(request.request_id, 0)
                 # Interval 1: the client sees each token at its sample time (now), unrounded.
-                self._delivered_now(request, start, end, stamp=self.stream_interval > 1)
+                self._delivered_now(request, start, emit, stamp=self.stream_interval > 1)
 
     def ended(self, request: Request) -> None:
         """`request` ended without a final output (aborted or failed): the tokens
@@ -307,8 +354,9 @@ class FrontendLoop:
 #: "can take a few hundred milliseconds"; 300 ms / 256,000 tokens = 1.2 us a token); the rest
 #: FITTED on the fit half of the public serving measurements
 #: (`python benchmarks/serving_accuracy.py --fit-frontend`; the held-out half is the test,
-#: docs/accuracy.md).
+#: docs/accuracy.md). `output_token_s` sits at its bound (vllm PR #12287, see
+#: `FRONTEND_GRIDS` in that script).
 VLLM_API_SERVER = ApiServer(
-    request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=75e-6,
-    hand_off_s=0.025,
+    request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=20e-6,
+    hand_off_s=0.025, output_chunk_s=40e-6,
 )  # fmt: skip

@@ -57,9 +57,10 @@ def test_the_docstring_example_two_prompts_queue_for_the_loop_not_the_hand_off()
     engine = _run([RequestSpec(0, 0.0, 1000, 1), RequestSpec(1, 0.0, 1000, 1)], frontend=costs)
     times = engine.token_times_s
     assert times is not None
-    # Request 0 reaches the scheduler at 35 ms and prefills alone (10 ms + 1,000 x 0.1 ms);
-    # request 1 reaches it at 60 ms, during that step, and prefills after it.
-    first_end = 0.035 + FIXED_S + 1000 * PER_TOKEN_S
+    # Parses at 0-20 and 20-40 ms, tokenizations at 40-45 and 45-50 ms: request 0 reaches the
+    # scheduler at 55 ms and prefills alone (10 ms + 1,000 x 0.1 ms); request 1 reaches it at
+    # 60 ms, during that step, and prefills after it.
+    first_end = 0.055 + FIXED_S + 1000 * PER_TOKEN_S
     assert times[0] == [pytest.approx(first_end)]
     assert times[1] == [pytest.approx(first_end + FIXED_S + 1000 * PER_TOKEN_S)]
     table = _table(engine)
