@@ -390,15 +390,18 @@ def fit_host_staged_algbw(
     return min(scores, key=lambda bw: (scores[bw], bw)), scores
 
 
-#: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). The streaming
-#: cost stops at 75 us: one API server has streamed 12,850 output tokens/s (vllm PR #12287,
-#: https://github.com/vllm-project/vllm/pull/12287, Llama-3.2-1B on an A100, before that PR's
-#: speed-ups), so a token costs at most 1 / 12,850 s = 78 us of loop time.
+#: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). Streaming is
+#: bounded by a measurement: one API server has streamed 12,850 output tokens/s (vllm PR
+#: #12287, https://github.com/vllm-project/vllm/pull/12287, Llama-3.2-1B on an A100, before
+#: that PR's speed-ups), so a token's loop work, its detokenization plus its own chunk, is at
+#: most 1 / 12,850 s = 78 us (`MAX_STREAM_TOKEN_S`; candidates above it are skipped).
 FRONTEND_GRIDS: dict[str, tuple[float, ...]] = {
     "hand_off_s": (0.0, 0.010, 0.015, 0.020, 0.025, 0.030),
     "request_s": (0.0, 0.001, 0.002, 0.004, 0.008),
     "output_token_s": (0.0, 10e-6, 20e-6, 40e-6, 75e-6),
+    "output_chunk_s": (0.0, 10e-6, 20e-6, 40e-6, 75e-6),
 }
+MAX_STREAM_TOKEN_S = 78e-6
 
 
 def frontend_score(points: list[Point], frontend: ApiServer) -> float:
@@ -425,9 +428,11 @@ def fit_frontend(
             scores = {}
             for value in grid:
                 candidate = dataclasses.replace(best, **{name: value})
+                if candidate.output_token_s + candidate.output_chunk_s > MAX_STREAM_TOKEN_S:
+                    continue
                 scores[value] = frontend_score(fit, candidate)
                 log.append(f"{name}={value:g}: {scores[value]:.2%}")
-            best = dataclasses.replace(best, **{name: min(grid, key=lambda v: (scores[v], v))})
+            best = dataclasses.replace(best, **{name: min(scores, key=lambda v: (scores[v], v))})
         if best == before:
             break
     return best, log

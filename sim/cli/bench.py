@@ -145,7 +145,13 @@ def bench_serve_command(
             k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(workload).items()
         },  # fmt: skip
         "num_gpu_blocks": run.inputs.get("num_gpu_blocks"),
-        "api_server": dataclasses.asdict(settings.frontend) if settings.frontend else None,
+        "api_server": {
+            **dataclasses.asdict(settings.frontend),
+            "api_server_count": scenario_obj.engine.api_server_count,
+            "stream_interval": scenario_obj.engine.stream_interval,
+        }
+        if settings.frontend
+        else None,
     }
     write_text_atomic(target, json.dumps(out, default=_jsonable))
     typer.echo(f"wrote {target}")

@@ -81,7 +81,9 @@ class EngineArrivals:
 
     def _send(self, request: Request) -> None:
         """The client sent `request`: it arrives now, or after the API server's intake (its
-        arrival time stays the send time, which vLLM's client times from)."""
+        arrival time stays the send time, which vLLM's client times from). Its row is ordered
+        by the send: with several API servers requests may reach the core out of that order."""
+        self._rows.arrived(request.request_id)
         if self.frontend is None:
             self._arrive(request)
         else:
@@ -93,7 +95,6 @@ class EngineArrivals:
         self._check_arrivals_done()
 
     def _arrive(self, request: Request) -> None:
-        self._rows.arrived(request.request_id)
         if self.token_times_s is not None:
             request.token_times_s = []
         replica = self._route(request)
@@ -171,6 +172,8 @@ class EngineArrivals:
             count += 1
             if self.token_times_s is not None and request.token_times_s is not None:
                 self.token_times_s[request.request_id] = request.token_times_s
+            if self.frontend is not None and request.state is not RequestState.FINISHED:
+                self.frontend.ended(request)  # no final output of a step will carry its tokens
             if self.client is not None and not (
                 self.frontend is not None and self.frontend.owes_tokens(request)
             ):  # with a frontend, a slot frees when the client has the last token

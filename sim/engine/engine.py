@@ -109,8 +109,9 @@ class Engine(EngineArrivals):
             if not record_token_times:
                 raise ValueError("a frontend needs record_token_times (it times tokens)")
             self.frontend = FrontendLoop(
-                self.env, frontend, self._through_frontend, self._tokens_delivered
-            )
+                self.env, frontend, self._through_frontend, self._tokens_delivered,
+                num_servers=config.api_server_count, stream_interval=config.stream_interval,
+            )  # fmt: skip
         self.yield_every_step = yield_every_step
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
         #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A

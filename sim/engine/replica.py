@@ -84,6 +84,10 @@ class EngineConfig:
     #: Findings of the startup checks (`sim.scenario.resolve`), recorded first in the run's
     #: violations: a latent stall is a finding even when no request of the workload meets it.
     startup_violations: tuple[Violation, ...] = ()
+    #: API server processes and the stream interval (`sim.engine.frontend`; only a run with
+    #: an API server reads them).
+    api_server_count: int = 1
+    stream_interval: int = 1
 
 
 @dataclass(slots=True)

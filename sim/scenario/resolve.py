@@ -340,6 +340,8 @@ def resolve(
         audit_level=AuditLevel(scenario.engine.audit_level),
         max_sim_time_s=scenario.engine.max_sim_time_s,
         kv_connector=offload,
+        api_server_count=scenario.engine.api_server_count,
+        stream_interval=scenario.engine.stream_interval,
         startup_violations=tuple(
             Violation(**{**row, "kind": ViolationKind(row["kind"])})
             for row in inputs.get("startup_violations", ())

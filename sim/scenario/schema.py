@@ -195,6 +195,13 @@ class EngineSection(_Closed):
     #: How vLLM is launched, which picks the V1 batch defaults: `vllm serve` (api_server) or
     #: the `vllm.LLM` class (llm_class).
     entry_point: UsageContext = UsageContext.API_SERVER
+    #: `vllm serve --api-server-count`: API server processes, each its own event loop taking a
+    #: share of the requests (`sim.engine.frontend`; read where a run has an API server, as
+    #: `kvsim bench serve` does).
+    api_server_count: Int = Field(default=1, ge=1)
+    #: `vllm serve --stream-interval` (0.19.1 onward): tokens a stream holds before it sends
+    #: (first and last go at once); read with the API server, as `api_server_count`.
+    stream_interval: Int = Field(default=1, ge=1)
 
 
 class HardwareSection(_Closed):

@@ -45,6 +45,7 @@ MODELLED = frozenset([
     "enable_chunked_prefill", "enable_prefix_caching", "gpu_memory_utilization", "block_size",
     "kv_cache_dtype", "swap_space", "num_gpu_blocks_override", "scheduling_policy",
     "long_prefill_token_threshold", "async_scheduling", "dtype", "quantization",
+    "api_server_count", "stream_interval",
 ])
 
 NO_EFFECT = frozenset([
@@ -89,10 +90,9 @@ SPECULATIVE = frozenset([
 ])
 
 UNMODELLED = frozenset([
-    # The API server kvsim models (`sim.engine.frontend`) is one process that tokenizes the
-    # prompts and detokenizes the outputs: several such processes, or one that skips that
-    # work, is not what it simulates.
-    "api_server_count", "skip_tokenizer_init",
+    # The API servers kvsim models (`sim.engine.frontend`) tokenize the prompts and
+    # detokenize the outputs: one that skips that work is not what it simulates.
+    "skip_tokenizer_init",
     "additional_config", "all2all_backend", "allow_deprecated_quantization",
     "attention_backend", "attention_config", "aux_output_config", "calculate_kv_scales",
     "compilation_config", "config", "convert", "cp_kv_cache_interleave_size", "cpu_offload_gb",
@@ -154,7 +154,7 @@ UNMODELLED = frozenset([
     "replayssm_buffer_len", "return_sampling_mask", "rope_scaling", "rope_theta", "runner",
     "scheduler_cls", "scheduler_reserve_full_isl", "skip_mm_profiling", "sleep_mode_backend",
     "sleep_mode_offload_cudagraph", "sleep_preserve_parameter_names",
-    "sparse_indexer_topk_backend", "specialize_active_lora", "stream_interval",
+    "sparse_indexer_topk_backend", "specialize_active_lora",
     "structured_outputs_config", "swa_bounded_replay", "task", "tokens_only", "ubatch_size",
     "use_fp64_gumbel", "use_replayssm", "video_pruning_method", "video_pruning_rate",
     "watchdog_config", "watermark", "watermark_config", "weight_transfer_config", "worker_cls",

@@ -110,6 +110,8 @@ FIELD_OF: dict[str, FieldMap] = {
     "kv_cache_dtype": FieldMap("cache.kv_cache_dtype", _choice(_KV_DTYPES)),
     "swap_space": FieldMap("cache.swap_space_gib", float),
     "num_gpu_blocks_override": FieldMap("cache.num_gpu_blocks", int),
+    "api_server_count": FieldMap("engine.api_server_count", int),
+    "stream_interval": FieldMap("engine.stream_interval", int),
     "dtype": FieldMap("model_dtype", _choice(_DTYPES)),
     "quantization": FieldMap("model_dtype", _choice(_QUANTIZATION)),
 }
@@ -209,6 +211,8 @@ def import_serve_line(
         "vllm_version": version,
         **fields.pop("scheduler", {}),
     }
+    if "engine" in fields:
+        data["engine"] = fields.pop("engine")
     assert not fields, fields
     data["workload"] = PLACEHOLDER_WORKLOAD
     scenario_from_dict(data, f"the scenario imported from {args.model!r}")  # refused here if bad

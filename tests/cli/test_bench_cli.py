@@ -194,5 +194,5 @@ def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_p
         else:
             assert saved["kvsim"]["api_server"]["hand_off_s"] == VLLM_API_SERVER.hand_off_s
     costs = VLLM_API_SERVER
-    added_ms = 1e3 * (costs.input_s(512) + costs.hand_off_s + costs.output_s(1))
+    added_ms = 1e3 * (costs.input_s(512) + costs.hand_off_s + costs.lone_stream_s(1))
     assert ttft["--api-server"] - ttft["--no-api-server"] == pytest.approx(added_ms, rel=1e-6)

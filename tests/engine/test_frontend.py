@@ -40,8 +40,8 @@ SCENARIO = {
 }
 
 
-def _run(specs: list[RequestSpec], **kwargs) -> Engine:
-    resolved = resolve(scenario_from_dict(SCENARIO), Path("."))
+def _run(specs: list[RequestSpec], engine: dict | None = None, **kwargs) -> Engine:
+    resolved = resolve(scenario_from_dict({**SCENARIO, "engine": engine or {}}), Path("."))
     engine = Engine(resolved.engine, specs, resolved.step_time, record_token_times=True, **kwargs)
     engine.run()
     return engine
@@ -57,9 +57,10 @@ def test_the_docstring_example_two_prompts_queue_for_the_loop_not_the_hand_off()
     engine = _run([RequestSpec(0, 0.0, 1000, 1), RequestSpec(1, 0.0, 1000, 1)], frontend=costs)
     times = engine.token_times_s
     assert times is not None
-    # Request 0 reaches the scheduler at 35 ms and prefills alone (10 ms + 1,000 x 0.1 ms);
-    # request 1 reaches it at 60 ms, during that step, and prefills after it.
-    first_end = 0.035 + FIXED_S + 1000 * PER_TOKEN_S
+    # Parses at 0-20 and 20-40 ms, tokenizations at 40-45 and 45-50 ms: request 0 reaches the
+    # scheduler at 55 ms and prefills alone (10 ms + 1,000 x 0.1 ms); request 1 reaches it at
+    # 60 ms, during that step, and prefills after it.
+    first_end = 0.055 + FIXED_S + 1000 * PER_TOKEN_S
     assert times[0] == [pytest.approx(first_end)]
     assert times[1] == [pytest.approx(first_end + FIXED_S + 1000 * PER_TOKEN_S)]
     table = _table(engine)
@@ -89,7 +90,9 @@ def test_a_concurrency_slot_frees_when_the_client_has_the_last_token() -> None:
 
 
 def test_bad_costs_are_refused() -> None:
-    for name in ("request_s", "prompt_token_s", "output_batch_s", "output_token_s", "hand_off_s"):
+    names = ("request_s", "prompt_token_s", "output_batch_s", "output_token_s", "hand_off_s",
+             "output_chunk_s")  # fmt: skip
+    for name in names:
         with pytest.raises(ValueError, match=name):
             ApiServer(**{name: -1e-3})
         with pytest.raises(ValueError, match=name):
@@ -116,16 +119,21 @@ _costs = st.builds(
     output_batch_s=st.sampled_from([0.0, 0.0005]),
     output_token_s=st.sampled_from([0.0, 2e-5, 1e-3]),
     hand_off_s=st.sampled_from([0.0, 0.02]),
+    output_chunk_s=st.sampled_from([0.0, 1e-4, 3e-3]),
+)
+_servers = st.fixed_dictionaries(
+    {"api_server_count": st.integers(1, 3), "stream_interval": st.sampled_from([1, 2, 5])}
 )
 
 
-@settings(max_examples=30, deadline=None)
-@given(raw=_specs, costs=_costs, cap=st.sampled_from([None, 1, 3]))
+@settings(max_examples=40, deadline=None)
+@given(raw=_specs, costs=_costs, cap=st.sampled_from([None, 1, 3]), servers=_servers)
 def test_every_request_ends_and_no_token_reaches_the_client_before_it_is_sampled(
-    raw, costs, cap
+    raw, costs, cap, servers
 ) -> None:
     specs = [RequestSpec(i, t, p, o) for i, (t, p, o) in enumerate(sorted(raw))]
-    engine = _run(specs, frontend=costs, max_concurrency=cap)
+    sampled = _run(specs, max_concurrency=cap, engine=servers).token_times_s
+    engine = _run(specs, frontend=costs, max_concurrency=cap, engine=servers)
     table = _table(engine)
     assert (table.state == "finished").all() and len(table) == len(specs)
     assert engine.token_times_s is not None
@@ -135,6 +143,10 @@ def test_every_request_ends_and_no_token_reaches_the_client_before_it_is_sampled
         assert seen == sorted(seen)
         assert seen[-1] >= table.finish_s[spec.request_id] - 1e-12
         assert seen[0] - table.arrival_s[spec.request_id] >= costs.input_s(spec.prompt_tokens)
+        if cap is None and costs.request_s == costs.prompt_token_s == costs.hand_off_s == 0:
+            # Same schedule as without the API server: no token is seen before it is sampled.
+            assert sampled is not None
+            assert all(s >= t - 1e-12 for s, t in zip(seen, sampled[spec.request_id], strict=True))
 
 
 @settings(max_examples=20, deadline=None)
@@ -160,3 +172,79 @@ def test_a_closed_loop_turn_also_waits_for_the_api_server() -> None:
     # (the first one ended later), so its tokens are 100 ms behind.
     assert served.token_times_s[0][0] == pytest.approx(plain.token_times_s[0][0] + 0.05)
     assert served.token_times_s[1][0] == pytest.approx(plain.token_times_s[1][0] + 0.10)
+
+
+def _decoders(num: int, output_tokens: int) -> list[RequestSpec]:
+    return [RequestSpec(i, 0.0, 1, output_tokens) for i in range(num)]
+
+
+def _delays(plain: Engine, served: Engine, token: int) -> list[float]:
+    assert plain.token_times_s is not None and served.token_times_s is not None
+    return sorted(
+        served.token_times_s[i][token] - plain.token_times_s[i][token] for i in plain.token_times_s
+    )
+
+
+def test_the_docstring_streaming_example_a_chunk_per_request_per_step() -> None:
+    """64 decoders, 10 ms steps, 100 us a chunk: 6.4 ms of chunks fit in a step, so each
+    step's token of the k-th request in the batch goes out k x 100 us after it is sampled."""
+    specs = _decoders(64, 5)
+    plain = _run(specs)
+    served = _run(specs, frontend=ApiServer(output_chunk_s=1e-4))
+    for token in range(5):
+        assert _delays(plain, served, token) == pytest.approx([k * 1e-4 for k in range(1, 65)])
+
+
+def test_two_api_servers_halve_each_loops_chunk_queue() -> None:
+    specs = _decoders(64, 3)
+    plain = _run(specs)
+    served = _run(specs, frontend=ApiServer(output_chunk_s=1e-4), engine={"api_server_count": 2})
+    # Requests alternate between the loops: 32 chunks each, the k-th out after k x 100 us.
+    expected = sorted(k * 1e-4 for k in range(1, 33) for _ in range(2))
+    assert _delays(plain, served, 2) == pytest.approx(expected)
+
+
+def test_chunks_merge_when_the_loop_falls_behind_the_engine() -> None:
+    """1 ms a chunk, 64 decoders, 10 ms steps: one round of chunks takes 64 ms, six steps'
+    tokens. Without merging the loop would need 64 x 20 x 1 ms = 1.28 s after the start; with
+    `RequestOutputCollector` merging, each waiting chunk absorbs the steps that come while it
+    waits, and the client has every token within about two rounds of the last sample."""
+    specs = _decoders(64, 20)
+    plain = _run(specs)
+    served = _run(specs, frontend=ApiServer(output_chunk_s=1e-3))
+    assert plain.token_times_s is not None and served.token_times_s is not None
+    last_sample = max(times[-1] for times in plain.token_times_s.values())
+    last_seen = max(times[-1] for times in served.token_times_s.values())
+    assert last_sample < last_seen < last_sample + 2 * 64e-3 + 1e-9
+    chunks = sum(len(set(times)) for times in served.token_times_s.values())
+    assert chunks < 64 * 20 / 3  # tokens went out several to a chunk
+
+
+def test_stream_interval_holds_tokens_until_that_many_accumulate() -> None:
+    """`--stream-interval 4`, 10 tokens: the first goes at once, then tokens 2-5 with the 5th,
+    6-9 with the 9th, and the 10th (the last) at once."""
+    spec = [RequestSpec(0, 0.0, 8, 10)]
+    plain = _run(spec)
+    held = _run(spec, frontend=ApiServer(), engine={"stream_interval": 4})
+    assert plain.token_times_s is not None and held.token_times_s is not None
+    sampled = plain.token_times_s[0]
+    assert held.token_times_s[0] == pytest.approx(
+        [sampled[0], *[sampled[4]] * 4, *[sampled[8]] * 4, sampled[9]]
+    )
+
+
+def test_held_tokens_of_an_aborted_request_still_reach_the_client() -> None:
+    """Regression: a request aborted or failed while `--stream-interval` held some of its
+    tokens kept them (and its concurrency slot) forever: no later step streams it. Here the
+    time limit aborts it, with a free API server (nothing runs after the run's end)."""
+    specs = [RequestSpec(0, 0.0, 8, 400), RequestSpec(1, 0.0, 8, 4)]
+    engine = _run(
+        specs, frontend=ApiServer(), max_concurrency=1,
+        engine={"stream_interval": 64, "max_sim_time_s": 1.0},
+    )  # fmt: skip
+    table = _table(engine)
+    assert table.state[0] == "aborted"
+    assert engine.frontend is not None and engine.token_times_s is not None
+    sampled = len(engine.token_times_s[0])
+    assert 64 < sampled < 400 and sampled % 64 != 0  # it was holding tokens when it ended
+    assert engine.frontend.delivered_tokens(0) == sampled

@@ -147,17 +147,24 @@ def test_each_in_between_release_parses_with_its_own_spellings(version: str) -> 
     }
 
 
-@pytest.mark.parametrize("option", ["--api-server-count 4", "--skip-tokenizer-init"])
-def test_api_server_options_are_refused_since_kvsim_models_one_tokenizing_api_server(
-    option: str,
-) -> None:
-    """Regression: `--api-server-count` and `--skip-tokenizer-init` passed as "no effect" after
-    `sim.engine.frontend` made one API server's intake and streaming part of what kvsim times
-    (several servers, or none of the tokenizing, is not that model)."""
-    typed = option.split()[0]
+def test_skip_tokenizer_init_is_refused_since_kvsim_models_a_tokenizing_api_server() -> None:
+    """Regression: `--skip-tokenizer-init` passed as "no effect" after `sim.engine.frontend`
+    made the API server's tokenizing part of what kvsim times."""
     for version in ("0.19.1", "0.33.0"):
-        with pytest.raises(InputError, match=f"^{typed}: changes scheduling, memory or speed"):
-            import_serve_line(f"vllm serve llama-3.1-8b {option}", gpu="h100-sxm", version=version)
+        with pytest.raises(InputError, match="^--skip-tokenizer-init: changes scheduling"):
+            import_serve_line(
+                "vllm serve llama-3.1-8b --skip-tokenizer-init", gpu="h100-sxm", version=version
+            )
+
+
+def test_api_server_count_and_stream_interval_reach_the_scenario() -> None:
+    """`--api-server-count` and `--stream-interval` set the API server model's loops and hold
+    (`sim.engine.frontend`); 0.11.0 has no `--stream-interval` and refuses it by name."""
+    line = "vllm serve llama-3.1-8b --api-server-count 4 --stream-interval 8"
+    data = yaml.safe_load(import_serve_line(line, gpu="h100-sxm", version="0.33.0"))
+    assert data["engine"] == {"api_server_count": 4, "stream_interval": 8}
+    with pytest.raises(InputError, match="--stream-interval"):
+        import_serve_line(line, gpu="h100-sxm", version="0.11.0")
 
 
 @pytest.mark.parametrize(

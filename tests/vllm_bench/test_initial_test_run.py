@@ -56,7 +56,7 @@ def test_the_api_server_adds_the_same_latency_to_a_lone_cached_or_cold_prompt():
     """One request alone never queues for the API server's loop: its TTFT grows by its own
     input work, hand-off and first token's streaming (`sim.engine.frontend`), cached or not."""
     costs = VLLM_API_SERVER
-    added_ms = 1e3 * (costs.input_s(1024) + costs.hand_off_s + costs.output_s(1))
+    added_ms = 1e3 * (costs.input_s(1024) + costs.hand_off_s + costs.lone_stream_s(1))
     for ready_check in (0, 600):
         bare = _ttft_ms(prefix_caching=True, ready_check=ready_check)
         served = _ttft_ms(prefix_caching=True, ready_check=ready_check, frontend=VLLM_API_SERVER)
