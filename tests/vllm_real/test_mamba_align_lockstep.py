@@ -1,0 +1,83 @@
+"""Lockstep tier for Mamba prefix caching (issue #23 item 1, the Mamba cache mode "align"):
+kvsim's "align" `MambaManager` under the hybrid coordinator against the real manager of each
+release that has the mode and kvsim models it for (0.19.1, 0.20.0, 0.25.1, 0.26.0), and
+mutations of the model the comparison must catch.
+
+Each check runs in a subprocess on the Python sources (a mutation patches a class), through
+the chunked-local tier's helper. Skipped when an install is absent; a failure under
+KVSIM_REQUIRE_VLLM=1.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.vllm_real.test_chunked_local_lockstep import _python as run_python
+
+pytestmark = pytest.mark.vllm
+
+RELEASES = ["0.19.1", "0.20.0", "0.25.1", "0.26.0"]
+
+
+def _python(version: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_python(version, script, *args, sources=True)
+
+
+_VERIFY = """
+import sys
+from sim.kv.v1_engine import hybrid_coordinator, mamba
+from sim.vllm_real.lockstep import verify
+version, mutation = sys.argv[1], sys.argv[2]
+M = mamba.MambaManager
+if mutation == "no-same-step-refusal":  # a hit on a block cached this step admitted at once
+    M.cache_blocks = lambda self, rid, hashes, n: mamba.SingleTypeManager.cache_blocks(
+        self, rid, hashes, n
+    )
+elif mutation == "previous-state-kept":  # the previous state block never freed
+    M.allocate_new_blocks = (lambda f: lambda self, rid, n: (
+        f(self, rid, n), self.last_state_block_idx.pop(rid, None))[0])(M.allocate_new_blocks)
+elif mutation == "leftmost-hit":  # the first cached state, not the last
+    def leftmost(pool, hashes, max_length, bs):
+        for index in range(max_length // bs):
+            found = [pool.get_cached_block(h[index]) for h in hashes]
+            if all(b is not None for b in found):
+                return [[pool.null_block] * index + [b] for b in found]
+        return [[] for _ in hashes]
+    hybrid_coordinator.mamba_align_hit = leftmost
+print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).summary())
+"""
+
+
+def _align_ops(summary: str) -> int:
+    """Operations on Mamba layouts with prefix caching, from a verify summary."""
+    match = re.search(r"caching \('align'\) (\d+)", summary)
+    return int(match.group(1)) if match else 0
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_mamba_align_identical_to_real(version):
+    """`kvsim verify --design v1-engine --hybrid --num-ops 10000 --seed 7`: identical, with
+    >= 1,500 operations on full + Mamba layouts with prefix caching on."""
+    out = _python(version, _VERIFY, "none")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"v1-engine vs vLLM {version}: identical over" in out.stdout, out.stdout
+    assert "new_step_starts=" in out.stdout, out.stdout
+    assert _align_ops(out.stdout) >= 1_500, out.stdout
+
+
+@pytest.mark.parametrize(
+    "mutation", ["no-same-step-refusal", "previous-state-kept", "leftmost-hit"]
+)
+def test_the_comparison_catches_a_changed_align_rule(mutation):
+    """The comparison can fail: each of the three "align" rules, changed, decides."""
+    out = _python("0.19.1", _VERIFY, mutation)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DIVERGED" in out.stdout, out.stdout
+
+
+def test_align_summary_parse():
+    summary = "by layout: full + Mamba 800, full + Mamba, caching ('align') 2803, full + x 1"
+    assert _align_ops(summary) == 2803
