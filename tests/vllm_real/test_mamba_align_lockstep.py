@@ -81,3 +81,39 @@ def test_the_comparison_catches_a_changed_align_rule(mutation):
 def test_align_summary_parse():
     summary = "by layout: full + Mamba 800, full + Mamba, caching ('align') 2803, full + x 1"
     assert _align_ops(summary) == 2803
+
+
+_SCHED = """
+import sys
+from sim.scheduler.v1 import mamba_align, scheduler
+from sim.vllm_real.sched_lockstep import verify_scheduler
+version, mutation = sys.argv[1], sys.argv[2]
+if mutation == "no-split":  # prefill chunks not trimmed to block boundaries
+    mamba_align.MambaAlignedSplit.split = lambda self, n, *args, **kwargs: n
+elif mutation == "floor-only":  # 0.19.1's rule on every release
+    scheduler.split_rule_for = lambda pin: mamba_align.SplitRule.FLOOR
+r = verify_scheduler(100, 7, pin=version, vllm_version=version, mamba_align=True)
+print(r.summary())
+"""
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_mamba_align_scheduler_identical_to_real(version):
+    """kvsim's V1 scheduler (block-aligned split, new_step_starts) against the release's real
+    scheduler on 100 random full + Mamba workloads with prefix caching: identical, with
+    prefix hits in some."""
+    out = _python(version, _SCHED, "none")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"scheduler vs vLLM {version}: identical over 100 workloads" in out.stdout, out.stdout
+    hits = re.search(r"(\d+) workloads with prefix hits", out.stdout)
+    assert hits is not None and int(hits.group(1)) >= 10, out.stdout
+
+
+@pytest.mark.parametrize(
+    ("version", "mutation"),
+    [("0.19.1", "no-split"), ("0.25.1", "floor-only"), ("0.26.0", "floor-only")],
+)
+def test_the_scheduler_comparison_catches_a_changed_split(version, mutation):
+    out = _python(version, _SCHED, mutation)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DIVERGED" in out.stdout, out.stdout
