@@ -175,7 +175,7 @@ def layout_name(config: KVCacheConfig) -> str:
     if config.has_mamba_group:
         with_window = any(g.sliding_window is not None for g in config.kv_cache_groups)
         if config.enable_prefix_caching:
-            return "full + Mamba, caching ('align')"
+            return f"full + Mamba, caching ('{config.mamba_cache_mode or 'align'}')"
         return "full + sliding window + Mamba" if with_window else "full + Mamba"
     if config.has_chunked_local_group:
         return "full + chunked-local"

@@ -196,7 +196,7 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
 
 def random_mamba_align_workload(rng: random.Random) -> Workload:
     """A full + Mamba hybrid (1-2 Mamba groups) with prefix caching on (vLLM's Mamba mode
-    "align") and chunked prefill, budgets that split prompts mid-block, and shared prefixes
+    "align", a third of them "all") and chunked prefill, budgets that split prompts mid-block, and shared prefixes
     of whole blocks or not, so that the block-aligned split and Mamba hits both decide."""
     block_size = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 96, 128])
@@ -214,6 +214,7 @@ def random_mamba_align_workload(rng: random.Random) -> Workload:
         enable_prefix_caching=True,
         long_prefill_token_threshold=rng.choice([0, 0, 0, 12]),
         mamba_groups=num_groups - 1,
+        mamba_cache_mode=rng.choice(["align", "align", "all"]),
     )
     requests = []
     for rid in range(rng.randint(3, 10)):

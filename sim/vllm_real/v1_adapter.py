@@ -44,16 +44,16 @@ def real_kv_cache_config(
     num_blocks: int,
     groups: tuple[KVCacheGroupSpec, ...],
     max_model_len: int | None = None,
-    mamba_align: bool = False,
+    mamba_cache_mode: str = "none",
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
     (full attention, a sliding window, chunked-local attention, or a Mamba state of one fp16
     value), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
     managers read only the specs' block sizes, windows and chunk sizes, never the layer
     shapes. A Mamba group's block size is `max_model_len`, as vLLM sets it with caching off
-    (`sim.kv.v1_engine.mamba`); with `mamba_align` (prefix caching on) it is `block_size` in
-    `mamba_cache_mode` "align", as `HybridAttentionMambaModelConfig` sets it
-    (`model_executor/models/config.py:L286-291 @0.19.1`). `iface` is
+    (`sim.kv.v1_engine.mamba`); in `mamba_cache_mode` "align" or "all" (prefix caching on) it
+    is `block_size`, as `HybridAttentionMambaModelConfig` sets it
+    (`model_executor/models/config.py:L244-291 @0.19.1`). `iface` is
     `vllm.v1.kv_cache_interface`.
     """
     import torch
@@ -62,12 +62,12 @@ def real_kv_cache_config(
     shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
 
     def spec_for(group: KVCacheGroupSpec) -> Any:
-        if group.mamba and mamba_align:
+        if group.mamba and mamba_cache_mode != "none":
             return iface.MambaSpec(
                 block_size=block_size,
                 shapes=((1,),),
                 dtypes=(torch.float16,),
-                mamba_cache_mode="align",
+                mamba_cache_mode=mamba_cache_mode,
             )
         if group.mamba:
             if max_model_len is None:
@@ -92,6 +92,14 @@ def real_kv_cache_config(
             for i, group in enumerate(groups)
         ],
     )
+
+
+def real_mamba_cache_mode(config: KVCacheConfig) -> str:
+    """The `mamba_cache_mode` vLLM runs `config`'s Mamba groups in: "none" with caching off,
+    else the config's ("align" when unset)."""
+    if not (config.has_mamba_group and config.enable_prefix_caching):
+        return "none"
+    return config.mamba_cache_mode or "align"
 
 
 def sha256_fn(install: VllmInstall) -> Any:
@@ -153,7 +161,7 @@ class RealKVCacheManager:
             config.num_gpu_blocks,
             groups,
             config.max_model_len,
-            mamba_align=config.enable_prefix_caching,
+            mamba_cache_mode=real_mamba_cache_mode(config),
         )
         # Several block sizes (a Mamba group's is max_model_len): the scheduler's is their
         # lcm, and so is the hash block size with caching off (`resolve_kv_cache_block_sizes`,

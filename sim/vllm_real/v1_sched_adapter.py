@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 from sim.vllm_real.v1_adapter import (
     accepted_kwargs,
     real_kv_cache_config,
+    real_mamba_cache_mode,
     request_extra_kwargs,
     sha256_fn,
 )
@@ -76,6 +77,8 @@ class SchedCase:
     #: Mamba state groups after one full-attention group (0: one group); with prefix caching
     #: on, vLLM's Mamba cache mode "align" (`sim.scheduler.v1.mamba_align`).
     mamba_groups: int = 0
+    #: With Mamba groups and caching: "align" (None) or "all" (0.19.1-0.26.0).
+    mamba_cache_mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,8 @@ def case_configs(
         ),
         max_num_batched_tokens=case.max_num_batched_tokens,
     )
+    if case.mamba_groups and case.enable_prefix_caching:
+        kv = replace(kv, mamba_cache_mode=case.mamba_cache_mode or "align")
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
 
@@ -259,7 +264,7 @@ def _real_vllm_config(
     if kv.has_mamba_group and kv.enable_prefix_caching:
         # What `MambaModelConfig.verify_and_update_config` sets for a hybrid with caching on
         # (`model_executor/models/config.py:L436-451 @0.19.1`); the stub model is no hybrid.
-        cache_config.mamba_cache_mode = "align"
+        cache_config.mamba_cache_mode = real_mamba_cache_mode(kv)
     return vllm_config
 
 
@@ -286,7 +291,7 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         kv.num_gpu_blocks,
         kv.group_specs,
         kv.max_model_len,
-        mamba_align=kv.enable_prefix_caching,
+        mamba_cache_mode=real_mamba_cache_mode(kv),
     )
     return scheduler_cls(
         vllm_config=vllm_config,

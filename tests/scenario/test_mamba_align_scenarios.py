@@ -1,7 +1,8 @@
 """Mamba prefix caching in scenarios (`cache.enable_prefix_caching: true` with Mamba groups,
-vLLM's mode "align" on 0.19.1-0.26.0): the full audit finds no mismatch on tight random
-full + Mamba hybrids, prefill chunks end on block boundaries, the startup check charges two
-pages per Mamba group, and the refusals name their field."""
+vLLM's modes "align" and "all" on 0.19.1-0.26.0): the full audit finds no mismatch on tight
+random full + Mamba hybrids, prefill chunks end on block boundaries ("align"), the startup
+check charges two pages per Mamba group ("align") or one per block ("all"), and the refusals
+name their field."""
 
 from __future__ import annotations
 
@@ -60,9 +61,16 @@ def _align_cases(draw):
     groups = [{}] * draw(st.integers(1, 2)) + [{"mamba": True}] * draw(st.integers(1, 3))
     groups = draw(st.permutations(groups))
     budget = draw(st.integers(max(8, bs), max(8, bs, max_model_len)))
-    need = sum(2 if g.get("mamba") else -(-max_model_len // bs) for g in groups)
+    mode = draw(st.sampled_from(["align", "all"]))
+    mamba_pages = 2 if mode == "align" else -(-max_model_len // bs)
+    need = sum(mamba_pages if g.get("mamba") else -(-max_model_len // bs) for g in groups)
     version = draw(st.sampled_from(ALIGN_RELEASES))
     data = _scenario(version, need + 1 + draw(st.integers(0, need // 2)), groups, bs)
+    data["cache"]["mamba_cache_mode"] = mode
+    # Async scheduling too, except 0.26.0's "align", whose async state leak (vllm #55450) is
+    # kept as tests/regressions/v1_engine_0_26_0_mamba_align_async_state_leak_vllm_55450.yaml.
+    async_ok = not (version == "0.26.0" and mode == "align")
+    data["scheduler"]["async_scheduling"] = async_ok and draw(st.booleans())
     data["scheduler"].update(max_model_len=max_model_len, max_num_batched_tokens=budget)
     requests = []
     for i in range(draw(st.integers(2, 12))):
@@ -138,6 +146,25 @@ def test_prefill_chunks_end_on_block_boundaries(version):
             computed[rid] = end
     assert not side.has_unfinished()
     assert checked >= 6
+
+
+def test_startup_charges_a_page_per_block_per_mamba_group_in_mode_all():
+    """Mode "all": `cdiv(max_model_len, bs)` pages per Mamba group, as a full group: 48
+    usable blocks start with two Mamba groups and max_model_len 256, 47 do not."""
+    groups = [{"mamba": True}, {"mamba": True}, {}]
+    data = _scenario("0.25.1", 49, groups)
+    data["cache"]["mamba_cache_mode"] = "all"
+    assert resolve(scenario_from_dict(data)).inputs["mamba_cache_mode"] == "all"
+    data["cache"]["num_gpu_blocks"] = 48
+    with pytest.raises(ScenarioError, match="needs 48 blocks but only 47"):
+        resolve(scenario_from_dict(data))
+
+
+def test_mode_all_is_refused_on_0_33_0():
+    data = _scenario("0.33.0", 80, [{"mamba": True}, {}])
+    data["cache"]["mamba_cache_mode"] = "all"
+    with pytest.raises(ScenarioError, match="cache.mamba_cache_mode: vLLM 0.33.0 has no 'all'"):
+        resolve(scenario_from_dict(data))
 
 
 def test_startup_charges_two_pages_per_mamba_group():

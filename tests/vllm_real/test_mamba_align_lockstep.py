@@ -1,7 +1,8 @@
-"""Lockstep tier for Mamba prefix caching (issue #23 item 1, the Mamba cache mode "align"):
-kvsim's "align" `MambaManager` under the hybrid coordinator against the real manager of each
-release that has the mode and kvsim models it for (0.19.1, 0.20.0, 0.25.1, 0.26.0), and
-mutations of the model the comparison must catch.
+"""Lockstep tier for Mamba prefix caching (issue #23 item 1, the Mamba cache modes "align" and
+"all"): kvsim's `MambaManager` under the hybrid coordinator, and its V1 scheduler's
+block-aligned split, against the real manager and scheduler of each release that has the
+modes (0.19.1, 0.20.0, 0.25.1, 0.26.0), and mutations of the model the comparison must
+catch.
 
 Each check runs in a subprocess on the Python sources (a mutation patches a class), through
 the chunked-local tier's helper. Skipped when an install is absent; a failure under
@@ -51,21 +52,22 @@ print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).su
 """
 
 
-def _align_ops(summary: str) -> int:
-    """Operations on Mamba layouts with prefix caching, from a verify summary."""
-    match = re.search(r"caching \('align'\) (\d+)", summary)
+def _caching_ops(summary: str, mode: str) -> int:
+    """Operations on Mamba layouts with prefix caching in `mode`, from a verify summary."""
+    match = re.search(rf"caching \('{mode}'\) (\d+)", summary)
     return int(match.group(1)) if match else 0
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_mamba_align_identical_to_real(version):
     """`kvsim verify --design v1-engine --hybrid --num-ops 10000 --seed 7`: identical, with
-    >= 1,500 operations on full + Mamba layouts with prefix caching on."""
+    >= 500 operations on full + Mamba layouts in each caching mode ("align", "all")."""
     out = _python(version, _VERIFY, "none")
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"v1-engine vs vLLM {version}: identical over" in out.stdout, out.stdout
     assert "new_step_starts=" in out.stdout, out.stdout
-    assert _align_ops(out.stdout) >= 1_500, out.stdout
+    assert _caching_ops(out.stdout, "align") >= 500, out.stdout
+    assert _caching_ops(out.stdout, "all") >= 500, out.stdout
 
 
 @pytest.mark.parametrize(
@@ -78,9 +80,13 @@ def test_the_comparison_catches_a_changed_align_rule(mutation):
     assert "DIVERGED" in out.stdout, out.stdout
 
 
-def test_align_summary_parse():
-    summary = "by layout: full + Mamba 800, full + Mamba, caching ('align') 2803, full + x 1"
-    assert _align_ops(summary) == 2803
+def test_caching_summary_parse():
+    summary = (
+        "by layout: full + Mamba 800, full + Mamba, caching ('align') 2803, "
+        "full + Mamba, caching ('all') 12, full + x 1"
+    )
+    assert _caching_ops(summary, "align") == 2803
+    assert _caching_ops(summary, "all") == 12
 
 
 _SCHED = """
@@ -117,3 +123,36 @@ def test_the_scheduler_comparison_catches_a_changed_split(version, mutation):
     out = _python(version, _SCHED, mutation)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DIVERGED" in out.stdout, out.stdout
+
+
+_LEAK = """
+import sys
+from sim.vllm_real.async_lockstep import RealAsyncCore
+from sim.vllm_real.loader import load_vllm
+from sim.vllm_real.sched_lockstep import Workload, verify_scheduler
+from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
+version = sys.argv[1]
+install = load_vllm(vllm_version=version)
+case = SchedCase(12, 16, 83, 3, 64, enable_prefix_caching=True, mamba_groups=1,
+                 mamba_cache_mode="align", async_scheduling=True)
+requests = (RequestSpec(0, ((1000, 1),), 1, 0, 0.0), RequestSpec(1, ((1001, 80),), 3, 0, 0.001))
+core = RealAsyncCore(case, install)
+for spec in requests:
+    core.add_request(spec)
+mamba = core.real.kv_cache_manager.coordinator.single_type_managers[1]
+for _ in range(3):
+    core.call()
+print("real:", [b.block_id for b in mamba.req_to_blocks["1"]])
+"""
+
+
+@pytest.mark.parametrize(("version", "leaks"), [("0.26.0", True), ("0.25.1", False)])
+def test_the_align_state_leak_is_the_real_release_s_vllm_55450(version, leaks):
+    """tests/regressions/v1_engine_0_26_0_mamba_align_async_state_leak_vllm_55450.yaml on the
+    real async scheduler: after three calls 0.26.0 still holds the state block at index 2
+    behind the null at index 3 (three real entries); 0.25.1 has freed it (two)."""
+    out = _python(version, _LEAK)
+    assert out.returncode == 0, out.stdout + out.stderr
+    table = [int(x) for x in re.search(r"real: \[(.*)\]", out.stdout).group(1).split(",")]
+    assert (table[2] != 0) == leaks, table
+    assert sum(1 for b in table if b) == (3 if leaks else 2), table

@@ -48,7 +48,8 @@ print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).su
 def _mamba_ops(summary: str) -> int:
     """Operations on layouts with a Mamba group, caching off or ("align") on, from a verify
     summary."""
-    return sum(int(n) for n in re.findall(r"Mamba(?:, caching \('align'\))? (\d+)", summary))
+    pattern = r"Mamba(?:, caching \('(?:align|all)'\))? (\d+)"
+    return sum(int(n) for n in re.findall(pattern, summary))
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -75,6 +76,7 @@ def test_mamba_summary_parse_reads_both_layouts():
     summary = "by layout: full + Mamba 1603, full + sliding window + Mamba 1803"
     assert _mamba_ops(summary) == 3406
     assert _mamba_ops(summary + ", full + Mamba, caching ('align') 10") == 3416
+    assert _mamba_ops(summary + ", full + Mamba, caching ('all') 10") == 3416
 
 
 _REPRODUCER = """

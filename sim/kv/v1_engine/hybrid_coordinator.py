@@ -31,12 +31,12 @@ With a Mamba group (`sim.kv.v1_engine.mamba`) and prefix caching off, upstream b
 `KVCacheCoordinatorNoPrefixCache` (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix of
 groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
 table holds one block of the group's own block size (max_model_len). With caching on
-(`mamba_align`: the Mamba cache mode "align", 0.19.1-0.26.0) kvsim takes full + Mamba
-groups only, in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
+(`mamba_cache_mode` "align" or "all", 0.19.1-0.26.0) kvsim takes full + Mamba groups only,
+in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
-Mamba hit (`mamba.mamba_align_hit`) as the other type's; a Mamba group counts and grows on
-the main model's tokens (no lookahead slots), and the scheduler's `new_step_starts` reaches
-its managers.
+Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
+counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
+`new_step_starts` reaches the managers of both modes.
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
@@ -98,7 +98,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         *,
         only_reachable_cached: bool = False,
         mamba_block_size: int | None = None,
-        mamba_align: bool = False,
+        mamba_cache_mode: str = "none",
     ) -> None:
         if len(groups) < 2:
             raise ValueError(
@@ -128,10 +128,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         self.full_attn_first = True
         #: The Mamba managers in mode "align" (prefix caching on); empty otherwise.
         self.align_mamba_managers: list[MambaManager] = []
+        #: The Mamba managers with prefix caching, mode "align" or "all"; empty otherwise.
+        self.caching_mamba_managers: list[MambaManager] = []
         #: The last hit's full-attention length less its final length ("align" only).
         self.num_uncached_common_prefix_tokens = 0
         self.mamba_group_ids = [i for i, g in enumerate(groups) if g.mamba]
-        if self.has_mamba_group and mamba_align:
+        if self.has_mamba_group and mamba_cache_mode in ("align", "all"):
             if not self.full_group_ids or len(self.full_group_ids) + len(
                 self.mamba_group_ids
             ) != len(groups):
@@ -142,8 +144,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             for group_id in self.mamba_group_ids:
                 manager = self.managers[group_id]
                 assert isinstance(manager, MambaManager)
-                manager.mamba_align = True
-                self.align_mamba_managers.append(manager)
+                self.caching_mamba_managers.append(manager)
+                if mamba_cache_mode == "all":
+                    manager.mamba_all = True
+                else:
+                    manager.mamba_align = True
+                    self.align_mamba_managers.append(manager)
             return
         if self.has_mamba_group:
             return
@@ -262,12 +268,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
 
         Upstream: `vllm/v1/core/kv_cache_coordinator.py:L352-414 (0.11.0)`.
         """
-        if self.has_mamba_group and not self.align_mamba_managers:
+        if self.has_mamba_group and not self.caching_mamba_managers:
             raise ValueError("a Mamba group has no prefix-cache hits with caching off")
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
-        if self.align_mamba_managers:
+        if self.caching_mamba_managers:
             # `L453-521 @0.19.1`, a simple hybrid: the Mamba hit within the full hit.
             other_hits = mamba_align_hit(
                 self.block_pool,
@@ -278,7 +284,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         else:
             other_hits = self._other_hit(hashes, hit_length)
         num_hit_blocks = len(other_hits[0])
-        if self.align_mamba_managers:  # (`L737 @0.25.1`)
+        if self.caching_mamba_managers:  # (`L737 @0.25.1`)
             self.num_uncached_common_prefix_tokens = hit_length - num_hit_blocks * self.block_size
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
         for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
@@ -355,12 +361,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         return total
 
     def new_step_starts(self) -> None:
-        """Each "align" Mamba group forgets the blocks cached last step.
+        """Each Mamba group with caching forgets the blocks cached last step.
 
         Upstream `KVCacheCoordinator.new_step_starts`:
         `vllm/v1/core/kv_cache_coordinator.py:L250-253 (0.19.1)`.
         """
-        for manager in self.align_mamba_managers:
+        for manager in self.caching_mamba_managers:
             manager.new_step_starts()
 
     def table_touch_len(self, request_id: int) -> int | None:

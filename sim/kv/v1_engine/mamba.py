@@ -118,8 +118,11 @@ class MambaManager(SingleTypeManager):
 
     def __init__(self, block_pool: BlockPool, block_size: int) -> None:
         super().__init__(block_pool, block_size)
-        #: Mamba cache mode "align" (prefix caching on); False: mode "none".
+        #: Mamba cache mode "align" (prefix caching on); False: mode "none" or "all".
         self.mamba_align = False
+        #: Mamba cache mode "all" (0.19.1-0.26.0, prefix caching on): mode "none"'s code
+        #: paths on the attention block size, with hits and the same-step refusal.
+        self.mamba_all = False
         #: 0.25.1 on return [] when the table is already longer than needed; 0.19.1 and
         #: 0.20.0 assert it is not (`L933-1009 @0.19.1`, `L1253-1262 @0.25.1`).
         self.tolerates_longer_table = True
@@ -161,17 +164,19 @@ class MambaManager(SingleTypeManager):
         Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L868-931 (0.19.1)`,
         `L1692-1725, L176-262 (0.33.0)`; `L562-593 (0.11.0)`.
         """
-        if not self.mamba_align:
-            if new_computed_blocks:
-                raise ValueError("a Mamba group has no prefix-cache hits with caching off")
-            table = self.blocks_of(request_id)
-            return max(cdiv(num_tokens, self.block_size) - len(table), 0)
         if (
             new_computed_blocks
             and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
         ):
             # Its state is written by this step's forward: wait for the next step.
             return self.block_pool.num_gpu_blocks + 1
+        if self.mamba_all:  # the shared count (hits' skipped entries are nulls already)
+            return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+        if not self.mamba_align:
+            if new_computed_blocks:
+                raise ValueError("a Mamba group has no prefix-cache hits with caching off")
+            table = self.blocks_of(request_id)
+            return max(cdiv(num_tokens, self.block_size) - len(table), 0)
         num_new_blocks = (
             cdiv(num_tokens, self.block_size)
             - len(new_computed_blocks)
@@ -266,7 +271,7 @@ class MambaManager(SingleTypeManager):
         `vllm/v1/core/single_type_kv_cache_manager.py:L785-830 (0.19.1)`; `L532-550
         (0.11.0)` (no hits).
         """
-        if not self.mamba_align:
+        if not (self.mamba_align or self.mamba_all):
             raise ValueError("a Mamba group has no prefix-cache hits with caching off")
         (hits,) = mamba_align_hit(self.block_pool, [block_hashes], max_length, self.block_size)
         return hits
@@ -322,7 +327,7 @@ class MambaManager(SingleTypeManager):
         """
         before = self.num_cached_block.get(request_id, 0)
         super().cache_blocks(request_id, block_hashes, num_tokens)
-        if not self.mamba_align:
+        if not (self.mamba_align or self.mamba_all):
             return
         after = self.num_cached_block.get(request_id, 0)
         for block in self.req_to_blocks[request_id][before:after]:

@@ -129,16 +129,20 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         if hybrid:
             if config.has_mamba_group:
                 _check_mamba_config(config, self.pin)
-            mamba_align = config.has_mamba_group and self.enable_caching
+            mamba_cache_mode = "none"
+            if config.has_mamba_group and self.enable_caching:
+                mamba_cache_mode = config.mamba_cache_mode or "align"
             self._hybrid = HybridKVCacheCoordinator(
                 self.block_pool,
                 self.block_size,
                 config.kv_cache_groups,
                 only_reachable_cached=only_reachable,
                 # A Mamba group's block is max_model_len tokens with caching off, the
-                # attention block size in "align" mode (`mamba`).
-                mamba_block_size=self.block_size if mamba_align else config.max_model_len,
-                mamba_align=mamba_align,
+                # attention block size with caching on (`mamba`).
+                mamba_block_size=(
+                    config.max_model_len if mamba_cache_mode == "none" else self.block_size
+                ),
+                mamba_cache_mode=mamba_cache_mode,
             )
             for mamba in self._hybrid.align_mamba_managers:
                 mamba.tolerates_longer_table = self.pin.mamba_align_tolerates_longer_table
