@@ -193,3 +193,31 @@ def test_startup_charges_two_pages_per_mamba_group():
 def test_refusals_name_the_field(version, groups, message):
     with pytest.raises(ScenarioError, match=f"cache.enable_prefix_caching: .*{message}"):
         resolve(scenario_from_dict(_scenario(version, 80, groups)))
+
+
+@pytest.mark.parametrize("mode", ["align", "all"])
+@pytest.mark.parametrize("version", ["0.19.1", "0.26.0"])
+def test_decode_shortcuts_change_no_table_with_mamba_caching(version, mode):
+    """The decode fast path and cohort skip quiet decodes by each group's touch length (an
+    "align" Mamba group's: the first decode that frees one of its real blocks): the request
+    and step tables are the same without them."""
+    data = _scenario(version, 120, [{"mamba": True}, {}, {"mamba": True}], bs=8)
+    data["scheduler"]["max_model_len"] = 96
+    data["cache"]["mamba_cache_mode"] = mode
+    data["workload"]["requests"] = [
+        {
+            "arrival_s": 0.03 * i,
+            "prompt_tokens": 20 + 9 * i,
+            "output_tokens": 60,
+            "prefix_id": i % 2,
+            "prefix_tokens": 16,
+        }
+        for i in range(6)
+    ]
+    fast = run(scenario_from_dict(data))
+    data["scheduler"].update(decode_fast_path=False, decode_cohort=False)
+    slow = run(scenario_from_dict(data))
+    assert len(fast.violations) == 0 and len(slow.violations) == 0
+    for name in ("requests", "steps"):
+        assert getattr(fast, name).equals(getattr(slow, name)), name
+    assert fast.summary["num_preemptions"] > 0 or fast.summary["states"]["finished"] == 6

@@ -98,17 +98,21 @@ if mutation == "no-split":  # prefill chunks not trimmed to block boundaries
     mamba_align.MambaAlignedSplit.split = lambda self, n, *args, **kwargs: n
 elif mutation == "floor-only":  # 0.19.1's rule on every release
     scheduler.split_rule_for = lambda pin: mamba_align.SplitRule.FLOOR
-r = verify_scheduler(100, 7, pin=version, vllm_version=version, mamba_align=True)
+asynchronous = mutation == "async"
+r = verify_scheduler(
+    100, 7, pin=version, vllm_version=version, mamba_align=True, async_scheduling=asynchronous
+)
 print(r.summary())
 """
 
 
+@pytest.mark.parametrize("mode", ["none", "async"])
 @pytest.mark.parametrize("version", RELEASES)
-def test_mamba_align_scheduler_identical_to_real(version):
+def test_mamba_align_scheduler_identical_to_real(version, mode):
     """kvsim's V1 scheduler (block-aligned split, new_step_starts) against the release's real
-    scheduler on 100 random full + Mamba workloads with prefix caching: identical, with
-    prefix hits in some."""
-    out = _python(version, _SCHED, "none")
+    scheduler on 100 random full + Mamba workloads with prefix caching ("align", a third
+    "all"), synchronous and under async scheduling: identical, with prefix hits in some."""
+    out = _python(version, _SCHED, mode)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"scheduler vs vLLM {version}: identical over 100 workloads" in out.stdout, out.stdout
     hits = re.search(r"(\d+) workloads with prefix hits", out.stdout)

@@ -1,7 +1,7 @@
 """Mamba / linear-attention state groups (Qwen3.5-style hybrids, Nemotron-H, Jamba).
 
-Models `MambaManager` in two of vLLM's Mamba cache modes: "align" (prefix caching on; below,
-after the mode "none") and, first, the mode without prefix caching:
+Models `MambaManager` in vLLM's three Mamba cache modes: "align" and "all" (prefix caching on;
+below, after the mode "none") and, first, the mode without prefix caching:
 `vllm/v1/core/single_type_kv_cache_manager.py:L1428-2136 (0.33.0)` with
 `mamba_cache_mode="none"` (the `CacheConfig` field's default, `vllm/config/cache.py:L304-311
 (0.33.0)`), the same mode of 0.19.1 (`L769-1041`), 0.20.0 (`L790-1062`), 0.25.1
@@ -100,8 +100,22 @@ data movement on the GPU that kvsim's step time does not time), speculative bloc
 and partial-tail copy-on-write (only with a prefix-match unit below the block size, which
 kvsim refuses), sparse retention (`retention_interval`, default dense), a hit across
 several attention types other than full + Mamba, and 0.33.0's "align" (prefill
-checkpoint blocks, retired-block ranges and partial tails: refused there). The mode "all"
-(0.19.1-0.26.0, for models with `supports_mamba_prefix_caching`) is not modelled either.
+checkpoint blocks, retired-block ranges and partial tails: refused there).
+
+Mode "all" (0.19.1-0.26.0, the default for models with `supports_mamba_prefix_caching`,
+`sim.scenario.vllm_defaults.mamba`; `mamba_all=True`): the Mamba kernels write a state at
+every block boundary, so upstream's "all" branches are the shared ones, on the attention
+block size (`mamba_block_size`, a multiple of the kernel's chunk size,
+`model_executor/models/config.py:L244-270 @0.19.1`): the table grows like attention's
+(`cdiv(T, bs)` entries, all real), each full block is cached, a step at C frees the blocks
+before ``(C - 1) // bs`` (the shared walk-back; nulls stay a prefix, as a sliding window's),
+the count is the shared one, and a hit is the last cached state (`mamba_align_hit`, the same
+method). The same-step refusal and the cached-this-step set apply in both modes
+(`L852-859`, `L1025-1036 @0.19.1`); the scheduler does not split chunks in "all". Example
+(bs=4): 8 tokens -> Mamba [m0, m1], both cached; the next step at C=8 frees m0 -> [null, m1].
+Left out in "all": the kernel chunk size that sets the block size (a scenario gives
+`cache.block_size`) and `max_memory_usage_bytes`' page per block is the startup check's
+(`sim.scenario.resolve`).
 """
 
 from __future__ import annotations
