@@ -18,13 +18,20 @@ from sim.kv.v1_engine import HybridKVCacheManager
 FULL_MAMBA = (KVCacheGroupSpec(), KVCacheGroupSpec(mamba=True))
 
 
-def make(num_gpu_blocks: int, pin: str = "0.19.1", block_size: int = 4, groups=FULL_MAMBA):
+def make(
+    num_gpu_blocks: int,
+    pin: str = "0.19.1",
+    block_size: int = 4,
+    groups=FULL_MAMBA,
+    mode: str = "align",
+):
     config = KVCacheConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
         kv_cache_groups=groups,
         vllm_pin=pin,
         enable_prefix_caching=True,
+        mamba_cache_mode=mode,
     )
     manager = make_manager("v1-engine", config)
     assert isinstance(manager, HybridKVCacheManager)
@@ -158,26 +165,12 @@ def test_hits_are_block_aligned_and_every_block_is_accounted_for(
     assert m.num_free_blocks == num_gpu_blocks - 1  # all back (cached ones evictable)
 
 
-def make_all(num_gpu_blocks: int, pin: str = "0.19.1", block_size: int = 4):
-    config = KVCacheConfig(
-        num_gpu_blocks=num_gpu_blocks,
-        block_size=block_size,
-        kv_cache_groups=FULL_MAMBA,
-        vllm_pin=pin,
-        enable_prefix_caching=True,
-        mamba_cache_mode="all",
-    )
-    manager = make_manager("v1-engine", config)
-    assert isinstance(manager, HybridKVCacheManager)
-    return manager
-
-
 @pytest.mark.parametrize("pin", ["0.19.1", "0.20.0", "0.25.1", "0.26.0"])
 def test_mode_all_keeps_a_state_per_block_until_it_is_skipped(pin):
     """Mode "all" (bs=4): the Mamba table grows like attention's (a state per block, each
     cached when full); a step at C frees the blocks before ``(C - 1) // bs`` (nulls a prefix);
     a hit is the last cached state, as in "align"."""
-    m = make_all(20, pin)
+    m = make(20, pin, mode="all")
     a = seq_of(1, 7, 10)
     assert step(m, a, 8) == [1, 2, 3, 4]  # full [1, 2], Mamba [3, 4]: both states cached
     assert step(m, a, 2) == [5, 6]  # C=8: (8 - 1) // 4 = 1, block 3 freed first
@@ -188,4 +181,4 @@ def test_mode_all_keeps_a_state_per_block_until_it_is_skipped(pin):
 
 def test_mode_all_is_refused_where_the_release_has_no_such_mode():
     with pytest.raises(ValueError, match="enable_prefix_caching: .*not vLLM 0.33.0"):
-        make_all(20, pin="0.33.0")
+        make(20, pin="0.33.0", mode="all")
