@@ -6,6 +6,8 @@ name their field."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -221,3 +223,21 @@ def test_decode_shortcuts_change_no_table_with_mamba_caching(version, mode):
     for name in ("requests", "steps"):
         assert getattr(fast, name).equals(getattr(slow, name)), name
     assert fast.summary["num_preemptions"] > 0 or fast.summary["states"]["finished"] == 6
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+def test_kvsim_run_refuses_caching_on_other_releases_in_one_line(version, tmp_path):
+    """`kvsim run` of the Mamba example with caching on a release kvsim does not model it
+    for: one line naming the field and the release, exit 2."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["run", str(root / "scenarios" / "mamba_hybrid_v1.yaml"), "--no-plots"]
+    args += ["--set", "cache.enable_prefix_caching=true"]
+    args += ["--set", f"scheduler.vllm_version={version}", "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert "cache.enable_prefix_caching: " in result.output and f"not {version}" in result.output
