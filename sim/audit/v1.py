@@ -38,6 +38,8 @@ class AuditedV1Manager(AuditorBase):
         "enable_caching",
         "get_block_ids",
         "num_blocks_to_admit",
+        "mamba_align_block_size",
+        "num_uncached_common_prefix_tokens",
     }
 
     def __init__(
@@ -51,6 +53,13 @@ class AuditedV1Manager(AuditorBase):
         #: Under async scheduling, the blocks each step in flight reads (`note_step_scheduled`);
         #: None where no group has a window or the manager cannot say which block is where.
         self._in_flight: InFlightReads | None = _in_flight_reads(inner)
+
+    def new_step_starts(self) -> None:
+        """The scheduler's start-of-step call, passed on where the inner manager has it (it
+        only clears "align" Mamba groups' cached-this-step sets: nothing to audit)."""
+        step = getattr(self.inner, "new_step_starts", None)
+        if step is not None:
+            step()
 
     @property
     def pin(self) -> VllmPin:

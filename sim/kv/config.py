@@ -132,8 +132,15 @@ class KVCacheConfig:
     #: takes it for the sliding-window cap inside every block count (`sim.kv.pins.AdmissionCap`);
     #: None: max_model_len, as upstream defaults it. No other pin reads it here.
     max_num_batched_tokens: int | None = None
+    #: With Mamba groups and prefix caching: vLLM's `mamba_cache_mode`, "align" (None means
+    #: it) or "all" (0.19.1-0.26.0; `sim.kv.v1_engine.mamba`). Unread otherwise.
+    mamba_cache_mode: str | None = None
 
     def __post_init__(self) -> None:
+        if self.mamba_cache_mode not in (None, "align", "all"):
+            raise ValueError(
+                f"mamba_cache_mode must be 'align' or 'all', got {self.mamba_cache_mode!r}"
+            )
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.num_gpu_blocks <= 0:

@@ -64,6 +64,8 @@ async: stale outputs      --        --      --       --       --       yes
 chunked-local free        keeps **  shared  shared   shared   shared   shared
 Mamba groups (caching     0.11.0    "none"  "none"   "none"   "none"   "none"
 off) ***                  only      mode    mode     mode     mode     mode
+Mamba prefix caching      --        align   align    align    align    refused
+(mode "align")
 ========================  ========  ======  =======  =======  =======  =======
 
 (* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.
@@ -72,8 +74,10 @@ from 0.19.1 it frees through the shared walk-back, clamped at the table
 (`sim.kv.v1_engine.chunked_local`). kvsim does not model chunked-local groups at 4ac7713:
 a scenario with them is refused there.
 *** One block of max_model_len tokens per request per Mamba group (`sim.kv.v1_engine.mamba`);
-refused at 4ac7713 (not compared), and on every release with prefix caching on (0.19.1 on:
-the "align" mode; 0.11.0 turns caching off for Mamba models).)
+refused at 4ac7713 (not compared). With prefix caching on 0.19.1-0.26.0 run the "align"
+mode (full + Mamba groups, block size the attention one); refused on 0.33.0 (its "align" has
+prefill checkpoint blocks, not modelled) and 0.11.0 (which turns caching off for Mamba
+models).)
 The properties below cite each release's lines; every column was checked by the manager,
 scheduler and async lockstep against that release's wheel (`tests/vllm_real/
 test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,
@@ -204,6 +208,24 @@ class VllmPin(enum.Enum):
         return self in _FULL_SEQUENCE_GATE and self is not VllmPin.V0_19_1
 
     @property
+    def models_mamba_align(self) -> bool:
+        """kvsim models the Mamba cache mode "align" (prefix caching over Mamba states) on
+        this release: 0.19.1 (`single_type_kv_cache_manager.py:L769-1041`), 0.20.0
+        (`L790-1062`), 0.25.1 (`L1026-1367`) and 0.26.0 (`L1227-1686`, whose partial-tail
+        copy-on-write needs a prefix-match unit below the block size, refused), each
+        lockstep-checked against its wheel (tests/vllm_real/test_mamba_align_lockstep.py).
+        0.33.0's "align" adds prefill checkpoint blocks and retired-block ranges (`L1428-2136`),
+        not modelled; 0.11.0 has no Mamba prefix caching (`sim.kv.v1_engine.mamba`)."""
+        return self in _MAMBA_ALIGN
+
+    @property
+    def mamba_align_tolerates_longer_table(self) -> bool:
+        """ "align" `allocate_new_blocks` returns [] when the table is longer than needed
+        (0.25.1 on, `L1253-1262 @0.25.1`); 0.19.1 and 0.20.0 assert it is not
+        (`L942-949 @0.19.1`)."""
+        return self not in (VllmPin.V0_19_1, VllmPin.V0_20_0)
+
+    @property
     def clamps_skipped_to_table(self) -> bool:
         """`remove_skipped_blocks` caps the skipped blocks at the table's length (0.19.1 on,
         `single_type_kv_cache_manager.py:L404-410 @0.20.0`); 0.11.0 has no such cap. Found by
@@ -301,6 +323,7 @@ class AdmissionCap(enum.Enum):
     GATE_ONLY = "full-sequence check only"
 
 
+_MAMBA_ALIGN = frozenset({VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0})
 _FULL_SEQUENCE_GATE = frozenset(
     {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
 )

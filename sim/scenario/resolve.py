@@ -17,7 +17,7 @@ from sim.cluster.config import ClusterMode
 from sim.engine.engine import EngineConfig
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig
-from sim.kv.pins import AdmissionCap, VllmPin, resolve_pin
+from sim.kv.pins import V1_BASELINE, AdmissionCap, VllmPin, resolve_pin
 from sim.kv.v1_engine.hybrid_layout import HybridLayout
 from sim.kv_connector.from_scenario import offloading_config
 from sim.latency import LinearStepTime, StepTimeConfig, StepTimeModel, make_step_time
@@ -51,8 +51,9 @@ from sim.scenario.release_defaults import (
     changes_since_previous,
     model_of,
 )
-from sim.scenario.schema import Scenario, ScenarioError
+from sim.scenario.schema import CacheSection, Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
+from sim.scenario.vllm_defaults.mamba import resolve_mamba_cache_mode
 from sim.workload import Workload, load_workload
 
 
@@ -141,6 +142,8 @@ def _kv_config(
                 zip(layout.groups, layout.group_layers, strict=True)
             )
         ]
+    if config.has_mamba_group:
+        config = _with_mamba_cache_mode(config, cache, inputs)
     check_mamba_groups(config)
     inputs["num_gpu_blocks"] = num_gpu_blocks
     inputs["num_cpu_blocks"] = num_cpu_blocks
@@ -148,18 +151,47 @@ def _kv_config(
     return config
 
 
+def _with_mamba_cache_mode(
+    config: KVCacheConfig, cache: CacheSection, inputs: dict
+) -> KVCacheConfig:
+    """`config` with the Mamba cache mode its release runs (`vllm_defaults.mamba`: the model
+    is abstract here, so "align" unless the scenario says "all"), recorded in `inputs`."""
+    pin = VllmPin(config.vllm_pin) if config.vllm_pin is not None else V1_BASELINE
+    try:
+        mode = resolve_mamba_cache_mode(
+            pin, config.enable_prefix_caching, cache.mamba_cache_mode, None
+        )
+    except InputError as exc:
+        raise ScenarioError(f"cache.{exc}") from None
+    inputs["mamba_cache_mode"] = mode.value
+    if mode.value == "none":
+        return config
+    return replace(config, mamba_cache_mode=mode.value)
+
+
 def check_mamba_groups(config: KVCacheConfig) -> None:
-    """A Mamba group (`cache.kv_cache_groups`) runs with prefix caching off, the one Mamba mode
-    kvsim models (`sim.kv.v1_engine.mamba`): vLLM 0.33.0 turns caching on by default for
-    generative hybrid models (`ModelConfig.is_prefix_caching_supported`, `config/model.py:L2239-2291`),
-    which switches Mamba to the "align" mode (`MambaModelConfig`,
-    `model_executor/models/config.py:L762-787`); 0.11.0 turns caching off for Mamba models
-    (`L290-297`). Either way the scenario must say `cache.enable_prefix_caching: false`."""
-    if config.has_mamba_group and config.enable_prefix_caching:
+    """A Mamba group (`cache.kv_cache_groups`) with prefix caching runs vLLM's Mamba cache
+    mode "align" or "all" (`MambaModelConfig.verify_and_update_config`,
+    `model_executor/models/config.py:L423-481 @0.19.1`; `vllm serve` turns caching on by
+    default for generative hybrid models, `sim.scenario.vllm_defaults.mamba`), which kvsim
+    models on 0.19.1, 0.20.0, 0.25.1 and 0.26.0 for full + Mamba layouts
+    (`sim.kv.v1_engine.mamba`). Refused, one line each: caching with a Mamba group on
+    another release (0.33.0's "align" has prefill checkpoint blocks; 0.11.0 turns caching
+    off for Mamba models, `L290-297 @0.11.0`), and caching with a sliding-window or
+    chunked-local group beside the Mamba ones."""
+    if not (config.has_mamba_group and config.enable_prefix_caching):
+        return
+    pin = VllmPin(config.vllm_pin) if config.vllm_pin is not None else V1_BASELINE
+    if not pin.models_mamba_align:
         raise ScenarioError(
             "cache.enable_prefix_caching: a Mamba group with prefix caching runs vLLM's "
-            "'align' Mamba mode (0.19.1 on; 0.11.0 turns caching off), which kvsim does not "
-            "model; set cache.enable_prefix_caching: false"
+            f"'align' Mamba mode, which kvsim models on 0.19.1, 0.20.0, 0.25.1 and 0.26.0, "
+            f"not {pin.value}; set cache.enable_prefix_caching: false"
+        )
+    if any(not (g.is_full_attention or g.mamba) for g in config.kv_cache_groups):
+        raise ScenarioError(
+            "cache.enable_prefix_caching: Mamba prefix caching is modelled for full-attention "
+            "plus Mamba groups only; drop the sliding or chunked group or turn caching off"
         )
 
 
@@ -457,8 +489,14 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for group in kv.group_specs:
-        if group.mamba:  # `MambaSpec.max_memory_usage_bytes`: one page (caching off)
-            needed += 1
+        if group.mamba:  # `MambaSpec.max_memory_usage_bytes` (L293-300 @0.19.1): one page,
+            # two in "align", one per block of max_model_len in "all"
+            if not kv.enable_prefix_caching:
+                needed += 1
+            elif kv.mamba_cache_mode == "all":
+                needed += -(-max_model_len // bs)
+            else:
+                needed += 2
         elif group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
             needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)
         elif group.sliding_window is None:

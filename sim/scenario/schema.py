@@ -78,14 +78,15 @@ class _Closed(BaseModel):
 class KVCacheGroupSection(_Closed):
     """One V1-engine KV-cache group: full attention (no field), a sliding window,
     chunked-local attention (Llama-4's RoPE layers), or a Mamba / linear-attention state
-    (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request, with
-    prefix caching off). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
+    (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request with
+    prefix caching off; with it on, the "align" or "all" mode, `cache.mamba_cache_mode`,
+    0.19.1-0.26.0). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
     full one, `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
 
     sliding_window: Int | None = Field(default=None, ge=1)
     attention_chunk_size: Int | None = Field(default=None, ge=1)
-    #: A Mamba state group (vLLM 0.11.0 on; needs cache.enable_prefix_caching false: with
-    #: caching on, 0.19.1 on run Mamba in the "align" mode kvsim does not model).
+    #: A Mamba state group (vLLM 0.11.0 on; prefix caching over it, the "align" or "all"
+    #: mode, on 0.19.1-0.26.0 only: `cache.enable_prefix_caching: false` elsewhere).
     mamba: Bool = False
 
     @model_validator(mode="after")
@@ -113,6 +114,10 @@ class CacheSection(_Closed):
     sliding_window: Annotated[Int, Field(ge=1)] | Literal["model"] | None = "model"
     #: None: the release's (off in 0.5.4's v0 engine, on in the V1 releases).
     enable_prefix_caching: Bool | None = None
+    #: With Mamba groups and prefix caching (`vllm serve --mamba-cache-mode`): "align" or
+    #: "all" (0.19.1-0.26.0, Mamba2-family models). None: the release's for the model
+    #: (`sim.scenario.vllm_defaults.mamba`; "align" where kvsim does not know the model).
+    mamba_cache_mode: Literal["align", "all"] | None = None
     watermark: Float = Field(default=0.01, ge=0, lt=1)
     #: None: the release's (0.9; 0.92 from 0.33.0).
     gpu_memory_utilization: Float | None = Field(default=None, gt=0, le=1)

@@ -99,6 +99,9 @@ class Request:
     #: (`num_stale_output_tokens`). Both stay 0 in a synchronous engine.
     num_output_placeholders: int = 0
     num_stale_output_tokens: int = 0
+    #: Mamba prefix caching on 0.26.0: the shared-prefix junction a prefill chunk stops at
+    #: (`request.shared_prefix_boundary`, `sim.scheduler.v1.mamba_align`); 0: none.
+    mamba_junction_tokens: int = 0
 
     @classmethod
     def new(

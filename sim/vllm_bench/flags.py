@@ -46,6 +46,7 @@ MODELLED = frozenset([
     "kv_cache_dtype", "swap_space", "num_gpu_blocks_override", "scheduling_policy",
     "long_prefill_token_threshold", "async_scheduling", "dtype", "quantization",
     "api_server_count", "stream_interval",
+    "mamba_cache_mode",
 ])
 
 NO_EFFECT = frozenset([
@@ -131,7 +132,7 @@ UNMODELLED = frozenset([
     "limit_mm_per_prompt", "linear_backend", "logits_processor_pattern", "logits_processors",
     "long_prefill_token_threshold_adaptive", "lora_dtype", "lora_extra_vocab_size",
     "lora_modules", "lora_target_modules", "mamba_backend", "mamba_block_size",
-    "mamba_cache_dtype", "mamba_cache_mode", "mamba_cache_philox_rounds",
+    "mamba_cache_dtype", "mamba_cache_philox_rounds",
     "mamba_ssm_cache_dtype", "mamba_ssu_algorithm", "master_addr", "master_port",
     "max_cpu_loras", "max_cudagraph_capture_size", "max_long_partial_prefills",
     "max_lora_cls_labels", "max_lora_rank", "max_loras", "max_num_active_seqs",

@@ -105,6 +105,10 @@ FIELD_OF: dict[str, FieldMap] = {
     "long_prefill_token_threshold": FieldMap("scheduler.long_prefill_token_threshold", int),
     "async_scheduling": FieldMap("scheduler.async_scheduling", _bool),
     "enable_prefix_caching": FieldMap("cache.enable_prefix_caching", _bool),
+    # "none" with caching on is derived as if not given (`vllm_defaults.mamba`).
+    "mamba_cache_mode": FieldMap(
+        "cache.mamba_cache_mode", _choice({"align": "align", "all": "all", "none": None})
+    ),
     "gpu_memory_utilization": FieldMap("cache.gpu_memory_utilization", float),
     "block_size": FieldMap("cache.block_size", int),
     "kv_cache_dtype": FieldMap("cache.kv_cache_dtype", _choice(_KV_DTYPES)),

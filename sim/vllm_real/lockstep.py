@@ -123,6 +123,7 @@ def verify(
                 rng,
                 chunked_local=install.version_tuple[:2] >= (0, 11),
                 mamba=_models_mamba(install.version_tuple),
+                mamba_align=pin is not None and VllmPin(pin).models_mamba_align,
             )
             if hybrid
             else random_config(rng, design)
@@ -173,6 +174,8 @@ def layout_name(config: KVCacheConfig) -> str:
         return "one group"
     if config.has_mamba_group:
         with_window = any(g.sliding_window is not None for g in config.kv_cache_groups)
+        if config.enable_prefix_caching:
+            return f"full + Mamba, caching ('{config.mamba_cache_mode or 'align'}')"
         return "full + sliding window + Mamba" if with_window else "full + Mamba"
     if config.has_chunked_local_group:
         return "full + chunked-local"

@@ -62,14 +62,19 @@ def random_config(rng: random.Random, design: str) -> KVCacheConfig:
 
 
 def random_hybrid_config(
-    rng: random.Random, *, chunked_local: bool = False, mamba: bool = False
+    rng: random.Random,
+    *,
+    chunked_local: bool = False,
+    mamba: bool = False,
+    mamba_align: bool = False,
 ) -> KVCacheConfig:
     """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
     window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching. With
     `chunked_local`, the other groups are chunked-local attention of one chunk size instead
     in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not).
     With `mamba`, half the draws that would be sliding are `random_mamba_config`'s instead
-    (the chunked-local share stays a third)."""
+    (the chunked-local share stays a third); with `mamba_align` too, some of those have
+    prefix caching on (`random_mamba_config`)."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     window = rng.randint(1, 6 * block_size)
     other = KVCacheGroupSpec(window)
@@ -77,7 +82,7 @@ def random_hybrid_config(
         chunk = rng.choice([block_size * rng.randint(1, 6), rng.randint(1, 6 * block_size)])
         other = KVCacheGroupSpec(attention_chunk_size=chunk)
     elif mamba and rng.random() < 0.5:
-        return random_mamba_config(rng)
+        return random_mamba_config(rng, align=mamba_align)
     sliding = [other] * rng.randint(1, 3)
     full = [KVCacheGroupSpec(None)]
     groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
@@ -90,23 +95,28 @@ def random_hybrid_config(
     )
 
 
-def random_mamba_config(rng: random.Random) -> KVCacheConfig:
+def random_mamba_config(rng: random.Random, *, align: bool = False) -> KVCacheConfig:
     """Full attention with 1-3 Mamba state groups (Jamba, Nemotron-H, Qwen3.5-style hybrids),
     in half the draws also a sliding group, in any group order (vLLM's no-prefix-cache
     coordinator takes any mix); caching off (the default Mamba mode) and a max_model_len
-    (the Mamba groups' block size), small enough that long prompts reach it."""
+    (the Mamba groups' block size), small enough that long prompts reach it. With `align`,
+    60% of the draws have prefix caching on instead (the Mamba mode "align": full + Mamba
+    groups only, the Mamba block size the attention one); without it the draws are
+    unchanged. A third of those with caching run the mode "all" instead (0.19.1-0.26.0)."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     groups = [KVCacheGroupSpec()] * rng.randint(1, 2)
     groups += [KVCacheGroupSpec(mamba=True)] * rng.randint(1, 3)
-    if rng.random() < 0.5:
+    caching = align and rng.random() < 0.6
+    if not caching and rng.random() < 0.5:
         groups.append(KVCacheGroupSpec(rng.randint(1, 6 * block_size)))
     rng.shuffle(groups)
     return KVCacheConfig(
         num_gpu_blocks=rng.randint(4, 64),
         block_size=block_size,
-        enable_prefix_caching=False,
+        enable_prefix_caching=caching,
         max_model_len=rng.randint(8, 20 * block_size),
         kv_cache_groups=tuple(groups),
+        mamba_cache_mode=rng.choice(["align", "align", "all"]) if caching else None,
     )
 
 
@@ -377,6 +387,11 @@ class V1Walk(Walk):
         return [s.seq_id for s in self.running]
 
     def step(self) -> After:
+        cfg = self.pair.config
+        if cfg.enable_prefix_caching and cfg.has_mamba_group and self.rng.random() < 0.3:
+            # A new scheduler step ("align" Mamba groups forget what was cached this step);
+            # drawn only here, so other walks are unchanged.
+            self.pair.call("new_step_starts()", None, lambda m: m.new_step_starts())
         r = self.rng.random()
         if r < 0.25 or not (self.running or self.waiting):
             self.arrive()

@@ -194,6 +194,45 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
     return Workload(case, tuple(requests))
 
 
+def random_mamba_align_workload(rng: random.Random) -> Workload:
+    """A full + Mamba hybrid (1-2 Mamba groups) with prefix caching on (vLLM's Mamba mode
+    "align", a third of them "all") and chunked prefill, budgets that split prompts mid-block, and shared prefixes
+    of whole blocks or not, so that the block-aligned split and Mamba hits both decide."""
+    block_size = rng.choice([4, 8, 16])
+    max_model_len = rng.choice([64, 96, 128])
+    num_groups = 1 + rng.randint(1, 2)
+    min_blocks = num_groups * (-(-max_model_len // block_size) + 2)
+    max_num_seqs = rng.randint(2, 6)
+    budget = rng.choice([block_size // 2, block_size + 3, 24, 32, 64, 128])
+    case = SchedCase(
+        num_blocks=min_blocks + rng.randint(0, min_blocks),
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(budget, max_num_seqs),
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+        long_prefill_token_threshold=rng.choice([0, 0, 0, 12]),
+        mamba_groups=num_groups - 1,
+        mamba_cache_mode=rng.choice(["align", "align", "all"]),
+    )
+    requests = []
+    for rid in range(rng.randint(3, 10)):
+        prompt: list[tuple[int, int]] = []
+        if rng.random() < 0.7:
+            prompt.append((rng.randint(0, 2), rng.choice([block_size, 3 * block_size, 20, 41])))
+        prompt.append((1000 + rid, rng.randint(1, max_model_len // 2)))
+        if sum(n for _, n in prompt) > max_model_len - 1:
+            prompt = [(1000 + rid, max_model_len - 1)]
+        arrival_step = rng.randint(0, 8)
+        requests.append(
+            RequestSpec(
+                rid, tuple(prompt), rng.randint(1, 24), arrival_step, arrival_step + rid / 1000
+            )
+        )
+    return Workload(case, tuple(requests))
+
+
 # --------------------------------------------------------------------------- kvsim side
 class _RecordingFrees:
     """kvsim's V1 manager with its `free` calls recorded while `freed` is a list: inside
@@ -334,11 +373,13 @@ def verify_scheduler(
     fast_path: bool = False,
     workloads: Sequence[Workload] | None = None,
     async_scheduling: bool = False,
+    mamba_align: bool = False,
 ) -> SchedVerifyResult:
     """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads
     (or over `workloads`, e.g. `sched_traces.trace_windows`); `async_scheduling`: both run
     their `AsyncScheduler` through the engine core's batch queue, call for call
-    (`sim.vllm_real.async_lockstep`)."""
+    (`sim.vllm_real.async_lockstep`); `mamba_align`: random full + Mamba hybrids with prefix
+    caching instead (`random_mamba_align_workload`)."""
     from sim.vllm_real.async_lockstep import run_async_workload
 
     install = install or load_vllm(vllm_version=vllm_version)
@@ -347,7 +388,8 @@ def verify_scheduler(
     )
     rng = random.Random(seed)
     if workloads is None:
-        workloads = [random_workload(rng) for _ in range(num_workloads)]
+        draw = random_mamba_align_workload if mamba_align else random_workload
+        workloads = [draw(rng) for _ in range(num_workloads)]
     run = run_async_workload if async_scheduling else run_workload
     for index, workload in enumerate(workloads):
         if async_scheduling:

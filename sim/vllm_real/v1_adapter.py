@@ -44,13 +44,17 @@ def real_kv_cache_config(
     num_blocks: int,
     groups: tuple[KVCacheGroupSpec, ...],
     max_model_len: int | None = None,
+    mamba_cache_mode: str = "none",
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
     (full attention, a sliding window, chunked-local attention, or a Mamba state of one fp16
     value), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
     managers read only the specs' block sizes, windows and chunk sizes, never the layer
     shapes. A Mamba group's block size is `max_model_len`, as vLLM sets it with caching off
-    (`sim.kv.v1_engine.mamba`). `iface` is `vllm.v1.kv_cache_interface`.
+    (`sim.kv.v1_engine.mamba`); in `mamba_cache_mode` "align" or "all" (prefix caching on) it
+    is `block_size`, as `HybridAttentionMambaModelConfig` sets it
+    (`model_executor/models/config.py:L244-291 @0.19.1`). `iface` is
+    `vllm.v1.kv_cache_interface`.
     """
     import torch
 
@@ -58,6 +62,13 @@ def real_kv_cache_config(
     shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
 
     def spec_for(group: KVCacheGroupSpec) -> Any:
+        if group.mamba and mamba_cache_mode != "none":
+            return iface.MambaSpec(
+                block_size=block_size,
+                shapes=((1,),),
+                dtypes=(torch.float16,),
+                mamba_cache_mode=mamba_cache_mode,
+            )
         if group.mamba:
             if max_model_len is None:
                 raise InputError("max_model_len: a Mamba group's block size is max_model_len")
@@ -81,6 +92,14 @@ def real_kv_cache_config(
             for i, group in enumerate(groups)
         ],
     )
+
+
+def real_mamba_cache_mode(config: KVCacheConfig) -> str:
+    """The `mamba_cache_mode` vLLM runs `config`'s Mamba groups in: "none" with caching off,
+    else the config's ("align" when unset)."""
+    if not (config.has_mamba_group and config.enable_prefix_caching):
+        return "none"
+    return config.mamba_cache_mode or "align"
 
 
 def sha256_fn(install: VllmInstall) -> Any:
@@ -137,7 +156,12 @@ class RealKVCacheManager:
         groups = config.group_specs
         self.num_groups = len(groups)
         kv_config = real_kv_cache_config(
-            iface, config.block_size, config.num_gpu_blocks, groups, config.max_model_len
+            iface,
+            config.block_size,
+            config.num_gpu_blocks,
+            groups,
+            config.max_model_len,
+            mamba_cache_mode=real_mamba_cache_mode(config),
         )
         # Several block sizes (a Mamba group's is max_model_len): the scheduler's is their
         # lcm, and so is the hash block size with caching off (`resolve_kv_cache_block_sizes`,
@@ -217,6 +241,13 @@ class RealKVCacheManager:
             num_lookahead_tokens=num_lookahead_tokens,
         )
         return None if out is None else [b.block_id for group in out.blocks for b in group]
+
+    def new_step_starts(self) -> None:
+        """The scheduler's call at the start of every step (0.19.1 on,
+        `kv_cache_manager.py:L550-552`; a no-op on releases without it)."""
+        step = getattr(self.real, "new_step_starts", None)
+        if step is not None:
+            self._call(step)
 
     def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
         """The async scheduler caches a step's blocks once its output is applied

@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.kv.config import Design, KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig, KVCacheGroupSpec
 from sim.kv.types import TokenContent
 from sim.memory.terms import VllmEngine
 from sim.scenario.configs import (
@@ -45,6 +45,7 @@ from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 from sim.vllm_real.v1_adapter import (
     accepted_kwargs,
     real_kv_cache_config,
+    real_mamba_cache_mode,
     request_extra_kwargs,
     sha256_fn,
 )
@@ -73,6 +74,11 @@ class SchedCase:
     policy: str = "fcfs"
     #: vLLM's `AsyncScheduler` behind the engine core's batch queue (`async_lockstep`).
     async_scheduling: bool = False
+    #: Mamba state groups after one full-attention group (0: one group); with prefix caching
+    #: on, vLLM's Mamba cache mode "align" (`sim.scheduler.v1.mamba_align`).
+    mamba_groups: int = 0
+    #: With Mamba groups and caching: "align" (None) or "all" (0.19.1-0.26.0).
+    mamba_cache_mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +199,15 @@ def case_configs(
         sliding_window=sliding_window_of(cache, None),
         max_model_len=case.max_model_len,
         vllm_pin=scheduler.resolved_vllm_version,
+        kv_cache_groups=(
+            (KVCacheGroupSpec(),) + (KVCacheGroupSpec(mamba=True),) * case.mamba_groups
+            if case.mamba_groups
+            else ()
+        ),
         max_num_batched_tokens=case.max_num_batched_tokens,
     )
+    if case.mamba_groups and case.enable_prefix_caching:
+        kv = replace(kv, mamba_cache_mode=case.mamba_cache_mode or "align")
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
 
@@ -248,6 +261,10 @@ def _real_vllm_config(
         cache_config=cache_config,
     )
     cache_config.num_gpu_blocks = kv.num_gpu_blocks
+    if kv.has_mamba_group and kv.enable_prefix_caching:
+        # What `MambaModelConfig.verify_and_update_config` sets for a hybrid with caching on
+        # (`model_executor/models/config.py:L436-451 @0.19.1`); the stub model is no hybrid.
+        cache_config.mamba_cache_mode = real_mamba_cache_mode(kv)
     return vllm_config
 
 
@@ -269,7 +286,12 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         scheduler_cls = import_vllm("v1.core.sched.async_scheduler", install).AsyncScheduler
     structured = import_vllm("v1.structured_output", install)
     kv_cache_config = real_kv_cache_config(
-        iface, kv.block_size, kv.num_gpu_blocks, kv.group_specs, kv.max_model_len
+        iface,
+        kv.block_size,
+        kv.num_gpu_blocks,
+        kv.group_specs,
+        kv.max_model_len,
+        mamba_cache_mode=real_mamba_cache_mode(kv),
     )
     return scheduler_cls(
         vllm_config=vllm_config,

@@ -46,13 +46,16 @@ print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).su
 
 
 def _mamba_ops(summary: str) -> int:
-    """Operations on layouts with a Mamba group, from a verify summary."""
-    return sum(int(n) for n in re.findall(r"Mamba (\d+)", summary))
+    """Operations on layouts with a Mamba group, caching off or ("align") on, from a verify
+    summary."""
+    pattern = r"Mamba(?:, caching \('(?:align|all)'\))? (\d+)"
+    return sum(int(n) for n in re.findall(pattern, summary))
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_mamba_groups_identical_to_real(version):
-    """10,000 hybrid operations, of which >= 2,000 on full + Mamba (+ sliding) layouts."""
+    """10,000 hybrid operations, of which >= 2,000 on full + Mamba (+ sliding) layouts (on
+    0.19.1-0.26.0 some with prefix caching on: test_mamba_align_lockstep.py)."""
     out = _python(version, _VERIFY, "none")
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"v1-engine vs vLLM {version}: identical over" in out.stdout, out.stdout
@@ -72,6 +75,8 @@ def test_the_comparison_catches_a_changed_mamba_rule(mutation):
 def test_mamba_summary_parse_reads_both_layouts():
     summary = "by layout: full + Mamba 1603, full + sliding window + Mamba 1803"
     assert _mamba_ops(summary) == 3406
+    assert _mamba_ops(summary + ", full + Mamba, caching ('align') 10") == 3416
+    assert _mamba_ops(summary + ", full + Mamba, caching ('all') 10") == 3416
 
 
 _REPRODUCER = """

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from sim.kv.types import cdiv
 from sim.kv.v1_engine.block_pool import KVCacheBlock
+from sim.kv.v1_engine.mamba import MambaManager
 from sim.kv.v1_engine.single_type import SingleTypeManager, sliding_window_cap_blocks
 
 
@@ -59,14 +60,30 @@ def num_blocks_to_admit(
     hits: list[KVCacheBlock],
     num_computed_tokens: int,
     cap_blocks: int | None,
+    num_tokens_main_model: int | None = None,
 ) -> int:
     """Blocks the free pool must hold to admit the request's whole sequence (see module doc).
 
     `num_tokens` is already clamped to max_model_len; `num_computed_tokens` counts the tokens
-    computed before this step plus the prefix hits.
+    computed before this step plus the prefix hits. A Mamba group in "align" mode has its
+    own count, on `num_tokens_main_model` (None: `num_tokens`, as the full-sequence check
+    passes it); in "all" mode the shared one after the same-step refusal
+    (`sim.kv.v1_engine.mamba`).
 
     kvsim's own (no upstream counterpart).
     """
+    if isinstance(manager, MambaManager) and manager.mamba_align:
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        return manager.get_num_blocks_to_allocate(request_id, main, hits)
+    if (
+        isinstance(manager, MambaManager)
+        and manager.mamba_all
+        and hits
+        and hits[-1].block_hash in manager.cached_blocks_this_step
+    ):
+        # The same-step refusal comes first in every count (found by the lockstep on 0.20.0,
+        # whose capped count runs here in every `allocate_slots`).
+        return manager.block_pool.num_gpu_blocks + 1
     block_size = manager.block_size
     num_required = cdiv(num_tokens, block_size)
     if cap_blocks is not None and cap_blocks < num_required:

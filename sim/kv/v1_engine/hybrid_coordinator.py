@@ -27,10 +27,16 @@ token prefix is cached once per group. kvsim keeps group 0's key the plain chain
 collision-free as the chain itself. A lookup over several groups of one type hits only if
 every group has the block (`block_pool.py:L163-186`).
 
-With a Mamba group (`sim.kv.v1_engine.mamba`) prefix caching is off, as upstream builds
-`KVCacheCoordinatorNoPrefixCache` then (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix
-of groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
-table holds one block of the group's own block size (max_model_len).
+With a Mamba group (`sim.kv.v1_engine.mamba`) and prefix caching off, upstream builds
+`KVCacheCoordinatorNoPrefixCache` (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix of
+groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
+table holds one block of the group's own block size (max_model_len). With caching on
+(`mamba_cache_mode` "align" or "all", 0.19.1-0.26.0) kvsim takes full + Mamba groups only,
+in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
+"simple hybrid" of two attention types, full first, one pass -- the steps below with the
+Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
+counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
+`new_step_starts` reaches the managers of both modes.
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
@@ -56,7 +62,7 @@ from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
-from sim.kv.v1_engine.mamba import MambaManager
+from sim.kv.v1_engine.mamba import MambaManager, mamba_align_hit
 from sim.kv.v1_engine.single_type import SlidingWindowManager
 
 
@@ -92,6 +98,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         *,
         only_reachable_cached: bool = False,
         mamba_block_size: int | None = None,
+        mamba_cache_mode: str = "none",
     ) -> None:
         if len(groups) < 2:
             raise ValueError(
@@ -119,6 +126,31 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         self.other_window: int | None = None
         self.other_chunk_size: int | None = None
         self.full_attn_first = True
+        #: The Mamba managers in mode "align" (prefix caching on); empty otherwise.
+        self.align_mamba_managers: list[MambaManager] = []
+        #: The Mamba managers with prefix caching, mode "align" or "all"; empty otherwise.
+        self.caching_mamba_managers: list[MambaManager] = []
+        #: The last hit's full-attention length less its final length ("align" only).
+        self.num_uncached_common_prefix_tokens = 0
+        self.mamba_group_ids = [i for i, g in enumerate(groups) if g.mamba]
+        if self.has_mamba_group and mamba_cache_mode in ("align", "all"):
+            if not self.full_group_ids or len(self.full_group_ids) + len(
+                self.mamba_group_ids
+            ) != len(groups):
+                raise ValueError(
+                    "prefix caching with Mamba groups is modelled for full attention plus "
+                    "Mamba groups only; got " + ", ".join(_describe(g) for g in groups)
+                )
+            for group_id in self.mamba_group_ids:
+                manager = self.managers[group_id]
+                assert isinstance(manager, MambaManager)
+                self.caching_mamba_managers.append(manager)
+                if mamba_cache_mode == "all":
+                    manager.mamba_all = True
+                else:
+                    manager.mamba_align = True
+                    self.align_mamba_managers.append(manager)
+            return
         if self.has_mamba_group:
             return
         # `verify_and_split_kv_cache_groups` asserts these (L289-350).
@@ -236,13 +268,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
 
         Upstream: `vllm/v1/core/kv_cache_coordinator.py:L352-414 (0.11.0)`.
         """
-        if self.has_mamba_group:
-            raise ValueError("prefix caching over a Mamba group is not modelled")
+        if self.has_mamba_group and not self.caching_mamba_managers:
+            raise ValueError("a Mamba group has no prefix-cache hits with caching off")
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
-        other_hits = self._other_hit(hashes, hit_length)
+        if self.caching_mamba_managers:
+            # `L453-521 @0.19.1`, a simple hybrid: the Mamba hit within the full hit.
+            other_hits = mamba_align_hit(
+                self.block_pool,
+                [hashes[i] for i in self.other_group_ids],
+                hit_length,
+                self.block_size,
+            )
+        else:
+            other_hits = self._other_hit(hashes, hit_length)
         num_hit_blocks = len(other_hits[0])
+        if self.caching_mamba_managers:  # (`L737 @0.25.1`)
+            self.num_uncached_common_prefix_tokens = hit_length - num_hit_blocks * self.block_size
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
         for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
             per_group[group_id] = group_hits[:num_hit_blocks]
@@ -287,6 +330,73 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
                 manager.remove_skipped_blocks(request_id, num_computed_tokens)
                 self._count(group_id, before)
 
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: int,
+        num_tokens: int,
+        hits: GroupBlocks,
+        num_tokens_main_model: int | None = None,
+    ) -> int:
+        """The sum over groups; a Mamba group in "align" mode counts on
+        `num_tokens_main_model` (no lookahead slots; None: `num_tokens`).
+
+        Upstream `KVCacheCoordinator.get_num_blocks_to_allocate`:
+        `vllm/v1/core/kv_cache_coordinator.py:L71-115 (0.19.1)`.
+        """
+        if not self.align_mamba_managers:
+            return super().get_num_blocks_to_allocate(request_id, num_tokens, hits)
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        total = 0
+        for manager, group_hits in zip(self.managers, hits, strict=True):
+            if isinstance(manager, MambaManager) and manager.mamba_align:
+                total += manager.get_num_blocks_to_allocate(request_id, main, group_hits)
+                continue
+            count = manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
+            if request_id in manager.num_cached_block and count < 0:
+                # 0.19.1 on floor a running request's count at 0 (`L108-114 @0.19.1`): a
+                # table grown for lookahead slots the "align" Mamba group did not count
+                # must not lend it blocks (found by the lockstep, bs=1, lookahead 2).
+                count = 0
+            total += count
+        return total
+
+    def new_step_starts(self) -> None:
+        """Each Mamba group with caching forgets the blocks cached last step.
+
+        Upstream `KVCacheCoordinator.new_step_starts`:
+        `vllm/v1/core/kv_cache_coordinator.py:L250-253 (0.19.1)`.
+        """
+        for manager in self.caching_mamba_managers:
+            manager.new_step_starts()
+
+    def table_touch_len(self, request_id: int) -> int | None:
+        """The shared touch length, and for an "align" Mamba group the first decode that may
+        free one of its real blocks (`MambaManager.align_freeing_decode_len`).
+
+        kvsim's own (no upstream counterpart).
+        """
+        touch_len = super().table_touch_len(request_id)
+        if touch_len is None:
+            return None
+        for manager in self.align_mamba_managers:
+            free_len = manager.align_freeing_decode_len(request_id)
+            if free_len is not None and free_len < touch_len:
+                touch_len = free_len
+        return touch_len
+
+    def num_seq_blocks(self, request_id: int) -> int:
+        """Non-null blocks over all groups ("align" Mamba tables have nulls anywhere).
+
+        kvsim's own (no upstream counterpart).
+        """
+        if not self.align_mamba_managers:
+            return super().num_seq_blocks(request_id)
+        total = 0
+        for manager in self.managers:
+            table = manager.req_to_blocks.get(request_id) or []
+            total += sum(1 for block in table if not block.is_null)
+        return total
+
     def touch(self, hits: GroupBlocks) -> None:
         """Touch each group's hit blocks (refcount up, out of the free queue).
 
@@ -297,18 +407,39 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             self.block_pool.touch(group_hits)
             self._count(group_id, before)
 
-    def allocate_new_blocks(self, request_id: int, num_tokens: int) -> GroupBlocks:
-        """None.
+    def allocate_new_blocks(
+        self, request_id: int, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> GroupBlocks:
+        """None; an "align" Mamba group grows on `num_tokens_main_model` (None: `num_tokens`).
 
         Upstream `KVCacheCoordinator.allocate_new_blocks`:
-        `vllm/v1/core/kv_cache_coordinator.py:L93-116 (0.11.0)`.
+        `vllm/v1/core/kv_cache_coordinator.py:L93-116 (0.11.0)`, `L143-176 (0.19.1)`.
         """
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
         new_blocks = []
         for group_id, manager in enumerate(self.managers):
             before = self.block_pool.num_held_blocks
-            new_blocks.append(manager.allocate_new_blocks(request_id, num_tokens))
+            if isinstance(manager, MambaManager) and manager.mamba_align:
+                new_blocks.append(manager.allocate_new_blocks(request_id, main))
+            else:
+                new_blocks.append(manager.allocate_new_blocks(request_id, num_tokens))
             self._count(group_id, before)
         return tuple(new_blocks)
+
+    def allocate_new_block_ids(
+        self, request_id: int, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[int]:
+        """`allocate_new_blocks`, flat as ids (what `allocate_slots` answers).
+
+        kvsim's own (no upstream counterpart).
+        """
+        return [
+            block.block_id
+            for group_blocks in self.allocate_new_blocks(
+                request_id, num_tokens, num_tokens_main_model
+            )
+            for block in group_blocks
+        ]
 
     def cache_blocks(self, request: Sequence, num_tokens: int) -> None:
         """None.

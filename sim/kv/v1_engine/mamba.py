@@ -1,6 +1,7 @@
 """Mamba / linear-attention state groups (Qwen3.5-style hybrids, Nemotron-H, Jamba).
 
-Models `MambaManager` in vLLM's Mamba cache mode without prefix caching:
+Models `MambaManager` in vLLM's three Mamba cache modes: "align" and "all" (prefix caching on;
+below, after the mode "none") and, first, the mode without prefix caching:
 `vllm/v1/core/single_type_kv_cache_manager.py:L1428-2136 (0.33.0)` with
 `mamba_cache_mode="none"` (the `CacheConfig` field's default, `vllm/config/cache.py:L304-311
 (0.33.0)`), the same mode of 0.19.1 (`L769-1041`), 0.20.0 (`L790-1062`), 0.25.1
@@ -56,10 +57,65 @@ a 40-token prompt takes blocks 1, 2, 3 for the full group and block 4 for the Ma
 full group takes block 5 and the Mamba group still holds block 4 alone. Freed: group 0 frees
 5, 3, 2, 1 (tail first), then group 1 frees 4.
 
-Left out: the "align" and "all" modes (prefix caching over Mamba states, 0.33.0 `L1453-1468`,
-`L1713-1925`, `L2028-2136`: checkpoint blocks, copy-on-write of partial tails, the
-same-step refusal), speculative blocks (`num_speculative_blocks`, MTP / EAGLE on Mamba
-layers), and KV connectors' external tokens.
+Mode "align" (prefix caching on; `mamba_align=True`), 0.19.1 `L769-1041`, 0.20.0
+`L790-1062`, 0.25.1 `L1026-1367`, 0.26.0 `L1227-1686`. The group's block size is the
+attention block size (`mamba_block_size = block_size`, `HybridAttentionMambaModelConfig`,
+`model_executor/models/config.py:L286-291 (0.19.1)`), and a request's table is mostly null:
+only the running state (its last entry) and, until the next step frees it, the previous
+one are real blocks; each real block whose end a step reached is cached as the state after
+``(i + 1) * bs`` tokens (the scheduler ends prefill chunks on block boundaries,
+`sim.scheduler.v1.mamba_align`, so the state there is exact). Per method:
+
+* `find_longest_cache_hit` (`mamba_align_hit`, `L785-830 @0.19.1`): scan right to left
+  for the *last* index i whose block every Mamba group has cached; the hit is
+  ``[null] * i + [block]``, ``(i + 1) * bs`` tokens (one state suffices, no run of blocks).
+* `get_num_blocks_to_allocate` (`L868-931`): ``num_gpu_blocks + 1`` (never fits) when the
+  last hit block was cached this step (its state is written by this step's forward);
+  else on the main model's tokens T (no lookahead): 1 block if ``cdiv(T, bs) - hits -
+  len(table) > 0``, else 0, plus the evictable hits.
+* `allocate_new_blocks` (`L933-1009`): nothing if ``cdiv(T, bs) == len(table)`` (0.25.1 on:
+  ``<=``; 0.19.1 and 0.20.0 assert ``>``); else remember the previous state block's index
+  (`last_state_block_idx`: the last entry, or a hit's block for a new request), pad the
+  table with nulls to ``cdiv(T, bs) - 1`` entries and append one new block.
+* `remove_skipped_blocks` (`L832-860`): the shared walk-back free on ``C - 1`` skipped
+  tokens, then the previous state block once ``last_state_block_idx < cdiv(C, bs) - 1``
+  (its state was copied into the running block by the step that allocated it).
+* `cache_blocks` (`L1025-1036`): the shared caching, each newly cached real block's hash
+  recorded as cached this step; `new_step_starts` (`L1038-1039`, called by the scheduler at
+  the start of every `schedule()`) forgets them. `free` (`L1011-1015`) drops the indices.
+
+Worked example ("align", bs=4, groups [full, mamba], caching on): request A, 10 tokens,
+``allocate_slots(A, 8)`` (an aligned chunk): the Mamba table is [null, m1] (cdiv(8, 4) = 2
+entries, one real), block m1 cached as the state after 8 tokens. Next chunk, 2 tokens
+(C=8): nothing skipped yet ((8 - 1) // 4 = 1 block, index 0 is null); the table grows to
+[null, m1, m2] with last_state_block_idx = 1. Decode at C=10: (10 - 1) // 4 = 2, the walk
+back from index 1 frees m1 (it stays cached, evictable). Request B with the same first 9
+tokens then hits [null, m1]: 8 tokens, its table starts with m1 and its first allocation
+records last_state_block_idx = 1.
+
+What "align" leaves out: the state copies themselves (`mamba_utils` copy kernels moving a
+state from the previous block to the new one, and a hit's state into the running block:
+data movement on the GPU that kvsim's step time does not time), speculative blocks
+(`num_speculative_blocks`, MTP / EAGLE), KV connectors, 0.26.0's fine-grained hash lookup
+and partial-tail copy-on-write (only with a prefix-match unit below the block size, which
+kvsim refuses), sparse retention (`retention_interval`, default dense), a hit across
+several attention types other than full + Mamba, and 0.33.0's "align" (prefill
+checkpoint blocks, retired-block ranges and partial tails: refused there).
+
+Mode "all" (0.19.1-0.26.0, the default for models with `supports_mamba_prefix_caching`,
+`sim.scenario.vllm_defaults.mamba`; `mamba_all=True`): the Mamba kernels write a state at
+every block boundary, so upstream's "all" branches are the shared ones, on the attention
+block size (`mamba_block_size`, a multiple of the kernel's chunk size,
+`model_executor/models/config.py:L244-270 @0.19.1`): the table grows like attention's
+(`cdiv(T, bs)` entries, all real), each full block is cached, a step at C frees the blocks
+before ``(C - 1) // bs`` (the shared walk-back; nulls stay a prefix, as a sliding window's),
+the count is the shared one, and a hit is the last cached state (`mamba_align_hit`, the same
+method). The same-step refusal and the cached-this-step set apply in both modes
+(`L852-859`, `L1025-1036 @0.19.1`); the scheduler does not split chunks in "all". Example
+(bs=4): 8 tokens -> Mamba [m0, m1], both cached; the next step at C=8 frees m0 -> [null, m1].
+Left out in "all": the kernel chunk size that sets the block size (a scenario gives
+`cache.block_size`) and `max_memory_usage_bytes`' page per block is the startup check's
+(`sim.scenario.resolve`).
 """
 
 from __future__ import annotations
@@ -70,11 +126,26 @@ from sim.kv.v1_engine.single_type import SingleTypeManager
 
 
 class MambaManager(SingleTypeManager):
-    """One Mamba state group with prefix caching off (module docstring): `block_size` is the
-    group's own, `max_model_len` tokens, not the attention groups'."""
+    """One Mamba state group (module docstring): `block_size` is the group's own,
+    `max_model_len` tokens with caching off, the attention block size in "align" mode
+    (`mamba_align`, set by the coordinator)."""
 
     def __init__(self, block_pool: BlockPool, block_size: int) -> None:
         super().__init__(block_pool, block_size)
+        #: Mamba cache mode "align" (prefix caching on); False: mode "none" or "all".
+        self.mamba_align = False
+        #: Mamba cache mode "all" (0.19.1-0.26.0, prefix caching on): mode "none"'s code
+        #: paths on the attention block size, with hits and the same-step refusal.
+        self.mamba_all = False
+        #: 0.25.1 on return [] when the table is already longer than needed; 0.19.1 and
+        #: 0.20.0 assert it is not (`L933-1009 @0.19.1`, `L1253-1262 @0.25.1`).
+        self.tolerates_longer_table = True
+        #: "align": hashes of the blocks cached this step (`cached_blocks_this_step`).
+        self.cached_blocks_this_step: set[BlockHash] = set()
+        #: "align": per request, the index of the state block of the previous allocation.
+        self.last_state_block_idx: dict[int, int] = {}
+        #: "align": requests that have had an allocation (`_allocated_block_reqs`).
+        self.allocated_block_reqs: set[int] = set()
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``C - 1``: only the state after the last computed token is needed. Example:
@@ -86,8 +157,9 @@ class MambaManager(SingleTypeManager):
         return num_computed_tokens - 1
 
     def num_freed_blocks_at_least(self, num_computed_tokens: int) -> int:
-        """``max(0, (C - 1) // bs)``: 0 for every C <= max_model_len (the state block stays).
-        Example (bs=4,096): C=0 -> 0 (not -1), C=4,096 -> 0.
+        """``max(0, (C - 1) // bs)``: 0 for every C <= max_model_len with caching off (the
+        state block stays). Example (bs=4,096): C=0 -> 0 (not -1), C=4,096 -> 0. In "align"
+        mode (bs=16) C=40 -> 2: entries 0 and 1 are null or freed.
 
         kvsim's own (no upstream counterpart).
         """
@@ -96,16 +168,73 @@ class MambaManager(SingleTypeManager):
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
     ) -> int:
-        """The shared count with the running-request floor: ``max(cdiv(T, bs) - len(table),
-        0)``. Example (bs = max_model_len = 4,096): a new request needs 1, a running one 0.
+        """Mode "none": the shared count with the running-request floor, ``max(cdiv(T, bs)
+        - len(table), 0)`` (bs = max_model_len = 4,096: a new request needs 1, a running one
+        0). Mode "align" (T: the main model's tokens, no lookahead): never fits when the last
+        hit was cached this step; else 1 if ``cdiv(T, bs) - len(hits) - len(table) > 0``,
+        plus the evictable hits. Example (bs=4): a new request with hits [null, b] (b
+        evictable) and T=10 needs ``cdiv(10, 4) - 2 - 0 = 1 -> 1``, plus 1 for b: 2.
 
-        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L1692-1725, L176-262
-        (0.33.0)`; `L562-593 (0.11.0)`.
+        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L868-931 (0.19.1)`,
+        `L1692-1725, L176-262 (0.33.0)`; `L562-593 (0.11.0)`.
         """
-        if new_computed_blocks:
-            raise ValueError("a Mamba group has no prefix-cache hits with caching off")
+        if (
+            new_computed_blocks
+            and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
+        ):
+            # Its state is written by this step's forward: wait for the next step.
+            return self.block_pool.num_gpu_blocks + 1
+        if self.mamba_all:  # the shared count (hits' skipped entries are nulls already)
+            return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+        if not self.mamba_align:
+            if new_computed_blocks:
+                raise ValueError("a Mamba group has no prefix-cache hits with caching off")
+            table = self.blocks_of(request_id)
+            return max(cdiv(num_tokens, self.block_size) - len(table), 0)
+        num_new_blocks = (
+            cdiv(num_tokens, self.block_size)
+            - len(new_computed_blocks)
+            - len(self.blocks_of(request_id))
+        )
+        # The running state block only (no speculative blocks): one, first call or not.
+        num_new_blocks = 1 if num_new_blocks > 0 else num_new_blocks
+        num_evictable = sum(
+            1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
+        )
+        return num_new_blocks + num_evictable
+
+    def allocate_new_blocks(self, request_id: int, num_tokens: int) -> list[KVCacheBlock]:
+        """Mode "none": the shared growth. Mode "align" (T: the main model's tokens): pad
+        with nulls to ``cdiv(T, bs) - 1`` entries and append one block, remembering where
+        the previous state is. Example (bs=4): a table [null, m1] asked for T=10 becomes
+        [null, m1, m2], last_state_block_idx 1; asked for T=8 it is unchanged.
+
+        Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L933-1009 (0.19.1)`,
+        `L1253-1327 (0.25.1)`.
+        """
+        if not self.mamba_align:
+            return super().allocate_new_blocks(request_id, num_tokens)
         table = self.blocks_of(request_id)
-        return max(cdiv(num_tokens, self.block_size) - len(table), 0)
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        if num_required_blocks == len(table) or (
+            num_required_blocks < len(table) and self.tolerates_longer_table
+        ):
+            return []
+        if num_required_blocks < len(table):
+            raise AssertionError(
+                f"num_required_blocks {num_required_blocks} < len(req_blocks) {len(table)}"
+            )
+        prev_block_len = len(table)
+        if request_id in self.allocated_block_reqs or prev_block_len > 0:
+            # The running state (or, for a new request, the hit's state) is the last entry.
+            self.last_state_block_idx[request_id] = prev_block_len - 1
+        num_skipped_blocks = num_required_blocks - 1
+        if prev_block_len < num_skipped_blocks:
+            table.extend([self.block_pool.null_block] * (num_skipped_blocks - prev_block_len))
+        new_blocks = self.block_pool.get_new_blocks(num_required_blocks - len(table))
+        table.extend(new_blocks)
+        self.allocated_block_reqs.add(request_id)
+        return table[prev_block_len:]
 
     def admission_cap_blocks(
         self, max_in_flight_tokens: int, max_model_len: int | None
@@ -118,39 +247,145 @@ class MambaManager(SingleTypeManager):
         return None
 
     def freeing_decode_len(self, num_null_blocks: int) -> int | None:
-        """The first X (``C = X - 1``) with ``(C - 1) // bs > nulls``: ``(nulls + 1) * bs +
-        2``. Example (bs = max_model_len = 4,096, no nulls): 4,098, past max_model_len, so a
-        decode never frees the state block.
+        """Mode "none": the first X (``C = X - 1``) with ``(C - 1) // bs > nulls``:
+        ``(nulls + 1) * bs + 2``. Example (bs = max_model_len = 4,096, no nulls): 4,098,
+        past max_model_len, so a decode never frees the state block. Mode "align": None
+        here (its nulls are not a prefix); `align_freeing_decode_len` answers.
 
         kvsim's own (no upstream counterpart).
         """
+        if self.mamba_align:
+            return None
         return (num_null_blocks + 1) * self.block_size + 2
+
+    def align_freeing_decode_len(self, request_id: int) -> int | None:
+        """Mode "align": the first decode length X (``C = X - 1``) at which
+        `remove_skipped_blocks` may free a block: the smallest ``(i + 1) * bs + 2`` over the
+        table's real blocks at index i (the walk-back reaches i once ``(C - 1) // bs > i``,
+        and the previous-state rule once ``i < cdiv(C, bs) - 1``: the same C). Example
+        (bs=4): [null, m1, m2] -> 2 * 4 + 2 = 10. None: no real block.
+
+        kvsim's own (no upstream counterpart).
+        """
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return None
+        for index, block in enumerate(table):
+            if not block.is_null:
+                return (index + 1) * self.block_size + 2
+        return None
 
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_length: int
     ) -> list[KVCacheBlock]:
-        """Refused: prefix caching over Mamba states is the "align" mode, not modelled.
+        """Mode "align": `mamba_align_hit` over this one group. Mode "none": refused (no
+        hits exist with caching off).
 
         Upstream `MambaManager.find_longest_cache_hit`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L1470-1547 (0.33.0)`; `L532-550
+        `vllm/v1/core/single_type_kv_cache_manager.py:L785-830 (0.19.1)`; `L532-550
         (0.11.0)` (no hits).
         """
-        raise ValueError(
-            "prefix caching over a Mamba group (mamba_cache_mode 'align') is not modelled"
-        )
+        if not (self.mamba_align or self.mamba_all):
+            raise ValueError("a Mamba group has no prefix-cache hits with caching off")
+        (hits,) = mamba_align_hit(self.block_pool, [block_hashes], max_length, self.block_size)
+        return hits
 
     def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
         """The shared free on ``C - 1`` skipped tokens: the table's first
-        ``min((C - 1) // bs, len(table))`` blocks, walking back to the first null. Example
-        (bs = max_model_len = 4,096): C=4,096 -> 4,095 // 4,096 = 0 blocks, nothing freed.
+        ``min((C - 1) // bs, len(table))`` blocks, walking back to the first null; in
+        "align" mode then the previous state block once ``last < cdiv(C, bs) - 1``.
+        Example (bs = max_model_len = 4,096): C=4,096 -> 4,095 // 4,096 = 0 blocks, nothing
+        freed. "align" (bs=4, [null, m1, m2], last 1): C=10 -> the walk back from index 1
+        frees m1.
 
-        Upstream `MambaManager.remove_skipped_blocks` (mode "none": the shared free only):
-        `vllm/v1/core/single_type_kv_cache_manager.py:L1629-1657, L682-720 (0.33.0)`;
-        0.11.0's is a no-op (`L552-556`), the same decision for every C <= bs.
+        Upstream `MambaManager.remove_skipped_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L832-860, L358-399 (0.19.1)`;
+        `L1629-1657, L682-720 (0.33.0)`; 0.11.0's is a no-op (`L552-556`), the same
+        decision for every C <= bs.
         """
         num_skipped_tokens = self.num_skipped_tokens(num_computed_tokens)
-        if num_skipped_tokens <= 0:
+        if not self.mamba_align:
+            if num_skipped_tokens <= 0:
+                return
+            table = self.blocks_of(request_id)
+            first_useful_block = min(num_skipped_tokens // self.block_size, len(table))
+            self._free_before(request_id, table, first_useful_block)
             return
         table = self.blocks_of(request_id)
-        first_useful_block = min(num_skipped_tokens // self.block_size, len(table))
-        self._free_before(request_id, table, first_useful_block)
+        null = self.block_pool.null_block
+        if num_skipped_tokens > 0:
+            # Upstream's walk back (nulls here are not a prefix: no kept count).
+            removed: list[KVCacheBlock] = []
+            for index in range(min(num_skipped_tokens // self.block_size, len(table)) - 1, -1, -1):
+                if table[index].is_null:
+                    break
+                removed.append(table[index])
+                table[index] = null
+            if removed:
+                self.block_pool.free_blocks(removed)
+        last = self.last_state_block_idx.get(request_id)
+        if (
+            last is not None
+            and last < cdiv(num_computed_tokens, self.block_size) - 1
+            and not table[last].is_null
+        ):
+            self.block_pool.free_blocks([table[last]])
+            table[last] = null
+
+    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+        """The shared caching; in "align" mode each newly cached real block's hash is noted
+        as cached this step (a hit on it waits for the next step).
+
+        Upstream `MambaManager.cache_blocks`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L1025-1036 (0.19.1)`.
+        """
+        before = self.num_cached_block.get(request_id, 0)
+        super().cache_blocks(request_id, block_hashes, num_tokens)
+        if not (self.mamba_align or self.mamba_all):
+            return
+        after = self.num_cached_block.get(request_id, 0)
+        for block in self.req_to_blocks[request_id][before:after]:
+            if not block.is_null and block.block_hash is not None:
+                self.cached_blocks_this_step.add(block.block_hash)
+
+    def new_step_starts(self) -> None:
+        """Forget the blocks cached last step.
+
+        Upstream `MambaManager.new_step_starts`:
+        `vllm/v1/core/single_type_kv_cache_manager.py:L1038-1039 (0.19.1)`.
+        """
+        self.cached_blocks_this_step.clear()
+
+    def free(self, request_id: int) -> None:
+        """ "align": drop the request's indices; then the shared free.
+
+        Upstream `MambaManager.free`: `vllm/v1/core/single_type_kv_cache_manager.py:L1011-1015
+        (0.19.1)` (`pop_blocks_for_free` from 0.25.1).
+        """
+        self.allocated_block_reqs.discard(request_id)
+        self.last_state_block_idx.pop(request_id, None)
+        super().free(request_id)
+
+
+def mamba_align_hit(
+    block_pool: BlockPool, hashes: list[list[BlockHash]], max_length: int, block_size: int
+) -> list[list[KVCacheBlock]]:
+    """The Mamba groups' hit in "align" mode: the last index i below ``max_length // bs``
+    whose block every group has cached -> per group ``[null] * i + [block]``; none: [].
+    Example (bs=4, max_length 11): cached h0 and h1 -> i = 1: [null, b(h1)], 8 tokens.
+
+    Upstream `MambaManager.find_longest_cache_hit` (one attention type's groups; with one
+    block size the alignment check never skips):
+    `vllm/v1/core/single_type_kv_cache_manager.py:L785-830 (0.19.1)`.
+    """
+    null = block_pool.null_block
+    for index in range(max_length // block_size - 1, -1, -1):
+        found: list[KVCacheBlock] = []
+        for group_hashes in hashes:
+            block = block_pool.get_cached_block(group_hashes[index])
+            if block is None:
+                break
+            found.append(block)
+        else:
+            return [[null] * index + [block] for block in found]
+    return [[] for _ in hashes]

@@ -64,10 +64,10 @@ from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
 
 def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
     """The one-line refusals of a Mamba group kvsim does not model (`sim.kv.v1_engine.mamba`):
-    a release whose `MambaManager` was not read, prefix caching (vLLM 0.33.0 then runs the
-    "align" mode; 0.11.0 silently turns caching off for Mamba models,
-    `model_executor/models/config.py:L290-297 @0.11.0`), and no max_model_len (the group's
-    block size).
+    a release whose `MambaManager` was not read, prefix caching where kvsim does not model
+    the "align" mode (0.33.0's has prefill checkpoint blocks; 0.11.0 silently turns caching
+    off for Mamba models, `model_executor/models/config.py:L290-297 @0.11.0`), and, caching
+    off, no max_model_len (the group's block size).
 
     kvsim's own (no upstream counterpart).
     """
@@ -77,10 +77,13 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
             f"pin one (this manager follows {pin.words})"
         )
     if config.enable_prefix_caching:
-        raise ValueError(
-            "enable_prefix_caching: prefix caching over a Mamba group (vLLM's "
-            "mamba_cache_mode 'align') is not modelled; turn it off"
-        )
+        if not pin.models_mamba_align:
+            raise ValueError(
+                "enable_prefix_caching: prefix caching over a Mamba group (vLLM's "
+                "mamba_cache_mode 'align') is modelled on vLLM 0.19.1, 0.20.0, 0.25.1 and "
+                f"0.26.0, not {pin.words}; turn it off"
+            )
+        return  # "align": the Mamba block size is the attention block size
     if config.max_model_len is None:
         raise ValueError("max_model_len: a Mamba group's block size is max_model_len; set it")
 
@@ -120,17 +123,30 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         )
         only_reachable = self.pin.caches_only_reachable_window_blocks
         self.coordinator: KVCacheCoordinator[Any]
+        #: The hybrid coordinator (None with one group): "align" Mamba groups need its
+        #: main-model token counts and `new_step_starts`.
+        self._hybrid: HybridKVCacheCoordinator | None = None
         if hybrid:
             if config.has_mamba_group:
                 _check_mamba_config(config, self.pin)
-            self.coordinator = HybridKVCacheCoordinator(
+            mamba_cache_mode = "none"
+            if config.has_mamba_group and self.enable_caching:
+                mamba_cache_mode = config.mamba_cache_mode or "align"
+            self._hybrid = HybridKVCacheCoordinator(
                 self.block_pool,
                 self.block_size,
                 config.kv_cache_groups,
                 only_reachable_cached=only_reachable,
-                # With caching off a Mamba group's block is max_model_len tokens (`mamba`).
-                mamba_block_size=config.max_model_len,
+                # A Mamba group's block is max_model_len tokens with caching off, the
+                # attention block size with caching on (`mamba`).
+                mamba_block_size=(
+                    config.max_model_len if mamba_cache_mode == "none" else self.block_size
+                ),
+                mamba_cache_mode=mamba_cache_mode,
             )
+            for mamba in self._hybrid.align_mamba_managers:
+                mamba.tolerates_longer_table = self.pin.mamba_align_tolerates_longer_table
+            self.coordinator = self._hybrid
         else:
             self.coordinator = UnitaryKVCacheCoordinator(
                 self.block_pool,
@@ -246,20 +262,43 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None and num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
-        if self._count_cap_tokens is None:
-            num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
-                request_id, num_tokens_need_slot, hits
+        hybrid = self._hybrid
+        # "align" Mamba groups count the main model's tokens: no lookahead, not capped at
+        # max_model_len (`num_tokens_main_model`, `kv_cache_manager.py:L361 @0.19.1`).
+        num_tokens_main_model = None
+        if hybrid is not None and hybrid.align_mamba_managers:
+            computed = num_computed_tokens
+            if self.max_model_len is not None and computed > self.max_model_len:
+                computed = self.max_model_len
+            num_tokens_main_model = computed + num_new_tokens
+        if self._count_cap_tokens is not None:
+            num_blocks_to_allocate = self._capped_count(
+                request,
+                num_tokens_need_slot,
+                hits,
+                num_computed_tokens,
+                self._count_cap_tokens,
+                num_tokens_main_model,
+            )
+        elif num_tokens_main_model is not None and hybrid is not None:
+            num_blocks_to_allocate = hybrid.get_num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, hits, num_tokens_main_model
             )
         else:
-            num_blocks_to_allocate = self._capped_count(
-                request, num_tokens_need_slot, hits, num_computed_tokens, self._count_cap_tokens
+            num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, hits
             )
         if num_blocks_to_allocate > len(self.block_pool.free_block_queue):
             return None
         if hits[0]:
             coordinator.touch(hits)
         coordinator.save_new_computed_blocks(request_id, hits)
-        new_block_ids = coordinator.allocate_new_block_ids(request_id, num_tokens_need_slot)
+        if num_tokens_main_model is not None and hybrid is not None:
+            new_block_ids = hybrid.allocate_new_block_ids(
+                request_id, num_tokens_need_slot, num_tokens_main_model
+            )
+        else:
+            new_block_ids = coordinator.allocate_new_block_ids(request_id, num_tokens_need_slot)
         if num_tokens_need_slot > self._req_to_max_need_tokens.get(request_id, 0):
             self._req_to_max_need_tokens[request_id] = num_tokens_need_slot
 
@@ -333,6 +372,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         hits: GroupBlocks,
         num_computed_tokens: int,
         cap_tokens: int | None,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """`get_num_blocks_to_allocate` with each sliding group capped on `cap_tokens`
         (0.20.0 `single_type_kv_cache_manager.py:L88-166`, 0.33.0 `L176-262`): the
@@ -347,9 +387,45 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             if cap_tokens is not None:
                 cap = manager.admission_cap_blocks(cap_tokens, self.max_model_len)
             total += num_blocks_to_admit(
-                manager, request.seq_id, num_tokens, group_hits, num_computed_tokens, cap
+                manager,
+                request.seq_id,
+                num_tokens,
+                group_hits,
+                num_computed_tokens,
+                cap,
+                num_tokens_main_model,
             )
         return total
+
+    @property
+    def mamba_align_block_size(self) -> int | None:
+        """The block size prefill chunks align to with Mamba prefix caching ("align" mode;
+        the attention block size, `sim.scheduler.v1.mamba_align`); None otherwise.
+
+        kvsim's own (no upstream counterpart).
+        """
+        if self._hybrid is None or not self._hybrid.align_mamba_managers:
+            return None
+        return self.block_size
+
+    @property
+    def num_uncached_common_prefix_tokens(self) -> int:
+        """The last prefix lookup's full-attention hit less its final hit, in tokens (0.25.1
+        `kv_cache_coordinator.py:L737`; 0 without an "align" Mamba group).
+
+        kvsim's own (no upstream counterpart).
+        """
+        return 0 if self._hybrid is None else self._hybrid.num_uncached_common_prefix_tokens
+
+    def new_step_starts(self) -> None:
+        """The scheduler's call at the start of every step: "align" Mamba groups forget the
+        blocks cached last step (a no-op otherwise).
+
+        Upstream `KVCacheManager.new_step_starts`:
+        `vllm/v1/core/kv_cache_manager.py:L550-552 (0.19.1)`.
+        """
+        if self._hybrid is not None:
+            self._hybrid.new_step_starts()
 
     def cache_blocks(self, request: Sequence, num_computed_tokens: int) -> None:
         """Cache the blocks `num_computed_tokens` tokens fill, with caching on (the async

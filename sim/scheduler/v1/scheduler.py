@@ -57,6 +57,7 @@ from sim.kv_connector.hooks import ConnectorHooks
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.scheduler.lifecycle import fail, finish, sample_token
 from sim.scheduler.request import Request, RequestState, ScheduledWork, StepPlan, priority_key
+from sim.scheduler.v1.mamba_align import MambaAlignedSplit, SplitRule, split_rule_for
 from sim.scheduler.v1.priority_ties import HeapTieMirror, NoTieMirror
 from sim.scheduler.v1.release import policies_for
 
@@ -297,6 +298,17 @@ class V1Scheduler:
         self.step_threshold = config.long_prefill_token_threshold
         #: The KV connector's scheduler side (`sim.kv_connector`); no-ops without one.
         self.connector_hooks = ConnectorHooks(kv_connector or NoConnector(), kv_cache_manager)
+        #: `need_mamba_block_aligned_split` (0.19.1 `L252-254`): Mamba prefix caching
+        #: ("align" mode) trims prefill chunks to block boundaries (`mamba_align`).
+        self.mamba_split: MambaAlignedSplit | None = None
+        align_block_size = getattr(kv_cache_manager, "mamba_align_block_size", None)
+        rule = split_rule_for(self.release_policies.release)
+        if align_block_size is not None and rule is not None:
+            self.mamba_split = MambaAlignedSplit(rule, align_block_size)
+        #: `kv_cache_manager.new_step_starts` (0.19.1 on, `L381`), where the manager has it.
+        self._new_step_starts: Callable[[], None] | None = getattr(
+            kv_cache_manager, "new_step_starts", None
+        )
 
     def use_exact_arrival_times(self) -> bool:
         """Take `arrival_s` as vLLM's own `arrival_time` (the scheduler lockstep does): then
@@ -349,6 +361,8 @@ class V1Scheduler:
         self.step_threshold = self.config.long_prefill_token_threshold
         if self.release_policies.lone_request_ignores_threshold and self.num_unfinished() <= 1:
             self.step_threshold = 0  # 0.33.0 L754-762: nobody to starve (`release`)
+        if self._new_step_starts is not None:
+            self._new_step_starts()  # (0.19.1 L381): Mamba "align" forgets this step's caching
         budget = self.running_phase(plan, self.token_budget, now_s)
         if plan.num_preempted == 0:
             self._schedule_waiting(plan, budget, now_s)
@@ -396,6 +410,14 @@ class V1Scheduler:
             return _NOTHING_DUE
         num_new = self._clamp(seq.content.num_tokens + placeholders - computed, budget)
         num_new = min(num_new, self.config.max_model_len - 1 - computed)
+        if self.mamba_split is not None and num_new > 0:  # (0.19.1 L437-440)
+            num_new = self.mamba_split.split(
+                num_new,
+                computed,
+                seq.content.num_tokens,
+                seq.prompt_len,
+                junction_tokens=request.mamba_junction_tokens,
+            )
         if num_new <= 0:
             return _NOTHING_DUE
         self.speed.before_call(request)
@@ -522,8 +544,11 @@ class V1Scheduler:
                 return _SKIPPED
             request.state = RequestState.WAITING
         seq = request.seq
+        uncached_prefix = 0
         if seq.num_computed_tokens == 0 and self.prefix_hits_possible:
             hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
+            if self.mamba_split is not None:
+                uncached_prefix = self._note_shared_prefix(request, num_computed)
         else:  # (without prefix caching the lookup is a pure ([], 0))
             hit_block_ids, num_computed = [], seq.num_computed_tokens
         num_external, load_async = 0, False
@@ -537,6 +562,17 @@ class V1Scheduler:
         if num_new > budget and not self.config.enable_chunked_prefill:
             return _SKIPPED if self.release_policies.oversized_prompt.skips_to_next else _STOP
         num_new = min(num_new, budget)
+        if self.mamba_split is not None and not load_async:  # (0.19.1 L701-709)
+            num_new = self.mamba_split.split(
+                num_new,
+                num_computed + num_external,
+                seq.num_tokens,
+                seq.prompt_len,
+                uncached_prefix_tokens=uncached_prefix,
+                junction_tokens=request.mamba_junction_tokens,
+            )
+            if num_new == 0:
+                return _STOP
         num_new_hit = num_computed if seq.num_computed_tokens == 0 else 0
         if self.speed.refusal_known(request, num_new):
             return _STOP
@@ -554,6 +590,19 @@ class V1Scheduler:
                 return _SKIPPED
             num_computed += num_external
         return AdmissionTurn(Admission.ADMITTED, num_new, num_computed)
+
+    def _note_shared_prefix(self, request: Request, num_hit_tokens: int) -> int:
+        """After a prefix lookup with Mamba prefix caching: the uncached shared prefix ``u``
+        (the full-attention hit less the final one) for 0.25.1's split, and 0.26.0's
+        junction ``hit + u`` (0 when ``u = 0``) kept on the request (`mamba_align`).
+
+        Upstream: `sched/scheduler.py:L728-734 (0.25.1)`, `kv_cache_manager.py:L264-281
+        (0.26.0)`.
+        """
+        uncached = int(getattr(self.kv_cache_manager, "num_uncached_common_prefix_tokens", 0))
+        if self.mamba_split is not None and self.mamba_split.rule is SplitRule.STOPS:
+            request.mamba_junction_tokens = num_hit_tokens + uncached if uncached else 0
+        return uncached
 
     def _waiting_num_new(self, seq: Sequence, num_computed: int) -> int:
         """A waiting request's new tokens before the budget: the rest of its tokens, capped by

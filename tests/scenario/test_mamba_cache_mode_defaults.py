@@ -1,0 +1,51 @@
+"""The Mamba cache mode each release runs (`sim.scenario.vllm_defaults.mamba`), and
+`vllm serve --mamba-cache-mode` through `kvsim import-vllm`."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from sim.errors import InputError
+from sim.kv.pins import VllmPin
+from sim.scenario.vllm_defaults.common import Origin
+from sim.scenario.vllm_defaults.mamba import resolve_mamba_cache_mode
+from sim.vllm_bench.importer import import_serve_line
+
+ALL_RELEASES = [VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0]
+
+
+@pytest.mark.parametrize("release", ALL_RELEASES)
+def test_the_2026_releases_pick_all_for_mamba2_family_models(release):
+    """Caching on, no mode given: "all" where the model supports it (Nemotron-H), "align"
+    where it does not (Qwen3-Next) or kvsim does not know the model; caching off: "none"."""
+    assert resolve_mamba_cache_mode(release, True, None, True).value == "all"
+    assert resolve_mamba_cache_mode(release, True, None, False).value == "align"
+    unknown = resolve_mamba_cache_mode(release, True, None, None)
+    assert unknown.value == "align" and "model unknown" in unknown.rule
+    assert resolve_mamba_cache_mode(release, False, "all", True).value == "none"
+    # "all" asked of a model without it falls back; "none" with caching on is derived.
+    assert resolve_mamba_cache_mode(release, True, "all", False).value == "align"
+    assert resolve_mamba_cache_mode(release, True, "none", True).value == "all"
+    user = resolve_mamba_cache_mode(release, True, "align", True)
+    assert (user.value, user.origin) == ("align", Origin.USER)
+
+
+def test_0_33_0_has_align_only_and_0_11_0_no_mode():
+    assert resolve_mamba_cache_mode(VllmPin.V0_33_0, True, None, True).value == "align"
+    with pytest.raises(InputError, match="0.33.0 has no 'all' mode"):
+        resolve_mamba_cache_mode(VllmPin.V0_33_0, True, "all", True)
+    assert resolve_mamba_cache_mode(VllmPin.V0_11_0, True, None, True).value == "none"
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("align", "align"), ("all", "all")])
+def test_import_vllm_maps_mamba_cache_mode(flag, expected):
+    line = f"vllm serve llama-3.1-8b --mamba-cache-mode {flag}"
+    data = yaml.safe_load(import_serve_line(line, gpu="h100-sxm", version="0.25.1"))
+    assert data["cache"]["mamba_cache_mode"] == expected
+
+
+def test_import_vllm_leaves_mode_none_to_the_release():
+    line = "vllm serve llama-3.1-8b --mamba-cache-mode none"
+    data = yaml.safe_load(import_serve_line(line, gpu="h100-sxm", version="0.25.1"))
+    assert "mamba_cache_mode" not in data.get("cache", {})
