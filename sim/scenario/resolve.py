@@ -143,7 +143,7 @@ def _kv_config(
             )
         ]
     if config.has_mamba_group:
-        config = _with_mamba_cache_mode(config, cache, inputs)
+        config = _with_mamba_cache_mode(config, cache, inputs, model)
     check_mamba_groups(config)
     inputs["num_gpu_blocks"] = num_gpu_blocks
     inputs["num_cpu_blocks"] = num_cpu_blocks
@@ -152,14 +152,19 @@ def _kv_config(
 
 
 def _with_mamba_cache_mode(
-    config: KVCacheConfig, cache: CacheSection, inputs: dict
+    config: KVCacheConfig, cache: CacheSection, inputs: dict, model: ModelSpec | None
 ) -> KVCacheConfig:
-    """`config` with the Mamba cache mode its release runs (`vllm_defaults.mamba`: the model
-    is abstract here, so "align" unless the scenario says "all"), recorded in `inputs`."""
+    """`config` with the Mamba cache mode its release runs (`vllm_defaults.mamba`), recorded
+    in `inputs`. A catalog model's state kind says whether its vLLM class declares
+    `SupportsMambaPrefixCaching`: the Mamba2-kernel family does (Nemotron-H, 0.25.1
+    `nemotron_h.py:L776-787`), the gated-delta-net hybrids do not (`qwen3_next.py`); an
+    abstract model (groups given by hand) runs "align" unless the scenario says "all"."""
     pin = VllmPin(config.vllm_pin) if config.vllm_pin is not None else V1_BASELINE
+    state = model.mamba_state if model is not None else None
+    supports_all = None if state is None else state.kind == "mamba2"
     try:
         mode = resolve_mamba_cache_mode(
-            pin, config.enable_prefix_caching, cache.mamba_cache_mode, None
+            pin, config.enable_prefix_caching, cache.mamba_cache_mode, supports_all
         )
     except InputError as exc:
         raise ScenarioError(f"cache.{exc}") from None

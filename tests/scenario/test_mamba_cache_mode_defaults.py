@@ -49,3 +49,40 @@ def test_import_vllm_leaves_mode_none_to_the_release():
     line = "vllm serve llama-3.1-8b --mamba-cache-mode none"
     data = yaml.safe_load(import_serve_line(line, gpu="h100-sxm", version="0.25.1"))
     assert "mamba_cache_mode" not in data.get("cache", {})
+
+
+@pytest.mark.parametrize(
+    ("model", "release", "mode"),
+    [
+        ("nemotron-h-8b", "0.25.1", "all"),  # Mamba2 family: SupportsMambaPrefixCaching
+        ("qwen3-next-80b-a3b", "0.25.1", "align"),  # gated delta net: does not declare it
+        ("nemotron-h-8b", "0.19.1", "all"),
+    ],
+)
+def test_a_catalog_hybrid_runs_the_mode_its_vllm_class_picks(model, release, mode) -> None:
+    """Regression: a catalog hybrid (`sim.scenario.catalog_layout`) resolved its Mamba cache
+    mode as an abstract model ("align"), where vLLM runs Nemotron-H in "all"."""
+    from pathlib import Path
+
+    from sim.engine.engine import Engine
+    from sim.scenario.resolve import resolve
+    from sim.scenario.schema import scenario_from_dict
+
+    data = {
+        "name": "catalog-mamba",
+        "model": model,
+        "hardware": {"gpu": "h100-sxm"},
+        "cache": {"num_gpu_blocks": 400},
+        "scheduler": {"design": "v1-engine", "vllm_version": release, "max_model_len": 8192},
+        "workload": {
+            "kind": "inline",
+            "requests": [
+                {"arrival_s": 0.0, "prompt_tokens": 2000, "output_tokens": 8},
+                {"arrival_s": 0.1, "prompt_tokens": 2000, "output_tokens": 8},
+            ],
+        },
+    }
+    resolved = resolve(scenario_from_dict(data), Path("."))
+    assert resolved.inputs["mamba_cache_mode"] == mode
+    records = Engine(resolved.engine, resolved.workload.requests, resolved.step_time).run()
+    assert not records.violations
