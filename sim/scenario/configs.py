@@ -155,7 +155,14 @@ def explicit_kv_cache_groups(
     if cache.sliding_window not in ("model", None):
         raise ScenarioError(f"{field}: each group sets its window; drop cache.sliding_window")
     groups = tuple(
-        KVCacheGroupSpec(g.sliding_window, g.attention_chunk_size, g.mamba)
+        KVCacheGroupSpec(
+            g.sliding_window,
+            g.attention_chunk_size,
+            g.mamba,
+            sink_len=g.sink_len,
+            rswa_window=g.rswa_window,
+            circular_buffer=g.circular_buffer,
+        )
         for g in cache.kv_cache_groups
     )
     try:
@@ -163,6 +170,8 @@ def explicit_kv_cache_groups(
             design,
             KVCacheConfig(
                 num_gpu_blocks=cache.num_gpu_blocks,
+                # A sink group's sink_len must be a multiple of it (`full_variants`).
+                block_size=cache.block_size or 16,
                 kv_cache_groups=groups,
                 vllm_pin=vllm_pin,
                 # The layout alone: max_model_len and caching are checked on the full config

@@ -110,6 +110,9 @@ def _kv_config(
                 "sliding_window": group.sliding_window,
                 "attention_chunk_size": group.attention_chunk_size,
                 "mamba": group.mamba,
+                "sink_len": group.sink_len,
+                "rswa_window": group.rswa_window,
+                "circular_buffer": group.circular_buffer,
             }
             for group_id, group in enumerate(groups)
         ]
@@ -144,6 +147,27 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
             "'align' Mamba mode (0.19.1 on; 0.11.0 turns caching off), which kvsim does not "
             "model; set cache.enable_prefix_caching: false"
         )
+    check_full_variant_groups(config)
+
+
+def check_full_variant_groups(config: KVCacheConfig) -> None:
+    """A sink, R-SWA or circular-buffer group (`cache.kv_cache_groups`,
+    `sim.kv.v1_engine.full_variants`) runs with prefix caching off, the one mode kvsim
+    models for them, and a sink group's `sink_len` is whole blocks (upstream asserts
+    ``sink_len % block_size == 0``, `single_type_kv_cache_manager.py:L1109 @0.19.1`)."""
+    if not config.has_full_variant_group:
+        return
+    if config.enable_prefix_caching:
+        raise ScenarioError(
+            "cache.enable_prefix_caching: prefix caching over a sink, R-SWA or circular-buffer "
+            "group is not modelled; set cache.enable_prefix_caching: false"
+        )
+    for group_id, group in enumerate(config.kv_cache_groups):
+        if group.sink_len is not None and group.sink_len % config.block_size:
+            raise ScenarioError(
+                f"cache.kv_cache_groups[{group_id}].sink_len: {group.sink_len} is not a "
+                f"multiple of cache.block_size {config.block_size}"
+            )
 
 
 def _num_gpu_blocks(
@@ -257,11 +281,12 @@ def _startup(
         inputs["vllm_kv_cache_log"] = logged.lines()
         inputs["startup_blocks_per_request"] = startup_blocks
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
+        mismatch = _sink_startup_mismatch(release, kv, startup_blocks, pin)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()
-            mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin)
-            if mismatch is not None:
-                inputs["startup_violations"] = [mismatch.to_row()]
+            mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin) or mismatch
+        if mismatch is not None:
+            inputs["startup_violations"] = [mismatch.to_row()]
     else:
         _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
@@ -366,14 +391,53 @@ def _admission_reserve(
     in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
     reserve = admission_reserve(
         tuple(g.sliding_window for g in specs),
-        # A Mamba group's block is max_model_len tokens: charged one, holding one.
-        tuple(max_model_len if g.mamba else kv.block_size for g in specs),
-        kv.num_gpu_blocks - 1,
+        # A Mamba group's block is max_model_len tokens: charged one, holding one; so is a
+        # circular buffer's one block (sink and R-SWA groups are charged as full attention).
+        tuple(max_model_len if g.mamba or g.circular_buffer else kv.block_size for g in specs),
+        kv.num_gpu_blocks - 1 - num_sink_blocks(release, kv),
         in_flight,
         max_model_len,
         chunk_sizes=tuple(g.attention_chunk_size for g in specs),
     )
     return reserve if reserve.reserved_blocks > 0 else None
+
+
+def num_sink_blocks(release: VllmPin, kv: KVCacheConfig) -> int:
+    """Blocks the release's sink groups take from the pool for good when the manager is built
+    (`VllmPin.reserves_sink_blocks`: 0.19.1, 0.20.0): ``sink_len // bs`` per sink group.
+    Example: two groups of 64 sink tokens, bs 16: 8."""
+    if not release.reserves_sink_blocks:
+        return 0
+    return sum((g.sink_len or 0) // kv.block_size for g in kv.kv_cache_groups)
+
+
+def _sink_startup_mismatch(
+    release: VllmPin, kv: KVCacheConfig, startup_blocks: int, pin: str
+) -> Violation | None:
+    """A `startup_gate_mismatch` from sink groups: the startup check charges a sink group as
+    full attention over the whole pool (`FullAttentionSpec.max_memory_usage_bytes`), but
+    building the manager then takes the sink blocks out of it (0.19.1, 0.20.0), so a
+    max_model_len request that startup accepted may never fit what is left.
+
+    Example (bs 16, groups [full, sink 64], max_model_len 1,024, 132 blocks): startup charges
+    64 + 64 = 128 <= 131 usable; the sink group takes 4, leaving 127 < 128.
+    """
+    sinks = num_sink_blocks(release, kv)
+    usable = kv.num_gpu_blocks - 1
+    if not sinks or startup_blocks > usable or startup_blocks <= usable - sinks:
+        return None
+    return Violation(
+        ViolationKind.STARTUP_GATE_MISMATCH,
+        "startup",
+        None,
+        f"vLLM {pin}'s startup check accepts max_model_len ({startup_blocks} blocks of "
+        f"{usable} usable), but its sink groups then take {sinks} blocks for good, leaving "
+        f"{usable - sinks}: a max_model_len request would never be admitted",
+        counted_blocks=startup_blocks,
+        needed_blocks=startup_blocks,
+        free_blocks=usable - sinks,
+        time_s=0.0,
+    )
 
 
 def _startup_gate_mismatch(
@@ -416,7 +480,8 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     arithmetic at 0.11.0 `L174-191`); a hybrid model needs the sum over its
     KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0), a Mamba group one block
     (`MambaSpec.max_memory_usage_bytes`, `kv_cache_interface.py:L1135-1141 @0.33.0`, L235-238
-    @0.11.0: one page per request with caching off). T (`token_budget` here) is
+    @0.11.0: one page per request with caching off), a circular buffer one block, a sink or
+    R-SWA group as full attention (`FullAttentionSpec`'s). T (`token_budget` here) is
     `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
     scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
@@ -433,7 +498,9 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for group in kv.group_specs:
-        if group.mamba:  # `MambaSpec.max_memory_usage_bytes`: one page (caching off)
+        if group.mamba or group.circular_buffer:
+            # `MambaSpec.max_memory_usage_bytes`: one page (caching off);
+            # `CircularBufferSpec.max_memory_usage_bytes`: one page (`L983-985 @0.33.0`).
             needed += 1
         elif group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
             needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)

@@ -79,14 +79,24 @@ class KVCacheGroupSection(_Closed):
     """One V1-engine KV-cache group: full attention (no field), a sliding window,
     chunked-local attention (Llama-4's RoPE layers), or a Mamba / linear-attention state
     (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request, with
-    prefix caching off). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
-    full one, `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
+    prefix caching off), or a variant of full attention with prefix caching off (`sink_len`,
+    `rswa_window`, `circular_buffer`: scenarios/full_variants_hybrid_v1.yaml). Example:
+    scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a full one,
+    `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
 
     sliding_window: Int | None = Field(default=None, ge=1)
     attention_chunk_size: Int | None = Field(default=None, ge=1)
     #: A Mamba state group (vLLM 0.11.0 on; needs cache.enable_prefix_caching false: with
     #: caching on, 0.19.1 on run Mamba in the "align" mode kvsim does not model).
     mamba: Bool = False
+    #: Full attention with this many static sink tokens, a multiple of cache.block_size
+    #: (vLLM 0.19.1 and 0.20.0; `SinkFullAttentionSpec`, sim/kv/v1_engine/full_variants.py).
+    sink_len: Int | None = Field(default=None, ge=1)
+    #: Reference sliding-window attention: the prompt and the last rswa_window generated
+    #: tokens (vLLM 0.25.1 on; `RSWASpec`).
+    rswa_window: Int | None = Field(default=None, ge=1)
+    #: A circular buffer of one block per request (vLLM 0.33.0; `CircularBufferSpec`).
+    circular_buffer: Bool = False
 
     @model_validator(mode="after")
     def _one_type(self) -> KVCacheGroupSection:
@@ -94,6 +104,18 @@ class KVCacheGroupSection(_Closed):
             raise ValueError("a group is sliding-window or chunked-local, not both")
         if self.mamba and (self.sliding_window is not None or self.attention_chunk_size):
             raise ValueError("a Mamba group has no sliding_window or attention_chunk_size")
+        kinds = [
+            self.sliding_window is not None or self.attention_chunk_size is not None,
+            self.mamba,
+            self.sink_len is not None,
+            self.rswa_window is not None,
+            self.circular_buffer,
+        ]
+        if sum(kinds) > 1:
+            raise ValueError(
+                "a group is one of: sliding_window, attention_chunk_size, mamba, sink_len, "
+                "rswa_window, circular_buffer"
+            )
         return self
 
 
