@@ -46,8 +46,8 @@ def real_kv_cache_config(
     max_model_len: int | None = None,
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
-    (full attention, a sliding window, chunked-local attention, or a Mamba state of one fp16
-    value), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
+    (full attention, a sliding window, chunked-local attention, a Mamba state of one fp16
+    value, full attention with sinks, R-SWA, or a circular buffer), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
     managers read only the specs' block sizes, windows and chunk sizes, never the layer
     shapes. A Mamba group's block size is `max_model_len`, as vLLM sets it with caching off
     (`sim.kv.v1_engine.mamba`). `iface` is `vllm.v1.kv_cache_interface`.
@@ -65,6 +65,12 @@ def real_kv_cache_config(
             return iface.MambaSpec(
                 block_size=max_model_len, shapes=((1,),), dtypes=(torch.float16,)
             )
+        if group.sink_len is not None:  # 0.19.1 on
+            return iface.SinkFullAttentionSpec(**shape, sink_len=group.sink_len)
+        if group.rswa_window is not None:  # 0.25.1 on
+            return iface.RSWASpec(**shape, rswa_window=group.rswa_window)
+        if group.circular_buffer:  # 0.33.0: the ring's capacity is its block size
+            return iface.CircularBufferSpec(**shape)
         if group.attention_chunk_size is not None:
             return iface.ChunkedLocalAttentionSpec(
                 **shape, attention_chunk_size=group.attention_chunk_size
