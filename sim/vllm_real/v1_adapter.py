@@ -341,7 +341,23 @@ class RealKVCacheManager:
         pool = self.real.block_pool
         counts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0}
         counts[pool.null_block.block_id] = 1
+        for block in self._sink_blocks():
+            counts[block.block_id] = 1  # out of the queue for good, as kvsim's pool holds them
         return counts
+
+    def _sink_blocks(self) -> list[Any]:
+        """The blocks 0.19.1 / 0.20.0's sink managers took from the queue at construction
+        (refcount 0 upstream, never free: `sim.kv.v1_engine.full_variants`)."""
+        return [
+            block
+            for manager in self.real.coordinator.single_type_managers
+            for block in getattr(manager, "sink_blocks", [])
+        ]
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """The null block and the sink blocks, as kvsim's manager counts them."""
+        return 1 + len(self._sink_blocks())
 
     def pool_stats(self) -> PoolStats:
         free = self.num_free_blocks

@@ -127,3 +127,39 @@ def test_the_real_sink_manager_builds_only_where_kvsim_models_it(version, builds
     assert ("unexpected keyword argument" in out.stdout) == (not builds), out.stdout
     assert VllmPin(version).sink_manager_fails_to_build == (not builds)
     assert VllmPin(version).models_sink_groups == builds
+
+
+_UNDER_KVSIM = """
+import ast, sys
+from sim.engine.run import run
+from sim.scenario.schema import scenario_from_dict
+from tests.scenario.test_full_variant_groups import _case
+version, groups = sys.argv[1], ast.literal_eval(sys.argv[2])
+data = _case(40, groups, version)
+real = run(scenario_from_dict(data), vllm_root=f".vllm/{version}")
+model = run(scenario_from_dict(data))
+print("violations", len(real.violations), "finished", real.summary["states"]["finished"])
+print("preemptions", real.summary["num_preemptions"], model.summary["num_preemptions"])
+print("same tables", real.requests.equals(model.requests) and real.steps.equals(model.steps))
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "groups"),
+    [
+        ("0.19.1", [{"sink_len": 16}, {}]),
+        ("0.20.0", [{}, {"sink_len": 32}]),
+        ("0.25.1", [{}, {"rswa_window": 24}]),
+        ("0.33.0", [{}, {"circular_buffer": True}, {"rswa_window": 24}]),
+    ],
+)
+def test_the_real_manager_under_kvsims_scheduler_gives_the_models_tables(version, groups):
+    """The preemption cases of tests/scenario/test_full_variant_groups.py on the release's own
+    manager (`run(vllm_root=...)`), full audit: no violation (the sink blocks count as held by
+    no table on both), the same preemptions, and byte-identical request and step tables."""
+    out = _python(version, _UNDER_KVSIM, repr(groups))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "violations 0 finished 6" in out.stdout, out.stdout
+    (real, model) = re.search(r"preemptions (\d+) (\d+)", out.stdout).groups()
+    assert real == model and int(real) > 0, out.stdout
+    assert "same tables True" in out.stdout, out.stdout
