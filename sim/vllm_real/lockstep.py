@@ -124,7 +124,7 @@ def verify(
                 rng,
                 chunked_local=install.version_tuple[:2] >= (0, 11),
                 mamba=_models_mamba(install.version_tuple),
-                full_variants=_full_variant_kinds(pin),
+                full_variants=full_variant_kinds(pin),
             )
             if hybrid
             else random_config(rng, design)
@@ -168,7 +168,7 @@ def _models_mamba(version: tuple[int, ...]) -> bool:
     return version[:2] >= (0, 10) and VllmPin(name).models_mamba_groups
 
 
-def _full_variant_kinds(pin: str | None) -> tuple[str, ...]:
+def full_variant_kinds(pin: str | None) -> tuple[str, ...]:
     """The sink / R-SWA / circular-buffer kinds kvsim models on the loaded release (none
     before 0.19.1; `sim.kv.v1_engine.full_variants`)."""
     if pin is None:

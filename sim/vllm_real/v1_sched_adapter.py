@@ -24,13 +24,14 @@ and finishes it; free blocks 19 -> 15 -> 12 -> 12 -> 19.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.kv.config import Design, KVCacheConfig
+from sim.kv.config import Design, KVCacheConfig, KVCacheGroupSpec
 from sim.kv.types import TokenContent
 from sim.memory.terms import VllmEngine
 from sim.scenario.configs import (
@@ -73,6 +74,9 @@ class SchedCase:
     policy: str = "fcfs"
     #: vLLM's `AsyncScheduler` behind the engine core's batch queue (`async_lockstep`).
     async_scheduling: bool = False
+    #: A hybrid model's KV-cache groups (`cache.kv_cache_groups`; empty: one group). With a
+    #: Mamba group prefix caching is off, as kvsim models it (`sim.kv.v1_engine.mamba`).
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,7 @@ def case_configs(
         sliding_window=case.sliding_window,
         enable_prefix_caching=case.enable_prefix_caching,
     )
+    groups = case.kv_cache_groups
     kv = kv_cache_config_of(
         cache,
         num_gpu_blocks=case.num_blocks,
@@ -194,6 +199,7 @@ def case_configs(
         max_model_len=case.max_model_len,
         vllm_pin=scheduler.resolved_vllm_version,
         max_num_batched_tokens=case.max_num_batched_tokens,
+        kv_cache_groups=groups,
     )
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
@@ -271,6 +277,10 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
     kv_cache_config = real_kv_cache_config(
         iface, kv.block_size, kv.num_gpu_blocks, kv.group_specs, kv.max_model_len
     )
+    # Several groups: the lcm of their block sizes (a Mamba group's is max_model_len), as the
+    # engine core resolves it with caching off (`resolve_kv_cache_block_sizes`,
+    # `vllm/v1/core/kv_cache_utils.py:L816-873 (0.33.0)`).
+    block_size = math.lcm(*(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups))
     return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -278,7 +288,9 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         log_stats=False,
         # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
         # KV-cache groups' common block size; hashing uses the same by default).
-        **accepted_kwargs(sched_mod.Scheduler, {"block_size": kv.block_size}),
+        **accepted_kwargs(
+            sched_mod.Scheduler, {"block_size": block_size, "hash_block_size": block_size}
+        ),
     )
 
 
