@@ -154,17 +154,7 @@ def explicit_kv_cache_groups(
         raise ScenarioError(f"{field}: give cache.num_gpu_blocks (the pool the groups share)")
     if cache.sliding_window not in ("model", None):
         raise ScenarioError(f"{field}: each group sets its window; drop cache.sliding_window")
-    groups = tuple(
-        KVCacheGroupSpec(
-            g.sliding_window,
-            g.attention_chunk_size,
-            g.mamba,
-            sink_len=g.sink_len,
-            rswa_window=g.rswa_window,
-            circular_buffer=g.circular_buffer,
-        )
-        for g in cache.kv_cache_groups
-    )
+    groups = tuple(g.group_spec() for g in cache.kv_cache_groups)
     try:
         make_manager(
             design,

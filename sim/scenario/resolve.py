@@ -37,6 +37,11 @@ from sim.scenario.configs import (
     scheduler_config_of,
     sliding_window_of,
 )
+from sim.scenario.full_variants import (
+    check_full_variant_groups,
+    num_sink_blocks,
+    sink_startup_mismatch,
+)
 from sim.scenario.no_effect import check_no_effect
 from sim.scenario.release_defaults import (
     applied,
@@ -147,27 +152,7 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
             "'align' Mamba mode (0.19.1 on; 0.11.0 turns caching off), which kvsim does not "
             "model; set cache.enable_prefix_caching: false"
         )
-    check_full_variant_groups(config)
-
-
-def check_full_variant_groups(config: KVCacheConfig) -> None:
-    """A sink, R-SWA or circular-buffer group (`cache.kv_cache_groups`,
-    `sim.kv.v1_engine.full_variants`) runs with prefix caching off, the one mode kvsim
-    models for them, and a sink group's `sink_len` is whole blocks (upstream asserts
-    ``sink_len % block_size == 0``, `single_type_kv_cache_manager.py:L1109 @0.19.1`)."""
-    if not config.has_full_variant_group:
-        return
-    if config.enable_prefix_caching:
-        raise ScenarioError(
-            "cache.enable_prefix_caching: prefix caching over a sink, R-SWA or circular-buffer "
-            "group is not modelled; set cache.enable_prefix_caching: false"
-        )
-    for group_id, group in enumerate(config.kv_cache_groups):
-        if group.sink_len is not None and group.sink_len % config.block_size:
-            raise ScenarioError(
-                f"cache.kv_cache_groups[{group_id}].sink_len: {group.sink_len} is not a "
-                f"multiple of cache.block_size {config.block_size}"
-            )
+    check_full_variant_groups(config)  # `sim.scenario.full_variants`
 
 
 def _num_gpu_blocks(
@@ -281,7 +266,7 @@ def _startup(
         inputs["vllm_kv_cache_log"] = logged.lines()
         inputs["startup_blocks_per_request"] = startup_blocks
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
-        mismatch = _sink_startup_mismatch(release, kv, startup_blocks, pin)
+        mismatch = sink_startup_mismatch(release, kv, startup_blocks, pin)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()
             mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin) or mismatch
@@ -400,44 +385,6 @@ def _admission_reserve(
         chunk_sizes=tuple(g.attention_chunk_size for g in specs),
     )
     return reserve if reserve.reserved_blocks > 0 else None
-
-
-def num_sink_blocks(release: VllmPin, kv: KVCacheConfig) -> int:
-    """Blocks the release's sink groups take from the pool for good when the manager is built
-    (`VllmPin.reserves_sink_blocks`: 0.19.1, 0.20.0): ``sink_len // bs`` per sink group.
-    Example: two groups of 64 sink tokens, bs 16: 8."""
-    if not release.reserves_sink_blocks:
-        return 0
-    return sum((g.sink_len or 0) // kv.block_size for g in kv.kv_cache_groups)
-
-
-def _sink_startup_mismatch(
-    release: VllmPin, kv: KVCacheConfig, startup_blocks: int, pin: str
-) -> Violation | None:
-    """A `startup_gate_mismatch` from sink groups: the startup check charges a sink group as
-    full attention over the whole pool (`FullAttentionSpec.max_memory_usage_bytes`), but
-    building the manager then takes the sink blocks out of it (0.19.1, 0.20.0), so a
-    max_model_len request that startup accepted may never fit what is left.
-
-    Example (bs 16, groups [full, sink 64], max_model_len 1,024, 132 blocks): startup charges
-    64 + 64 = 128 <= 131 usable; the sink group takes 4, leaving 127 < 128.
-    """
-    sinks = num_sink_blocks(release, kv)
-    usable = kv.num_gpu_blocks - 1
-    if not sinks or startup_blocks > usable or startup_blocks <= usable - sinks:
-        return None
-    return Violation(
-        ViolationKind.STARTUP_GATE_MISMATCH,
-        "startup",
-        None,
-        f"vLLM {pin}'s startup check accepts max_model_len ({startup_blocks} blocks of "
-        f"{usable} usable), but its sink groups then take {sinks} blocks for good, leaving "
-        f"{usable - sinks}: a max_model_len request would never be admitted",
-        counted_blocks=startup_blocks,
-        needed_blocks=startup_blocks,
-        free_blocks=usable - sinks,
-        time_s=0.0,
-    )
 
 
 def _startup_gate_mismatch(

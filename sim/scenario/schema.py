@@ -38,7 +38,7 @@ from sim.cluster.config import ClusterSection, RouterName
 from sim.errors import InputError
 from sim.files.inputs import read_capped_bytes, refuse_non_regular
 from sim.files.strict_yaml import StrictLoader, load_yaml
-from sim.kv.config import Design
+from sim.kv.config import Design, KVCacheGroupSpec
 from sim.kv.pins import resolve_pin
 from sim.latency import StepTimeConfig
 from sim.memory.terms import weight_format
@@ -104,19 +104,19 @@ class KVCacheGroupSection(_Closed):
             raise ValueError("a group is sliding-window or chunked-local, not both")
         if self.mamba and (self.sliding_window is not None or self.attention_chunk_size):
             raise ValueError("a Mamba group has no sliding_window or attention_chunk_size")
-        kinds = [
-            self.sliding_window is not None or self.attention_chunk_size is not None,
-            self.mamba,
-            self.sink_len is not None,
-            self.rswa_window is not None,
-            self.circular_buffer,
-        ]
-        if sum(kinds) > 1:
-            raise ValueError(
-                "a group is one of: sliding_window, attention_chunk_size, mamba, sink_len, "
-                "rswa_window, circular_buffer"
-            )
+        self.group_spec()  # the rest of the manager's own checks (one kind per group)
         return self
+
+    def group_spec(self) -> KVCacheGroupSpec:
+        """The manager's group spec (`sim.kv.config.KVCacheGroupSpec`)."""
+        return KVCacheGroupSpec(
+            self.sliding_window,
+            self.attention_chunk_size,
+            self.mamba,
+            sink_len=self.sink_len,
+            rswa_window=self.rswa_window,
+            circular_buffer=self.circular_buffer,
+        )
 
 
 class CacheSection(_Closed):

@@ -141,7 +141,7 @@ RSWA8 = [{}, {"rswa_window": 8}]
         ([{}, {"sink_len": 24}], "0.20.0", False, "kv_cache_groups: sink_len must be a positive"),
         ([{}, {"circular_buffer": True}], "0.26.0", False, "has no 'circular buffer' group"),
         ([{"rswa_window": 8}], "0.33.0", False, "'rswa 8' layers alone"),
-        ([{}, {"rswa_window": 8, "mamba": True}], "0.33.0", False, "a group is one of"),
+        ([{}, {"rswa_window": 8, "mamba": True}], "0.33.0", False, "a KV-cache group is one of"),
     ],
     ids=["caching", "sink-0.33", "sink-0.11", "sink-len", "ring-0.26", "alone", "two-kinds"],
 )
