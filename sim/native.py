@@ -72,6 +72,7 @@ COMPILED: tuple[str, ...] = (
     "sim.kv.v1_engine.coordinator",
     "sim.kv.v1_engine.decode_shortcuts",
     "sim.kv.v1_engine.free_order",
+    "sim.kv.v1_engine.full_variants",
     "sim.kv.v1_engine.hybrid_coordinator",
     "sim.kv.v1_engine.hybrid_layout",
     "sim.kv.v1_engine.mamba",

@@ -53,6 +53,14 @@ def first_read_position(group: KVCacheGroupSpec, position: int) -> int:
     return 0
 
 
+def _untracked(group: KVCacheGroupSpec) -> bool:
+    """Groups whose in-flight reads this audit does not follow: full attention (sinks too)
+    and Mamba are never pruned while running, a circular buffer holds one block for good, and
+    an R-SWA group's reads are not one window (the prompt, then the last W tokens: its gap
+    frees are left out of this audit, `sim.kv.v1_engine.full_variants`)."""
+    return group.is_full_attention or group.mamba or group.is_full_variant
+
+
 @dataclass(frozen=True, slots=True)
 class InFlightRead:
     """The lowest block one in-flight step reads in one sliding-window group."""
@@ -85,7 +93,7 @@ class InFlightReads:
     @property
     def tracks_anything(self) -> bool:
         """False when every group is full attention or Mamba: nothing is ever pruned."""
-        return any(not (group.is_full_attention or group.mamba) for group in self.groups)
+        return any(not _untracked(group) for group in self.groups)
 
     def step_scheduled(self, request_id: int, first_position: int, computed_tokens: int) -> None:
         """A step computing positions [first_position, computed_tokens) was scheduled.
@@ -97,8 +105,8 @@ class InFlightReads:
         """
         reads = []
         for group, spec in enumerate(self.groups):
-            if spec.is_full_attention or spec.mamba:
-                continue  # never pruned while running (a Mamba group's one state block)
+            if _untracked(spec):
+                continue  # never pruned while running, or not by a window (`_untracked`)
             lowest = first_read_position(spec, first_position)
             index = lowest // self.block_size
             if index >= first_read_position(spec, computed_tokens) // self.block_size:

@@ -88,7 +88,8 @@ class AuditedV1Manager(AuditorBase):
         if group_counts is None:  # a manager that does not count per group
             return
         counts = group_counts()
-        num_held = self.inner.pool_stats().num_held - 1
+        # Less the null block and any sink blocks (held for good, in no table).
+        num_held = self.inner.pool_stats().num_held - getattr(self.inner, "num_reserved_blocks", 1)
         if sum(counts) == num_held:
             return
         kind = ViolationKind.LEAKED_BLOCKS if sum(counts) < num_held else ViolationKind.CONSERVATION

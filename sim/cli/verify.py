@@ -69,7 +69,9 @@ def verify_command(
         "0.11.0 and 4ac7713 for vLLM 0.10/0.11, which decide alike)",
     ),
     hybrid: bool = typer.Option(
-        False, help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups)"
+        False,
+        help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups; with "
+        "--scheduler: Mamba hybrids in half the workloads, on pins from 0.11.0)",
     ),
     defaults: bool = typer.Option(
         False,
@@ -90,7 +92,7 @@ def verify_command(
         return
     _check_options(
         scheduler,
-        {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid},
+        {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload},
         {
             "--num-workloads": num_workloads,
             "--trace": trace,
@@ -120,6 +122,7 @@ def verify_command(
             fast_path,
             trace,
             async_scheduling,
+            hybrid,
         )
         return
     from sim.vllm_real.lockstep import verify
@@ -210,6 +213,7 @@ def _verify_scheduler(
     fast_path: bool,
     trace: Path | None,
     async_scheduling: bool = False,
+    hybrid: bool = False,
 ) -> None:
     from sim.errors import InputError
     from sim.kv.config import Design
@@ -229,6 +233,8 @@ def _verify_scheduler(
             resolve_pin(Design.V1_ENGINE, one)
         except ValueError as exc:  # an unknown pin is bad input
             raise InputError(f"--pin: {exc}") from None
+    if hybrid and trace is not None:
+        raise InputError("--hybrid draws random workloads; with --trace it would do nothing")
     workloads = None
     if trace is not None:  # a missing or malformed trace is bad input (WorkloadError)
         from sim.vllm_real.sched_traces import trace_windows
@@ -249,6 +255,7 @@ def _verify_scheduler(
             fast_path=fast_path,
             workloads=workloads,
             async_scheduling=async_scheduling,
+            hybrid=hybrid,
         )
         typer.echo(result.summary())
         diverged = diverged or not result.identical

@@ -78,11 +78,19 @@ class KVCacheGroupSpec:
     of `attention_chunk_size` tokens (Llama-4's RoPE layers; `ChunkedLocalAttentionSpec`,
     `vllm/v1/kv_cache_interface.py (0.11.0)`), or a Mamba / linear-attention state group
     (`mamba`; `MambaSpec`, `L1094-1166 (0.33.0)`: Qwen3.5-style hybrids, Nemotron-H, Jamba,
-    `sim.kv.v1_engine.mamba`); its layers share one block table."""
+    `sim.kv.v1_engine.mamba`), or one of full attention's variants
+    (`sim.kv.v1_engine.full_variants`): full attention with `sink_len` static sink tokens
+    (`SinkFullAttentionSpec`, 0.19.1 on), reference sliding-window attention keeping the
+    prompt and the last `rswa_window` generated tokens (`RSWASpec`, 0.25.1 on), or a
+    `circular_buffer` of one block per request (`CircularBufferSpec`, 0.33.0); its layers
+    share one block table."""
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     mamba: bool = False
+    sink_len: int | None = None
+    rswa_window: int | None = None
+    circular_buffer: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -95,11 +103,58 @@ class KVCacheGroupSpec:
             raise ValueError("a KV-cache group is sliding-window or chunked-local, not both")
         if self.mamba and not (self.sliding_window is None and self.attention_chunk_size is None):
             raise ValueError("a Mamba KV-cache group has no sliding_window or attention_chunk_size")
+        for name in ("sink_len", "rswa_window"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        kinds = [
+            self.sliding_window is not None,
+            self.attention_chunk_size is not None,
+            self.mamba,
+            self.sink_len is not None,
+            self.rswa_window is not None,
+            self.circular_buffer,
+        ]
+        if sum(kinds) > 1:
+            raise ValueError(
+                "a KV-cache group is one of sliding_window, attention_chunk_size, mamba, "
+                "sink_len, rswa_window, circular_buffer"
+            )
 
     @property
     def is_full_attention(self) -> bool:
-        """Neither a window nor chunks nor a Mamba state: every earlier token is read."""
-        return self.sliding_window is None and self.attention_chunk_size is None and not self.mamba
+        """Plain full attention or with static sinks (whose manager is full attention's):
+        every earlier token is read, nothing is freed while running."""
+        return (
+            self.sliding_window is None
+            and self.attention_chunk_size is None
+            and not self.mamba
+            and self.rswa_window is None
+            and not self.circular_buffer
+        )
+
+    @property
+    def is_full_variant(self) -> bool:
+        """A sink, R-SWA or circular-buffer group (`sim.kv.v1_engine.full_variants`)."""
+        return self.sink_len is not None or self.rswa_window is not None or self.circular_buffer
+
+    @property
+    def kind(self) -> str:
+        """The group in words: 'full', 'sliding 4096', 'chunked 8192', 'mamba', 'sink 64',
+        'rswa 128' or 'circular buffer' (errors, the terminal summary, the lockstep layouts)."""
+        if self.mamba:
+            return "mamba"
+        if self.attention_chunk_size is not None:
+            return f"chunked {self.attention_chunk_size}"
+        if self.sliding_window is not None:
+            return f"sliding {self.sliding_window}"
+        if self.sink_len is not None:
+            return f"sink {self.sink_len}"
+        if self.rswa_window is not None:
+            return f"rswa {self.rswa_window}"
+        if self.circular_buffer:
+            return "circular buffer"
+        return "full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +234,11 @@ class KVCacheConfig:
     def has_mamba_group(self) -> bool:
         """Whether any group is a Mamba (linear-attention) state group."""
         return any(g.mamba for g in self.kv_cache_groups)
+
+    @property
+    def has_full_variant_group(self) -> bool:
+        """Whether any group is a sink, R-SWA or circular-buffer group."""
+        return any(g.is_full_variant for g in self.kv_cache_groups)
 
     @property
     def watermark_blocks(self) -> int:

@@ -66,6 +66,10 @@ Mamba groups (caching     0.11.0    "none"  "none"   "none"   "none"   "none"
 off) ***                  only      mode    mode     mode     mode     mode
 Mamba prefix caching      --        align   align    align    align    refused
 (mode "align")
+sink groups ****          --        blocks  blocks   build    build    build
+                                    taken   taken    fails    fails    fails
+R-SWA groups ****         --        --      --       yes      yes      yes
+circular buffer ****      --        --      --       --       --       yes
 ========================  ========  ======  =======  =======  =======  =======
 
 (* `max_in_flight_tokens` = max_concurrent_batches x the budget: 2 x under async, else 1 x.
@@ -77,7 +81,9 @@ a scenario with them is refused there.
 refused at 4ac7713 (not compared). With prefix caching on 0.19.1-0.26.0 run the "align"
 mode (full + Mamba groups, block size the attention one); refused on 0.33.0 (its "align" has
 prefill checkpoint blocks, not modelled) and 0.11.0 (which turns caching off for Mamba
-models).)
+models).
+**** `sim.kv.v1_engine.full_variants`, caching off; "--": the release has no such manager,
+and a scenario with the group is refused on it.)
 The properties below cite each release's lines; every column was checked by the manager,
 scheduler and async lockstep against that release's wheel (`tests/vllm_real/
 test_vllm_2026_pins_lockstep.py`), which found three of the rows (dropped hits, the clamp,
@@ -226,6 +232,45 @@ class VllmPin(enum.Enum):
         return self not in (VllmPin.V0_19_1, VllmPin.V0_20_0)
 
     @property
+    def models_sink_groups(self) -> bool:
+        """kvsim models `SinkFullAttentionManager` (static sink tokens, caching off) on this
+        release: 0.19.1 (`single_type_kv_cache_manager.py:L1091-1112`) and 0.20.0
+        (`L1112-1133`), lockstep-checked against their wheels. 0.11.0 has no such manager;
+        0.25.1 on cannot build it (`sink_manager_fails_to_build`)
+        (`sim.kv.v1_engine.full_variants`)."""
+        return self in _SINK_GROUPS
+
+    @property
+    def sink_manager_fails_to_build(self) -> bool:
+        """`SinkFullAttentionManager.__init__` keeps fixed parameters while the coordinator
+        passes every manager more keywords, so building it raises TypeError at startup for any
+        sink model: `scheduler_block_size` on 0.25.1 (`kv_cache_coordinator.py:L108-118`
+        against `single_type_kv_cache_manager.py:L1431-1453`), `needs_kv_cache_zeroing` on
+        0.26.0 (`kv_cache_coordinator.py:L107-118`) and 0.33.0 (`L2199-2220`). Found by the
+        manager lockstep (building vLLM's own manager); reported upstream as vllm PR #44951
+        (closed), which fixed the first keyword only."""
+        return self in _SINK_BUILD_FAILS
+
+    @property
+    def reserves_sink_blocks(self) -> bool:
+        """`SinkFullAttentionManager.__init__` takes `sink_len // block_size` blocks from the
+        head of the free queue for good (0.19.1 `L1109-1112`, 0.20.0 `L1130-1133`). 0.33.0's
+        constructor takes none (only the assertion is left), but it is not built there."""
+        return self in _SINK_GROUPS
+
+    @property
+    def models_rswa_groups(self) -> bool:
+        """The release has `RSWAManager` (reference sliding-window attention): 0.25.1
+        (`L625-666`), 0.26.0 (`L806-850`), 0.33.0 (`L900-944`)."""
+        return self in _REACHABLE_MASK  # the same three releases
+
+    @property
+    def models_circular_buffer_groups(self) -> bool:
+        """The release has `CircularBufferManager` (one ring block per request): 0.33.0 only
+        (`L1186-1274`)."""
+        return self is VllmPin.V0_33_0
+
+    @property
     def clamps_skipped_to_table(self) -> bool:
         """`remove_skipped_blocks` caps the skipped blocks at the table's length (0.19.1 on,
         `single_type_kv_cache_manager.py:L404-410 @0.20.0`); 0.11.0 has no such cap. Found by
@@ -334,6 +379,8 @@ _ADMISSION_CAP = {
     VllmPin.V0_33_0: AdmissionCap.GATE_ONLY,
 }
 _MAMBA_GROUPS = frozenset({VllmPin.V0_11_0, *_FULL_SEQUENCE_GATE})
+_SINK_GROUPS = frozenset({VllmPin.V0_19_1, VllmPin.V0_20_0})
+_SINK_BUILD_FAILS = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
 _REACHABLE_MASK = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})
 _PROCESSED_BASIS = frozenset({VllmPin.V0_26_0, VllmPin.V0_33_0})
 _UNCACHED_FIRST = frozenset({VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0})

@@ -73,6 +73,12 @@ def _kv_group_rows(groups: list[dict] | None) -> list[tuple[str, str]]:
             kind = f"chunked {chunk}"
         if group.get("mamba"):
             kind = "mamba"
+        if group.get("sink_len") is not None:
+            kind = f"sink {group['sink_len']}"
+        if group.get("rswa_window") is not None:
+            kind = f"rswa {group['rswa_window']}"
+        if group.get("circular_buffer"):
+            kind = "circular buffer"
         peak = group.get("peak_blocks")
         text = kind
         if "num_layers" in group:

@@ -154,15 +154,14 @@ def explicit_kv_cache_groups(
         raise ScenarioError(f"{field}: give cache.num_gpu_blocks (the pool the groups share)")
     if cache.sliding_window not in ("model", None):
         raise ScenarioError(f"{field}: each group sets its window; drop cache.sliding_window")
-    groups = tuple(
-        KVCacheGroupSpec(g.sliding_window, g.attention_chunk_size, g.mamba)
-        for g in cache.kv_cache_groups
-    )
+    groups = tuple(g.group_spec() for g in cache.kv_cache_groups)
     try:
         make_manager(
             design,
             KVCacheConfig(
                 num_gpu_blocks=cache.num_gpu_blocks,
+                # A sink group's sink_len must be a multiple of it (`full_variants`).
+                block_size=cache.block_size or 16,
                 kv_cache_groups=groups,
                 vllm_pin=vllm_pin,
                 # The layout alone: max_model_len and caching are checked on the full config

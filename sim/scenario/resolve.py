@@ -44,6 +44,11 @@ from sim.scenario.configs import (
     scheduler_config_of,
     sliding_window_of,
 )
+from sim.scenario.full_variants import (
+    check_full_variant_groups,
+    num_sink_blocks,
+    sink_startup_mismatch,
+)
 from sim.scenario.no_effect import check_no_effect
 from sim.scenario.release_defaults import (
     applied,
@@ -128,6 +133,9 @@ def _kv_config(
                 "sliding_window": group.sliding_window,
                 "attention_chunk_size": group.attention_chunk_size,
                 "mamba": group.mamba,
+                "sink_len": group.sink_len,
+                "rswa_window": group.rswa_window,
+                "circular_buffer": group.circular_buffer,
             }
             for group_id, group in enumerate(groups)
         ]
@@ -198,6 +206,7 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
             "cache.enable_prefix_caching: Mamba prefix caching is modelled for full-attention "
             "plus Mamba groups only; drop the sliding or chunked group or turn caching off"
         )
+    check_full_variant_groups(config)  # `sim.scenario.full_variants`
 
 
 def _num_gpu_blocks(
@@ -316,11 +325,12 @@ def _startup(
         inputs["vllm_kv_cache_log"] = logged.lines()
         inputs["startup_blocks_per_request"] = startup_blocks
         reserve = _admission_reserve(release, kv, max_model_len, bound_tokens)
+        mismatch = sink_startup_mismatch(release, kv, startup_blocks, pin)
         if reserve is not None:
             inputs["admission_reserve"] = reserve.as_dict()
-            mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin)
-            if mismatch is not None:
-                inputs["startup_violations"] = [mismatch.to_row()]
+            mismatch = _startup_gate_mismatch(reserve, startup_blocks, pin) or mismatch
+        if mismatch is not None:
+            inputs["startup_violations"] = [mismatch.to_row()]
     else:
         _check_cache_fits(sched.design, kv, max_model_len, token_budget)
     offload = offloading_config(scenario, model, kv, inputs)
@@ -427,9 +437,10 @@ def _admission_reserve(
     in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
     reserve = admission_reserve(
         tuple(g.sliding_window for g in specs),
-        # A Mamba group's block is max_model_len tokens: charged one, holding one.
-        tuple(max_model_len if g.mamba else kv.block_size for g in specs),
-        kv.num_gpu_blocks - 1,
+        # A Mamba group's block is max_model_len tokens: charged one, holding one; so is a
+        # circular buffer's one block (sink and R-SWA groups are charged as full attention).
+        tuple(max_model_len if g.mamba or g.circular_buffer else kv.block_size for g in specs),
+        kv.num_gpu_blocks - 1 - num_sink_blocks(release, kv),
         in_flight,
         max_model_len,
         chunk_sizes=tuple(g.attention_chunk_size for g in specs),
@@ -477,7 +488,8 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     arithmetic at 0.11.0 `L174-191`); a hybrid model needs the sum over its
     KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0), a Mamba group one block
     (`MambaSpec.max_memory_usage_bytes`, `kv_cache_interface.py:L1135-1141 @0.33.0`, L235-238
-    @0.11.0: one page per request with caching off). T (`token_budget` here) is
+    @0.11.0: one page per request with caching off), a circular buffer one block, a sink or
+    R-SWA group as full attention (`FullAttentionSpec`'s). T (`token_budget` here) is
     `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
     scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
     Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
@@ -494,7 +506,9 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
     # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
     needed = 0
     for group in kv.group_specs:
-        if group.mamba:  # `MambaSpec.max_memory_usage_bytes` (L293-300 @0.19.1): one page,
+        if group.circular_buffer:  # `CircularBufferSpec.max_memory_usage_bytes`: one page
+            needed += 1  # (`L983-985 @0.33.0`)
+        elif group.mamba:  # `MambaSpec.max_memory_usage_bytes` (L293-300 @0.19.1): one page,
             # two in "align", one per block of max_model_len in "all"
             if not kv.enable_prefix_caching:
                 needed += 1

@@ -38,7 +38,7 @@ from sim.cluster.config import ClusterSection, RouterName
 from sim.errors import InputError
 from sim.files.inputs import read_capped_bytes, refuse_non_regular
 from sim.files.strict_yaml import StrictLoader, load_yaml
-from sim.kv.config import Design
+from sim.kv.config import Design, KVCacheGroupSpec
 from sim.kv.pins import resolve_pin
 from sim.latency import StepTimeConfig
 from sim.memory.terms import weight_format
@@ -80,7 +80,8 @@ class KVCacheGroupSection(_Closed):
     chunked-local attention (Llama-4's RoPE layers), or a Mamba / linear-attention state
     (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request with
     prefix caching off; with it on, the "align" or "all" mode, `cache.mamba_cache_mode`,
-    0.19.1-0.26.0). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
+    0.19.1-0.26.0), or a variant of full attention with prefix caching off (`sink_len`,
+    `rswa_window`, `circular_buffer`: scenarios/full_variants_hybrid_v1.yaml). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
     full one, `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
 
     sliding_window: Int | None = Field(default=None, ge=1)
@@ -88,6 +89,14 @@ class KVCacheGroupSection(_Closed):
     #: A Mamba state group (vLLM 0.11.0 on; prefix caching over it, the "align" or "all"
     #: mode, on 0.19.1-0.26.0 only: `cache.enable_prefix_caching: false` elsewhere).
     mamba: Bool = False
+    #: Full attention with this many static sink tokens, a multiple of cache.block_size
+    #: (vLLM 0.19.1 and 0.20.0; `SinkFullAttentionSpec`, sim/kv/v1_engine/full_variants.py).
+    sink_len: Int | None = Field(default=None, ge=1)
+    #: Reference sliding-window attention: the prompt and the last rswa_window generated
+    #: tokens (vLLM 0.25.1 on; `RSWASpec`).
+    rswa_window: Int | None = Field(default=None, ge=1)
+    #: A circular buffer of one block per request (vLLM 0.33.0; `CircularBufferSpec`).
+    circular_buffer: Bool = False
 
     @model_validator(mode="after")
     def _one_type(self) -> KVCacheGroupSection:
@@ -95,7 +104,19 @@ class KVCacheGroupSection(_Closed):
             raise ValueError("a group is sliding-window or chunked-local, not both")
         if self.mamba and (self.sliding_window is not None or self.attention_chunk_size):
             raise ValueError("a Mamba group has no sliding_window or attention_chunk_size")
+        self.group_spec()  # the rest of the manager's own checks (one kind per group)
         return self
+
+    def group_spec(self) -> KVCacheGroupSpec:
+        """The manager's group spec (`sim.kv.config.KVCacheGroupSpec`)."""
+        return KVCacheGroupSpec(
+            self.sliding_window,
+            self.attention_chunk_size,
+            self.mamba,
+            sink_len=self.sink_len,
+            rswa_window=self.rswa_window,
+            circular_buffer=self.circular_buffer,
+        )
 
 
 class CacheSection(_Closed):

@@ -30,6 +30,7 @@ from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.kv.pins import AdmissionCap, VllmPin
 from sim.vllm_real.lockstep_pair import Diverged, Divergence, Pair, VerifyResult
 from sim.vllm_real.lockstep_walks import (
+    FULL_VARIANT_KINDS,
     Crash,
     random_config,
     random_hybrid_config,
@@ -124,6 +125,7 @@ def verify(
                 chunked_local=install.version_tuple[:2] >= (0, 11),
                 mamba=_models_mamba(install.version_tuple),
                 mamba_align=pin is not None and VllmPin(pin).models_mamba_align,
+                full_variants=full_variant_kinds(pin),
             )
             if hybrid
             else random_config(rng, design)
@@ -167,11 +169,27 @@ def _models_mamba(version: tuple[int, ...]) -> bool:
     return version[:2] >= (0, 10) and VllmPin(name).models_mamba_groups
 
 
+def full_variant_kinds(pin: str | None) -> tuple[str, ...]:
+    """The sink / R-SWA / circular-buffer kinds kvsim models on the loaded release (none
+    before 0.19.1; `sim.kv.v1_engine.full_variants`)."""
+    if pin is None:
+        return ()
+    release = VllmPin(pin)
+    flags = (
+        release.models_sink_groups,
+        release.models_rswa_groups,
+        release.models_circular_buffer_groups,
+    )
+    return tuple(kind for kind, on in zip(FULL_VARIANT_KINDS, flags, strict=True) if on)
+
+
 def layout_name(config: KVCacheConfig) -> str:
     """The KV-cache layout of a config in words: 'one group', 'full + sliding window',
     'full + chunked-local', 'full + Mamba', 'full + sliding window + Mamba'."""
     if not config.kv_cache_groups:
         return "one group"
+    if config.has_full_variant_group:
+        return _full_variant_layout_name(config)
     if config.has_mamba_group:
         with_window = any(g.sliding_window is not None for g in config.kv_cache_groups)
         if config.enable_prefix_caching:
@@ -180,6 +198,20 @@ def layout_name(config: KVCacheConfig) -> str:
     if config.has_chunked_local_group:
         return "full + chunked-local"
     return "full + sliding window"
+
+
+def _full_variant_layout_name(config: KVCacheConfig) -> str:
+    """'full + sink', 'full + R-SWA + circular buffer + sliding window + Mamba', ...: the
+    types present, in a fixed order (Mamba last, so the Mamba tests' count reads it)."""
+    groups = config.kv_cache_groups
+    present = [
+        ("sink", any(g.sink_len is not None for g in groups)),
+        ("R-SWA", any(g.rswa_window is not None for g in groups)),
+        ("circular buffer", any(g.circular_buffer for g in groups)),
+        ("sliding window", any(g.sliding_window is not None for g in groups)),
+        ("Mamba", config.has_mamba_group),
+    ]
+    return " + ".join(["full"] + [name for name, on in present if on])
 
 
 def _checked_design(design: str, hybrid: bool) -> str:

@@ -67,6 +67,7 @@ def random_hybrid_config(
     chunked_local: bool = False,
     mamba: bool = False,
     mamba_align: bool = False,
+    full_variants: tuple[str, ...] = (),
 ) -> KVCacheConfig:
     """A V1-engine config with KV-cache groups: one full group and 1-3 sliding groups of one
     window (Gemma-2 and Gemma-3 shapes), the full group first or last, maybe caching. With
@@ -74,7 +75,8 @@ def random_hybrid_config(
     in a third of the draws (Llama-4's shape; chunks a multiple of the block size or not).
     With `mamba`, half the draws that would be sliding are `random_mamba_config`'s instead
     (the chunked-local share stays a third); with `mamba_align` too, some of those have
-    prefix caching on (`random_mamba_config`)."""
+    prefix caching on (`random_mamba_config`); with `full_variants` (kinds of
+    `random_full_variant_config`), 60% of the sliding draws left are that function's."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     window = rng.randint(1, 6 * block_size)
     other = KVCacheGroupSpec(window)
@@ -83,6 +85,8 @@ def random_hybrid_config(
         other = KVCacheGroupSpec(attention_chunk_size=chunk)
     elif mamba and rng.random() < 0.5:
         return random_mamba_config(rng, align=mamba_align)
+    elif full_variants and rng.random() < 0.6:
+        return random_full_variant_config(rng, full_variants, mamba=mamba)
     sliding = [other] * rng.randint(1, 3)
     full = [KVCacheGroupSpec(None)]
     groups = tuple(sliding + full if rng.random() < 0.5 else full + sliding)
@@ -117,6 +121,48 @@ def random_mamba_config(rng: random.Random, *, align: bool = False) -> KVCacheCo
         max_model_len=rng.randint(8, 20 * block_size),
         kv_cache_groups=tuple(groups),
         mamba_cache_mode=rng.choice(["align", "align", "all"]) if caching else None,
+    )
+
+
+#: The kinds `random_full_variant_config` draws, by name.
+FULL_VARIANT_KINDS = ("sink", "rswa", "circular_buffer")
+
+
+def _full_variant_group(kind: str, rng: random.Random, block_size: int) -> KVCacheGroupSpec:
+    """One sink (1-3 blocks of sinks), R-SWA (a window of 1..6 blocks' tokens) or
+    circular-buffer group."""
+    if kind == "sink":
+        return KVCacheGroupSpec(sink_len=block_size * rng.randint(1, 3))
+    if kind == "rswa":  # short, so that decodes reach past prompt + window within a walk
+        return KVCacheGroupSpec(rswa_window=rng.randint(1, 2 * block_size))
+    return KVCacheGroupSpec(circular_buffer=True)
+
+
+def random_full_variant_config(
+    rng: random.Random, kinds: tuple[str, ...], *, mamba: bool = False
+) -> KVCacheConfig:
+    """Full attention with 1-2 groups of each of 1..all of `kinds` (sink, R-SWA, circular
+    buffer: `sim.kv.v1_engine.full_variants`), sometimes a sliding group and (`mamba`) a
+    Mamba group beside, in any group order; caching off (the one mode kvsim models for these
+    types), a small max_model_len, and a pool with room for the sink groups' blocks."""
+    block_size = rng.choice([1, 2, 4, 8, 16, 16])
+    groups = [KVCacheGroupSpec()] * rng.randint(1, 2)
+    for kind in rng.sample(kinds, rng.randint(1, len(kinds))):
+        groups += [_full_variant_group(kind, rng, block_size)] * rng.randint(1, 2)
+    if rng.random() < 0.3:
+        groups.append(KVCacheGroupSpec(rng.randint(1, 6 * block_size)))
+    if mamba and rng.random() < 0.3:
+        groups.append(KVCacheGroupSpec(mamba=True))
+    rng.shuffle(groups)
+    num_sink_blocks = sum((g.sink_len or 0) // block_size for g in groups)
+    has_rswa = any(g.rswa_window is not None for g in groups)
+    return KVCacheConfig(
+        num_gpu_blocks=num_sink_blocks + rng.randint(4, 64),
+        block_size=block_size,
+        enable_prefix_caching=False,
+        # Longer with an R-SWA group: its gap opens only past prompt + window + a block.
+        max_model_len=rng.randint(8, (40 if has_rswa else 20) * block_size),
+        kv_cache_groups=tuple(groups),
     )
 
 

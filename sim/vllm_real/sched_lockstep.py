@@ -35,11 +35,13 @@ from typing import Any
 
 from sim.audit.base import AuditLevel
 from sim.audit.v1 import AuditedV1Manager
-from sim.kv.config import Design, make_manager
+from sim.kv.config import Design, KVCacheGroupSpec, make_manager
+from sim.kv.pins import resolve_pin
 from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.request import Request
 from sim.scheduler.v1.async_scheduler import make_v1_scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
+from sim.vllm_real.lockstep import full_variant_kinds
 from sim.vllm_real.v1_sched_adapter import (
     RealV1Scheduler,
     RealVllmRaised,
@@ -109,6 +111,11 @@ class SchedVerifyResult:
     num_steps: int = 0
     num_preemptions: int = 0
     num_prefix_hit_workloads: int = 0
+    #: Workloads on a Mamba hybrid (`random_mamba_groups`) and their steps compared.
+    num_mamba_workloads: int = 0
+    num_mamba_steps: int = 0
+    #: Of those, the workloads with a sink, R-SWA or circular-buffer group too.
+    num_variant_workloads: int = 0
     #: Fast path: one-token decodes kvsim ran in bulk (its decode cohort) and still matched.
     num_bulk_decodes: int = 0
     real_raised: list[RealRaised] = field(default_factory=list)
@@ -129,6 +136,13 @@ class SchedVerifyResult:
             f"compared, {self.num_preemptions} preemptions, "
             f"{self.num_prefix_hit_workloads} workloads with prefix hits"
             + (f", {self.num_bulk_decodes} cohort decodes" if self.fast_path else "")
+            + (
+                f"; {self.num_mamba_workloads} Mamba-hybrid workloads, "
+                f"{self.num_mamba_steps} of their steps, {self.num_variant_workloads} with a "
+                "sink, R-SWA or circular-buffer group"
+                if self.num_mamba_workloads
+                else ""
+            )
             + ")"
         )
         lines = [head]
@@ -147,11 +161,51 @@ class SchedVerifyResult:
 
 
 # --------------------------------------------------------------------------- workloads
-def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload:
-    """A small random workload; `ties` forces (or forbids) equal (priority, arrival_s) pairs."""
+def random_mamba_groups(
+    rng: random.Random, block_size: int, max_model_len: int, variants: tuple[str, ...] = ()
+) -> tuple[tuple[KVCacheGroupSpec, ...], int]:
+    """A Mamba hybrid's KV-cache groups (1-2 full, 1-3 Mamba state groups, in half of them a
+    sliding group of 2-3 blocks' window too; with `variants`, in half of them one group of a
+    kind the release has: sink, R-SWA or circular buffer, `sim.kv.v1_engine.full_variants`;
+    any order) and the blocks one max_model_len request needs with the sink blocks: a full,
+    sliding, sink or R-SWA group ``cdiv(max_model_len, bs)``, a Mamba group or a ring one."""
+    groups = [KVCacheGroupSpec()] * rng.randint(1, 2)
+    groups += [KVCacheGroupSpec(mamba=True)] * rng.randint(1, 3)
+    if rng.random() < 0.5:
+        groups.append(KVCacheGroupSpec(block_size * rng.choice([2, 3]) + rng.randint(0, 1)))
+    if variants and rng.random() < 0.5:
+        kind = rng.choice(variants)
+        if kind == "sink":
+            groups.append(KVCacheGroupSpec(sink_len=block_size * rng.randint(1, 2)))
+        elif kind == "rswa":
+            groups.append(KVCacheGroupSpec(rswa_window=rng.randint(1, 2 * block_size)))
+        else:
+            groups.append(KVCacheGroupSpec(circular_buffer=True))
+    rng.shuffle(groups)
+    need = sum(
+        1 if g.mamba or g.circular_buffer else -(-max_model_len // block_size) for g in groups
+    )
+    need += sum((g.sink_len or 0) // block_size for g in groups)
+    return tuple(groups), need
+
+
+def random_workload(
+    rng: random.Random,
+    *,
+    ties: bool | None = None,
+    mamba: bool = False,
+    variants: tuple[str, ...] = (),
+) -> Workload:
+    """A small random workload; `ties` forces (or forbids) equal (priority, arrival_s) pairs;
+    `mamba`: in half the workloads a Mamba hybrid's groups (`random_mamba_groups`), prefix
+    caching off, as kvsim models them."""
     block_size = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 96, 128])
     min_blocks = -(-max_model_len // block_size) + 1  # one request alone always fits
+    groups: tuple[KVCacheGroupSpec, ...] = ()
+    if mamba and rng.random() < 0.5:
+        groups, need = random_mamba_groups(rng, block_size, max_model_len, variants)
+        min_blocks = need + 1
     chunked = rng.random() < 0.8
     max_num_seqs = rng.randint(2, 6)
     budget = rng.choice([16, 24, 32, 64, 128]) if chunked else max_model_len + rng.choice([0, 32])
@@ -170,6 +224,9 @@ def random_workload(rng: random.Random, *, ties: bool | None = None) -> Workload
         long_prefill_token_threshold=rng.choice([0, 0, 0, 12]),
         policy=policy,
     )
+    if groups:
+        case = replace(case, kv_cache_groups=groups, enable_prefix_caching=False)
+        case = replace(case, sliding_window=None)
     tie_across = rng.random() < 0.5
     requests = []
     num_requests = rng.randint(3, 10)
@@ -374,9 +431,11 @@ def verify_scheduler(
     workloads: Sequence[Workload] | None = None,
     async_scheduling: bool = False,
     mamba_align: bool = False,
+    hybrid: bool = False,
 ) -> SchedVerifyResult:
     """Compare kvsim's V1 scheduler pinned to `pin` with the real one over random workloads
-    (or over `workloads`, e.g. `sched_traces.trace_windows`); `async_scheduling`: both run
+    (or over `workloads`, e.g. `sched_traces.trace_windows`; `hybrid`: half of them Mamba
+    hybrids, `random_mamba_groups`); `async_scheduling`: both run
     their `AsyncScheduler` through the engine core's batch queue, call for call
     (`sim.vllm_real.async_lockstep`); `mamba_align`: random full + Mamba hybrids with prefix
     caching instead (`random_mamba_align_workload`)."""
@@ -388,14 +447,28 @@ def verify_scheduler(
     )
     rng = random.Random(seed)
     if workloads is None:
-        draw = random_mamba_align_workload if mamba_align else random_workload
-        workloads = [draw(rng) for _ in range(num_workloads)]
+        if mamba_align:
+            workloads = [random_mamba_align_workload(rng) for _ in range(num_workloads)]
+        else:
+            # `hybrid`: Mamba hybrids where the pin models Mamba groups (0.11.0 on).
+            release = resolve_pin(Design.V1_ENGINE, pin)
+            mamba = hybrid and release.models_mamba_groups
+            variants = full_variant_kinds(pin) if hybrid else ()
+            workloads = [
+                random_workload(rng, mamba=mamba, variants=variants) for _ in range(num_workloads)
+            ]
     run = run_async_workload if async_scheduling else run_workload
     for index, workload in enumerate(workloads):
         if async_scheduling:
             workload = Workload(replace(workload.case, async_scheduling=True), workload.requests)
+        steps_before = result.num_steps
         outcome = run(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
+        if any(g.mamba for g in workload.case.groups):
+            result.num_mamba_workloads += 1
+            result.num_mamba_steps += result.num_steps - steps_before
+            if any(g.is_full_variant for g in workload.case.groups):
+                result.num_variant_workloads += 1
         if isinstance(outcome, RealRaised):
             result.real_raised.append(outcome)
         elif isinstance(outcome, SchedDivergence):

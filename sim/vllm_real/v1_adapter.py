@@ -47,8 +47,8 @@ def real_kv_cache_config(
     mamba_cache_mode: str = "none",
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
-    (full attention, a sliding window, chunked-local attention, or a Mamba state of one fp16
-    value), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
+    (full attention, a sliding window, chunked-local attention, a Mamba state of one fp16
+    value, full attention with sinks, R-SWA, or a circular buffer), one layer of one KV head of size 1 each, as vLLM's unit tests build it: the block
     managers read only the specs' block sizes, windows and chunk sizes, never the layer
     shapes. A Mamba group's block size is `max_model_len`, as vLLM sets it with caching off
     (`sim.kv.v1_engine.mamba`); in `mamba_cache_mode` "align" or "all" (prefix caching on) it
@@ -76,6 +76,12 @@ def real_kv_cache_config(
             return iface.MambaSpec(
                 block_size=max_model_len, shapes=((1,),), dtypes=(torch.float16,)
             )
+        if group.sink_len is not None:  # 0.19.1 on
+            return iface.SinkFullAttentionSpec(**shape, sink_len=group.sink_len)
+        if group.rswa_window is not None:  # 0.25.1 on
+            return iface.RSWASpec(**shape, rswa_window=group.rswa_window)
+        if group.circular_buffer:  # 0.33.0: the ring's capacity is its block size
+            return iface.CircularBufferSpec(**shape)
         if group.attention_chunk_size is not None:
             return iface.ChunkedLocalAttentionSpec(
                 **shape, attention_chunk_size=group.attention_chunk_size
@@ -366,7 +372,23 @@ class RealKVCacheManager:
         pool = self.real.block_pool
         counts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0}
         counts[pool.null_block.block_id] = 1
+        for block in self._sink_blocks():
+            counts[block.block_id] = 1  # out of the queue for good, as kvsim's pool holds them
         return counts
+
+    def _sink_blocks(self) -> list[Any]:
+        """The blocks 0.19.1 / 0.20.0's sink managers took from the queue at construction
+        (refcount 0 upstream, never free: `sim.kv.v1_engine.full_variants`)."""
+        return [
+            block
+            for manager in self.real.coordinator.single_type_managers
+            for block in getattr(manager, "sink_blocks", [])
+        ]
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """The null block and the sink blocks, as kvsim's manager counts them."""
+        return 1 + len(self._sink_blocks())
 
     def pool_stats(self) -> PoolStats:
         free = self.num_free_blocks

@@ -24,6 +24,7 @@ and finishes it; free blocks 19 -> 15 -> 12 -> 12 -> 19.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -79,6 +80,17 @@ class SchedCase:
     mamba_groups: int = 0
     #: With Mamba groups and caching: "align" (None) or "all" (0.19.1-0.26.0).
     mamba_cache_mode: str | None = None
+    #: A hybrid model's KV-cache groups (`cache.kv_cache_groups`; empty: one group). With a
+    #: Mamba group prefix caching is off, as kvsim models it (`sim.kv.v1_engine.mamba`).
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+
+    @property
+    def groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The KV-cache groups the case runs: `kv_cache_groups`, or one full group and
+        `mamba_groups` Mamba groups."""
+        if self.mamba_groups:
+            return (KVCacheGroupSpec(),) + (KVCacheGroupSpec(mamba=True),) * self.mamba_groups
+        return self.kv_cache_groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +204,7 @@ def case_configs(
         sliding_window=case.sliding_window,
         enable_prefix_caching=case.enable_prefix_caching,
     )
+    groups = case.groups
     kv = kv_cache_config_of(
         cache,
         num_gpu_blocks=case.num_blocks,
@@ -199,14 +212,10 @@ def case_configs(
         sliding_window=sliding_window_of(cache, None),
         max_model_len=case.max_model_len,
         vllm_pin=scheduler.resolved_vllm_version,
-        kv_cache_groups=(
-            (KVCacheGroupSpec(),) + (KVCacheGroupSpec(mamba=True),) * case.mamba_groups
-            if case.mamba_groups
-            else ()
-        ),
         max_num_batched_tokens=case.max_num_batched_tokens,
+        kv_cache_groups=groups,
     )
-    if case.mamba_groups and case.enable_prefix_caching:
+    if case.enable_prefix_caching and any(g.mamba for g in groups):
         kv = replace(kv, mamba_cache_mode=case.mamba_cache_mode or "align")
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
@@ -293,6 +302,10 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         kv.max_model_len,
         mamba_cache_mode=real_mamba_cache_mode(kv),
     )
+    # Several groups: the lcm of their block sizes (a Mamba group's is max_model_len), as the
+    # engine core resolves it with caching off (`resolve_kv_cache_block_sizes`,
+    # `vllm/v1/core/kv_cache_utils.py:L816-873 (0.33.0)`).
+    block_size = math.lcm(*(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups))
     return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -300,7 +313,9 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         log_stats=False,
         # 0.33.0 takes the scheduler's block size explicitly (the engine passes the
         # KV-cache groups' common block size; hashing uses the same by default).
-        **accepted_kwargs(sched_mod.Scheduler, {"block_size": kv.block_size}),
+        **accepted_kwargs(
+            sched_mod.Scheduler, {"block_size": block_size, "hash_block_size": block_size}
+        ),
     )
 
 

@@ -352,6 +352,14 @@ CASES: list[Case] = [
     ),
     Case(
         "noop",
+        ("verify", "--scheduler", "--hybrid", "--trace", "t.jsonl"),
+        2,
+        "--hybrid",
+        files={"t.jsonl": ""},
+        name="verify --scheduler --hybrid --trace (the trace's windows draw no groups)",
+    ),
+    Case(
+        "noop",
         ("verify", "--scheduler", "--num-ops", "100"),
         2,
         "--num-ops",

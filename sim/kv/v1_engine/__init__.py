@@ -21,6 +21,11 @@ def make_kv_cache_manager(config: KVCacheConfig) -> KVCacheManager:
     if len(groups) > 1:
         return KVCacheManager.hybrid(config)
     if groups:
+        if groups[0].is_full_variant:
+            raise ValueError(
+                f"kv_cache_groups: a model of '{groups[0].kind}' layers alone (one KV-cache "
+                "group) is not modelled; kvsim models these groups beside other groups"
+            )
         if groups[0].mamba:
             raise ValueError(
                 "kv_cache_groups: a model of Mamba layers alone (one Mamba group) is not "

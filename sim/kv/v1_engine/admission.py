@@ -30,7 +30,6 @@ same prompt needs 7 blocks and is admitted.
 
 from __future__ import annotations
 
-from sim.kv.types import cdiv
 from sim.kv.v1_engine.block_pool import KVCacheBlock
 from sim.kv.v1_engine.mamba import MambaManager
 from sim.kv.v1_engine.single_type import SingleTypeManager, sliding_window_cap_blocks
@@ -85,7 +84,7 @@ def num_blocks_to_admit(
         # whose capped count runs here in every `allocate_slots`).
         return manager.block_pool.num_gpu_blocks + 1
     block_size = manager.block_size
-    num_required = cdiv(num_tokens, block_size)
+    num_required = manager.num_required_blocks(num_tokens)  # a circular buffer's: 1
     if cap_blocks is not None and cap_blocks < num_required:
         num_required = cap_blocks
     table = manager.req_to_blocks.get(request_id, ())

@@ -92,6 +92,9 @@ class BlockPool:
         self.num_evictable_blocks = 0
         #: The most blocks ever held at once, the null block included.
         self.peak_num_held_blocks = 1
+        #: Blocks taken out of the queue for good, the null block included (and a sink
+        #: group's sink blocks, `reserve_blocks`): held, but in no request's table.
+        self.num_reserved_blocks = 1
         #: Where KV cache events go (`sim.kv_events.KVEventStream`); None: none are emitted.
         self.event_sink: KVEventSink | None = None
 
@@ -111,6 +114,30 @@ class BlockPool:
         return next(iter(blocks_by_id.values()))
 
     # ----------------------------------------------------------------------------- commands
+    def reserve_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take `num_blocks` blocks from the head of the free queue for good, as the null
+        block is taken: held (refcount 1, never freed), in no request's table. A sink group's
+        sink blocks (`full_variants.SinkFullAttentionManager`). Example: a fresh 10-block
+        pool reserving 2 -> blocks 1 and 2, 7 free.
+
+        Upstream: `free_block_queue.popleft_n(num_sink_block)` in the sink manager's
+        constructor, `vllm/v1/core/single_type_kv_cache_manager.py:L1109-1112 (0.19.1)`
+        (upstream leaves their refcount 0; nothing reads it).
+        """
+        if num_blocks > len(self.free_block_queue):
+            raise ValueError(
+                f"cannot reserve {num_blocks} blocks: only {len(self.free_block_queue)} free"
+            )
+        block_ids = self.free_block_queue.popleft_n(num_blocks)
+        reserved = [self.blocks[block_id] for block_id in block_ids]
+        for block in reserved:
+            block.ref_cnt = 1
+        self.num_held_blocks += num_blocks
+        self.num_reserved_blocks += num_blocks
+        if self.num_held_blocks > self.peak_num_held_blocks:
+            self.peak_num_held_blocks = self.num_held_blocks
+        return reserved
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` blocks from the head of the free queue, evicting their hashes.
 

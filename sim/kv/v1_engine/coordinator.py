@@ -32,6 +32,7 @@ from sim.kv.config import KVCacheGroupSpec
 from sim.kv.types import NONE_HASH, BlockHash, Sequence, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager
+from sim.kv.v1_engine.full_variants import RSWAManager, make_full_variant_manager
 from sim.kv.v1_engine.mamba import MambaManager
 from sim.kv.v1_engine.single_type import (
     FullAttentionManager,
@@ -64,6 +65,8 @@ def make_single_type_manager(
         if mamba_block_size is None:
             raise ValueError("a Mamba KV-cache group needs max_model_len (its block size)")
         return MambaManager(block_pool, mamba_block_size)
+    if group.is_full_variant:  # sink, R-SWA, circular buffer (`full_variants`)
+        return make_full_variant_manager(block_pool, block_size, group)
     if group.attention_chunk_size is not None:
         return ChunkedLocalAttentionManager(block_pool, block_size, group.attention_chunk_size)
     if group.sliding_window is None:
@@ -154,13 +157,20 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         """
 
     # ------------------------------------------------------------------ per-group steps
-    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        """`L163-174`: each group frees what left its window (full attention: nothing).
+    def remove_skipped_blocks(
+        self, request_id: int, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """`L163-174`: each group frees what left its window (full attention: nothing); an
+        R-SWA group also reads the prompt length (0.25.1 on, `full_variants`).
 
-        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
+        Upstream: `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`, `L433-454
+        (0.33.0)`.
         """
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+            if isinstance(manager, RSWAManager):
+                manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
+            else:
+                manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_num_blocks_to_allocate(
         self, request_id: int, num_tokens: int, hits: GroupBlocks
@@ -246,18 +256,16 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         if not tables[0] or request_id not in self.managers[0].num_cached_block:
             return None
         # Each table grows at its own group's block size (a Mamba group's is max_model_len).
-        touch_len = min(
-            len(table) * manager.block_size + 1
+        # (a circular buffer's never grows: `next_growth_decode_len` None).
+        touch_lens = [
+            manager.next_growth_decode_len(len(table))
             for table, manager in zip(tables, self.managers, strict=True)
-        )
-        for manager in self.managers:
-            free_len = manager.freeing_decode_len(manager.num_leading_null_blocks(request_id))
-            if free_len is not None and free_len < touch_len:
-                touch_len = free_len
-        return touch_len
+        ]
+        touch_lens += [manager.next_freeing_decode_len(request_id) for manager in self.managers]
+        return min((n for n in touch_lens if n is not None), default=None)
 
     def num_seq_blocks(self, request_id: int) -> int:
-        """Non-null blocks over all groups (null entries are a prefix of each table, and a
+        """Non-null blocks over all groups (null entries are a kept count per table, and a
         block is never in two of a request's tables).
 
         kvsim's own (no upstream counterpart).
@@ -266,7 +274,7 @@ class KVCacheCoordinator(abc.ABC, Generic[HashesT]):
         for manager in self.managers:
             table = manager.req_to_blocks.get(request_id)
             if table:
-                total += len(table) - manager.num_leading_null_blocks(request_id)
+                total += len(table) - manager.num_null_blocks(request_id)
         return total
 
 
@@ -332,8 +340,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
             )
         return (blocks,)
 
-    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        """None.
+    def remove_skipped_blocks(
+        self, request_id: int, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """None (one group is never R-SWA: the prompt length is not read).
 
         Upstream `KVCacheCoordinator.remove_skipped_blocks`:
         `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.

@@ -128,6 +128,7 @@ class DecodeShortcuts:
             # cdiv(T, bs) entries at the group's own block size (a Mamba group's is
             # max_model_len: one), less the floor(skipped / bs) blocks that left what this
             # group reads (sliding: C - W + 1; chunked-local: C // A * A; full, Mamba: none).
-            footprint += -(-need_tokens // manager.block_size)
-            footprint -= manager.num_freed_blocks_at_least(num_skip_tokens)
+            # (R-SWA: less its gap; a circular buffer: one block).
+            footprint += manager.num_required_blocks(need_tokens)
+            footprint -= manager.num_freed_blocks_of(request_id, num_skip_tokens)
         return footprint if footprint > 0 else 0

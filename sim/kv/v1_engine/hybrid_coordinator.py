@@ -36,7 +36,8 @@ in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
 Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
 counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
-`new_step_starts` reaches the managers of both modes.
+`new_step_starts` reaches the managers of both modes. The same holds with a
+sink, R-SWA or circular-buffer group (`sim.kv.v1_engine.full_variants`, caching off only).
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
@@ -62,19 +63,14 @@ from sim.kv.types import NONE_HASH, BlockHash, Sequence, cdiv, chain_hash
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
+from sim.kv.v1_engine.full_variants import RSWAManager
 from sim.kv.v1_engine.mamba import MambaManager, mamba_align_hit
 from sim.kv.v1_engine.single_type import SlidingWindowManager
 
 
 def _describe(group: KVCacheGroupSpec) -> str:
-    """'full', 'sliding 4096', 'chunked 8192' or 'mamba' (for the one-line error)."""
-    if group.mamba:
-        return "mamba"
-    if group.attention_chunk_size is not None:
-        return f"chunked {group.attention_chunk_size}"
-    if group.sliding_window is not None:
-        return f"sliding {group.sliding_window}"
-    return "full"
+    """'full', 'sliding 4096', 'chunked 8192', 'mamba', ... (for the one-line error)."""
+    return group.kind
 
 
 def group_block_hash(block_hash: BlockHash, group_id: int) -> BlockHash:
@@ -123,6 +119,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         #: upstream builds `KVCacheCoordinatorNoPrefixCache`, which takes any mix of groups
         #: (`kv_cache_coordinator.py:L480-527 (0.33.0)`): no hit rule to verify.
         self.has_mamba_group = any(g.mamba for g in groups)
+        #: The same for a sink, R-SWA or circular-buffer group (`full_variants`), which
+        #: kvsim models with caching off only.
+        self.caching_off_only = self.has_mamba_group or any(g.is_full_variant for g in groups)
         self.other_window: int | None = None
         self.other_chunk_size: int | None = None
         self.full_attn_first = True
@@ -151,7 +150,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
                     manager.mamba_align = True
                     self.align_mamba_managers.append(manager)
             return
-        if self.has_mamba_group:
+        if self.caching_off_only:
             return
         # `verify_and_split_kv_cache_groups` asserts these (L289-350).
         if not self.full_group_ids or len(other_specs) != 1:
@@ -268,8 +267,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
 
         Upstream: `vllm/v1/core/kv_cache_coordinator.py:L352-414 (0.11.0)`.
         """
-        if self.has_mamba_group and not self.caching_mamba_managers:
-            raise ValueError("a Mamba group has no prefix-cache hits with caching off")
+        if self.caching_off_only and not self.caching_mamba_managers:
+            raise ValueError(
+                "prefix caching over a sink, R-SWA or circular-buffer group, or a Mamba group "
+                "with caching off, is not modelled"
+            )
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
@@ -316,11 +318,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         if held > self.peak_held_blocks[group_id]:
             self.peak_held_blocks[group_id] = held
 
-    def remove_skipped_blocks(self, request_id: int, num_computed_tokens: int) -> None:
-        """None.
+    def remove_skipped_blocks(
+        self, request_id: int, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """None (an R-SWA group also reads the prompt length, `full_variants`).
 
         Upstream `KVCacheCoordinator.remove_skipped_blocks`:
-        `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`.
+        `vllm/v1/core/kv_cache_coordinator.py:L163-174 (0.11.0)`, `L433-454 (0.33.0)`.
         """
         for group_id, manager in enumerate(self.managers):
             if isinstance(
@@ -328,6 +332,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             ):
                 before = self.block_pool.num_held_blocks
                 manager.remove_skipped_blocks(request_id, num_computed_tokens)
+                self._count(group_id, before)
+            elif isinstance(manager, RSWAManager):
+                before = self.block_pool.num_held_blocks
+                manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
                 self._count(group_id, before)
 
     def get_num_blocks_to_allocate(

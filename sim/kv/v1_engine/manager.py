@@ -57,6 +57,7 @@ from sim.kv.v1_engine.coordinator import (
 )
 from sim.kv.v1_engine.decode_shortcuts import DecodeShortcuts
 from sim.kv.v1_engine.free_order import free_order_for
+from sim.kv.v1_engine.full_variants import SinkFullAttentionManager
 from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
@@ -86,6 +87,39 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
         return  # "align": the Mamba block size is the attention block size
     if config.max_model_len is None:
         raise ValueError("max_model_len: a Mamba group's block size is max_model_len; set it")
+
+
+def _check_full_variant_config(config: KVCacheConfig, pin: VllmPin) -> None:
+    """The one-line refusals of a sink, R-SWA or circular-buffer group kvsim does not model
+    (`sim.kv.v1_engine.full_variants`): a release without that manager, and prefix caching.
+
+    kvsim's own (no upstream counterpart).
+    """
+    for group in config.kv_cache_groups:
+        if group.sink_len is not None and pin.sink_manager_fails_to_build:
+            raise ValueError(
+                f"kv_cache_groups: {pin.words} cannot start a model with a '{group.kind}' "
+                "group: its SinkFullAttentionManager raises TypeError when built (it takes "
+                "fewer keywords than the coordinator passes; vllm PR #44951); pin 0.19.1 or "
+                "0.20.0"
+            )
+        if group.sink_len is not None and not pin.models_sink_groups:
+            release = "from vLLM 0.19.1 on"
+        elif group.rswa_window is not None and not pin.models_rswa_groups:
+            release = "from vLLM 0.25.1 on"
+        elif group.circular_buffer and not pin.models_circular_buffer_groups:
+            release = "on vLLM 0.33.0 only"
+        else:
+            continue
+        raise ValueError(
+            f"kv_cache_groups: {pin.words} has no '{group.kind}' group (its manager exists "
+            f"{release}); pin a release that has it"
+        )
+    if config.enable_prefix_caching:
+        raise ValueError(
+            "enable_prefix_caching: prefix caching over a sink, R-SWA or circular-buffer "
+            "group is not modelled; turn it off"
+        )
 
 
 class KVCacheManager(DecodeShortcuts, PoolQueries):
@@ -129,6 +163,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         if hybrid:
             if config.has_mamba_group:
                 _check_mamba_config(config, self.pin)
+            if config.has_full_variant_group:
+                _check_full_variant_config(config, self.pin)
             mamba_cache_mode = "none"
             if config.has_mamba_group and self.enable_caching:
                 mamba_cache_mode = config.mamba_cache_mode or "align"
@@ -160,6 +196,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 f"pin one (this manager follows {self.pin.words})"
             )
         for manager in self.coordinator.managers:
+            if isinstance(manager, SinkFullAttentionManager) and self.pin.reserves_sink_blocks:
+                # In group order, right after the groups are built, as upstream's
+                # constructors take them (`full_variants`).
+                manager.reserve_sink_blocks()
             if isinstance(manager, SlidingWindowManager):
                 manager.clamps_skipped_to_table = self.pin.clamps_skipped_to_table
             elif isinstance(manager, ChunkedLocalAttentionManager):
@@ -254,7 +294,8 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
 
         # Step 1: free out-of-window blocks first, so fewer cached blocks get evicted; this
         # stands even when the step then fails (`L247-254 @0.11.0`).
-        coordinator.remove_skipped_blocks(request_id, num_skip_tokens)
+        # The prompt length: an R-SWA group frees the gap after it (0.25.1 on, `full_variants`).
+        coordinator.remove_skipped_blocks(request_id, num_skip_tokens, request.prompt_len)
         self._req_to_skip_tokens[request_id] = num_skip_tokens
 
         # Steps 2-4: count and check with the arithmetic the allocation then uses.

@@ -35,6 +35,12 @@ class PoolQueries:
         """
         return 1.0 - self.num_free_blocks / self.block_pool.num_gpu_blocks
 
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks held for good but in no request's table: the null block and a sink group's
+        sink blocks (`BlockPool.reserve_blocks`). kvsim's own (no upstream counterpart)."""
+        return self.block_pool.num_reserved_blocks
+
     def pool_stats(self) -> PoolStats:
         """Free, used and cached block counts of the pool (`sim.kv.protocol.PoolStats`).
 

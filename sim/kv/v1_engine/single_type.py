@@ -183,6 +183,34 @@ class SingleTypeManager(abc.ABC):
         """
         return self.req_to_num_null_blocks.get(request_id, 0)
 
+    # Per-request forms of the queries below, for a type whose answer depends on more than
+    # the leading nulls and C (R-SWA's gap needs the prompt length; a circular buffer's table
+    # never grows past one block: `sim.kv.v1_engine.full_variants`).
+    def num_null_blocks(self, request_id: int) -> int:
+        """Null entries anywhere in the request's table (every type but R-SWA: the leading
+        ones). kvsim's own (no upstream counterpart)."""
+        return self.num_leading_null_blocks(request_id)
+
+    def num_required_blocks(self, num_tokens: int) -> int:
+        """Table entries `num_tokens` slots need: ``cdiv(T, bs)`` (a circular buffer: 1).
+        kvsim's own (no upstream counterpart)."""
+        return cdiv(num_tokens, self.block_size)
+
+    def next_growth_decode_len(self, table_len: int) -> int | None:
+        """The first decode length at which a table of `table_len` entries takes a block:
+        ``table_len * bs + 1``; None: never. kvsim's own (no upstream counterpart)."""
+        return table_len * self.block_size + 1
+
+    def next_freeing_decode_len(self, request_id: int) -> int | None:
+        """`freeing_decode_len` of the request's table. kvsim's own (no upstream
+        counterpart)."""
+        return self.freeing_decode_len(self.num_leading_null_blocks(request_id))
+
+    def num_freed_blocks_of(self, request_id: int, num_computed_tokens: int) -> int:
+        """`num_freed_blocks_at_least` for the request. kvsim's own (no upstream
+        counterpart)."""
+        return self.num_freed_blocks_at_least(num_computed_tokens)
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the window of the token at position `num_computed_tokens` (full
         attention: none).
