@@ -67,7 +67,10 @@ def test_full_variant_groups_identical_to_real(version):
     release has."""
     out = _python(version, _VERIFY, "none")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"v1-engine vs vLLM {version}: identical over 10000" in out.stdout, out.stdout
+    # At least 10,000: a walk ends after the operation that crosses the budget (with Mamba
+    # "align" draws, `new_step_starts` between operations counts as one).
+    done = re.search(rf"v1-engine vs vLLM {re.escape(version)}: identical over (\d+) ", out.stdout)
+    assert done is not None and int(done.group(1)) >= 10_000, out.stdout
     for word in TYPES[version]:
         assert _ops_with(out.stdout, word) >= 1_000, (word, out.stdout)
 
