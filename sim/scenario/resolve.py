@@ -153,6 +153,7 @@ def _kv_config(
     if config.has_mamba_group:
         config = _with_mamba_cache_mode(config, cache, inputs, model)
     check_mamba_groups(config)
+    check_full_variant_groups(config)  # `sim.scenario.full_variants`
     inputs["num_gpu_blocks"] = num_gpu_blocks
     inputs["num_cpu_blocks"] = num_cpu_blocks
     inputs["sliding_window"] = window
@@ -206,7 +207,6 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
             "cache.enable_prefix_caching: Mamba prefix caching is modelled for full-attention "
             "plus Mamba groups only; drop the sliding or chunked group or turn caching off"
         )
-    check_full_variant_groups(config)  # `sim.scenario.full_variants`
 
 
 def _num_gpu_blocks(
