@@ -204,6 +204,8 @@ class FrontendLoop:
         for request in requests:
             times = request.token_times_s
             rid = request.request_id
+            if rid not in self._server_of:
+                continue  # every token of it already reached the client (`_forget`)
             if times is None or len(times) <= self._taken.get(rid, 0):
                 continue
             self._taken[rid] = len(times)
@@ -320,7 +322,7 @@ class FrontendLoop:
         if self._handling.get(rid, 0) or self._emitted.get(rid, 0) >= taken:
             return  # a queued handler job emits it (it is terminal), or nothing is held
         if self.costs.streams_free:
-            self._emitted[rid] = taken
+            self._emitted[rid] = taken  # unlike `_emit_free`, held tokens go whatever the interval
             self._delivered_now(request, self._delivered.get(rid, 0), taken)
         else:
             new_chunks: list[_Chunk] = []
@@ -337,7 +339,18 @@ class FrontendLoop:
                 times[i] = now
         self._delivered[request.request_id] = end
         if request.state.is_terminal and end == len(times):
+            self._forget(request.request_id)
             self.on_delivered(request)
+
+    def _forget(self, request_id: int) -> None:
+        """The client has every token of the request: drop its bookkeeping but the count
+        delivered (`delivered_tokens`), so a long benchmark keeps one entry per finished
+        request instead of six."""
+        if self._handling.get(request_id, 0):
+            return  # a queued handler job still counts on the entries (`_put_outputs`)
+        for table in (self._server_of, self._taken, self._emitted, self._handling,
+                      self._handled):  # fmt: skip
+            table.pop(request_id, None)
 
     def delivered_tokens(self, request_id: int) -> int:
         """How many of the request's tokens the client has."""

@@ -248,3 +248,18 @@ def test_held_tokens_of_an_aborted_request_still_reach_the_client() -> None:
     sampled = len(engine.token_times_s[0])
     assert 64 < sampled < 400 and sampled % 64 != 0  # it was holding tokens when it ended
     assert engine.frontend.delivered_tokens(0) == sampled
+
+
+def test_frontend_keeps_no_bookkeeping_for_finished_requests() -> None:
+    """Regression: the API server kept six dict entries per request for the whole run, so a
+    long `kvsim bench serve` grew with every request served. Once the client has a request's
+    last token only its delivered count stays (read by `delivered_tokens`)."""
+    specs = [RequestSpec(i, 0.01 * i, 32, 16) for i in range(40)]
+    engine = _run(specs, frontend=VLLM_API_SERVER, engine={"api_server_count": 2})
+    loop = engine.frontend
+    assert loop is not None and engine.token_times_s is not None
+    assert (_table(engine).state == "finished").all()
+    for table in (loop._server_of, loop._taken, loop._emitted, loop._handling, loop._handled):
+        assert table == {}
+    assert loop._waiting_chunk == {}
+    assert all(loop.delivered_tokens(i) == len(engine.token_times_s[i]) == 16 for i in range(40))
