@@ -126,20 +126,10 @@ def load_points(path: Path | None = None) -> list[Point]:
 
 
 def kvsim_release(version: str) -> str:
-    """The release kvsim pins that stands in for the measured one: the newest pin (a release
-    whose `vllm serve` options kvsim has, `sim.vllm_bench.flags.RELEASES`) whose major.minor is
-    at or below the measured one's; the oldest pin, 0.11.0, for anything older or unparsed.
-    Example: '0.19.0' -> '0.19.1', '0.24.2' -> '0.20.0', '0.10.1.1 (printed)' -> '0.11.0'."""
-    from sim.vllm_bench.flags import RELEASES
+    """The kvsim pin a measured release runs under (`sim.vllm_bench.flags.nearest_release`)."""
+    from sim.vllm_bench.flags import nearest_release
 
-    def major_minor(text: str) -> tuple[int, int] | None:
-        match = re.match(r"\s*v?(\d+)\.(\d+)", text)
-        return None if match is None else (int(match.group(1)), int(match.group(2)))
-
-    measured = major_minor(version)
-    pins = sorted((major_minor(pin) or (0, 0), pin) for pin in RELEASES)
-    at_or_below = [pin for key, pin in pins if measured is not None and key <= measured]
-    return at_or_below[-1] if at_or_below else pins[0][1]
+    return nearest_release(version)
 
 
 def serve_line(point: Point, placeholder_model: str) -> str:

@@ -22,15 +22,26 @@ bench_app = typer.Typer(help="vllm bench serve, simulated.", no_args_is_help=Tru
 
 
 def import_vllm_command(
-    line: Annotated[str, typer.Argument(help='The command line, quoted: "vllm serve MODEL ..."')],
     gpu: Annotated[str, typer.Option(help="The GPU it runs on (a kvsim catalog name).")],
+    line: Annotated[
+        str | None,
+        typer.Argument(help='The command line, quoted: "vllm serve MODEL ..."'),
+    ] = None,
+    from_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-log",
+            help="Instead of a command line: the server's startup log (its 'non-default args' "
+            "line; the release it names picks the pin unless --vllm-version says).",
+        ),
+    ] = None,
     vllm_version: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="The vLLM release whose options and defaults apply: 0.11.0, 0.19.1, 0.20.0, "
-            "0.25.1, 0.26.0 or 0.33.0."
+            "0.25.1, 0.26.0 or 0.33.0 (default 0.33.0, or the log's release's pin)."
         ),
-    ] = "0.33.0",
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the scenario here (default: stdout).")
     ] = None,
@@ -38,15 +49,24 @@ def import_vllm_command(
         str, typer.Option(help="Comma-separated options kvsim does not model, simulated without.")
     ] = "",
 ) -> None:
-    """Turn a `vllm serve` command line into a scenario that sets only what the line sets."""
+    """Turn a `vllm serve` command line, or a server's startup log, into a scenario that sets
+    only what the server was started with."""
+    from sim.errors import InputError
     from sim.files.outdir import check_output_file, write_text_atomic
-    from sim.vllm_bench.importer import import_serve_line
+    from sim.vllm_bench.importer import import_serve_line, import_server_log
 
+    if (line is None) == (from_log is None):
+        raise InputError("kvsim import-vllm: give a vllm serve command line or --from-log LOG")
     if out is not None:
         check_output_file(out)
-    text = import_serve_line(
-        line, gpu=gpu, version=vllm_version, allow_unmodelled=allow_unmodelled.split(",")
-    )
+    allowed = allow_unmodelled.split(",")
+    if from_log is not None:
+        text = import_server_log(from_log, gpu=gpu, version=vllm_version, allow_unmodelled=allowed)
+    else:
+        assert line is not None
+        text = import_serve_line(
+            line, gpu=gpu, version=vllm_version or "0.33.0", allow_unmodelled=allowed
+        )
     if out is None:
         typer.echo(text, nl=False)
         return

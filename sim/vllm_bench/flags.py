@@ -21,6 +21,7 @@ AST and checks that every option they register is classified):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -30,6 +31,21 @@ from sim.errors import InputError
 
 #: The releases whose option tables kvsim carries.
 RELEASES = ("0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0")
+
+
+def nearest_release(version: str) -> str:
+    """The release kvsim pins that stands in for `version`: the newest of `RELEASES` whose
+    major.minor is at or below its; the oldest, 0.11.0, for anything older or unparsed.
+    Example: '0.19.0' -> '0.19.1', '0.24.2' -> '0.20.0', '0.10.1.1 (printed)' -> '0.11.0'."""
+
+    def major_minor(text: str) -> tuple[int, int] | None:
+        match = re.match(r"\s*v?(\d+)\.(\d+)", text)
+        return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+    measured = major_minor(version)
+    pins = sorted((major_minor(pin) or (0, 0), pin) for pin in RELEASES)
+    at_or_below = [pin for key, pin in pins if measured is not None and key <= measured]
+    return at_or_below[-1] if at_or_below else pins[0][1]
 
 
 class FlagClass(Enum):

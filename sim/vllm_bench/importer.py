@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -37,9 +38,10 @@ import yaml
 from sim.catalog import get_gpu
 from sim.errors import InputError
 from sim.scenario.schema import scenario_from_dict
-from sim.vllm_bench.flags import FlagClass, flag_class
+from sim.vllm_bench.flags import FlagClass, flag_class, nearest_release
 from sim.vllm_bench.models import scenario_model
 from sim.vllm_bench.serve_line import ServeArgs, parse_serve_line
+from sim.vllm_bench.server_log import read_serve_settings
 
 
 class ImportError_(InputError):
@@ -186,16 +188,65 @@ def import_serve_line(
     line: str, *, gpu: str, version: str = "0.33.0", allow_unmodelled: Iterable[str] = ()
 ) -> str:
     """The scenario YAML for `line` on `gpu` under vLLM `version` (see the module docstring)."""
+    _check_gpu(gpu)
+    args = parse_serve_line(line, version)
+    origin = f"`{' '.join(line.split())}` (vLLM {version})"
+    return _scenario_yaml(args, gpu, version, allow_unmodelled, origin)
+
+
+def import_server_log(
+    path: Path, *, gpu: str, version: str | None = None, allow_unmodelled: Iterable[str] = ()
+) -> str:
+    """The scenario YAML for the server whose startup log is `path`: its "non-default args"
+    line (`sim.vllm_bench.server_log.read_serve_settings`) read as the same options on a
+    command line would be, under `version`, or else the kvsim pin nearest the release the log
+    names (`nearest_release`: a 0.17.0 log runs under 0.11.0, said in the description).
+
+    Example: a 0.19.0 log's "non-default args: {'model_tag': 'meta-llama/Llama-3.1-8B',
+    'max_num_seqs': 64, 'port': 8001}" gives the scenario of `vllm serve
+    meta-llama/Llama-3.1-8B --max-num-seqs 64 --port 8001` under pin 0.19.1."""
+    _check_gpu(gpu)
+    settings = read_serve_settings(path)
+    logged = settings.vllm_version
+    release = version or nearest_release(logged or "")
+    values = dict(settings.values)
+    model = values.pop("model_tag", None) or values.pop("model", None)
+    values.pop("model", None)
+    if not isinstance(model, str):
+        raise ImportError_(f"{path}:{settings.line}: non-default args: no model")
+    args = ServeArgs(
+        model=model,
+        values={k: _as_parsed(v) for k, v in values.items()},
+        spelled={k: "--" + k.replace("_", "-") for k in values},
+    )
+    origin = f"the startup log {path.name} (vLLM {logged or 'release not logged'}, pin {release})"
+    try:
+        return _scenario_yaml(args, gpu, release, allow_unmodelled, origin)
+    except InputError as error:
+        raise ImportError_(f"{path}:{settings.line}: non-default args: {error}") from None
+
+
+def _as_parsed(value: Any) -> Any:
+    """A logged value as the command-line parser hands it to the importer: booleans and
+    lists as they are, numbers as the text the user would have typed."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _check_gpu(gpu: str) -> None:
     try:
         get_gpu(gpu)
     except InputError as error:
         raise ImportError_(f"--gpu: {error}") from None
-    args = parse_serve_line(line, version)
+
+
+def _scenario_yaml(
+    args: ServeArgs, gpu: str, version: str, allow_unmodelled: Iterable[str], origin: str
+) -> str:
     noted = _classify(args, {a.strip() for a in allow_unmodelled if a.strip()})
     model = scenario_model(args.model)
     fields = _modelled_fields(args)
     name = model if isinstance(model, str) else model["name"]
-    notes = [f"imported by kvsim import-vllm from `{' '.join(line.split())}` (vLLM {version})"]
+    notes = [f"imported by kvsim import-vllm from {origin}"]
     if noted:
         notes.append("unmodelled, simulated without: " + ", ".join(noted))
     notes.append("workload: a stand-in (vllm bench serve's default random shape); "

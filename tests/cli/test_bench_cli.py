@@ -196,3 +196,18 @@ def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_p
     costs = VLLM_API_SERVER
     added_ms = 1e3 * (costs.input_s(512) + costs.hand_off_s + costs.lone_stream_s(1))
     assert ttft["--api-server"] - ttft["--no-api-server"] == pytest.approx(added_ms, rel=1e-6)
+
+
+def test_import_vllm_takes_a_line_or_a_log_not_both(tmp_path: Path) -> None:
+    log = Path(__file__).resolve().parents[2] / "examples" / "vllm_bench" / "server_startup.log"
+    both = runner.invoke(app, ["import-vllm", LINE, "--from-log", str(log), "--gpu", "h100-sxm"])
+    neither = runner.invoke(app, ["import-vllm", "--gpu", "h100-sxm"])
+    for result in (both, neither):
+        assert result.exit_code == 2, result.output
+        assert "give a vllm serve command line or --from-log LOG" in result.output
+    missing = runner.invoke(app, ["import-vllm", "--from-log", str(tmp_path / "x.log"),
+                                  "--gpu", "h100-sxm"])  # fmt: skip
+    assert missing.exit_code == 2 and "x.log: no such file" in missing.output
+    made = runner.invoke(app, ["import-vllm", "--from-log", str(log), "--gpu", "h100-sxm"])
+    assert made.exit_code == 0, made.output
+    assert "vllm_version: 0.19.1" in made.output and "max_num_seqs: 128" in made.output
