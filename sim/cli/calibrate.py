@@ -28,7 +28,12 @@ def calibrate(
     ] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, float16 or bfloat16.")] = "auto",
     gpu: Annotated[
-        str | None, typer.Option("--gpu", help="Catalog GPU for the report's datasheet ratios.")
+        str | None,
+        typer.Option(
+            "--gpu",
+            help="Catalog GPU for the report's datasheet ratios; with --from-bench --from-log "
+            "and no --scenario, the GPU the logged server ran on.",
+        ),
     ] = None,
     tp: Annotated[
         int, typer.Option("--tp", help="Tensor-parallel size the geometry is split by.")
@@ -47,14 +52,19 @@ def calibrate(
     ] = None,
     scenario: Annotated[
         Path | None,
-        typer.Option("--scenario", help="--from-bench: the server the results came from."),
+        typer.Option(
+            "--scenario",
+            help="--from-bench: the server the results came from (or --from-log with --gpu: "
+            "the server as its startup log says it was started).",
+        ),
     ] = None,
     from_log: Annotated[
         Path | None,
         typer.Option(
             "--from-log",
             help="--from-bench: the server's startup log; its 'GPU KV cache size' replaces "
-            "the scenario's pool.",
+            "the scenario's pool (and, without --scenario, its 'non-default args' are the "
+            "scenario).",
         ),
     ] = None,
     dataset_name: Annotated[str, typer.Option(help="--from-bench: the results' dataset.")] = (
@@ -92,7 +102,7 @@ def calibrate(
                         random_prefix_len=random_prefix_len, seed=seed,
                         num_special_tokens=num_special_tokens)  # fmt: skip
         out_file = out if out != Path("profile.json") else Path("bench.coefficients.json")
-        _from_bench(from_bench, scenario, out_file, workload, from_log)
+        _from_bench(from_bench, scenario, out_file, workload, from_log, gpu)
         return
     if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
         raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
@@ -148,26 +158,49 @@ def calibrate(
         console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
+def _bench_scenario(scenario: Path | None, log: Path | None, gpu: str | None) -> tuple:
+    """The server the results came from: `--scenario`, or the one `log`'s "non-default args"
+    describe on `gpu` (`sim.vllm_bench.importer.import_server_log`), and the path that names
+    it (the log's, for messages, relative files and the provenance)."""
+    import yaml
+
+    from sim.errors import InputError
+    from sim.scenario.schema import load_scenario, scenario_from_dict
+    from sim.vllm_bench.importer import import_server_log
+
+    if scenario is not None:
+        return load_scenario(scenario), scenario
+    if log is None or gpu is None:
+        raise InputError(
+            "--from-bench needs --scenario (the server the results came from), or --from-log "
+            "SERVER_LOG with --gpu G (the server as its startup log says it was started)"
+        )
+    text = import_server_log(log, gpu=gpu)
+    return scenario_from_dict(yaml.safe_load(text), str(log)), log
+
+
 def _from_bench(
-    files: list[Path], scenario: Path | None, out: Path, workload: dict, log: Path | None
+    files: list[Path],
+    scenario: Path | None,
+    out: Path,
+    workload: dict,
+    log: Path | None,
+    gpu: str | None = None,
 ) -> None:
     """`kvsim calibrate --from-bench`: fit, print the comparison, write the coefficients."""
     import json
 
     from sim.cli.main import console
-    from sim.errors import InputError
     from sim.files.outdir import check_output_file, write_text_atomic
-    from sim.scenario.schema import load_scenario, naming
+    from sim.scenario.schema import naming
     from sim.vllm_bench import calibrate as cb
     from sim.vllm_bench.bench import WorkloadOptions
     from sim.vllm_bench.server_log import read_server_log
 
-    if scenario is None:
-        raise InputError("--from-bench needs --scenario: the server the results came from")
+    scenario_obj, scenario = _bench_scenario(scenario, log, gpu)
     check_output_file(out)
     options = WorkloadOptions(**workload)
     bench_files = [cb.read_bench_file(path, options) for path in files]
-    scenario_obj = load_scenario(scenario)
     console.print(f"fitting the measured step time of {scenario} to {len(files)} result(s)",
                   highlight=False)  # fmt: skip
     pool = None

@@ -30,9 +30,10 @@ compute/memory blend is a p-norm, so scaling both times scales it).
 
 `--from-log SERVER_LOG` (`sim.vllm_bench.server_log`) replaces the scenario's pool with the one the
 server logged ("GPU KV cache size: N tokens"), so the replays queue as the measured server did;
-the log's release is recorded beside the one the scenario models.
+the log's release is recorded beside the one the scenario models. Without `--scenario`, the
+log's "non-default args" on `--gpu` are the server (`sim.cli.calibrate._bench_scenario`).
 
-What it leaves out: the log's other settings (the scenario says them), per-term factors (one GPU factor: the results of a serving benchmark rarely separate GEMM
+What it leaves out: per-term factors (one GPU factor: the results of a serving benchmark rarely separate GEMM
 from attention time), and the all-reduce without peer access (`hardware.p2p: false`, a
 constant of its own, not scaled).
 """

@@ -211,3 +211,31 @@ def test_from_log_replaces_the_pool_and_records_it(measured, tmp_path):
     assert pool["num_gpu_blocks"] == 10_000 and pool["kv_cache_tokens"] == 160_000
     assert pool["kvsim_num_gpu_blocks"] != 10_000
     assert "KV pool from" in result.output
+
+
+def test_from_log_without_a_scenario_imports_the_server_the_log_started(measured, tmp_path):
+    """The issue's "the startup log gives the pool and the resolved settings": with no
+    --scenario, the log's "non-default args" (on --gpu) are the server the results came from."""
+    from sim.cli.main import app
+
+    _, paths = measured
+    log = tmp_path / "serve.log"
+    log.write_text(
+        "(APIServer pid=1) INFO [api_server.py:1839] vLLM API server version 0.11.0\n"
+        "(APIServer pid=1) INFO [utils.py:233] non-default args: {'model_tag': "
+        "'meta-llama/Llama-3.1-8B', 'port': 8001, 'model': 'meta-llama/Llama-3.1-8B'}\n"
+        "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:849] GPU KV cache size: 160,000 tokens\n"
+    )
+    out = tmp_path / "o.json"
+    args = ["calibrate", "--from-bench", str(paths[0]), "--from-log", str(log), "--out", str(out),
+            "--random-input-len", "256", "--random-output-len", "32"]  # fmt: skip
+    no_gpu = CliRunner().invoke(app, args)
+    assert no_gpu.exit_code == 2 and "--from-log SERVER_LOG with --gpu G" in no_gpu.output
+    assert not out.exists()
+    result = CliRunner().invoke(app, [*args, "--gpu", "h200"])
+    assert result.exit_code == 0, result.output
+    provenance = json.loads(out.read_text())["provenance"]
+    assert provenance["scenario"] == str(log) and provenance["gpu"] == "h200"
+    pool = provenance["pool_from_log"]
+    assert pool["num_gpu_blocks"] == 10_000
+    assert (pool["vllm_version_logged"], pool["vllm_version_modelled"]) == ("0.11.0", "0.11.0")
