@@ -85,6 +85,10 @@ def summary_table(rows: list[Comparison]) -> str:
         (Split.HELD_OUT.value, [c for c in rows if c.split is Split.HELD_OUT]),
         (Split.FIT.value, [c for c in rows if c.split is Split.FIT]),
         ("held_out, vLLM >= 0.6", [c for c in recent if c.split is Split.HELD_OUT]),
+        (  # issue #24's target: median <= 2% on held-out logs of vLLM >= 0.11
+            "held_out, vLLM >= 0.11",
+            [c for c in rows if c.log.release >= (0, 11) and c.split is Split.HELD_OUT],
+        ),
     ]
     for label, subset in groups:
         before = summarize([c.before_error for c in subset])
