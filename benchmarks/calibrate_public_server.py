@@ -44,13 +44,14 @@ def bench_files(prefix: str) -> tuple[list[BenchFile], Scenario]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", default="dl-qwen2-7b-a100-tp1-u05-in1024-out1024")
+    parser.add_argument("--per-term", action="store_true", help="compute and memory factors")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     files, scenario = bench_files(args.group)
     shipped = evaluate(scenario, Path.cwd(), files)  # the model as it ships
-    fit = fit_from_bench(scenario, Path.cwd(), files)
-    print(f"{args.group}: {len(files)} runs, fitted on {len(fit.fit_files)}: gpu_scale "
-          f"{fit.gpu_scale:g}, overhead_scale {fit.overhead_scale:g}")  # fmt: skip
+    fit = fit_from_bench(scenario, Path.cwd(), files, per_term=args.per_term)
+    print(f"{args.group}: {len(files)} runs, fitted on {len(fit.fit_files)}: "
+          f"{fit.factors.described()}")  # fmt: skip
     print("| held-out run | metric | measured | shipped | fitted |")
     print("|---|---|---:|---:|---:|")
     for path in fit.held_out_files:

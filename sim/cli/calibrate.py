@@ -84,6 +84,14 @@ def calibrate(
     num_special_tokens: Annotated[
         int, typer.Option(help="--from-bench: tokens the server's tokenizer adds (BOS).")
     ] = 1,
+    per_term: Annotated[
+        bool,
+        typer.Option(
+            "--per-term",
+            help="--from-bench: fit the compute-bound GPU terms (prefill) and the others "
+            "(decode) with a factor each, instead of one GPU factor.",
+        ),
+    ] = False,
 ) -> None:
     """Sweep paged-attention and GEMM kernels on this machine and fit a profile for `kvsim run`,
     plus the measured model's coefficients refitted from the same timings (PROFILE.coefficients.json).
@@ -102,7 +110,7 @@ def calibrate(
                         random_prefix_len=random_prefix_len, seed=seed,
                         num_special_tokens=num_special_tokens)  # fmt: skip
         out_file = out if out != Path("profile.json") else Path("bench.coefficients.json")
-        _from_bench(from_bench, scenario, out_file, workload, from_log, gpu)
+        _from_bench(from_bench, scenario, out_file, workload, from_log, gpu, per_term)
         return
     if not math.isfinite(budget) or budget <= 0:  # -1 or 0 s would time nothing
         raise InputError(f"--budget {budget:g}: must be a positive number of seconds")
@@ -186,6 +194,7 @@ def _from_bench(
     workload: dict,
     log: Path | None,
     gpu: str | None = None,
+    per_term: bool = False,
 ) -> None:
     """`kvsim calibrate --from-bench`: fit, print the comparison, write the coefficients."""
     import json
@@ -210,7 +219,7 @@ def _from_bench(
                                                      read_server_log(log))  # fmt: skip
             console.print(f"KV pool from {log}: {pool['num_gpu_blocks']} blocks (kvsim would "
                           f"derive {pool['kvsim_num_gpu_blocks']})", highlight=False)  # fmt: skip
-        fit = cb.fit_from_bench(scenario_obj, scenario.parent, bench_files)
+        fit = cb.fit_from_bench(scenario_obj, scenario.parent, bench_files, per_term=per_term)
         doc = cb.coefficients_document(fit, scenario_obj, scenario.parent, scenario, pool)
     for line in cb.report_lines(fit):
         console.print(line, highlight=False, soft_wrap=True, markup=False)

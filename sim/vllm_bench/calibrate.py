@@ -12,6 +12,19 @@ the measured TTFT, TPOT, ITL and output throughput:
   overhead_scale   the engine's CPU work per step (`engine_overhead_s`, fixed + per sequence)
                    x this factor: a slower host, another release's scheduler
 
+With `per_term` (`--per-term`) the GPU factor splits in two, so that a model whose prefill and
+decode are off by different amounts (a MoE kernel, a quantized GEMM) can be fitted:
+
+  compute_scale    the compute-bound terms: the GEMMs' and prefill attention's compute
+                   efficiencies (what a long prefill chunk takes)
+  memory_scale     everything else on the GPU: the GEMMs' weight reads, decode attention, the
+                   elementwise ops, launch floors, the all-reduce and the CUDA-graph launch
+                   (what a decode step takes)
+
+Each result file times both (its TTFT is mostly prefill, its TPOT decode), so three factors are
+identifiable from files whose batches differ; with a single file the fit says so only through
+its held-out errors (none).
+
 The loss is the mean over the fit files of the mean |ln(predicted / measured)| over the four
 metrics (a ratio error: 2x too slow and 2x too fast cost the same), minimised by Nelder-Mead
 in log space from (1, 1). Files are sorted by name; with three or more, every other one (the
@@ -26,15 +39,19 @@ its `provenance` and `calibration`.
 
 Worked example: a GEMM at compute efficiency 0.77 and launch floor 5.4 us, scaled by
 gpu_scale 1.25, becomes 0.77 / 1.25 = 0.616 and 6.75 us: every GEMM takes 1.25x as long (the
-compute/memory blend is a p-norm, so scaling both times scales it).
+compute/memory blend is a p-norm, so scaling both times scales it). Per term, compute_scale
+1.25 and memory_scale 1: compute efficiency 0.616, memory efficiency and floor as shipped, so a
+4,096-token prefill GEMM (compute-bound) takes about 1.25x as long and a batch-8 decode GEMM
+(its weight reads) about as long as before.
 
 `--from-log SERVER_LOG` (`sim.vllm_bench.server_log`) replaces the scenario's pool with the one the
 server logged ("GPU KV cache size: N tokens"), so the replays queue as the measured server did;
 the log's release is recorded beside the one the scenario models. Without `--scenario`, the
 log's "non-default args" on `--gpu` are the server (`sim.cli.calibrate._bench_scenario`).
 
-What it leaves out: per-term factors (one GPU factor: the results of a serving benchmark rarely separate GEMM
-from attention time), and the all-reduce without peer access (`hardware.p2p: false`, a
+What it leaves out: a factor per kernel (GEMM apart from attention: the results of a serving
+benchmark rarely separate them; only compute-bound from memory-bound, with `per_term`), and the
+all-reduce without peer access (`hardware.p2p: false`, a
 constant of its own, not scaled).
 """
 
@@ -74,8 +91,8 @@ from sim.vllm_bench.server_log import ServerLog
 #: The metrics the fit reproduces, as vLLM's result keys.
 FIT_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "output_throughput")
 #: Coefficient names that are efficiencies (time ~ 1 / value) and floors (time ~ value).
-_EFFICIENCIES = ("compute_efficiency", "memory_efficiency", "bandwidth_efficiency",
-                 "query_bandwidth_efficiency")  # fmt: skip
+_COMPUTE_EFFICIENCIES = ("compute_efficiency",)
+_EFFICIENCIES = ("memory_efficiency", "bandwidth_efficiency", "query_bandwidth_efficiency")
 _TIMES = ("launch_floor_s", "call_floor_s", "per_seq_s", "latency_s")
 
 
@@ -89,15 +106,53 @@ class BenchFile:
     workload: WorkloadOptions
 
 
+@dataclass(frozen=True, slots=True)
+class Factors:
+    """The scale factors of a calibration (see the module docstring); all 1: the shipped fit."""
+
+    compute_scale: float = 1.0
+    memory_scale: float = 1.0
+    overhead_scale: float = 1.0
+
+    @classmethod
+    def single(cls, gpu_scale: float, overhead_scale: float) -> Factors:
+        """One GPU factor for every GPU term."""
+        return cls(gpu_scale, gpu_scale, overhead_scale)
+
+    @property
+    def per_term(self) -> bool:
+        return self.compute_scale != self.memory_scale
+
+    def described(self) -> str:
+        gpu = (f"compute_scale {self.compute_scale:g}, memory_scale {self.memory_scale:g}"
+               if self.per_term else f"gpu_scale {self.compute_scale:g}")  # fmt: skip
+        return f"{gpu}, overhead_scale {self.overhead_scale:g}"
+
+    def as_dict(self) -> dict[str, float]:
+        if self.per_term:
+            return {"compute_scale": self.compute_scale, "memory_scale": self.memory_scale,
+                    "overhead_scale": self.overhead_scale}  # fmt: skip
+        return {"gpu_scale": self.compute_scale, "overhead_scale": self.overhead_scale}
+
+
 @dataclass(slots=True)
 class BenchFit:
-    gpu_scale: float
-    overhead_scale: float
+    factors: Factors
     fit_files: list[Path]
     held_out_files: list[Path]
     #: per file: metric -> (predicted, measured), at the fitted factors
     compared: dict[Path, dict[str, tuple[float, float]]] = field(default_factory=dict)
     loss: float = math.nan
+
+    @property
+    def gpu_scale(self) -> float:
+        """The one GPU factor (a per-term fit has two: `factors`)."""
+        assert not self.factors.per_term, "a per-term fit has compute and memory scales"
+        return self.factors.compute_scale
+
+    @property
+    def overhead_scale(self) -> float:
+        return self.factors.overhead_scale
 
     def errors(self, files: list[Path]) -> dict[str, list[float]]:
         """Signed relative errors (predicted / measured - 1) per metric over `files`."""
@@ -145,33 +200,33 @@ def _positive(value: Any) -> bool:
             and math.isfinite(value) and value > 0)  # fmt: skip
 
 
-def scaled_coefficients(
-    base: dict[str, Any], gpu: GpuSpec, gpu_scale: float, overhead_scale: float
-) -> dict[str, Any]:
-    """`base` with `gpu`'s entry (its own, or the nearest fitted one's) scaled."""
+def scaled_coefficients(base: dict[str, Any], gpu: GpuSpec, factors: Factors) -> dict[str, Any]:
+    """`base` with `gpu`'s entry (its own, or the nearest fitted one's) scaled: each
+    efficiency divided by its factor, each time multiplied (module docstring's example)."""
     out = copy.deepcopy(base)
     gpu_name = gpu.name
     source = nearest_fitted_gpu(gpu, base["gpus"])
     entry = copy.deepcopy(base["gpus"][source])
+    compute, memory = factors.compute_scale, factors.memory_scale
 
     def scale(terms: dict[str, Any]) -> None:
         for key, value in terms.items():
             if isinstance(value, dict):
                 scale(value)
-            elif key in _EFFICIENCIES:
-                terms[key] = value / gpu_scale
+            elif key in _COMPUTE_EFFICIENCIES:
+                terms[key] = value / compute
+            elif key in _EFFICIENCIES or key == "algbw_GBps":
+                terms[key] = value / memory
             elif key in _TIMES:
-                terms[key] = value * gpu_scale
-            elif key == "algbw_GBps":
-                terms[key] = value / gpu_scale
+                terms[key] = value * memory
 
     for term in ("gemm", "elementwise", "decode_attention", "prefill_attention", "allreduce"):
         scale(entry[term])
     out["gpus"][gpu_name] = entry
     for engine in out["engine"].values():
-        engine["fixed_s"] *= overhead_scale
-        engine["per_seq_s"] *= overhead_scale
-        engine["graph_launch_s"] *= gpu_scale
+        engine["fixed_s"] *= factors.overhead_scale
+        engine["per_seq_s"] *= factors.overhead_scale
+        engine["graph_launch_s"] *= memory
     band = out.setdefault("band", {})
     band[gpu_name] = dict(band.get(source, band.get("extrapolated", {})))
     return out
@@ -211,12 +266,11 @@ class Replayer:
                                burstiness=f.settings.burstiness, seed=f.workload.seed)  # fmt: skip
             self._inputs.append((requests, request_specs(requests, times)))
 
-    def replay(self, gpu_scale: float, overhead_scale: float) -> list[dict[str, float]]:
-        """Each file's predicted metrics at the two factors."""
+    def replay(self, factors: Factors) -> list[dict[str, float]]:
+        """Each file's predicted metrics at `factors`."""
         base = self.resolved.step_time
         assert isinstance(base, MeasuredStepTime)
-        coefficients = scaled_coefficients(self.base_coefficients, base.gpu,
-                                           gpu_scale, overhead_scale)  # fmt: skip
+        coefficients = scaled_coefficients(self.base_coefficients, base.gpu, factors)
         model = MeasuredStepTime(base.model, base.gpu, coefficients=coefficients,
                                  **self._model_args)  # fmt: skip
         run = dataclasses.replace(self.resolved, step_time=model)
@@ -236,39 +290,48 @@ def _loss(predicted: list[dict[str, float]], files: list[BenchFile]) -> float:
     return sum(per_file) / len(per_file)
 
 
+def _factors(x: np.ndarray, per_term: bool) -> Factors:
+    """Log-space parameters -> factors, each kept within x0.05-x20 (outside is not a fit)."""
+    scales = [round(float(math.exp(v)), 4) for v in np.clip(x, math.log(0.05), math.log(20.0))]
+    if per_term:
+        return Factors(scales[0], scales[1], scales[2])
+    return Factors.single(scales[0], scales[1])
+
+
 def fit_from_bench(
-    scenario: Scenario, base_dir: Path, files: list[BenchFile], *, iters: int = 40
+    scenario: Scenario,
+    base_dir: Path,
+    files: list[BenchFile],
+    *,
+    iters: int = 40,
+    per_term: bool = False,
 ) -> BenchFit:
-    """Fit (gpu_scale, overhead_scale) on the fit files; compare every file at the result."""
+    """Fit (gpu_scale, overhead_scale), or with `per_term` (compute_scale, memory_scale,
+    overhead_scale), on the fit files; compare every file at the result."""
     files = sorted(files, key=lambda f: str(f.path))
     held = files[1::2] if len(files) >= 3 else []
     fit = [f for f in files if f not in held]
     fitter = Replayer(scenario, base_dir, fit)
 
     def objective(x: np.ndarray) -> float:
-        x = np.clip(x, math.log(0.05), math.log(20.0))  # factors outside x0.05-x20 are not a fit
-        return _loss(fitter.replay(math.exp(x[0]), math.exp(x[1])), fit)
+        return _loss(fitter.replay(_factors(x, per_term)), fit)
 
-    best = nelder_mead(objective, np.zeros(2), iters=iters, step=0.4)
-    best = np.clip(best, math.log(0.05), math.log(20.0))
-    gpu_scale, overhead_scale = float(math.exp(best[0])), float(math.exp(best[1]))
-    return evaluate(scenario, base_dir, files, round(gpu_scale, 4), round(overhead_scale, 4))
+    start = np.zeros(3 if per_term else 2)
+    best = nelder_mead(objective, start, iters=iters * (2 if per_term else 1), step=0.4)
+    return evaluate(scenario, base_dir, files, _factors(best, per_term))
 
 
 def evaluate(
-    scenario: Scenario,
-    base_dir: Path,
-    files: list[BenchFile],
-    gpu_scale: float = 1.0,
-    overhead_scale: float = 1.0,
+    scenario: Scenario, base_dir: Path, files: list[BenchFile], factors: Factors | None = None
 ) -> BenchFit:
-    """Every file compared at the given factors (1, 1: the model as it ships), with the split
+    """Every file compared at `factors` (default all 1: the model as it ships), with the split
     `fit_from_bench` uses."""
+    factors = factors or Factors()
     files = sorted(files, key=lambda f: str(f.path))
     held = files[1::2] if len(files) >= 3 else []
     fit = [f for f in files if f not in held]
-    result = BenchFit(gpu_scale, overhead_scale, [f.path for f in fit], [f.path for f in held])
-    predicted = Replayer(scenario, base_dir, files).replay(gpu_scale, overhead_scale)
+    result = BenchFit(factors, [f.path for f in fit], [f.path for f in held])
+    predicted = Replayer(scenario, base_dir, files).replay(factors)
     result.loss = _loss([p for p, f in zip(predicted, files, strict=True) if f in fit], fit)
     for pred, f in zip(predicted, files, strict=True):
         result.compared[f.path] = {k: (pred[k], v) for k, v in f.measured.items() if k in pred}
@@ -286,7 +349,7 @@ def coefficients_document(
     resolved_gpu = prepared(scenario, base_dir).step_time
     assert isinstance(resolved_gpu, MeasuredStepTime)
     base = base_coefficients(scenario, base_dir)
-    doc = scaled_coefficients(base, resolved_gpu.gpu, fit.gpu_scale, fit.overhead_scale)
+    doc = scaled_coefficients(base, resolved_gpu.gpu, fit.factors)
 
     def summary(files: list[Path]) -> dict[str, Any]:
         errors = fit.errors(files)
@@ -303,12 +366,15 @@ def coefficients_document(
         "scenario": str(scenario_path),
         "gpu": resolved_gpu.gpu.name,
         "scaled_from": base.get("provenance", {}).get("source", "shipped fit"),
-        "gpu_scale": fit.gpu_scale,
-        "overhead_scale": fit.overhead_scale,
+        **fit.factors.as_dict(),
         "fit_files": [str(p) for p in fit.fit_files],
         "held_out_files": [str(p) for p in fit.held_out_files],
-        "note": "every GPU term x gpu_scale, the engine overhead x overhead_scale; the band is "
-        "the shipped one, not re-validated",
+        "note": (
+            "compute-bound GPU terms x compute_scale, the other GPU terms x memory_scale"
+            if fit.factors.per_term
+            else "every GPU term x gpu_scale"
+        )
+        + ", the engine overhead x overhead_scale; the band is the shipped one, not re-validated",
         "pool_from_log": pool_from_log,
     }
     doc["calibration"] = {
@@ -322,8 +388,8 @@ def coefficients_document(
 def report_lines(fit: BenchFit) -> list[str]:
     """What `kvsim calibrate --from-bench` prints: the factors, then per file and metric."""
     lines = [
-        f"fitted on {len(fit.fit_files)} file(s): gpu_scale {fit.gpu_scale:g}, "
-        f"overhead_scale {fit.overhead_scale:g} (mean |ln ratio| {fit.loss:.4f})",
+        f"fitted on {len(fit.fit_files)} file(s): {fit.factors.described()} "
+        f"(mean |ln ratio| {fit.loss:.4f})",
         "| file | split | " + " | ".join(FIT_METRICS) + " |",
         "|---|---|" + "---|" * len(FIT_METRICS),
     ]

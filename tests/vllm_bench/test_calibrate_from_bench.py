@@ -16,6 +16,7 @@ from sim.latency.measured import MeasuredStepTime, shipped_coefficients
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
 from sim.vllm_bench.calibrate import (
+    Factors,
     coefficients_document,
     fit_from_bench,
     read_bench_file,
@@ -62,7 +63,9 @@ def _results(folder: Path, coefficients: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> tuple[Path, list[Path]]:
     folder = tmp_path_factory.mktemp("bench")
-    truth = scaled_coefficients(shipped_coefficients(), get_gpu("h200"), TRUE_GPU, TRUE_OVERHEAD)
+    truth = scaled_coefficients(
+        shipped_coefficients(), get_gpu("h200"), Factors.single(TRUE_GPU, TRUE_OVERHEAD)
+    )
     (folder / "truth.json").write_text(json.dumps(truth))
     return folder, _results(folder, folder / "truth.json")
 
@@ -77,11 +80,65 @@ def test_scaling_the_coefficients_scales_every_gpu_term_and_the_overhead():
     scaled = MeasuredStepTime(
         get_model("llama-3.1-8b"),
         gpu,
-        coefficients=scaled_coefficients(shipped_coefficients(), gpu, 1.25, 3.0),
+        coefficients=scaled_coefficients(shipped_coefficients(), gpu, Factors.single(1.25, 3.0)),
     ).breakdown(batch)
     for term, seconds in plain.items():
         expected = 3.0 if term == "engine_overhead_s" else 1.25
         assert scaled[term] == pytest.approx(expected * seconds, rel=1e-9), term
+
+
+TRUE_SPLIT = Factors(compute_scale=1.6, memory_scale=0.9, overhead_scale=1.5)
+
+
+@pytest.fixture(scope="module")
+def measured_split(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """What a server with slow prefill kernels (x1.6) but fast decode (x0.9) would measure."""
+    folder = tmp_path_factory.mktemp("bench-split")
+    truth = scaled_coefficients(shipped_coefficients(), get_gpu("h200"), TRUE_SPLIT)
+    (folder / "truth.json").write_text(json.dumps(truth))
+    return folder, _results(folder, folder / "truth.json")
+
+
+def test_per_term_scaling_moves_prefill_with_compute_and_decode_with_memory():
+    """compute_scale moves the compute-bound terms only: a long prefill GEMM follows it, a
+    batch-1 decode step's GEMMs (weight reads) do not; memory_scale the reverse."""
+    from sim.catalog import get_model
+    from sim.latency import BatchShape
+
+    gpu, model = get_gpu("h200"), get_model("llama-3.1-8b")
+
+    def gemm_s(factors: Factors, batch: BatchShape) -> float:
+        coefficients = scaled_coefficients(shipped_coefficients(), gpu, factors)
+        return MeasuredStepTime(model, gpu, coefficients=coefficients).breakdown(batch)["gemm_s"]
+
+    prefill, decode = BatchShape((), ((0, 8192),)), BatchShape((1024,), ())
+    for batch, moved_by in ((prefill, "compute"), (decode, "memory")):
+        base = gemm_s(Factors(), batch)
+        compute = gemm_s(Factors(compute_scale=2.0), batch) / base
+        memory = gemm_s(Factors(memory_scale=2.0), batch) / base
+        slow, unmoved = (compute, memory) if moved_by == "compute" else (memory, compute)
+        assert slow > 1.6 and unmoved < 1.25, (moved_by, compute, memory)
+
+
+@pytest.mark.slow  # two fits of 30-60 Nelder-Mead rounds: minutes on two cores
+def test_per_term_fit_recovers_a_prefill_decode_split_one_factor_cannot(measured_split):
+    folder, paths = measured_split
+    files = [read_bench_file(p, WORKLOAD) for p in paths]
+    scenario = scenario_from_dict(_scenario_dict(), "plain.yaml")
+    split = fit_from_bench(scenario, folder, files, iters=30, per_term=True)
+    assert split.factors.compute_scale == pytest.approx(TRUE_SPLIT.compute_scale, rel=0.08)
+    assert split.factors.memory_scale == pytest.approx(TRUE_SPLIT.memory_scale, rel=0.05)
+    assert split.factors.overhead_scale == pytest.approx(TRUE_SPLIT.overhead_scale, rel=0.15)
+    single = fit_from_bench(scenario, folder, files, iters=30)
+
+    def worst(fit) -> float:
+        held = fit.errors(fit.held_out_files)
+        return max(abs(e) for values in held.values() for e in values)
+
+    assert worst(split) < 0.05 < worst(single), (worst(split), worst(single))
+    doc = coefficients_document(split, scenario, folder, Path("plain.yaml"))
+    assert doc["provenance"]["compute_scale"] == split.factors.compute_scale
+    assert "gpu_scale" not in doc["provenance"]
 
 
 def test_fit_recovers_the_factors_kvsim_was_perturbed_by(measured):
