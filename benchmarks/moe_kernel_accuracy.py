@@ -5,16 +5,17 @@
 
 For each run of `sim/data/fused_moe_kernel_times.yaml` (vLLM `benchmark_moe.py` kernel times,
 each with its source) and each batch size, prints the measured time beside two predictions on
-the run's GPU datasheet with the shipped coefficients of its nearest fitted GPU:
+the run's GPU datasheet with the shipped coefficients of its nearest fitted GPU, bf16:
 
 - `grouped`: `sim.latency.moe.FusedMoe.fused_experts_s`, what the model charges now (two grouped
   GEMMs a layer over the touched experts, routing and activation kernels);
 - `per-expert`: what it charged before (each touched expert its own pair of GEMMs on
   T x k / touched tokens, each with a launch floor; the activation as k calls).
 
-`--fit` refits `sim.latency.moe.FIXED_S` and `MEMORY_EFFICIENCY_RATIO` on the first run's
-even-indexed batch sizes (least squares of the relative error over a grid) and prints the
-held-out odd ones' errors. No GPU needed; the table and the fit each in about a second.
+Last, the median |error| of the held-out rows: the first run's odd-indexed batch sizes and every
+other run (A100 SXM, H100, H200; up to 4,096 tokens). `--fit` refits `sim.latency.moe.FIXED_S`
+and `MEMORY_EFFICIENCY_RATIO` on the first run's even-indexed batch sizes (least squares of the
+relative error over a grid) and prints the held-out odd ones' errors. No GPU needed; the table and the fit each in about a second.
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def rows(run: dict[str, Any]) -> list[tuple[int, float, float, float]]:
     ]
 
 
+def held_out_rows(runs: list[dict[str, Any]]) -> list[tuple[int, float, float, float]]:
+    """The rows no fit saw: the first run's odd-indexed batch sizes and every other run's."""
+    return rows(runs[0])[1::2] + [row for run in runs[1:] for row in rows(run)]
+
+
+def held_out_summary(runs: list[dict[str, Any]]) -> dict[str, tuple[int, float, float]]:
+    """(n, grouped, per-expert median |error|) of the held-out rows: all, and prefill-sized
+    batches (256 tokens and more)."""
+    out = {}
+    for name, keep in (("all", 1), ("batch >= 256", 256)):
+        chosen = [r for r in held_out_rows(runs) if r[0] >= keep]
+        grouped = statistics.median(abs(g / us - 1.0) for _, us, g, _ in chosen)
+        old = statistics.median(abs(o / us - 1.0) for _, us, _, o in chosen)
+        out[name] = (len(chosen), grouped, old)
+    return out
+
+
 def fit(run: dict[str, Any]) -> tuple[float, float]:
     """(fixed_s, memory-efficiency ratio) minimising the squared relative error on the
     even-indexed batch sizes; prints every batch size's error with its split."""
@@ -133,6 +151,9 @@ def main() -> int:
             "median |error|: "
             + ", ".join(f"{k} {100 * statistics.median(v):.1f}%" for k, v in errs.items())
         )
+    print("\nheld out (no fit saw them): median |error| grouped / per-expert")
+    for name, (n, grouped, old) in held_out_summary(load_runs()).items():
+        print(f"{name} (n={n}): {100 * grouped:.1f}% / {100 * old:.1f}%")
     return 0
 
 

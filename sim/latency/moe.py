@@ -36,12 +36,16 @@ with its own launch floor (a prefill of 2,048 tokens on Qwen3-30B-A3B: 128 exper
 layers = 12,288 launch floors, 64 ms of a 184 ms step, and each 128-row GEMM at the blend's
 worst, the ridge point), which is not what the kernel does.
 
-Checked against public kernel times (`python benchmarks/moe_kernel_accuracy.py`): vLLM PR
-#19049's `benchmark_moe.py` run of Qwen3-30B-A3B's experts on one A100 PCIe 40GB with the default
-config, batch 1-96; two terms of the kernel's own (`FIXED_S`, `MEMORY_EFFICIENCY_RATIO`) are
-fitted on half of those batch sizes and miss the other half by 1.1% median. No prefill-sized
-batch was found in a public copy: at thousands of tokens the grouped GEMMs are charged with the
-dense fit's compute efficiency and blend, an extrapolation.
+Checked against public kernel times (`python benchmarks/moe_kernel_accuracy.py`,
+`sim/data/fused_moe_kernel_times.yaml`): vLLM PR #19049's `benchmark_moe.py` run of
+Qwen3-30B-A3B's experts on one A100 PCIe 40GB with the default config, batch 1-96; two terms of
+the kernel's own (`FIXED_S`, `MEMORY_EFFICIENCY_RATIO`) are fitted on half of those batch sizes
+and miss the other half by 1.1% median. Three more sources, held out (A100 SXM E=64 top-6, H100
+Mixtral TP 2, H200 E=128 top-8; up to 4,096 tokens): 6.4% median |error| over 45 timings, 9.0%
+over the 14 of 256 tokens and more, where the per-expert charge missed by 82%. The worst misses
+are at batch 1 on the other configs (-38% and -60%: their fixed costs are not the fitted one's)
+and at 3,072-4,096 tokens on the H200 (-13%, -18%: compute-bound there, the dense fit's
+efficiency is too high for the Triton kernel).
 
 Worked example (A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s; the a100 fit's GEMM coefficients 0.741 /
 0.837 / p = 1.343 / 5.18 us floor), Qwen3-30B-A3B (E = 128, k = 8, hidden 2048, intermediate
