@@ -28,8 +28,9 @@ one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
 
 A GPU outside the fitted data (A100 80GB SXM, H100 SXM) takes the efficiencies and floors of
 the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own datasheet, the
-all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (expert
-routing was not measured), are flagged `extrapolated` and get the wider band.
+all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (the fused-MoE
+kernel's own terms rest on one A100 config, `sim.latency.moe`), are flagged `extrapolated` and get
+the wider band.
 
 Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
 Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 22.5 ms:
@@ -433,7 +434,7 @@ class MeasuredStepTime:
         source = f"measured fit on {self.fitted_gpu} (sim/data/steptime_coefficients.json)"
         if self.extrapolated:
             why = (
-                "MoE routing not measured"
+                "fused-MoE kernel terms fitted on one A100 config"
                 if self.model.is_moe
                 else "all-reduce without GPU peer access (hardware.p2p: false)"
                 if not self.p2p and self.tp > 1
