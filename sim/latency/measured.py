@@ -8,11 +8,12 @@ and validation errors in `sim/data/steptime_coefficients.json`, refit by
 one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
 
   gemm_s               per layer: QKV, O, gate+up, down projections on T tokens
-                       (MoE: router + the touched experts), launch floor + smooth
+                       (MoE: router + two grouped GEMMs over the touched experts, as
+                       vLLM's fused-MoE kernel: `sim.latency.moe`), launch floor + smooth
                        compute/memory blend
   lm_head_s            the logits GEMM on the sampled tokens (one per decode, one per chunk)
-  non_gemm_s           per layer: 2 RMSNorms, RoPE, SiLU-and-mul, 2 residual adds; per step:
-                       embedding gather and final norm
+  non_gemm_s           per layer: 2 RMSNorms, RoPE, SiLU-and-mul, 2 residual adds (MoE: and
+                       top-k, align, moe_sum); per step: embedding gather and final norm
   decode_attention_s   per layer: one call for all decodes, floor + per-sequence cost + KV
                        bytes at a fitted fraction of bandwidth (sliding layers read their window)
   prefill_attention_s  per layer: one call floor + for each chunk, query traffic and 64x64 tile
@@ -27,8 +28,9 @@ one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
 
 A GPU outside the fitted data (A100 80GB SXM, H100 SXM) takes the efficiencies and floors of
 the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own datasheet, the
-all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (expert
-routing was not measured), are flagged `extrapolated` and get the wider band.
+all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (the fused-MoE
+kernel's own terms rest on one A100 config, `sim.latency.moe`), are flagged `extrapolated` and get
+the wider band.
 
 Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
 Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 22.5 ms:
@@ -57,6 +59,7 @@ from sim.latency.allreduce import AllReduceCost, Link
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.interconnect import host_staged_allreduce
+from sim.latency.moe import FusedMoe
 from sim.latency.quantized import GemmFormat, body_gemm_formats
 
 #: The terms of `breakdown()`, in the order `_terms` returns them.
@@ -187,15 +190,33 @@ class MeasuredStepTime:
         self._mlp_shapes = ((h, 2 * inter), (inter, h))
         self._lm_shape = (h, m.vocab_size // tp)
         self._num_experts, self._experts_per_token = m.num_experts, m.num_experts_per_token
+        mlp = self.gemm_formats.mlp
+        #: the experts as vLLM's fused-MoE kernel runs them; None for a dense MLP
+        self._moe = (
+            FusedMoe(
+                m.num_experts,
+                m.num_experts_per_token,
+                h,
+                inter,
+                mlp.weight_bytes,
+                mlp.peak_flops,
+                self._bw,
+                self._gemm_c,
+                self._ew,
+            )
+            if m.is_moe
+            else None
+        )
         args = (h, self._q_heads, self._kv_heads, d, inter)
         #: bytes per token of each elementwise kind, and calls per layer
         self._ew_per_layer = (
             ("norm", 2, terms.elementwise_bytes("norm", 1, *args)),
             ("rope", 1, terms.elementwise_bytes("rope", 1, *args)),
+            # one SiLU-and-mul call over all T x k routed rows (MoE: `sim.latency.moe`)
             (
                 "activation",
-                m.num_experts_per_token,
-                terms.elementwise_bytes("activation", 1, *args),
+                1,
+                m.num_experts_per_token * terms.elementwise_bytes("activation", 1, *args),
             ),
             ("residual_add", 2, terms.elementwise_bytes("residual_add", 1, *args)),
         )
@@ -250,18 +271,22 @@ class MeasuredStepTime:
         t = float(num_tokens)
         attn, mlp = self.gemm_formats.attention, self.gemm_formats.mlp
         gemm = sum(self._gemm_s(t, k, n, attn) for k, n in self._attn_shapes)
-        if self._num_experts > 1:
-            e, k_per = self._num_experts, self._experts_per_token
-            touched = e * (1.0 - (1.0 - k_per / e) ** t)
-            per_expert = t * k_per / touched
-            gemm += self._gemm_s(t, self._hidden, e)  # router
-            gemm += touched * sum(self._gemm_s(per_expert, k, n, mlp) for k, n in self._mlp_shapes)
+        ew = self._ew
+        routing = 0.0
+        if self._moe is not None:
+            # vLLM's fused MoE: two grouped GEMMs a layer over the touched experts, not one
+            # GEMM per expert (`sim.latency.moe`), and top-k + align + moe_sum around them
+            gemm += self._gemm_s(t, self._hidden, self._num_experts)  # router
+            gemm += self._moe.experts_s(t)
+            routing = self._moe.routing_s(t)
         else:
             gemm += sum(self._gemm_s(t, k, n, mlp) for k, n in self._mlp_shapes)
-        ew = self._ew
-        non_gemm = self._L * sum(
-            calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
-            for kind, calls, per_tok in self._ew_per_layer
+        non_gemm = self._L * (
+            routing
+            + sum(
+                calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
+                for kind, calls, per_tok in self._ew_per_layer
+            )
         ) + sum(
             calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
             for kind, calls, per_tok in self._ew_per_step
@@ -409,7 +434,7 @@ class MeasuredStepTime:
         source = f"measured fit on {self.fitted_gpu} (sim/data/steptime_coefficients.json)"
         if self.extrapolated:
             why = (
-                "MoE routing not measured"
+                "fused-MoE kernel terms fitted on one A100 config"
                 if self.model.is_moe
                 else "all-reduce without GPU peer access (hardware.p2p: false)"
                 if not self.p2p and self.tp > 1
