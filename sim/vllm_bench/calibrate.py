@@ -50,8 +50,9 @@ the log's release is recorded beside the one the scenario models. Without `--sce
 log's "non-default args" on `--gpu` are the server (`sim.cli.calibrate._bench_scenario`).
 
 What it leaves out: a factor per kernel (GEMM apart from attention: the results of a serving
-benchmark rarely separate them; only compute-bound from memory-bound, with `per_term`), and the
-all-reduce without peer access (`hardware.p2p: false`, a
+benchmark rarely separate them; only compute-bound from memory-bound, with `per_term`), the
+fused-MoE layer's own fixed cost per layer (`sim.latency.moe.FIXED_S`, a constant; its GEMMs use
+the scaled dense coefficients), and the all-reduce without peer access (`hardware.p2p: false`, a
 constant of its own, not scaled).
 """
 
