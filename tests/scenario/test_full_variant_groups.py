@@ -135,7 +135,12 @@ RSWA8 = [{}, {"rswa_window": 8}]
 @pytest.mark.parametrize(
     ("groups", "version", "caching", "message"),
     [
-        (RSWA8, "0.33.0", True, "cache.enable_prefix_caching: .*R-SWA"),
+        (
+            [*RSWA8, {"sliding_window": 8}],
+            "0.33.0",
+            True,
+            "cache.enable_prefix_caching: .*R-SWA group beside a third attention type",
+        ),
         (SINK32, "0.33.0", False, "cache.kv_cache_groups: vLLM 0.33.0 cannot start .*TypeError"),
         (SINK32, "0.11.0", False, "cache.kv_cache_groups: vLLM 0.11.0 has no 'sink 32' group"),
         ([{}, {"sink_len": 24}], "0.20.0", False, "kv_cache_groups: sink_len must be a positive"),
