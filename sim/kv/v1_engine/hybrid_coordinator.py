@@ -36,8 +36,10 @@ in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
 Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
 counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
-`new_step_starts` reaches the managers of both modes. The same holds with a
-sink, R-SWA or circular-buffer group (`sim.kv.v1_engine.full_variants`, caching off only).
+`new_step_starts` reaches the managers of both modes. A sink, R-SWA or circular-buffer
+group (`sim.kv.v1_engine.full_variants`) is taken in any order with caching off; with
+caching on, `sim.kv.v1_engine.variant_caching` sorts the groups for the hit (sink and R-SWA
+hit with the full groups, a circular buffer takes no part).
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
