@@ -195,3 +195,43 @@ def test_the_real_manager_under_kvsims_scheduler_gives_the_models_tables(version
     (real, model) = re.search(r"preemptions (\d+) (\d+)", out.stdout).groups()
     assert real == model and int(real) > 0, out.stdout
     assert "same tables True" in out.stdout, out.stdout
+
+
+_UNDER_KVSIM_CACHING = """
+import ast, sys
+from sim.engine.run import run
+from sim.scenario.schema import scenario_from_dict
+from tests.scenario.test_full_variant_groups import _case
+version, groups = sys.argv[1], ast.literal_eval(sys.argv[2])
+data = _case(40, groups, version)
+data["cache"]["enable_prefix_caching"] = True
+for request in data["workload"]["requests"]:  # a 64-token shared prefix
+    request.update(prefix_id=1, prefix_tokens=min(64, request["prompt_tokens"]))
+real = run(scenario_from_dict(data), vllm_root=f".vllm/{version}")
+model = run(scenario_from_dict(data))
+print("violations", len(real.violations), "finished", real.summary["states"]["finished"])
+print("hit tokens", real.requests["num_prefix_hit_tokens"].sum())
+print("same tables", real.requests.equals(model.requests) and real.steps.equals(model.steps))
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "groups"),
+    [
+        ("0.20.0", [{}, {"sink_len": 32}]),
+        ("0.26.0", [{"rswa_window": 24}, {}]),
+        ("0.33.0", [{"circular_buffer": True}, {}, {"rswa_window": 24}]),
+    ],
+)
+def test_with_caching_the_real_manager_under_kvsims_scheduler_gives_the_models_tables(
+    version, groups
+):
+    """Prefix caching over the variants (`variant_caching`) on the release's own manager: the
+    same preemption cases with a shared 64-token prefix, full audit: no violation, prefix
+    hits, and byte-identical request and step tables."""
+    out = _python(version, _UNDER_KVSIM_CACHING, repr(groups))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "violations 0 finished 6" in out.stdout, out.stdout
+    hits = re.search(r"hit tokens (\d+)", out.stdout)
+    assert hits is not None and int(hits.group(1)) > 0, out.stdout
+    assert "same tables True" in out.stdout, out.stdout
