@@ -59,3 +59,27 @@ def test_group_types_needs_hybrid_and_is_in_the_replay_command():
     variant = CaseVariant("0.33.0", hybrid=True, group_types=True)
     assert variant.flags() == " --vllm-version 0.33.0 --hybrid --group-types"
     assert fuzz("v1-engine", 0, None, 1, variant=variant).to_dict()["group_types"] is True
+
+
+@pytest.mark.slow
+def test_on_0_33_0_every_group_type_stall_is_the_max_model_len_prompt():
+    """The fuzz paragraph of docs/findings.md, on the first 240 cases of its run (master
+    seed 23): over the single-replica cases with drawn groups the only violation kind is
+    `no_progress`, and each such case has a request of exactly max_model_len tokens (vllm
+    #29496)."""
+    from sim.engine.run import run
+
+    variant = CaseVariant("0.33.0", hybrid=True, async_mix=True, group_types=True)
+    stalls = explicit = 0
+    for index in range(240):
+        case = draw_case("v1-engine", case_seed(23, index), True, variant)
+        if not case.cache.kv_cache_groups or case.engine.num_replicas > 1:
+            continue
+        explicit += 1
+        result = run(case)
+        kinds = set(result.violations["kind"]) if len(result.violations) else set()
+        assert kinds <= {"no_progress"}, (index, kinds)
+        if kinds:
+            stalls += 1
+            assert (result.requests["prompt_tokens"] == case.scheduler.max_model_len).any(), index
+    assert explicit >= 60 and stalls >= 1, (explicit, stalls)
