@@ -18,8 +18,8 @@ coordinator (`sim.kv.v1_engine.full_variants` models the groups themselves):
   `L806-850 @0.26.0`, `L900-944 @0.33.0`): full attention's hit and caching over a table
   whose gap entries are null (`cache_full_blocks` skips nulls, `block_pool.py:L284
   @0.25.1`). The one model with R-SWA layers turns caching off in its config hook
-  (`UnlimitedOCRForCausalLMConfig`, `model_executor/models/config.py:L57-130 @0.25.1`,
-  `L160-235 @0.33.0`), which kvsim's catalog does not carry: an explicit R-SWA group runs
+  (`UnlimitedOCRForCausalLMConfig`, `model_executor/models/config.py:L166 @0.25.1`,
+  `L269 @0.33.0`), which kvsim's catalog does not carry: an explicit R-SWA group runs
   what the manager does.
 * **Circular buffer** (0.33.0). `CircularBufferSpec.prefix_cacheable` is False
   (`kv_cache_interface.py:L998-1000 @0.33.0`): the coordinator leaves the group out of
