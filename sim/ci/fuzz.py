@@ -155,6 +155,7 @@ class FuzzReport:
             "vllm_version": self.variant.vllm_version,
             "hybrid": self.variant.hybrid,
             "async_mix": self.variant.async_mix,
+            "group_types": self.variant.group_types,
             "vllm_root": self.vllm_root,
             "num_cases": self.num_cases,
             "num_disagg_cases": self.num_disagg_cases,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -195,6 +196,15 @@ def fuzz(
             help="v1-engine: async scheduling drawn per case (release default, on, off).",
         ),
     ] = False,
+    group_types: Annotated[
+        bool,
+        typer.Option(
+            "--group-types",
+            help="v1-engine, with --hybrid: hybrid cases draw cache.kv_cache_groups from every "
+            "group type kvsim models on the release (sliding, chunked-local, Mamba, sink, "
+            "R-SWA, circular buffer).",
+        ),
+    ] = False,
 ) -> None:
     """Run random valid workloads and cache configurations; report each violation kind found.
 
@@ -219,6 +229,9 @@ def fuzz(
     if budget_s is None and max_cases is None:
         budget_s = fz.DEFAULT_BUDGET_S
     variant, root = _fuzz_variant(cli, design_value, vllm_version, vllm_root, hybrid, async_mix)
+    if group_types and not hybrid:
+        raise cli.fail("--group-types: give --hybrid too (it draws the layouts of hybrid cases)")
+    variant = replace(variant, group_types=group_types)
     if case is not None:
         report = fz.fuzz_one_case(design_value, case, not no_swap, variant, root)
     else:

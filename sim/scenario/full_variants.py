@@ -1,6 +1,7 @@
 """The scenario checks of full attention's variants (sink, R-SWA and circular-buffer groups,
-`sim.kv.v1_engine.full_variants`): the one mode kvsim models (prefix caching off), whole-block
-sink lengths, and the sink blocks that vLLM 0.19.1 / 0.20.0's startup check never counts.
+`sim.kv.v1_engine.full_variants`): the caching layouts kvsim models
+(`sim.kv.v1_engine.variant_caching`), whole-block sink lengths, and the sink blocks that
+vLLM 0.19.1 / 0.20.0's startup check never counts.
 """
 
 from __future__ import annotations
@@ -8,21 +9,23 @@ from __future__ import annotations
 from sim.audit.violations import Violation, ViolationKind
 from sim.kv.config import KVCacheConfig
 from sim.kv.pins import VllmPin
+from sim.kv.v1_engine.variant_caching import split_variant_groups
 from sim.scenario.schema import ScenarioError
 
 
 def check_full_variant_groups(config: KVCacheConfig) -> None:
     """A sink, R-SWA or circular-buffer group (`cache.kv_cache_groups`,
-    `sim.kv.v1_engine.full_variants`) runs with prefix caching off, the one mode kvsim
-    models for them, and a sink group's `sink_len` is whole blocks (upstream asserts
+    `sim.kv.v1_engine.full_variants`) with prefix caching on is in a layout kvsim models
+    (`variant_caching.split_variant_groups`: at most two attention types where a sink or
+    R-SWA spec is one), and a sink group's `sink_len` is whole blocks (upstream asserts
     ``sink_len % block_size == 0``, `single_type_kv_cache_manager.py:L1109 @0.19.1`)."""
     if not config.has_full_variant_group:
         return
-    if config.enable_prefix_caching:
-        raise ScenarioError(
-            "cache.enable_prefix_caching: prefix caching over a sink, R-SWA or circular-buffer "
-            "group is not modelled; set cache.enable_prefix_caching: false"
-        )
+    if config.enable_prefix_caching and not config.has_mamba_group:
+        try:
+            split_variant_groups(config.kv_cache_groups)
+        except ValueError as exc:
+            raise ScenarioError(f"cache.{exc}; set cache.enable_prefix_caching: false") from None
     for group_id, group in enumerate(config.kv_cache_groups):
         if group.sink_len is not None and group.sink_len % config.block_size:
             raise ScenarioError(

@@ -202,7 +202,8 @@ def layout_name(config: KVCacheConfig) -> str:
 
 def _full_variant_layout_name(config: KVCacheConfig) -> str:
     """'full + sink', 'full + R-SWA + circular buffer + sliding window + Mamba', ...: the
-    types present, in a fixed order (Mamba last, so the Mamba tests' count reads it)."""
+    types present, in a fixed order (Mamba last, so the Mamba tests' count reads it), then
+    ' with caching' when prefix caching is on (`sim.kv.v1_engine.variant_caching`)."""
     groups = config.kv_cache_groups
     present = [
         ("sink", any(g.sink_len is not None for g in groups)),
@@ -211,7 +212,8 @@ def _full_variant_layout_name(config: KVCacheConfig) -> str:
         ("sliding window", any(g.sliding_window is not None for g in groups)),
         ("Mamba", config.has_mamba_group),
     ]
-    return " + ".join(["full"] + [name for name, on in present if on])
+    name = " + ".join(["full"] + [name for name, on in present if on])
+    return f"{name} with caching" if config.enable_prefix_caching else name
 
 
 def _checked_design(design: str, hybrid: bool) -> str:

@@ -26,6 +26,7 @@ from sim.kv.types import (
     SequenceStatus,
     TokenContent,
 )
+from sim.kv.v1_engine.variant_caching import split_variant_groups
 from sim.vllm_real.lockstep_pair import Pair
 
 #: Prompt keys 0..NUM_SHARED_KEYS-1 are shared prefixes; unique tails use keys above UNIQUE_BASE.
@@ -143,8 +144,9 @@ def random_full_variant_config(
 ) -> KVCacheConfig:
     """Full attention with 1-2 groups of each of 1..all of `kinds` (sink, R-SWA, circular
     buffer: `sim.kv.v1_engine.full_variants`), sometimes a sliding group and (`mamba`) a
-    Mamba group beside, in any group order; caching off (the one mode kvsim models for these
-    types), a small max_model_len, and a pool with room for the sink groups' blocks."""
+    Mamba group beside, in any group order; prefix caching on in 80% of the layouts kvsim
+    models it for (`sim.kv.v1_engine.variant_caching`), a small max_model_len, and a pool
+    with room for the sink groups' blocks."""
     block_size = rng.choice([1, 2, 4, 8, 16, 16])
     groups = [KVCacheGroupSpec()] * rng.randint(1, 2)
     for kind in rng.sample(kinds, rng.randint(1, len(kinds))):
@@ -159,11 +161,22 @@ def random_full_variant_config(
     return KVCacheConfig(
         num_gpu_blocks=num_sink_blocks + rng.randint(4, 64),
         block_size=block_size,
-        enable_prefix_caching=False,
+        enable_prefix_caching=rng.random() < 0.8 and _variant_caching_modelled(groups),
         # Longer with an R-SWA group: its gap opens only past prompt + window + a block.
         max_model_len=rng.randint(8, (40 if has_rswa else 20) * block_size),
         kv_cache_groups=tuple(groups),
     )
+
+
+def _variant_caching_modelled(groups: list[KVCacheGroupSpec]) -> bool:
+    """Whether kvsim models prefix caching over this layout (`variant_caching`)."""
+    if any(g.mamba for g in groups):
+        return False
+    try:
+        split_variant_groups(tuple(groups))
+    except ValueError:
+        return False
+    return True
 
 
 def random_prompt(

@@ -276,17 +276,18 @@ class RealKVCacheManager:
         return V1_BASELINE
 
     def _hit_blocks(self, block_ids: list[int] | None):
-        """vLLM's `KVCacheBlocks` for kvsim's flat hit ids (equal shares per group, in order)."""
+        """vLLM's `KVCacheBlocks` for kvsim's flat hit ids (equal shares per group, in order;
+        none for a circular buffer, which takes no part in a hit: `variant_caching`)."""
         if not block_ids:
             return None
         pool = self.real.block_pool.blocks
-        share = len(block_ids) // self.num_groups
-        return self._kv_blocks_cls(
-            tuple(
-                [pool[i] for i in block_ids[g * share : (g + 1) * share]]
-                for g in range(self.num_groups)
-            )
-        )
+        takes = [not g.circular_buffer for g in self.config.group_specs]
+        share = len(block_ids) // sum(takes)
+        per_group, start = [], 0
+        for takes_hits in takes:
+            per_group.append([pool[i] for i in block_ids[start : start + share * takes_hits]])
+            start += share * takes_hits
+        return self._kv_blocks_cls(tuple(per_group))
 
     def num_blocks_to_admit(
         self,

@@ -196,8 +196,9 @@ def test_refusals_name_the_type_and_the_release(groups, pin, message):
 
 
 def test_refusals_of_caching_and_bad_specs():
-    with pytest.raises(ValueError, match="enable_prefix_caching: .*R-SWA"):
-        make(20, (FULL, RSWA8), enable_prefix_caching=True)
+    # Caching over a sink or R-SWA group beside a third type (`variant_caching`).
+    with pytest.raises(ValueError, match="enable_prefix_caching: .*beside a third attention"):
+        make(20, (FULL, RSWA8, KVCacheGroupSpec(8)), enable_prefix_caching=True)
     with pytest.raises(ValueError, match="sink_len must be a positive multiple"):
         make(20, (FULL, KVCacheGroupSpec(sink_len=6)), pin="0.20.0")
     with pytest.raises(ValueError, match="a KV-cache group is one of"):

@@ -135,7 +135,12 @@ RSWA8 = [{}, {"rswa_window": 8}]
 @pytest.mark.parametrize(
     ("groups", "version", "caching", "message"),
     [
-        (RSWA8, "0.33.0", True, "cache.enable_prefix_caching: .*R-SWA"),
+        (
+            [*RSWA8, {"sliding_window": 8}],
+            "0.33.0",
+            True,
+            "cache.enable_prefix_caching: .*R-SWA group beside a third attention type",
+        ),
         (SINK32, "0.33.0", False, "cache.kv_cache_groups: vLLM 0.33.0 cannot start .*TypeError"),
         (SINK32, "0.11.0", False, "cache.kv_cache_groups: vLLM 0.11.0 has no 'sink 32' group"),
         ([{}, {"sink_len": 24}], "0.20.0", False, "kv_cache_groups: sink_len must be a positive"),
@@ -213,13 +218,42 @@ def test_no_violation_on_random_variant_hybrids(data):
         ([{"sink_len": 16}, {}], "0.20.0"),
     ],
 )
-def test_decode_shortcuts_change_no_table(groups, version):
+@pytest.mark.parametrize("caching", [False, True])
+def test_decode_shortcuts_change_no_table(groups, version, caching):
     """The decode fast path and cohort skip quiet decodes by each group's touch length (the
-    R-SWA gap's next free, a ring that never grows): the tables are the same without them."""
+    R-SWA gap's next free, a ring that never grows): the tables are the same without them,
+    with prefix caching off and on (a shared 64-token prefix)."""
     data = _case(60, groups, version)
+    if caching:
+        data["cache"]["enable_prefix_caching"] = True
+        for request in data["workload"]["requests"]:
+            request.update(prefix_id=1, prefix_tokens=min(64, request["prompt_tokens"]))
     fast = run(scenario_from_dict(data))
     data["scheduler"].update(decode_fast_path=False, decode_cohort=False)
     slow = run(scenario_from_dict(data))
     for name in ("requests", "steps"):
         assert getattr(fast, name).equals(getattr(slow, name)), name
     assert fast.inputs["kv_cache_groups"] == slow.inputs["kv_cache_groups"]
+
+
+@pytest.mark.parametrize(
+    ("groups", "version"),
+    [
+        ([{}, {"sink_len": 32}], "0.19.1"),
+        ([{"rswa_window": 24}, {}], "0.25.1"),
+        ([{"circular_buffer": True}, {}, {"rswa_window": 24}], "0.33.0"),
+        ([{}, {"sliding_window": 24}, {"circular_buffer": True}], "0.33.0"),
+    ],
+)
+def test_prefix_caching_over_the_variants_hits_under_a_clean_full_audit(groups, version):
+    """The preemption case with caching on and a 64-token shared prefix
+    (`sim.kv.v1_engine.variant_caching`): every request finishes, later ones hit the prefix,
+    and the full audit finds nothing."""
+    data = _case(40, groups, version)
+    data["cache"]["enable_prefix_caching"] = True
+    for request in data["workload"]["requests"]:
+        request.update(prefix_id=1, prefix_tokens=min(64, request["prompt_tokens"]))
+    result = run(scenario_from_dict(data))
+    assert len(result.violations) == 0, result.violations
+    assert result.summary["states"]["finished"] == 6
+    assert result.requests["num_prefix_hit_tokens"].sum() > 0

@@ -51,14 +51,30 @@ elif mutation == "rswa-gap-floor":  # the gap from floor(P / bs): a partial prom
 elif mutation == "ring-grows":  # the ring grown like a full-attention table
     for name in ("get_num_blocks_to_allocate", "allocate_new_blocks"):
         setattr(fv.CircularBufferManager, name, getattr(FullAttentionManager, name))
+elif mutation in ("variant-no-hit", "ring-in-hit"):  # a wrong hit rule (`variant_caching`)
+    from sim.kv.v1_engine import hybrid_coordinator as hc
+    split = hc.split_variant_groups
+    def wrong(groups):
+        full, other, uncached = split(groups)
+        if mutation == "ring-in-hit":  # the ring looked up as a full group: never cached
+            return sorted(full + uncached), other, []
+        # sink / R-SWA groups left out of the hit, as a ring
+        variants = [i for i in full if groups[i].is_full_variant]
+        return [i for i in full if i not in variants], other, sorted(uncached + variants)
+    hc.split_variant_groups = wrong
 print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).summary())
 """
 
 
-def _ops_with(summary: str, word: str) -> int:
-    """Operations on layouts whose name has `word`, from a verify summary."""
+def _ops_with(summary: str, word: str, *, caching: bool = False) -> int:
+    """Operations on layouts whose name has `word` (and ' with caching'), from a verify
+    summary."""
     layouts = summary.split("; by layout: ", 1)[1].split("\n", 1)[0]
-    return sum(int(n) for name, n in re.findall(r"([^,]+?) (\d+)(?:,|$)", layouts) if word in name)
+    return sum(
+        int(n)
+        for name, n in re.findall(r"([^,]+?) (\d+)(?:,|$)", layouts)
+        if word in name and (not caching or name.endswith(" with caching"))
+    )
 
 
 @pytest.mark.parametrize("version", sorted(TYPES))
@@ -73,6 +89,10 @@ def test_full_variant_groups_identical_to_real(version):
     assert done is not None and int(done.group(1)) >= 10_000, out.stdout
     for word in TYPES[version]:
         assert _ops_with(out.stdout, word) >= 1_000, (word, out.stdout)
+    # Prefix caching over each type (`variant_caching`; a ring layout with caching counts for
+    # the ring): at seed 7, 1,402 / 200 (sink), 1,005 / 1,005 / 401 (R-SWA), 581 (ring).
+    for word in TYPES[version]:
+        assert _ops_with(out.stdout, word, caching=True) >= 200, (word, out.stdout)
 
 
 @pytest.mark.parametrize(
@@ -82,11 +102,16 @@ def test_full_variant_groups_identical_to_real(version):
         ("rswa-no-gap", "0.33.0"),
         ("rswa-gap-floor", "0.25.1"),
         ("ring-grows", "0.33.0"),
+        ("variant-no-hit", "0.19.1"),
+        ("variant-no-hit", "0.26.0"),
+        ("ring-in-hit", "0.33.0"),
     ],
 )
 def test_the_comparison_catches_a_changed_rule(mutation, version):
     """The comparison can fail: sink blocks left free, an R-SWA group that frees nothing or
-    frees the prompt's partial last block, a ring grown per block, each decide."""
+    frees the prompt's partial last block, a ring grown per block, and two wrong hit rules
+    with caching on (a sink or R-SWA group left out of the hit; a ring looked up in it), each
+    decide."""
     out = _python(version, _VERIFY, mutation)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DIVERGED" in out.stdout, out.stdout
@@ -97,6 +122,10 @@ def test_layout_count_parse():
     assert _ops_with(summary, "R-SWA") == 400
     assert _ops_with(summary, "sink") == 7
     assert _ops_with(summary, "full") == 417
+    cached = summary + ", full + sink with caching 5, full + R-SWA with caching 3"
+    assert _ops_with(cached, "sink", caching=True) == 5
+    assert _ops_with(cached, "R-SWA", caching=True) == 3
+    assert _ops_with(cached, "R-SWA") == 403
 
 
 _BUILD_SINK = """
@@ -165,4 +194,44 @@ def test_the_real_manager_under_kvsims_scheduler_gives_the_models_tables(version
     assert "violations 0 finished 6" in out.stdout, out.stdout
     (real, model) = re.search(r"preemptions (\d+) (\d+)", out.stdout).groups()
     assert real == model and int(real) > 0, out.stdout
+    assert "same tables True" in out.stdout, out.stdout
+
+
+_UNDER_KVSIM_CACHING = """
+import ast, sys
+from sim.engine.run import run
+from sim.scenario.schema import scenario_from_dict
+from tests.scenario.test_full_variant_groups import _case
+version, groups = sys.argv[1], ast.literal_eval(sys.argv[2])
+data = _case(40, groups, version)
+data["cache"]["enable_prefix_caching"] = True
+for request in data["workload"]["requests"]:  # a 64-token shared prefix
+    request.update(prefix_id=1, prefix_tokens=min(64, request["prompt_tokens"]))
+real = run(scenario_from_dict(data), vllm_root=f".vllm/{version}")
+model = run(scenario_from_dict(data))
+print("violations", len(real.violations), "finished", real.summary["states"]["finished"])
+print("hit tokens", real.requests["num_prefix_hit_tokens"].sum())
+print("same tables", real.requests.equals(model.requests) and real.steps.equals(model.steps))
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "groups"),
+    [
+        ("0.20.0", [{}, {"sink_len": 32}]),
+        ("0.26.0", [{"rswa_window": 24}, {}]),
+        ("0.33.0", [{"circular_buffer": True}, {}, {"rswa_window": 24}]),
+    ],
+)
+def test_with_caching_the_real_manager_under_kvsims_scheduler_gives_the_models_tables(
+    version, groups
+):
+    """Prefix caching over the variants (`variant_caching`) on the release's own manager: the
+    same preemption cases with a shared 64-token prefix, full audit: no violation, prefix
+    hits, and byte-identical request and step tables."""
+    out = _python(version, _UNDER_KVSIM_CACHING, repr(groups))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "violations 0 finished 6" in out.stdout, out.stdout
+    hits = re.search(r"hit tokens (\d+)", out.stdout)
+    assert hits is not None and int(hits.group(1)) > 0, out.stdout
     assert "same tables True" in out.stdout, out.stdout

@@ -2,8 +2,9 @@
 and a circular buffer of one block per request.
 
 All three are `FullAttentionManager` subclasses upstream
-(`vllm/v1/core/single_type_kv_cache_manager.py`); kvsim models them with prefix caching off
-(a scenario with caching on and one of these groups is refused), in the hybrid coordinator.
+(`vllm/v1/core/single_type_kv_cache_manager.py`); kvsim models them in the hybrid
+coordinator, with prefix caching off or on (what each release does with a hit over them, and
+the layouts kvsim refuses with caching: `sim.kv.v1_engine.variant_caching`).
 
 **Sink** (`SinkFullAttentionManager`, 0.19.1 `L1091-1112`, 0.20.0 `L1112-1133`; spec
 `SinkFullAttentionSpec`, `vllm/v1/kv_cache_interface.py:L1232-1289 (0.33.0)`; used by
@@ -51,9 +52,8 @@ claimed by its first allocation; a count of 1 for a request without it, 0 after;
 skips, caches or hits; startup charges one page (`max_memory_usage_bytes`), and no
 admission cap applies.
 
-Left out: prefix caching over these groups (sink: full attention's hit, with the fixed-point
-hybrid hit of 0.19.1 on when a third type is present; R-SWA: full attention's hit over a
-table with gap nulls; the ring never caches), EAGLE / speculative blocks, KV connectors (the
+Left out: prefix caching over a sink or R-SWA group beside a third attention type (the
+fixed-point hybrid hit, `variant_caching`), EAGLE / speculative blocks, KV connectors (the
 scheduler's connector path also frees the R-SWA gap, 0.33.0 `sched/scheduler.py:L3369-3375`),
 a lone group of these types (one KV-cache group: the unitary coordinator), and the sink
 layer's own K/V writes (what the 0.33.0 change means for blocks 1..n, which the pool now

@@ -36,8 +36,10 @@ in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
 Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
 counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
-`new_step_starts` reaches the managers of both modes. The same holds with a
-sink, R-SWA or circular-buffer group (`sim.kv.v1_engine.full_variants`, caching off only).
+`new_step_starts` reaches the managers of both modes. A sink, R-SWA or circular-buffer
+group (`sim.kv.v1_engine.full_variants`) is taken in any order with caching off; with
+caching on, `sim.kv.v1_engine.variant_caching` sorts the groups for the hit (sink and R-SWA
+hit with the full groups, a circular buffer takes no part).
 
 The hybrid cache hit (`L352-415`) supports exactly two attention types, one of them full
 attention (the other: one sliding window, or one chunk size of chunked-local attention,
@@ -66,6 +68,7 @@ from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
 from sim.kv.v1_engine.full_variants import RSWAManager
 from sim.kv.v1_engine.mamba import MambaManager, mamba_align_hit
 from sim.kv.v1_engine.single_type import SlidingWindowManager
+from sim.kv.v1_engine.variant_caching import split_variant_groups
 
 
 def _describe(group: KVCacheGroupSpec) -> str:
@@ -114,14 +117,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         self.peak_held_blocks = [0] * len(groups)
         self.full_group_ids = [i for i, g in enumerate(groups) if g.is_full_attention]
         self.other_group_ids = [i for i, g in enumerate(groups) if not g.is_full_attention]
-        other_specs = {groups[i] for i in self.other_group_ids}
+        #: Groups that take no part in a cache hit (0.33.0's circular buffers: not
+        #: `prefix_cacheable`); their share of every hit is empty (`variant_caching`).
+        self.uncached_group_ids: list[int] = []
         #: Whether a group is Mamba: then prefix caching is off (the manager refuses it) and
         #: upstream builds `KVCacheCoordinatorNoPrefixCache`, which takes any mix of groups
         #: (`kv_cache_coordinator.py:L480-527 (0.33.0)`): no hit rule to verify.
         self.has_mamba_group = any(g.mamba for g in groups)
-        #: The same for a sink, R-SWA or circular-buffer group (`full_variants`), which
-        #: kvsim models with caching off only.
-        self.caching_off_only = self.has_mamba_group or any(g.is_full_variant for g in groups)
+        #: The same for a sink, R-SWA or circular-buffer group (`full_variants`) with caching
+        #: off; with caching on, `variant_caching.split_variant_groups` sorts them.
+        has_variant = any(g.is_full_variant for g in groups)
+        self.caching_off_only = self.has_mamba_group or (
+            has_variant and not block_pool.enable_caching
+        )
+        if has_variant and block_pool.enable_caching and not self.has_mamba_group:
+            self.full_group_ids, self.other_group_ids, self.uncached_group_ids = (
+                split_variant_groups(groups)
+            )
+        other_specs = {groups[i] for i in self.other_group_ids}
         self.other_window: int | None = None
         self.other_chunk_size: int | None = None
         self.full_attn_first = True
@@ -152,6 +165,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             return
         if self.caching_off_only:
             return
+        if has_variant and not self.other_group_ids:
+            return  # full-type groups (and circular buffers): one full-attention hit
         # `verify_and_split_kv_cache_groups` asserts these (L289-350).
         if not self.full_group_ids or len(other_specs) != 1:
             raise ValueError(
@@ -275,7 +290,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         full_hits = self._full_hit(hashes, max_length)
         hit_length = len(full_hits[0]) * self.block_size
-        if self.caching_mamba_managers:
+        other_hits: list[list[KVCacheBlock]] = []
+        num_hit_blocks = len(full_hits[0])
+        if not self.other_group_ids:
+            pass  # full-type groups only (circular buffers take no part: `variant_caching`)
+        elif self.caching_mamba_managers:
             # `L453-521 @0.19.1`, a simple hybrid: the Mamba hit within the full hit.
             other_hits = mamba_align_hit(
                 self.block_pool,
@@ -285,7 +304,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             )
         else:
             other_hits = self._other_hit(hashes, hit_length)
-        num_hit_blocks = len(other_hits[0])
+        if other_hits:
+            num_hit_blocks = len(other_hits[0])
         if self.caching_mamba_managers:  # (`L737 @0.25.1`)
             self.num_uncached_common_prefix_tokens = hit_length - num_hit_blocks * self.block_size
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
@@ -301,15 +321,22 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         kvsim's own (no upstream counterpart).
         """
         num_hit_blocks = num_hit_tokens // self.block_size
-        if num_hit_tokens % self.block_size or len(blocks) != num_hit_blocks * self.num_groups:
+        num_hit_groups = self.num_groups - len(self.uncached_group_ids)
+        if num_hit_tokens % self.block_size or len(blocks) != num_hit_blocks * num_hit_groups:
             raise ValueError(
                 f"num_new_computed_tokens={num_hit_tokens} does not match "
-                f"{len(blocks)} hit blocks over {self.num_groups} groups of "
+                f"{len(blocks)} hit blocks over {num_hit_groups} groups of "
                 f"{self.block_size}-token blocks"
             )
-        return tuple(
-            blocks[g * num_hit_blocks : (g + 1) * num_hit_blocks] for g in range(self.num_groups)
-        )
+        per_group: list[list[KVCacheBlock]] = []
+        start = 0
+        for group_id in range(self.num_groups):
+            if group_id in self.uncached_group_ids:  # a circular buffer: no share
+                per_group.append([])
+                continue
+            per_group.append(blocks[start : start + num_hit_blocks])
+            start += num_hit_blocks
+        return tuple(per_group)
 
     # ------------------------------------------------------------------ per-group steps
     def _count(self, group_id: int, num_held_before: int) -> None:

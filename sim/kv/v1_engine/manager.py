@@ -91,7 +91,7 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
 
 def _check_full_variant_config(config: KVCacheConfig, pin: VllmPin) -> None:
     """The one-line refusals of a sink, R-SWA or circular-buffer group kvsim does not model
-    (`sim.kv.v1_engine.full_variants`): a release without that manager, and prefix caching.
+    (`sim.kv.v1_engine.full_variants`): a release without that manager.
 
     kvsim's own (no upstream counterpart).
     """
@@ -115,11 +115,8 @@ def _check_full_variant_config(config: KVCacheConfig, pin: VllmPin) -> None:
             f"kv_cache_groups: {pin.words} has no '{group.kind}' group (its manager exists "
             f"{release}); pin a release that has it"
         )
-    if config.enable_prefix_caching:
-        raise ValueError(
-            "enable_prefix_caching: prefix caching over a sink, R-SWA or circular-buffer "
-            "group is not modelled; turn it off"
-        )
+    # Prefix caching: every release that builds one of these groups caches over it
+    # (`sim.kv.v1_engine.variant_caching`, which refuses the layouts kvsim leaves out).
 
 
 class KVCacheManager(DecodeShortcuts, PoolQueries):
@@ -331,7 +328,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             )
         if num_blocks_to_allocate > len(self.block_pool.free_block_queue):
             return None
-        if hits[0]:
+        if hits[0] or any(hits):  # a circular buffer's share is empty (`variant_caching`)
             coordinator.touch(hits)
         coordinator.save_new_computed_blocks(request_id, hits)
         if num_tokens_main_model is not None and hybrid is not None:
@@ -399,11 +396,13 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         num_tokens = request.num_tokens
         if self.max_model_len is not None:
             num_tokens = min(num_tokens, self.max_model_len)
+        # The groups that take a share of a hit (not a circular buffer: `variant_caching`).
         num_groups = self.num_kv_cache_groups
-        hits = self._resolve_hits(
-            new_computed_block_ids, len(new_computed_block_ids) // num_groups * self.block_size
-        )
-        num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        if self._hybrid is not None:
+            num_groups -= len(self._hybrid.uncached_group_ids)
+        num_hit_tokens = len(new_computed_block_ids) // num_groups * self.block_size
+        hits = self._resolve_hits(new_computed_block_ids, num_hit_tokens)
+        num_computed = request.num_computed_tokens + num_hit_tokens
         return self._capped_count(request, num_tokens, hits, num_computed, max_in_flight_tokens)
 
     def _capped_count(
