@@ -123,10 +123,14 @@ def forward_activation_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> 
     (2 * T * I/tp) and the activated half (T * I/tp), in the activation dtype. A MoE layer's
     fused kernel keeps three caches per routed copy of a token (k = experts per token):
     gate/up (2 * I/tp), activated (I/tp) and the down output (h): T * k * (3 * I/tp + h).
-    Llama-3.1-8B, 2048 tokens: 2048 x 2 B x (8192 + 43,008) = 209,715,200 B.
+    Llama-3.1-8B, 2048 tokens: 2048 x 2 B x (8192 + 43,008) = 209,715,200 B. An up/down MLP
+    (Nemotron-H's relu^2) keeps two I-wide tensors, not three. The Mamba / Gated-DeltaNet
+    mixers of the catalog's hybrids are narrower than their MLPs (all projection widths plus
+    the conv output: Nemotron-H 36,992 < 43,008; Qwen3-Next 24,640 < 10 x (1,536 + 2,048)),
+    so the MLP stays the peak (`tests/memory/test_mamba_derive.py` checks it).
     """
     b = dtype_bytes(model.dtype)
-    per_token = 3 * model.intermediate_size // tp
+    per_token = (3 if model.mlp_kind == "gated" else 2) * model.intermediate_size // tp
     if model.is_moe:
         per_token = model.num_experts_per_token * (per_token + model.hidden_size)
     return num_tokens * b * (2 * model.hidden_size + per_token)
