@@ -146,6 +146,8 @@ class ModelSpec(BaseModel):
     attention_sinks: Bool = False
     qk_norm: Bool = False
     norms_per_layer: Int = Field(default=2, ge=0)
+    #: A multimodal checkpoint's vision encoder, which vLLM loads with the text model.
+    vision: catalog_params.VisionTower | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

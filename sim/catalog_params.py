@@ -39,23 +39,57 @@ Worked example, Nemotron-H-8B (h 4,096; 24 Mamba2 layers of 128 heads x 64, 8 gr
     embeddings     = 2 x 131,072 x 4,096 (untied)                   = 1,073,741,824
     total                                                           = 8,100,852,736
 
-Left out: the vision towers of the multimodal checkpoints (Gemma-3's SigLIP encoder, Llama-4's
-vision encoder), which their published totals include and vLLM loads with the language model
-(`gemma3_mm.py`, `mllama4.py`), so a derived pool for those two is too large by their bytes
-(the tests bound the gap); Qwen3-Next's multi-token-prediction layer, which vLLM loads only for
-speculative decoding (`qwen3_next_mtp.py`).
+A multimodal checkpoint's vision tower is loaded with the language model, so it is counted
+where the catalog describes it (`vision`): Gemma-3's SigLIP encoder (`siglip.py:L260-700`,
+every projection with a bias, two LayerNorms a layer, no pooling head) and its projector
+(`gemma3_mm.py:L451-466`): Gemma-3-27B (27 layers of 1,152, MLP 4,304, 14-pixel patches of
+896-pixel images) 416,866,032 + 6,194,304 = 423,060,336, the 417M encoder of Google's
+Gemma 3 report. Left out: Llama-4's vision encoder (`mllama4.py`; a derived Scout pool is too
+large by its ~0.8B parameters, bounded in the tests) and Qwen3-Next's multi-token-prediction
+layer, which vLLM loads only for speculative decoding (`qwen3_next_mtp.py`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog_layers import LayerType, MambaState
+from sim.scenario.fields import Int
 
 if TYPE_CHECKING:
     from sim.catalog import ModelSpec
 
 ATTENTION_KINDS: frozenset[str] = frozenset({"full", "sliding", "chunked"})
+
+
+class VisionTower(BaseModel):
+    """A SigLIP vision encoder and the projector into the text model (HF `vision_config`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["siglip"] = "siglip"
+    num_layers: Int = Field(gt=0)  # num_hidden_layers
+    hidden_size: Int = Field(gt=0)
+    intermediate_size: Int = Field(gt=0)
+    patch_size: Int = Field(gt=0)
+    image_size: Int = Field(gt=0)
+    num_channels: Int = Field(default=3, gt=0)
+
+    def encoder_params(self) -> int:
+        """Patch and position embeddings, the layers, the post-LayerNorm: 416,866,032 for
+        Gemma-3's (module docstring)."""
+        d, m = self.hidden_size, self.intermediate_size
+        layer = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+        patch = self.num_channels * self.patch_size**2 * d + d
+        positions = (self.image_size // self.patch_size) ** 2 * d
+        return patch + positions + self.num_layers * layer + 2 * d
+
+    def params(self, text_hidden_size: int) -> int:
+        """Encoder + Gemma-3's projector (a d x h matrix and an RMSNorm of d)."""
+        d = self.hidden_size
+        return self.encoder_params() + d * text_hidden_size + d
 
 
 def attention_linear_params(model: ModelSpec) -> int:
@@ -159,10 +193,13 @@ def body_linear_params(model: ModelSpec) -> int:
 
 
 def total_params(model: ModelSpec) -> int:
-    """Everything vLLM loads for the language model: Nemotron-H-8B 8,100,852,736."""
+    """Everything vLLM loads (language model and any vision tower described): Nemotron-H-8B
+    8,100,852,736."""
     embed = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
     other = sum(layer_other_params(model, kind) for kind in model.layer_kinds)
-    return body_linear_params(model) + model.lm_head_params + embed + other + model.hidden_size
+    vision = model.vision.params(model.hidden_size) if model.vision is not None else 0
+    body = body_linear_params(model) + model.lm_head_params + embed + other + model.hidden_size
+    return body + vision
 
 
 def num_moe_layers(model: ModelSpec) -> int:
