@@ -14,6 +14,10 @@ Parameter counts are derived from the geometry, not copied. Worked example, Llam
     lm_head           = V*h                                              = 0.525 B
     linear (body + lm_head, what a step multiplies by)                  = 7.50 B
     total (+ input embedding 0.525 B + norms)                           = 8.03 B
+
+A model with per-layer types (Mamba / Gated-DeltaNet mixers, MLP-only layers, shared experts,
+a vision tower) is counted layer by layer by `sim.catalog_params`, whose docstring works
+Nemotron-H-8B through.
 """
 
 from __future__ import annotations

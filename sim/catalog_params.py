@@ -137,11 +137,16 @@ def mamba_other_params(state: MambaState) -> int:
     return conv + 2 * state.num_v_heads + state.head_v_dim
 
 
-def expert_params(model: ModelSpec) -> int:
-    """One routed expert: 3 h I (gated) or 2 h I (up/down), plus gpt-oss's 2 I + h biases."""
+def expert_weight_params(model: ModelSpec) -> int:
+    """One routed expert's projection matrices: 3 h I (gated) or 2 h I (up/down)."""
     width = 3 if model.mlp_kind == "gated" else 2
+    return width * model.hidden_size * model.intermediate_size
+
+
+def expert_params(model: ModelSpec) -> int:
+    """One routed expert: its matrices plus gpt-oss's 2 I + h biases (24,891,840 there)."""
     bias = 2 * model.intermediate_size + model.hidden_size if model.moe_bias else 0
-    return width * model.hidden_size * model.intermediate_size + bias
+    return expert_weight_params(model) + bias
 
 
 def mlp_params(model: ModelSpec) -> int:

@@ -78,3 +78,11 @@ def test_gemma_3_27b_counts_its_siglip_tower() -> None:
 def test_scout_active_is_17b() -> None:
     """One routed + one shared expert per layer: 17B active (Meta's card; within 0.5B)."""
     assert get_model("llama-4-scout-17b-16e").active_params / B == pytest.approx(17, abs=0.5)
+
+
+def test_gpt_oss_20b_mxfp4_weights_match_the_checkpoint_size() -> None:
+    """OpenAI's card: a 12.8 GiB checkpoint (the experts' matrices in MXFP4, 4.25 bits a
+    weight; everything else, expert biases included, in bf16). Given to 0.1 GiB: 0.05 GiB."""
+    from sim.memory.terms import weight_bytes
+
+    assert weight_bytes(get_model("gpt-oss-20b"), "mxfp4") / 2**30 == pytest.approx(12.8, abs=0.05)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from sim import catalog_params
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 
 GIB = 2**30
@@ -107,8 +108,9 @@ def weight_bytes(model: ModelSpec, fmt: str | WeightFormat | None = None, tp: in
     if fmt in (WeightFormat.AUTO, WeightFormat.BFLOAT16, WeightFormat.FLOAT16):
         b = dtype_bytes(model.dtype if fmt is WeightFormat.AUTO else fmt.value)
         return model.total_params * b // tp
-    if fmt is WeightFormat.MXFP4:
-        quantized = model.num_layers * model.num_experts * model.expert_params
+    if fmt is WeightFormat.MXFP4:  # the experts' matrices; their biases stay bf16 (gpt-oss)
+        experts = catalog_params.num_moe_layers(model) * model.num_experts
+        quantized = experts * catalog_params.expert_weight_params(model)
     else:
         quantized = model.body_linear_params
     rest = model.total_params - quantized
