@@ -152,6 +152,9 @@ class ModelSpec(BaseModel):
     norms_per_layer: Int = Field(default=2, ge=0)
     #: A multimodal checkpoint's vision encoder, which vLLM loads with the text model.
     vision: catalog_params.VisionTower | None = None
+    #: The checkpoint has a vision tower the catalog does not describe (Llama-4): its weights
+    #: are missing from `total_params`, so `num_gpu_blocks: derive` is refused.
+    vision_not_counted: Bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

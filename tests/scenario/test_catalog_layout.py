@@ -88,6 +88,8 @@ def test_a_derived_pool_is_recut_into_the_releases_blocks():
         ("nemotron-h-8b", "4ac7713", None, {}, "model: 'nemotron-h-8b' has Mamba layers"),
         ("llama-4-scout-17b-16e", "4ac7713", None, {}, "has chunked-local attention layers"),
         ("gemma-3-27b", "0.5.4", None, {"design": "v0-v2"}, "V1 engine only"),
+        ("llama-4-scout-17b-16e", "0.33.0", {"num_gpu_blocks": "derive"},
+         {}, "does not count the vision tower of 'llama-4-scout-17b-16e'"),
         ("gemma-3-27b", "0.33.0", {"num_gpu_blocks": 2000, "sliding_window": 512}, {},
          "cache.sliding_window: 'gemma-3-27b' sets each layer's type"),
     ],
