@@ -73,6 +73,23 @@ def test_the_gates_charge_per_release() -> None:
     assert late["in_flight_tokens"] == 2 * 8_192
 
 
+def test_a_mamba_hybrids_log_jumps_five_fold_at_0_25_1() -> None:
+    """The README's Nemotron-H overrides: one pool from 0.20.0, two logged sizes."""
+    logged = {}
+    for version in ("0.20.0", "0.25.1", "0.33.0"):
+        scenario = apply_overrides(load_scenario(SCENARIO), {
+            "scheduler.vllm_version": version, "model": "nemotron-h-8b",
+            "cache.enable_prefix_caching": False, "scheduler.max_model_len": 8192})  # fmt: skip
+        inputs = resolve(scenario, base_dir=SCENARIO.parent).inputs
+        assert inputs["num_gpu_blocks"] == 6_548 and inputs["startup_blocks_per_request"] == 22
+        assert inputs["hybrid_pool"]["block_size"] == 528
+        logged[version] = inputs["vllm_kv_cache_log"]
+    assert logged["0.20.0"][0] == "GPU KV cache size: 493,680 tokens"
+    assert logged["0.25.1"] == logged["0.33.0"]
+    assert logged["0.25.1"][0] == "GPU KV cache size: 2,438,237 tokens"
+    assert {lines[1][-7:] for lines in logged.values()} == {"297.64x"}
+
+
 def test_the_readme_quotes_these_figures() -> None:
     text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks aside
     for quoted in ("8,431 blocks", "9,728 from 0.20.0", "1,297 more blocks", "1.70 GB",
@@ -80,7 +97,8 @@ def test_the_readme_quotes_these_figures() -> None:
                    "(19,264 up to 0.19.1)", "8,582 blocks, not 5,510", "1.13x, not 1.77x",
                    "14,336 in all", "against 8,430 usable", "72% of those 8,582",
                    "(2,438)", "1,089 blocks", "577 with", "(503.3 tok/s, 12.94 s)",
-                   "492.7 tok/s, 13.56 s", "preempt 7 times each"):  # fmt: skip
+                   "492.7 tok/s, 13.56 s", "preempt 7 times each", "6,548 blocks",
+                   "logged as 493,680 tokens on 0.20.0 and 2,438,237 from 0.25.1"):  # fmt: skip
         assert quoted in text, quoted
 
 
