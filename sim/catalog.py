@@ -14,6 +14,10 @@ Parameter counts are derived from the geometry, not copied. Worked example, Llam
     lm_head           = V*h                                              = 0.525 B
     linear (body + lm_head, what a step multiplies by)                  = 7.50 B
     total (+ input embedding 0.525 B + norms)                           = 8.03 B
+
+A model with per-layer types (Mamba / Gated-DeltaNet mixers, MLP-only layers, shared experts,
+a vision tower) is counted layer by layer by `sim.catalog_params`, whose docstring works
+Nemotron-H-8B through.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim import catalog_params
 from sim.catalog_layers import LayerType, MambaState
 from sim.errors import InputError
 from sim.scenario.fields import Bool, Float, Int
@@ -127,6 +132,29 @@ class ModelSpec(BaseModel):
     num_experts: Int = Field(default=1, gt=0)
     num_experts_per_token: Int = Field(default=1, gt=0)
     dtype: str = "bfloat16"
+    # -- parameter-count details (`sim.catalog_params`); the defaults are a Llama layer ----
+    #: "gated": gate, up, down (3 h I); "up_down": Nemotron-H's relu^2 MLP (2 h I).
+    mlp_kind: Literal["gated", "up_down"] = "gated"
+    #: "mixer_and_mlp": each layer an attention / Mamba mixer and an MLP; "mixer_or_mlp":
+    #: each layer one block, the MLP-only ones typed `none` (Nemotron-H).
+    layer_blocks: Literal["mixer_and_mlp", "mixer_or_mlp"] = "mixer_and_mlp"
+    #: One always-on shared expert beside the routed ones (Llama-4, Qwen3-Next), and its
+    #: h x 1 sigmoid gate (Qwen3-Next).
+    shared_expert_intermediate_size: Int | None = Field(default=None, gt=0)
+    shared_expert_gate: Bool = False
+    #: gpt-oss: biases on every expert's projections and on the router.
+    moe_bias: Bool = False
+    #: Qwen3-Next's gated attention: q_proj also emits a gate per head (2 x Hq x D outputs).
+    attention_output_gate: Bool = False
+    o_proj_bias: Bool = False
+    attention_sinks: Bool = False
+    qk_norm: Bool = False
+    norms_per_layer: Int = Field(default=2, ge=0)
+    #: A multimodal checkpoint's vision encoder, which vLLM loads with the text model.
+    vision: catalog_params.VisionTower | None = None
+    #: The checkpoint has a vision tower the catalog does not describe (Llama-4): its weights
+    #: are missing from `total_params`, so `num_gpu_blocks: derive` is refused.
+    vision_not_counted: Bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -198,24 +226,21 @@ class ModelSpec(BaseModel):
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
-    # -- parameters -----------------------------------------------------------------------
+    # -- parameters (`sim.catalog_params`) ------------------------------------------------
     @property
     def attention_params_per_layer(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        qkv = h * (self.num_attention_heads + 2 * self.num_kv_heads) * d
-        bias = (self.num_attention_heads + 2 * self.num_kv_heads) * d if self.qkv_bias else 0
-        return qkv + bias + self.num_attention_heads * d * h
+        """One attention layer's projections (+ biases): Llama-3.1-8B 41,943,040."""
+        return catalog_params.attention_linear_params(self)
 
     @property
     def expert_params(self) -> int:
-        """One gated MLP (gate, up, down): 3 * h * I."""
-        return 3 * self.hidden_size * self.intermediate_size
+        """One gated MLP (gate, up, down): 3 * h * I (2 * h * I up/down only; + gpt-oss biases)."""
+        return catalog_params.expert_params(self)
 
     @property
     def mlp_params_per_layer(self) -> int:
-        """All experts plus the router (h * E) for MoE; one MLP otherwise."""
-        router = self.hidden_size * self.num_experts if self.is_moe else 0
-        return self.num_experts * self.expert_params + router
+        """All experts plus the router (h * E) and shared expert for MoE; one MLP otherwise."""
+        return catalog_params.mlp_params(self)
 
     @property
     def lm_head_params(self) -> int:
@@ -223,8 +248,8 @@ class ModelSpec(BaseModel):
 
     @property
     def body_linear_params(self) -> int:
-        """Linear-layer weights of all decoder layers (every expert counted)."""
-        return self.num_layers * (self.attention_params_per_layer + self.mlp_params_per_layer)
+        """Projection weights of all decoder layers, each by its type (every expert counted)."""
+        return catalog_params.body_linear_params(self)
 
     @property
     def linear_params(self) -> int:
@@ -233,10 +258,14 @@ class ModelSpec(BaseModel):
 
     @property
     def total_params(self) -> int:
-        """Everything held in memory: linear + input embedding (unless tied) + norms."""
-        embed = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        norms = (2 * self.num_layers + 1) * self.hidden_size
-        return self.linear_params + embed + norms
+        """Everything held in memory: linear + input embedding (unless tied) + norms and the
+        Mamba layers' conv / A / D: Llama-3.1-8B 8,030,261,248."""
+        return catalog_params.total_params(self)
+
+    @property
+    def active_params(self) -> int:
+        """What one token reads: the total less the routed experts it skips."""
+        return catalog_params.active_params(self)
 
     def kv_bytes_per_token_per_layer(self, kv_dtype: str | None = None, tp: int = 1) -> int:
         """K and V of one token in one layer on one TP rank: 2 * Hkv/tp * D * bytes."""

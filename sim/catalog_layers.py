@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sim.scenario.fields import Int
+from sim.scenario.fields import Bool, Int
 
 LayerType = Literal["full", "sliding", "chunked", "mamba", "none"]
 
@@ -49,6 +49,8 @@ class MambaState(BaseModel):
     #: (Qwen3-Next's linear attention).
     kind: Literal["mamba2", "gated_delta_net"]
     conv_kernel: Int = Field(gt=1)
+    #: The conv1d has a bias (HF `use_conv_bias`: Nemotron-H true; Qwen3-Next's has none).
+    conv_bias: Bool = False
     # Mamba2 (HF: mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups)
     num_heads: Int | None = Field(default=None, gt=0)
     head_dim: Int | None = Field(default=None, gt=0)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from sim import catalog_params
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 
 GIB = 2**30
@@ -107,8 +108,9 @@ def weight_bytes(model: ModelSpec, fmt: str | WeightFormat | None = None, tp: in
     if fmt in (WeightFormat.AUTO, WeightFormat.BFLOAT16, WeightFormat.FLOAT16):
         b = dtype_bytes(model.dtype if fmt is WeightFormat.AUTO else fmt.value)
         return model.total_params * b // tp
-    if fmt is WeightFormat.MXFP4:
-        quantized = model.num_layers * model.num_experts * model.expert_params
+    if fmt is WeightFormat.MXFP4:  # the experts' matrices; their biases stay bf16 (gpt-oss)
+        experts = catalog_params.num_moe_layers(model) * model.num_experts
+        quantized = experts * catalog_params.expert_weight_params(model)
     else:
         quantized = model.body_linear_params
     rest = model.total_params - quantized
@@ -123,10 +125,14 @@ def forward_activation_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> 
     (2 * T * I/tp) and the activated half (T * I/tp), in the activation dtype. A MoE layer's
     fused kernel keeps three caches per routed copy of a token (k = experts per token):
     gate/up (2 * I/tp), activated (I/tp) and the down output (h): T * k * (3 * I/tp + h).
-    Llama-3.1-8B, 2048 tokens: 2048 x 2 B x (8192 + 43,008) = 209,715,200 B.
+    Llama-3.1-8B, 2048 tokens: 2048 x 2 B x (8192 + 43,008) = 209,715,200 B. An up/down MLP
+    (Nemotron-H's relu^2) keeps two I-wide tensors, not three. The Mamba / Gated-DeltaNet
+    mixers of the catalog's hybrids are narrower than their MLPs (all projection widths plus
+    the conv output: Nemotron-H 36,992 < 43,008; Qwen3-Next 24,640 < 10 x (1,536 + 2,048)),
+    so the MLP stays the peak (`tests/memory/test_mamba_derive.py` checks it).
     """
     b = dtype_bytes(model.dtype)
-    per_token = 3 * model.intermediate_size // tp
+    per_token = (3 if model.mlp_kind == "gated" else 2) * model.intermediate_size // tp
     if model.is_moe:
         per_token = model.num_experts_per_token * (per_token + model.hidden_size)
     return num_tokens * b * (2 * model.hidden_size + per_token)

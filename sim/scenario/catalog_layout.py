@@ -8,8 +8,9 @@ a state: Qwen3-Next 544 tokens) and, with `num_gpu_blocks: derive`, the release'
 from the memory the model's weights leave (`num_blocks = available // page // group_size`).
 Explicit `cache.kv_cache_groups` win. Refused, one line each (exit 2): a v0 design (vLLM 0.5.4
 serves none of these models), `cache.sliding_window` over per-layer types, a release whose
-groups kvsim does not model for the model (`hybrid_pool.layer_specs`), and `derive` for a
-model with Mamba layers, whose weights the catalog's dense formula does not count.
+groups kvsim does not model for the model (`hybrid_pool.layer_specs`). `derive` counts each
+layer's weights by its type (`sim.catalog_params`: Mamba and Gated-DeltaNet mixers, MoE
+experts, Gemma-3's vision tower); refused for Llama-4, whose vision tower it does not count.
 
 Example: `model: qwen3-next-80b-a3b`, `vllm_version: "0.33.0"`, `block_size: 16`,
 `num_gpu_blocks: 3000` -> groups [mamba, mamba, mamba, full] of 12 layers each, block size
@@ -68,12 +69,8 @@ def catalog_pool(scenario: Scenario, model: ModelSpec, max_model_len: int) -> Hy
 def pool_num_blocks(pool: HybridPool, model: ModelSpec, budget: MemoryBudget) -> MemoryBudget:
     """`budget` (the memory left for KV cache, every term kept) re-cut into the release's
     hybrid blocks: ``available // page // group_size``, each block spanning `group_size`
-    layers."""
-    if model.num_mamba_layers:
-        raise ScenarioError(
-            "cache.num_gpu_blocks: kvsim does not count the weights of the Mamba layers of "
-            f"{model.name!r}, so it cannot derive the pool; give num_gpu_blocks"
-        )
+    layers. Example: Nemotron-H-8B on 0.33.0 (page 528 x 4,096 B = 2,162,688 B, 7 groups of 4
+    layers): 50 GiB left -> 53,687,091,200 // 2,162,688 // 4 = 6,206 blocks."""
     num_blocks = pool.num_blocks(budget.available_kv_bytes)
     if num_blocks <= 0:
         raise ScenarioError(

@@ -1,0 +1,128 @@
+"""The figures README.md quotes for Gemma-3-27B across the V1 releases
+(scenarios/gemma3_hybrid_versions_v1.yaml; "What kvsim has found so far").
+
+The table itself is checked by tests/docs/test_readme.py, which runs the README's console block
+as written. Here: the startup figures behind it (resolved, no simulation; fast) and the
+counterfactual runs that trace each difference to one release change (slow tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import sim
+from sim.scenario.overrides import apply_overrides
+from sim.scenario.resolve import resolve
+from sim.scenario.schema import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "gemma3_hybrid_versions_v1.yaml"
+README = ROOT / "README.md"
+PINS = ["0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
+
+#: Per pin: blocks, the logged size (tokens) and concurrency, the startup charge of one
+#: max_model_len request.
+STARTUP = {
+    "0.11.0": (8_431, "19,264", "1.53x", 5_510),
+    "0.19.1": (8_431, "19,264", "1.53x", 5_510),
+    "0.20.0": (9_728, "22,224", "1.77x", 5_510),
+    "0.25.1": (9_728, "57,852", "1.77x", 5_510),
+    "0.26.0": (9_728, "37,143", "1.13x", 8_582),
+    "0.33.0": (9_728, "37,143", "1.13x", 8_582),
+}
+
+
+def _inputs(version: str) -> dict:
+    scenario = apply_overrides(load_scenario(SCENARIO), {"scheduler.vllm_version": version})
+    return resolve(scenario, base_dir=SCENARIO.parent).inputs
+
+
+@pytest.mark.parametrize("version", PINS)
+def test_each_releases_pool_log_and_startup_charge(version: str) -> None:
+    blocks, tokens, concurrency, startup = STARTUP[version]
+    inputs = _inputs(version)
+    assert inputs["num_gpu_blocks"] == blocks
+    assert inputs["vllm_kv_cache_log"] == [
+        f"GPU KV cache size: {tokens} tokens",
+        f"Maximum concurrency for 32,768 tokens per request: {concurrency}",
+    ]
+    assert inputs["startup_blocks_per_request"] == startup
+
+
+def test_the_extra_blocks_are_the_utilization_step() -> None:
+    """0.02 of the driver's 79.19 GiB, in blocks of 10 layers x 16 tokens x 2 x 16 x 128 x 2 B."""
+    old, new = _inputs("0.19.1")["memory"], _inputs("0.20.0")["memory"]
+    extra = new["available_kv_bytes"] - old["available_kv_bytes"]
+    assert extra == int(new["total_memory_bytes"] * 0.92) - int(old["total_memory_bytes"] * 0.9)
+    assert round(extra / 1e9, 2) == 1.70
+    assert new["block_bytes"] == 10 * 16 * 2 * 16 * 128 * 2 == 1_310_720
+    assert 9_728 - 8_431 == 1_297 == extra // new["block_bytes"]
+
+
+def test_the_gates_charge_per_release() -> None:
+    """0.19.1: 7 x 2,048 blocks against 8,430 usable (the gate never admits such a prompt);
+    0.26.0: 6 sliding groups x 1,089 + 2,048, 72% of it never held at once (2,438)."""
+    gate = _inputs("0.19.1")["admission_reserve"]
+    assert (gate["charged_blocks"], gate["usable_blocks"], gate["gate_concurrency"]) == (
+        14_336, 8_430, 0)  # fmt: skip
+    late = _inputs("0.26.0")["admission_reserve"]
+    sliding = [g["charged_blocks"] for g in late["groups"] if g["sliding_window"]]
+    assert sliding == [1_089] * 6 and late["charged_blocks"] == 8_582
+    assert late["resident_blocks"] == 2_438 and round(late["reserved_share"] * 100) == 72
+    assert late["in_flight_tokens"] == 2 * 8_192
+
+
+def test_a_mamba_hybrids_log_jumps_five_fold_at_0_25_1() -> None:
+    """The README's Nemotron-H overrides: one pool from 0.20.0, two logged sizes."""
+    logged = {}
+    for version in ("0.20.0", "0.25.1", "0.33.0"):
+        scenario = apply_overrides(load_scenario(SCENARIO), {
+            "scheduler.vllm_version": version, "model": "nemotron-h-8b",
+            "cache.enable_prefix_caching": False, "scheduler.max_model_len": 8192})  # fmt: skip
+        inputs = resolve(scenario, base_dir=SCENARIO.parent).inputs
+        assert inputs["num_gpu_blocks"] == 6_548 and inputs["startup_blocks_per_request"] == 22
+        assert inputs["hybrid_pool"]["block_size"] == 528
+        logged[version] = inputs["vllm_kv_cache_log"]
+    assert logged["0.20.0"][0] == "GPU KV cache size: 493,680 tokens"
+    assert logged["0.25.1"] == logged["0.33.0"]
+    assert logged["0.25.1"][0] == "GPU KV cache size: 2,438,237 tokens"
+    assert {lines[1][-7:] for lines in logged.values()} == {"297.64x"}
+
+
+def test_the_readme_quotes_these_figures() -> None:
+    text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks aside
+    for quoted in ("8,431 blocks", "9,728 from 0.20.0", "1,297 more blocks", "1.70 GB",
+                   "`GPU KV cache size: 22,224 tokens`", "57,852 on 0.25.1", "37,143 on 0.26.0",
+                   "(19,264 up to 0.19.1)", "8,582 blocks, not 5,510", "1.13x, not 1.77x",
+                   "14,336 in all", "against 8,430 usable", "72% of those 8,582",
+                   "(2,438)", "1,089 blocks", "577 with", "(503.3 tok/s, 12.94 s)",
+                   "492.7 tok/s, 13.56 s", "preempt 7 times each", "6,548 blocks",
+                   "logged as 493,680 tokens on 0.20.0 and 2,438,237 from 0.25.1"):  # fmt: skip
+        assert quoted in text, quoted
+
+
+def _row(overrides: dict) -> tuple[int, float, float]:
+    summary = sim.run(SCENARIO, overrides=overrides).summary
+    return (
+        summary["num_preemptions"],
+        round(summary["throughput_tok_per_s"], 1),
+        round(summary["ttft_p99_s"], 2),
+    )
+
+
+@pytest.mark.slow
+def test_each_difference_is_one_release_change() -> None:
+    """0.20.0 at 0.9 is 0.19.1's row; 0.19.1 synchronous is 0.11.0's; with async off 0.20.0,
+    0.25.1 and 0.26.0 preempt alike (7), so the 8-9 vs 5 under async are 0.26.0's in-flight
+    accounting."""
+    v = "scheduler.vllm_version"
+    assert _row({v: "0.20.0", "cache.gpu_memory_utilization": 0.9}) == (3, 503.3, 12.94)
+    assert _row({v: "0.19.1"}) == (3, 503.3, 12.94)
+    assert _row({v: "0.19.1", "scheduler.async_scheduling": False}) == (4, 492.7, 13.56)
+    assert _row({v: "0.11.0"}) == (4, 492.7, 13.56)
+    sync = {pin: _row({v: pin, "scheduler.async_scheduling": False})[0]
+            for pin in ("0.20.0", "0.25.1", "0.26.0")}  # fmt: skip
+    assert sync == {"0.20.0": 7, "0.25.1": 7, "0.26.0": 7}
+    assert {pin: _row({v: pin})[0] for pin in ("0.20.0", "0.25.1", "0.26.0")} == {
+        "0.20.0": 8, "0.25.1": 9, "0.26.0": 5}  # fmt: skip
