@@ -344,9 +344,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         num_tokens: int,
         hits: GroupBlocks,
         num_tokens_main_model: int | None = None,
+        query_start: int = 0,
     ) -> int:
         """The sum over groups; a Mamba group in "align" mode counts on
-        `num_tokens_main_model` (no lookahead slots; None: `num_tokens`).
+        `num_tokens_main_model` (no lookahead slots; None: `num_tokens`), and on 0.33.0 from
+        `query_start` (tokens computed plus hits: its prefill checkpoint, `mamba_checkpoint`).
 
         Upstream `KVCacheCoordinator.get_num_blocks_to_allocate`:
         `vllm/v1/core/kv_cache_coordinator.py:L71-115 (0.19.1)`.
@@ -357,7 +359,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         total = 0
         for manager, group_hits in zip(self.managers, hits, strict=True):
             if isinstance(manager, MambaManager) and manager.mamba_align:
-                total += manager.get_num_blocks_to_allocate(request_id, main, group_hits)
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, main, group_hits, query_start=query_start
+                )
                 continue
             count = manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
             if request_id in manager.num_cached_block and count < 0:
