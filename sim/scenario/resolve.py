@@ -187,8 +187,15 @@ def _with_mamba_cache_mode(
         pin, mode.value, None if state is None else state.kind
     )
     inputs["mamba_prefill_checkpoint_blocks"] = checkpoint.value
+    # `vllm serve`'s sparse retention on 0.33.0 (`config/cache.py:L275`: 0), which kvsim
+    # models for full + Mamba layouts (`mamba_checkpoint`); no such setting before.
+    retention = 0 if pin.mamba_align_has_checkpoints and mode.value == "align" else None
+    inputs["prefix_cache_retention_interval"] = retention
     return replace(
-        config, mamba_cache_mode=mode.value, mamba_prefill_checkpoint_blocks=checkpoint.value
+        config,
+        mamba_cache_mode=mode.value,
+        mamba_prefill_checkpoint_blocks=checkpoint.value,
+        prefix_cache_retention_interval=retention,
     )
 
 

@@ -166,12 +166,16 @@ def verify(
 
 def _with_033_mamba_align(cfg: KVCacheConfig, rng: random.Random) -> KVCacheConfig:
     """On 0.33.0 (no "all" mode) a Mamba caching draw runs "align", two in three with a
-    prefill checkpoint block (`sim.kv.v1_engine.mamba_checkpoint`); other pins unchanged
+    prefill checkpoint block, half with sparse retention (`prefix_cache_retention_interval`
+    0, `vllm serve`'s default; `sim.kv.v1_engine.mamba_checkpoint`); other pins unchanged
     (no draw, so their walks stay as they were)."""
     if not VllmPin(cfg.vllm_pin).mamba_align_has_checkpoints:
         return cfg
     return replace(
-        cfg, mamba_cache_mode="align", mamba_prefill_checkpoint_blocks=rng.choice([0, 1, 1])
+        cfg,
+        mamba_cache_mode="align",
+        mamba_prefill_checkpoint_blocks=rng.choice([0, 1, 1]),
+        prefix_cache_retention_interval=rng.choice([None, 0]),
     )
 
 

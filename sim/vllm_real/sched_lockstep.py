@@ -292,11 +292,13 @@ def random_mamba_align_workload(rng: random.Random) -> Workload:
 
 def _as_033_align(index: int, workload: Workload) -> Workload:
     """0.33.0 has no "all": every draw runs "align", two in three with a prefill checkpoint
-    block (`sim.kv.v1_engine.mamba_checkpoint`); no rng draw, so other pins' walks stay."""
+    block, half with sparse retention (`sim.kv.v1_engine.mamba_checkpoint`); no rng draw, so
+    other pins' walks stay."""
     case = replace(
         workload.case,
         mamba_cache_mode="align",
         mamba_prefill_checkpoint_blocks=int(index % 3 != 0),
+        prefix_cache_retention_interval=0 if index % 2 else None,
     )
     return Workload(case, workload.requests)
 

@@ -1,6 +1,7 @@
 """vLLM 0.33.0's Mamba "align" additions (`sim.kv.v1_engine.mamba_checkpoint`): the module's
 worked example by hand, the retired-range free of a checkpoint block behind nulls (what
-0.26.0's walk back leaves held), the full-sequence gate not recording a checkpoint, and a
+0.26.0's walk back leaves held), the full-sequence gate not recording a checkpoint, sparse retention (`vllm serve`'s
+default), and a
 hypothesis invariant (every pool block accounted for, at most three real blocks per Mamba
 table). The lockstep against 0.33.0's real managers is in
 tests/vllm_real/test_mamba_align_lockstep.py."""
@@ -18,7 +19,7 @@ from sim.kv.v1_engine.mamba_checkpoint import checkpoint_position, checkpoint_va
 FULL_MAMBA = (KVCacheGroupSpec(), KVCacheGroupSpec(mamba=True))
 
 
-def make(num_gpu_blocks: int, checkpoint_blocks: int = 1, block_size: int = 4):
+def make(num_gpu_blocks: int, checkpoint_blocks: int = 1, block_size: int = 4, retention=None):
     config = KVCacheConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
@@ -27,6 +28,7 @@ def make(num_gpu_blocks: int, checkpoint_blocks: int = 1, block_size: int = 4):
         enable_prefix_caching=True,
         mamba_cache_mode="align",
         mamba_prefill_checkpoint_blocks=checkpoint_blocks,
+        prefix_cache_retention_interval=retention,
     )
     manager = make_manager("v1-engine", config)
     assert isinstance(manager, HybridKVCacheManager)
@@ -98,13 +100,58 @@ def test_the_full_sequence_gate_does_not_record_a_checkpoint():
     assert mamba.checkpoints.checkpoints == {}
 
 
+def test_sparse_retention_keeps_only_the_replay_boundary_and_the_junction():
+    """A 20-token prompt in chunks of 8 (bs=4, no checkpoint blocks): dense retention keys the
+    states after 8 and 16 tokens, sparse (`vllm serve`'s 0) only the replay boundary's,
+    ``19 // 4 * 4 = 16``, and the junction's when the lookup found one (8 here), so B, which
+    shares 12 tokens, hits 8 tokens, nothing, and 8 again."""
+    hits = []
+    for retention, junction in ((None, 0), (0, 0), (0, 8)):
+        m = make(40, checkpoint_blocks=0, retention=retention)
+        a = seq_of(1, 7, 20)
+        a.shared_prefix_boundary = junction
+        for _ in range(3):
+            assert step(m, a, min(8, 20 - a.num_computed_tokens)) is not None
+        m.new_step_starts()
+        b = Sequence(2, TokenContent.from_segments([Segment(7, 12), Segment(9, 8)]), 20)
+        hits.append(m.get_computed_blocks(b)[1])
+    assert hits == [8, 0, 8]
+
+
+def test_sparse_retention_reserves_a_checkpoint_only_on_the_chunk_reaching_the_prefill_end():
+    """bs=4, a 20-token prompt, chunk [0, 12): dense reserves the checkpoint at 8 (two new
+    Mamba blocks), sparse does not (12 < 20: one)."""
+    for retention, num_mamba in ((None, 2), (0, 1)):
+        m = make(40, retention=retention)
+        step(m, seq_of(1, 7, 20), 12)
+        assert sum(1 for b in m.group_block_ids(1)[1] if b) == num_mamba
+
+
+def test_retention_is_refused_where_it_is_not_modelled():
+    import pytest
+
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval: a positive"):
+        make(40, retention=64)
+    config = KVCacheConfig(
+        num_gpu_blocks=40,
+        block_size=4,
+        kv_cache_groups=FULL_MAMBA,
+        vllm_pin="0.26.0",
+        enable_prefix_caching=True,
+        prefix_cache_retention_interval=0,
+    )
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval: .*0.33.0 only"):
+        make_manager("v1-engine", config)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 2), st.integers(1, 13), st.booleans()), max_size=40),
     st.integers(0, 1),
+    st.sampled_from([None, 0]),
 )
-def test_blocks_are_conserved_and_mamba_tables_stay_small(steps, checkpoint_blocks):
-    m = make(30, checkpoint_blocks)
+def test_blocks_are_conserved_and_mamba_tables_stay_small(steps, checkpoint_blocks, retention):
+    m = make(30, checkpoint_blocks, retention=retention)
     live: dict[int, Sequence] = {}
     next_id = 1
     for slot, num_new, finish in steps:

@@ -257,7 +257,8 @@ workload:
 @pytest.mark.parametrize("model", ["nemotron-h-8b", "qwen3-next-80b-a3b"])
 def test_kvsim_run_of_a_catalog_hybrid_on_0_33_0_with_caching(model, tmp_path):
     """`kvsim run` of a catalog hybrid on 0.33.0 with prefix caching (what `vllm serve` runs
-    by default): "align" with a prefill checkpoint block, exit 0, the full audit clean.
+    by default): "align" with a prefill checkpoint block and sparse retention, exit 0, the
+    full audit clean.
     Four 3,000-token prompts sharing 2,500 tokens, one at a time: the first runs its prompt
     in one chunk (only the checkpoint at its last block boundary is a Mamba state), so the
     second hits nothing but stops its chunk at the shared-prefix junction; the third and
@@ -281,6 +282,7 @@ def test_kvsim_run_of_a_catalog_hybrid_on_0_33_0_with_caching(model, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["inputs"]["mamba_cache_mode"] == "align"
     assert summary["inputs"]["mamba_prefill_checkpoint_blocks"] == 1
+    assert summary["inputs"]["prefix_cache_retention_interval"] == 0  # vllm serve's default
     assert (out / "violations.csv").read_text().count("\n") <= 1  # the header only
     rows = (out / "requests.csv").read_text().splitlines()
     header = rows[0].split(",")

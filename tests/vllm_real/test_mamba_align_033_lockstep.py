@@ -1,8 +1,9 @@
 """Lockstep tier for vLLM 0.33.0's Mamba cache mode "align" (issue #23): kvsim's
 `MambaManager` with `sim.kv.v1_engine.mamba_checkpoint` under the hybrid coordinator, and the
 V1 scheduler's 0.33.0 split (`SplitRule.CHECKPOINTS`), against 0.33.0's real manager and
-scheduler, with and without prefill checkpoint blocks; and mutations of the checkpoint rule,
-the retired-range free and the split that the comparison must catch.
+scheduler, with and without prefill checkpoint blocks, dense and sparse retention; and
+mutations of the checkpoint rule, the retired-range free, the retention and the split that
+the comparison must catch.
 
 Each check runs in a subprocess on the Python sources (a mutation patches a module), through
 the chunked-local tier's helper. Skipped when the install is absent; a failure under
@@ -48,6 +49,13 @@ elif mutation == "walk-back":  # 0.26.0's free: walk back, stop at the first nul
         if freed:
             pool.free_blocks(freed)
     mc.AlignCheckpoints.remove_in_range = walk
+elif mutation == "dense-retention":  # sparse retention (vllm serve's 0) cached densely
+    mc.AlignCheckpoints.retained_mask = lambda self, start, end, boundaries: None
+elif mutation == "no-junction":  # sparse retention forgets the shared-prefix junction
+    mask = mc.AlignCheckpoints.retained_mask
+    mc.AlignCheckpoints.retained_mask = lambda self, start, end, boundaries: mask(
+        self, start, end, boundaries[:1]
+    )
 elif mutation == "stops":  # 0.26.0's split on 0.33.0
     scheduler.split_rule_for = lambda pin: mamba_align.SplitRule.STOPS
 elif mutation == "split-ignores-checkpoints":  # the split stops at the last boundary anyway
@@ -99,8 +107,9 @@ def _number(pattern: str, text: str) -> int:
 
 def test_manager_identical_to_real_with_align_draws():
     """`kvsim verify --design v1-engine --hybrid --vllm-version 0.33.0 --num-ops 10000 --seed
-    7`: identical, with >= 300 operations on full + Mamba layouts in "align" and checkpoint
-    blocks reserved along the way (the walk draws them two in three)."""
+        7`: identical, with >= 300 operations on full + Mamba layouts in "align" and checkpoint
+        blocks reserved along the way (the walk draws them two in three, and sparse retention,
+    `vllm serve`'s default, in half)."""
     out = _python(_VERIFY, "none")
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"v1-engine vs vLLM {VERSION}: identical over" in out.stdout, out.stdout
@@ -108,7 +117,7 @@ def test_manager_identical_to_real_with_align_draws():
     assert _number(r"checkpoint blocks reserved: (\d+)", out.stdout) >= 50, out.stdout
 
 
-@pytest.mark.parametrize("mutation", ["last-at-length", "no-checkpoint-block"])
+@pytest.mark.parametrize("mutation", ["last-at-length", "no-checkpoint-block", "dense-retention"])
 def test_the_manager_comparison_catches_a_wrong_checkpoint_rule(mutation):
     out = _python(_VERIFY, mutation)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -118,7 +127,8 @@ def test_the_manager_comparison_catches_a_wrong_checkpoint_rule(mutation):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_scheduler_identical_to_real(mode):
     """kvsim's V1 scheduler against 0.33.0's on 100 random full + Mamba workloads with prefix
-    caching ("align", two in three with checkpoint blocks), synchronous and async: identical,
+    caching ("align", two in three with checkpoint blocks, half with sparse retention),
+    synchronous and async: identical,
     with prefix hits in some and checkpoint blocks reserved."""
     out = _python(_SCHED, "none", mode)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -133,6 +143,8 @@ def test_scheduler_identical_to_real(mode):
         ("stops", "sync"),
         ("split-ignores-checkpoints", "sync"),
         ("last-at-length", "sync"),
+        ("dense-retention", "sync"),
+        ("no-junction", "sync"),
         # Async frees on the processed basis: a removal can jump a gap of nulls.
         ("walk-back", "async"),
     ],

@@ -345,6 +345,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         hits: GroupBlocks,
         num_tokens_main_model: int | None = None,
         query_start: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """The sum over groups; a Mamba group in "align" mode counts on
         `num_tokens_main_model` (no lookahead slots; None: `num_tokens`), and on 0.33.0 from
@@ -360,7 +361,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         for manager, group_hits in zip(self.managers, hits, strict=True):
             if isinstance(manager, MambaManager) and manager.mamba_align:
                 total += manager.get_num_blocks_to_allocate(
-                    request_id, main, group_hits, query_start=query_start
+                    request_id, main, group_hits, query_start=query_start, prefill_end=prefill_end
                 )
                 continue
             count = manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
@@ -460,8 +461,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         (0.11.0)`.
         """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
+        # 0.33.0's sparse retention keeps a Mamba state at these (`mamba_checkpoint`).
+        reachable = (request.prompt_len - 1, request.shared_prefix_boundary)
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
-            manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
+            if isinstance(manager, MambaManager) and manager.checkpoints is not None:
+                manager.cache_blocks(request.seq_id, group_hashes, num_tokens, reachable)
+            else:
+                manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
 
     def free(self, request_id: int) -> None:
         """Each group frees its table, tail first, in group-id order (`L131-139`), counting each.

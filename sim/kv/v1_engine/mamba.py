@@ -178,6 +178,7 @@ class MambaManager(SingleTypeManager):
         *,
         query_start: int = 0,
         record: bool = True,
+        prefill_end: int = 0,
     ) -> int:
         """Mode "none": the shared count with the running-request floor, ``max(cdiv(T, bs)
         - len(table), 0)`` (bs = max_model_len = 4,096: a new request needs 1, a running one
@@ -216,7 +217,7 @@ class MambaManager(SingleTypeManager):
         if self.checkpoints is not None:
             table = self.req_to_blocks.get(request_id, [])
             cap += self.checkpoints.num_checkpoint_blocks_for(
-                request_id, table, query_start, num_tokens, record=record
+                request_id, table, query_start, num_tokens, record=record, prefill_end=prefill_end
             )
         num_new_blocks = min(num_new_blocks, cap) if num_new_blocks > 0 else num_new_blocks
         num_evictable = sum(
@@ -366,15 +367,35 @@ class MambaManager(SingleTypeManager):
             self.block_pool.free_blocks([table[last]])
             table[last] = null
 
-    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+    def cache_blocks(
+        self,
+        request_id: int,
+        block_hashes: list[BlockHash],
+        num_tokens: int,
+        reachable: tuple[int, ...] = (),
+    ) -> None:
         """The shared caching; in "align" mode each newly cached real block's hash is noted
-        as cached this step (a hit on it waits for the next step).
+        as cached this step (a hit on it waits for the next step). On 0.33.0 under sparse
+        retention only the blocks ending at the `reachable` boundaries (the replay boundary,
+        the junction) are keyed (`mamba_checkpoint.AlignCheckpoints.retained_mask`).
 
         Upstream `MambaManager.cache_blocks`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L1025-1036 (0.19.1)`.
+        `vllm/v1/core/single_type_kv_cache_manager.py:L1025-1036 (0.19.1)`, `L1978-2023`,
+        `L477-530 (0.33.0)`.
         """
         before = self.num_cached_block.get(request_id, 0)
-        super().cache_blocks(request_id, block_hashes, num_tokens)
+        mask = None
+        if self.checkpoints is not None:
+            mask = self.checkpoints.retained_mask(before, num_tokens // self.block_size, reachable)
+        if mask is None:
+            super().cache_blocks(request_id, block_hashes, num_tokens)
+        else:  # only the retained blocks get a key; the count moves past the others
+            table = self.req_to_blocks[request_id]
+            for offset, keep in enumerate(mask):
+                if keep:
+                    index = before + offset
+                    self.block_pool.cache_full_blocks(table, block_hashes, index, index + 1)
+            self.num_cached_block[request_id] = num_tokens // self.block_size
         if not (self.mamba_align or self.mamba_all):
             return
         after = self.num_cached_block.get(request_id, 0)

@@ -1,7 +1,7 @@
 """vLLM 0.33.0's Mamba cache mode "align": what changed since 0.26.0, as one strategy.
 
 `MambaManager` (`sim.kv.v1_engine.mamba`) models "align" on 0.19.1-0.26.0; 0.33.0
-(`vllm/v1/core/single_type_kv_cache_manager.py:L1428-2136 @0.33.0`) changes four things
+(`vllm/v1/core/single_type_kv_cache_manager.py:L1428-2136 @0.33.0`) changes five things
 that reach kvsim's configurations (one block size for every group, so the hash block size
 and the hit alignment are the block size bs; no EAGLE, no hash lookahead, no KV connector):
 
@@ -38,12 +38,22 @@ and the hit alignment are the block size bs; no EAGLE, no hash lookahead, no KV 
    whole blocks that the shared caching has already keyed at the same length, so it caches
    nothing more (the lockstep confirms it); left out rather than mirrored.
 
-Not modelled, refused by name where a scenario can ask for them: sparse retention
-(`prefix_cache_retention_interval`; `vllm serve` defaults it to 0, `config/cache.py:L275`,
-while `KVCacheConfig`'s field defaults to None, dense, `kv_cache_interface.py:L1541`, which
-is what kvsim models and its lockstep builds), `prefix_match_unit` below the block size
-(fine-grained hits, copy-on-write partial tails), `enable_mamba_shared_prefix_checkpoint`
-(EAGLE only), speculative blocks, KV connectors.
+5. **Sparse retention** (`prefix_cache_retention_interval`: `vllm serve` defaults it to 0,
+   `config/cache.py:L275`, passed to `KVCacheConfig` by `kv_cache_planning.py:L665`; the
+   dataclass field defaults to None, dense, `kv_cache_interface.py:L1541`). With 0 a Mamba
+   group caches only the block ending at the replay boundary ``(P - 1) // bs * bs`` and at
+   the request's shared-prefix junction (`reachable_block_mask`, `L1548-1606`; the
+   boundaries from `cache_blocks`, `L477-530`, and `replay_boundaries`,
+   `kv_cache_coordinator.py:L65-86`), and a checkpoint is reserved only by the chunk that
+   reaches the prefill end (`kv_cache_coordinator.py:L237-238`, `L1668-1672`). Full
+   attention ignores it. kvsim models None and 0 (`KVCacheConfig.prefix_cache_retention_
+   interval`); a positive interval (periodic retention) is refused.
+
+Not modelled, refused by name where a scenario can ask for them: a positive retention
+interval, `prefix_match_unit` below the block size (fine-grained hits, copy-on-write partial
+tails), `enable_mamba_shared_prefix_checkpoint` (EAGLE only), speculative blocks, KV
+connectors; sparse retention of sliding-window groups (kvsim takes retention for full + Mamba
+layouts only, where it reaches Mamba alone).
 
 Worked example (bs=4, checkpoint blocks on, a 10-token prompt in one chunk, no hits): T=10,
 ``p = 9 // 4 * 4 = 8``, valid (S=0: 0 + 4 <= 8, 0 < 8 < 10), index ``cdiv(10, 4) - 2 = 1``:
@@ -100,6 +110,9 @@ class AlignCheckpoints:
     checkpoints: dict[int, int] = field(default_factory=dict)
     #: Per request: blocks below this index were retired (`_num_retired_blocks`).
     num_retired_blocks: dict[int, int] = field(default_factory=dict)
+    #: `prefix_cache_retention_interval == 0` (sparse): only reachable states are cached,
+    #: and a checkpoint is reserved only on the chunk reaching the prefill end.
+    sparse: bool = False
 
     def num_checkpoint_blocks_for(
         self,
@@ -109,10 +122,12 @@ class AlignCheckpoints:
         query_end: int,
         *,
         record: bool,
+        prefill_end: int = 0,
     ) -> int:
         """1 if this chunk reserves a checkpoint block, else 0; `record` (every count but the
-        full-sequence gate's) keeps or drops the request's checkpoint. Example (bs=4, empty
-        table): (0, 10) -> 1 at index 1; (0, 8) -> 1 at index 0 (p=4); (0, 5) -> 0.
+        full-sequence gate's) keeps or drops the request's checkpoint; under sparse retention
+        only a chunk reaching `prefill_end` reserves one (dense passes 0). Example (bs=4,
+        empty table): (0, 10) -> 1 at index 1; (0, 8) -> 1 at index 0 (p=4); (0, 5) -> 0.
 
         Upstream `MambaManager._needs_internal_checkpoint` and its caller:
         `vllm/v1/core/single_type_kv_cache_manager.py:L1659-1690, L1755-1785 (0.33.0)`.
@@ -121,6 +136,7 @@ class AlignCheckpoints:
         index = cdiv(query_end, bs) - 2
         needed = (
             self.num_checkpoint_blocks > 0
+            and (not self.sparse or query_end >= prefill_end)
             and checkpoint_valid(query_start, query_end, checkpoint_position(query_end, bs), bs)
             and index >= 0
             and (index >= len(table) or table[index].is_null)
@@ -131,6 +147,28 @@ class AlignCheckpoints:
             else:
                 self.checkpoints.pop(request_id, None)
         return int(needed)
+
+    def retained_mask(
+        self, start_block: int, end_block: int, boundaries: tuple[int, ...]
+    ) -> list[bool] | None:
+        """Which of the blocks [start_block, end_block) keep their state (sparse retention):
+        the block ending at each boundary floored to bs; None: dense, all of them. Example
+        (bs=4, boundaries (9, 0)): block 8 // 4 - 1 = 1 only -> for [0, 3): [F, T, F].
+
+        Upstream `MambaManager.reachable_block_mask` with `retention_interval=0`, its
+        boundaries from `SingleTypeKVCacheManager.cache_blocks` (the replay boundary
+        ``P - 1``, `replay_boundaries`, and the junction):
+        `vllm/v1/core/single_type_kv_cache_manager.py:L477-530, L1548-1606`,
+        `kv_cache_coordinator.py:L65-86 (0.33.0)`.
+        """
+        if not self.sparse:
+            return None
+        mask = [False] * (end_block - start_block)
+        for boundary in boundaries:
+            block = boundary // self.block_size - 1
+            if start_block <= block < end_block:
+                mask[block - start_block] = True
+        return mask
 
     def remove_in_range(
         self, block_pool: BlockPool, request_id: int, table: list[KVCacheBlock], last: int

@@ -84,6 +84,13 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
                 "mamba_cache_mode 'align') is modelled on vLLM 0.19.1 to 0.33.0, not "
                 f"{pin.words}; turn it off"
             )
+        if config.prefix_cache_retention_interval is not None and not (
+            pin.mamba_align_has_checkpoints and config.mamba_cache_mode in (None, "align")
+        ):
+            raise ValueError(
+                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
+                "'align' groups on vLLM 0.33.0 only; leave it None"
+            )
         if config.mamba_cache_mode == "all" and not pin.has_mamba_mode_all:
             raise ValueError(
                 f"mamba_cache_mode: {pin.words} has no 'all' mode (0.19.1-0.26.0 do); use 'align'"
@@ -149,6 +156,13 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self.sliding_window = config.sliding_window
         #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
         self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
+        if config.prefix_cache_retention_interval is not None and not (
+            hybrid and config.has_mamba_group and config.enable_prefix_caching
+        ):
+            raise ValueError(
+                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
+                "'align' groups on vLLM 0.33.0 only; leave it None"
+            )
         self._frees_on_processed_basis = self.pin.frees_on_processed_basis
         self._drops_out_of_window_hits = self.pin.drops_out_of_window_hits
         #: 0.20.0: each sliding group's cap inside `allocate_slots`' own count, on the token
@@ -188,7 +202,9 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 mamba.tolerates_longer_table = self.pin.mamba_align_tolerates_longer_table
                 if self.pin.mamba_align_has_checkpoints:
                     mamba.checkpoints = AlignCheckpoints(
-                        self.block_size, config.mamba_prefill_checkpoint_blocks
+                        self.block_size,
+                        config.mamba_prefill_checkpoint_blocks,
+                        sparse=config.prefix_cache_retention_interval == 0,
                     )
             self.coordinator = self._hybrid
         else:
@@ -336,6 +352,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 hits,
                 num_tokens_main_model,
                 query_start=num_computed_tokens,
+                prefill_end=max(request.prompt_len, request.num_tokens - 1),
             )
         else:
             num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(

@@ -621,6 +621,8 @@ class V1Scheduler:
             SplitRule.CHECKPOINTS,
         ):
             request.mamba_junction_tokens = num_hit_tokens + uncached if uncached else 0
+            # 0.33.0's sparse retention keeps the state there (the manager reads the seq).
+            request.seq.shared_prefix_boundary = request.mamba_junction_tokens
         return uncached
 
     def _waiting_num_new(self, seq: Sequence, num_computed: int) -> int:
