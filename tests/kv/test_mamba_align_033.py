@@ -15,6 +15,7 @@ from sim.kv.config import KVCacheConfig, KVCacheGroupSpec, make_manager
 from sim.kv.types import Segment, Sequence, TokenContent
 from sim.kv.v1_engine import HybridKVCacheManager
 from sim.kv.v1_engine.mamba_checkpoint import checkpoint_position, checkpoint_valid
+from tests.kv.test_mamba_align import seq_of, step
 
 FULL_MAMBA = (KVCacheGroupSpec(), KVCacheGroupSpec(mamba=True))
 
@@ -33,19 +34,6 @@ def make(num_gpu_blocks: int, checkpoint_blocks: int = 1, block_size: int = 4, r
     manager = make_manager("v1-engine", config)
     assert isinstance(manager, HybridKVCacheManager)
     return manager
-
-
-def seq_of(seq_id: int, key: int, num_tokens: int) -> Sequence:
-    return Sequence(seq_id, TokenContent.from_segments([Segment(key, num_tokens)]), num_tokens)
-
-
-def step(manager, seq: Sequence, num_new: int, hit=None) -> list[int] | None:
-    manager.new_step_starts()
-    ids, tokens = hit if hit is not None else ([], 0)
-    out = manager.allocate_slots(seq, num_new, tokens, ids)
-    if out is not None:
-        seq.num_computed_tokens += tokens + num_new
-    return out
 
 
 def test_checkpoint_position_and_validity_examples():
