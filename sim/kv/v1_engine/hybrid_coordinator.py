@@ -31,7 +31,7 @@ With a Mamba group (`sim.kv.v1_engine.mamba`) and prefix caching off, upstream b
 `KVCacheCoordinatorNoPrefixCache` (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix of
 groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
 table holds one block of the group's own block size (max_model_len). With caching on
-(`mamba_cache_mode` "align" or "all", 0.19.1-0.26.0) kvsim takes full + Mamba groups only,
+(`mamba_cache_mode` "align" or "all", 0.19.1-0.33.0) kvsim takes full + Mamba groups only,
 in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
 Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group

@@ -58,7 +58,8 @@ full group takes block 5 and the Mamba group still holds block 4 alone. Freed: g
 5, 3, 2, 1 (tail first), then group 1 frees 4.
 
 Mode "align" (prefix caching on; `mamba_align=True`), 0.19.1 `L769-1041`, 0.20.0
-`L790-1062`, 0.25.1 `L1026-1367`, 0.26.0 `L1227-1686`. The group's block size is the
+`L790-1062`, 0.25.1 `L1026-1367`, 0.26.0 `L1227-1686`, and 0.33.0 `L1428-2136` with the
+additions of `sim.kv.v1_engine.mamba_checkpoint` (`checkpoints`, set there only). The group's block size is the
 attention block size (`mamba_block_size = block_size`, `HybridAttentionMambaModelConfig`,
 `model_executor/models/config.py:L286-291 (0.19.1)`), and a request's table is mostly null:
 only the running state (its last entry) and, until the next step frees it, the previous
