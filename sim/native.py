@@ -76,6 +76,7 @@ COMPILED: tuple[str, ...] = (
     "sim.kv.v1_engine.hybrid_coordinator",
     "sim.kv.v1_engine.hybrid_layout",
     "sim.kv.v1_engine.mamba",
+    "sim.kv.v1_engine.mamba_checkpoint",
     "sim.kv.v1_engine.manager",
     "sim.kv.v1_engine.pool_queries",
     "sim.kv.v1_engine.single_type",

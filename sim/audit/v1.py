@@ -39,6 +39,7 @@ class AuditedV1Manager(AuditorBase):
         "get_block_ids",
         "num_blocks_to_admit",
         "mamba_align_block_size",
+        "mamba_prefill_checkpoint_blocks",
         "num_uncached_common_prefix_tokens",
     }
 

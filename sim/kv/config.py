@@ -190,11 +190,29 @@ class KVCacheConfig:
     #: With Mamba groups and prefix caching: vLLM's `mamba_cache_mode`, "align" (None means
     #: it) or "all" (0.19.1-0.26.0; `sim.kv.v1_engine.mamba`). Unread otherwise.
     mamba_cache_mode: str | None = None
+    #: vLLM 0.33.0 "align" only: the Mamba spec's `num_prefill_checkpoint_blocks` (0 or 1; 1
+    #: for Mamba2 layers and FlashInfer GDN, `sim.kv.v1_engine.mamba_checkpoint`).
+    mamba_prefill_checkpoint_blocks: int = 0
+    #: vLLM 0.33.0 "align" only: `prefix_cache_retention_interval`, None (dense: every state
+    #: a chunk end writes is cached; `KVCacheConfig`'s field default) or 0 (`vllm serve`'s
+    #: default: only the replay boundary and the shared-prefix junction keep a Mamba state;
+    #: `sim.kv.v1_engine.mamba_checkpoint`). A positive interval is refused.
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         if self.mamba_cache_mode not in (None, "align", "all"):
             raise ValueError(
                 f"mamba_cache_mode must be 'align' or 'all', got {self.mamba_cache_mode!r}"
+            )
+        if self.mamba_prefill_checkpoint_blocks not in (0, 1):
+            raise ValueError(
+                "mamba_prefill_checkpoint_blocks must be 0 or 1, got "
+                f"{self.mamba_prefill_checkpoint_blocks}"
+            )
+        if self.prefix_cache_retention_interval not in (None, 0):
+            raise ValueError(
+                "prefix_cache_retention_interval: a positive interval (periodic sparse "
+                "retention) is not modelled; use 0 or None"
             )
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")

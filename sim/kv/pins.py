@@ -219,10 +219,24 @@ class VllmPin(enum.Enum):
         this release: 0.19.1 (`single_type_kv_cache_manager.py:L769-1041`), 0.20.0
         (`L790-1062`), 0.25.1 (`L1026-1367`) and 0.26.0 (`L1227-1686`, whose partial-tail
         copy-on-write needs a prefix-match unit below the block size, refused), each
-        lockstep-checked against its wheel (tests/vllm_real/test_mamba_align_lockstep.py).
-        0.33.0's "align" adds prefill checkpoint blocks and retired-block ranges (`L1428-2136`),
-        not modelled; 0.11.0 has no Mamba prefix caching (`sim.kv.v1_engine.mamba`)."""
+        lockstep-checked against its wheel (tests/vllm_real/test_mamba_align_lockstep.py),
+        and 0.33.0 (`L1428-2136`, with prefill checkpoint blocks and retired-block ranges,
+        `mamba_align_has_checkpoints`); 0.11.0 has no Mamba prefix caching
+        (`sim.kv.v1_engine.mamba`)."""
         return self in _MAMBA_ALIGN
+
+    @property
+    def has_mamba_mode_all(self) -> bool:
+        """The Mamba cache mode "all" exists: 0.19.1-0.26.0 (0.33.0's `MambaCacheMode` is
+        "none" or "align", `config/cache.py:L176`)."""
+        return self in _MAMBA_ALIGN and self is not VllmPin.V0_33_0
+
+    @property
+    def mamba_align_has_checkpoints(self) -> bool:
+        """ "align" has prefill checkpoint blocks and retired-block ranges: 0.33.0
+        (`single_type_kv_cache_manager.py:L1608-1627, L1659-1923`;
+        `sim.kv.v1_engine.mamba_checkpoint`)."""
+        return self is VllmPin.V0_33_0
 
     @property
     def mamba_align_tolerates_longer_table(self) -> bool:
@@ -368,7 +382,9 @@ class AdmissionCap(enum.Enum):
     GATE_ONLY = "full-sequence check only"
 
 
-_MAMBA_ALIGN = frozenset({VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0})
+_MAMBA_ALIGN = frozenset(
+    {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
+)
 _FULL_SEQUENCE_GATE = frozenset(
     {VllmPin.V0_19_1, VllmPin.V0_20_0, VllmPin.V0_25_1, VllmPin.V0_26_0, VllmPin.V0_33_0}
 )

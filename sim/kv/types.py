@@ -244,6 +244,9 @@ class Sequence:
     #: V1 async scheduling at 0.33.0: tokens scheduled whose step's output has not been
     #: applied yet (vLLM's `Request.num_in_flight_tokens`); 0 in a synchronous engine.
     num_in_flight_tokens: int = 0
+    #: Mamba "align" on 0.33.0: the shared-prefix junction the last prefix lookup found
+    #: (vLLM's `Request.shared_prefix_boundary`); sparse retention keeps the state there.
+    shared_prefix_boundary: int = 0
 
     @classmethod
     def new(cls, seq_id: int, prompt: TokenContent | int) -> Sequence:

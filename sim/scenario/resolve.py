@@ -58,7 +58,10 @@ from sim.scenario.release_defaults import (
 )
 from sim.scenario.schema import CacheSection, Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
-from sim.scenario.vllm_defaults.mamba import resolve_mamba_cache_mode
+from sim.scenario.vllm_defaults.mamba import (
+    mamba_prefill_checkpoint_blocks,
+    resolve_mamba_cache_mode,
+)
 from sim.workload import Workload, load_workload
 
 
@@ -180,7 +183,20 @@ def _with_mamba_cache_mode(
     inputs["mamba_cache_mode"] = mode.value
     if mode.value == "none":
         return config
-    return replace(config, mamba_cache_mode=mode.value)
+    checkpoint = mamba_prefill_checkpoint_blocks(
+        pin, mode.value, None if state is None else state.kind
+    )
+    inputs["mamba_prefill_checkpoint_blocks"] = checkpoint.value
+    # `vllm serve`'s sparse retention on 0.33.0 (`config/cache.py:L275`: 0), which kvsim
+    # models for full + Mamba layouts (`mamba_checkpoint`); no such setting before.
+    retention = 0 if pin.mamba_align_has_checkpoints and mode.value == "align" else None
+    inputs["prefix_cache_retention_interval"] = retention
+    return replace(
+        config,
+        mamba_cache_mode=mode.value,
+        mamba_prefill_checkpoint_blocks=checkpoint.value,
+        prefix_cache_retention_interval=retention,
+    )
 
 
 def check_mamba_groups(config: KVCacheConfig) -> None:
@@ -188,19 +204,19 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
     mode "align" or "all" (`MambaModelConfig.verify_and_update_config`,
     `model_executor/models/config.py:L423-481 @0.19.1`; `vllm serve` turns caching on by
     default for generative hybrid models, `sim.scenario.vllm_defaults.mamba`), which kvsim
-    models on 0.19.1, 0.20.0, 0.25.1 and 0.26.0 for full + Mamba layouts
-    (`sim.kv.v1_engine.mamba`). Refused, one line each: caching with a Mamba group on
-    another release (0.33.0's "align" has prefill checkpoint blocks; 0.11.0 turns caching
-    off for Mamba models, `L290-297 @0.11.0`), and caching with a sliding-window or
-    chunked-local group beside the Mamba ones."""
+    models on 0.19.1 to 0.33.0 for full + Mamba layouts (`sim.kv.v1_engine.mamba`, 0.33.0's
+    checkpoint blocks `sim.kv.v1_engine.mamba_checkpoint`). Refused, one line each: caching
+    with a Mamba group on another release (0.11.0 turns caching off for Mamba models,
+    `L290-297 @0.11.0`), and caching with a sliding-window or chunked-local group beside the
+    Mamba ones."""
     if not (config.has_mamba_group and config.enable_prefix_caching):
         return
     pin = VllmPin(config.vllm_pin) if config.vllm_pin is not None else V1_BASELINE
     if not pin.models_mamba_align:
         raise ScenarioError(
             "cache.enable_prefix_caching: a Mamba group with prefix caching runs vLLM's "
-            f"'align' Mamba mode, which kvsim models on 0.19.1, 0.20.0, 0.25.1 and 0.26.0, "
-            f"not {pin.value}; set cache.enable_prefix_caching: false"
+            f"'align' Mamba mode, which kvsim models on 0.19.1 to 0.33.0, not {pin.value}; "
+            "set cache.enable_prefix_caching: false"
         )
     if any(not (g.is_full_attention or g.mamba) for g in config.kv_cache_groups):
         raise ScenarioError(
@@ -514,13 +530,14 @@ def _check_cache_fits(design, kv: KVCacheConfig, max_model_len: int, token_budge
         if group.circular_buffer:  # `CircularBufferSpec.max_memory_usage_bytes`: one page
             needed += 1  # (`L983-985 @0.33.0`)
         elif group.mamba:  # `MambaSpec.max_memory_usage_bytes` (L293-300 @0.19.1): one page,
-            # two in "align", one per block of max_model_len in "all"
+            # two in "align" (three with 0.33.0's prefill checkpoint block, `L1135-1139
+            # @0.33.0`), one per block of max_model_len in "all"
             if not kv.enable_prefix_caching:
                 needed += 1
             elif kv.mamba_cache_mode == "all":
                 needed += -(-max_model_len // bs)
             else:
-                needed += 2
+                needed += 2 + kv.mamba_prefill_checkpoint_blocks
         elif group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
             needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)
         elif group.sliding_window is None:

@@ -80,15 +80,16 @@ class KVCacheGroupSection(_Closed):
     chunked-local attention (Llama-4's RoPE layers), or a Mamba / linear-attention state
     (`mamba: true`; Jamba, Nemotron-H, Qwen3.5-style hybrids: one block per request with
     prefix caching off; with it on, the "align" or "all" mode, `cache.mamba_cache_mode`,
-    0.19.1-0.26.0), or a variant of full attention (`sink_len`, `rswa_window`, `circular_buffer`:
-    scenarios/full_variants_hybrid_v1.yaml; prefix caching over them except a sink or R-SWA
-    group beside a third attention type, sim/kv/v1_engine/variant_caching.py). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
+    0.19.1-0.26.0, "align" with prefill checkpoint blocks on 0.33.0), or a variant of full
+    attention (`sink_len`, `rswa_window`, `circular_buffer`: scenarios/full_variants_hybrid_v1.yaml;
+    prefix caching over them except a sink or R-SWA group beside a third attention type,
+    sim/kv/v1_engine/variant_caching.py). Example: scenarios/mamba_hybrid_v1.yaml, three Mamba groups then a
     full one, `kv_cache_groups: [{mamba: true}, {mamba: true}, {mamba: true}, {}]`."""
 
     sliding_window: Int | None = Field(default=None, ge=1)
     attention_chunk_size: Int | None = Field(default=None, ge=1)
     #: A Mamba state group (vLLM 0.11.0 on; prefix caching over it, the "align" or "all"
-    #: mode, on 0.19.1-0.26.0 only: `cache.enable_prefix_caching: false` elsewhere).
+    #: mode, on 0.19.1-0.33.0 only: `cache.enable_prefix_caching: false` on 0.11.0).
     mamba: Bool = False
     #: Full attention with this many static sink tokens, a multiple of cache.block_size
     #: (vLLM 0.19.1 and 0.20.0; `SinkFullAttentionSpec`, sim/kv/v1_engine/full_variants.py).

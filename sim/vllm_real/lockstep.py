@@ -140,6 +140,8 @@ def verify(
             cfg = replace(cfg, vllm_pin=VllmPin.V0_11_0.value)
         if pin is not None and cfg.vllm_pin is None:
             cfg = replace(cfg, vllm_pin=pin)
+            if config is None and cfg.enable_prefix_caching and cfg.has_mamba_group:
+                cfg = _with_033_mamba_align(cfg, rng)
             if config is None and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
                 # 0.20.0 caps every count on the token budget: draw one small enough to bite
                 # (a budget above max_model_len caps nothing).
@@ -160,6 +162,21 @@ def verify(
         if not ok:
             break
     return result
+
+
+def _with_033_mamba_align(cfg: KVCacheConfig, rng: random.Random) -> KVCacheConfig:
+    """On 0.33.0 (no "all" mode) a Mamba caching draw runs "align", two in three with a
+    prefill checkpoint block, half with sparse retention (`prefix_cache_retention_interval`
+    0, `vllm serve`'s default; `sim.kv.v1_engine.mamba_checkpoint`); other pins unchanged
+    (no draw, so their walks stay as they were)."""
+    if not VllmPin(cfg.vllm_pin).mamba_align_has_checkpoints:
+        return cfg
+    return replace(
+        cfg,
+        mamba_cache_mode="align",
+        mamba_prefill_checkpoint_blocks=rng.choice([0, 1, 1]),
+        prefix_cache_retention_interval=rng.choice([None, 0]),
+    )
 
 
 def _models_mamba(version: tuple[int, ...]) -> bool:

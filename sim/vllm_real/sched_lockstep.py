@@ -290,6 +290,19 @@ def random_mamba_align_workload(rng: random.Random) -> Workload:
     return Workload(case, tuple(requests))
 
 
+def _as_033_align(index: int, workload: Workload) -> Workload:
+    """0.33.0 has no "all": every draw runs "align", two in three with a prefill checkpoint
+    block, half with sparse retention (`sim.kv.v1_engine.mamba_checkpoint`); no rng draw, so
+    other pins' walks stay."""
+    case = replace(
+        workload.case,
+        mamba_cache_mode="align",
+        mamba_prefill_checkpoint_blocks=int(index % 3 != 0),
+        prefix_cache_retention_interval=0 if index % 2 else None,
+    )
+    return Workload(case, workload.requests)
+
+
 # --------------------------------------------------------------------------- kvsim side
 class _RecordingFrees:
     """kvsim's V1 manager with its `free` calls recorded while `freed` is a list: inside
@@ -449,6 +462,8 @@ def verify_scheduler(
     if workloads is None:
         if mamba_align:
             workloads = [random_mamba_align_workload(rng) for _ in range(num_workloads)]
+            if resolve_pin(Design.V1_ENGINE, pin).mamba_align_has_checkpoints:
+                workloads = [_as_033_align(i, w) for i, w in enumerate(workloads)]
         else:
             # `hybrid`: Mamba hybrids where the pin models Mamba groups (0.11.0 on).
             release = resolve_pin(Design.V1_ENGINE, pin)

@@ -45,6 +45,8 @@ def real_kv_cache_config(
     groups: tuple[KVCacheGroupSpec, ...],
     max_model_len: int | None = None,
     mamba_cache_mode: str = "none",
+    mamba_prefill_checkpoint_blocks: int = 0,
+    prefix_cache_retention_interval: int | None = None,
 ):
     """vLLM's own `KVCacheConfig` for a pool of `num_blocks`: one group per entry of `groups`
     (full attention, a sliding window, chunked-local attention, a Mamba state of one fp16
@@ -54,7 +56,11 @@ def real_kv_cache_config(
     (`sim.kv.v1_engine.mamba`); in `mamba_cache_mode` "align" or "all" (prefix caching on) it
     is `block_size`, as `HybridAttentionMambaModelConfig` sets it
     (`model_executor/models/config.py:L244-291 @0.19.1`). `iface` is
-    `vllm.v1.kv_cache_interface`.
+    `vllm.v1.kv_cache_interface`. `mamba_prefill_checkpoint_blocks` (0.33.0 "align"): 1
+    gives each Mamba spec a prefill checkpoint block, with the alignment of a Mamba2 layer
+    (1) for an even pool and of a FlashInfer GDN layer (the block size) for an odd one
+    (`sim.kv.v1_engine.mamba_checkpoint`: neither decides with one block size);
+    `prefix_cache_retention_interval` (0.33.0) goes to the config when not None.
     """
     import torch
 
@@ -63,11 +69,18 @@ def real_kv_cache_config(
 
     def spec_for(group: KVCacheGroupSpec) -> Any:
         if group.mamba and mamba_cache_mode != "none":
+            checkpoint = {}
+            if mamba_prefill_checkpoint_blocks:
+                checkpoint = {
+                    "num_prefill_checkpoint_blocks": mamba_prefill_checkpoint_blocks,
+                    "prefill_checkpoint_alignment": block_size if num_blocks % 2 else 1,
+                }
             return iface.MambaSpec(
                 block_size=block_size,
                 shapes=((1,),),
                 dtypes=(torch.float16,),
                 mamba_cache_mode=mamba_cache_mode,
+                **checkpoint,
             )
         if group.mamba:
             if max_model_len is None:
@@ -90,6 +103,9 @@ def real_kv_cache_config(
             return iface.FullAttentionSpec(**shape)
         return iface.SlidingWindowSpec(**shape, sliding_window=group.sliding_window)
 
+    retention = {}
+    if prefix_cache_retention_interval is not None:
+        retention = {"prefix_cache_retention_interval": prefix_cache_retention_interval}
     return iface.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
@@ -97,6 +113,7 @@ def real_kv_cache_config(
             iface.KVCacheGroupSpec([f"layer.{i}"], spec_for(group))
             for i, group in enumerate(groups)
         ],
+        **retention,
     )
 
 
@@ -168,6 +185,8 @@ class RealKVCacheManager:
             groups,
             config.max_model_len,
             mamba_cache_mode=real_mamba_cache_mode(config),
+            mamba_prefill_checkpoint_blocks=config.mamba_prefill_checkpoint_blocks,
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
         # Several block sizes (a Mamba group's is max_model_len): the scheduler's is their
         # lcm, and so is the hash block size with caching off (`resolve_kv_cache_block_sizes`,

@@ -80,6 +80,11 @@ class SchedCase:
     mamba_groups: int = 0
     #: With Mamba groups and caching: "align" (None) or "all" (0.19.1-0.26.0).
     mamba_cache_mode: str | None = None
+    #: 0.33.0 "align": the Mamba specs' prefill checkpoint blocks (0 or 1,
+    #: `sim.kv.v1_engine.mamba_checkpoint`).
+    mamba_prefill_checkpoint_blocks: int = 0
+    #: 0.33.0 "align": `prefix_cache_retention_interval` (None dense, 0 sparse).
+    prefix_cache_retention_interval: int | None = None
     #: A hybrid model's KV-cache groups (`cache.kv_cache_groups`; empty: one group). With a
     #: Mamba group prefix caching is off, as kvsim models it (`sim.kv.v1_engine.mamba`).
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
@@ -216,7 +221,12 @@ def case_configs(
         kv_cache_groups=groups,
     )
     if case.enable_prefix_caching and any(g.mamba for g in groups):
-        kv = replace(kv, mamba_cache_mode=case.mamba_cache_mode or "align")
+        kv = replace(
+            kv,
+            mamba_cache_mode=case.mamba_cache_mode or "align",
+            mamba_prefill_checkpoint_blocks=case.mamba_prefill_checkpoint_blocks,
+            prefix_cache_retention_interval=case.prefix_cache_retention_interval,
+        )
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
 
@@ -301,6 +311,8 @@ def _real_scheduler(install: VllmInstall, vllm_config: Any, kv: KVCacheConfig) -
         kv.group_specs,
         kv.max_model_len,
         mamba_cache_mode=real_mamba_cache_mode(kv),
+        mamba_prefill_checkpoint_blocks=kv.mamba_prefill_checkpoint_blocks,
+        prefix_cache_retention_interval=kv.prefix_cache_retention_interval,
     )
     # Several groups: the lcm of their block sizes (a Mamba group's is max_model_len), as the
     # engine core resolves it with caching off (`resolve_kv_cache_block_sizes`,

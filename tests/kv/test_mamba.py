@@ -125,7 +125,7 @@ def test_refusals_name_the_field():
     with pytest.raises(ValueError, match="kv_cache_groups: Mamba groups are modelled from"):
         make(10, pin=None)  # 4ac7713
     with pytest.raises(ValueError, match="enable_prefix_caching: .*'align'"):
-        make(10, enable_prefix_caching=True)
+        make(10, pin="0.11.0", enable_prefix_caching=True)
     with pytest.raises(ValueError, match="max_model_len: a Mamba group's block size"):
         make(10, max_model_len=None)
     with pytest.raises(ValueError, match="one Mamba group"):

@@ -1,5 +1,6 @@
 """Mamba prefix caching in scenarios (`cache.enable_prefix_caching: true` with Mamba groups,
-vLLM's modes "align" and "all" on 0.19.1-0.26.0): the full audit finds no mismatch on tight
+vLLM's modes "align" and "all" on 0.19.1-0.26.0, "align" with prefill checkpoint blocks on
+0.33.0, `kvsim run` of catalog hybrids end to end): the full audit finds no mismatch on tight
 random full + Mamba hybrids, prefill chunks end on block boundaries ("align"), the startup
 check charges two pages per Mamba group ("align") or one per block ("all"), and the refusals
 name their field."""
@@ -18,7 +19,7 @@ from sim.scenario.schema import ScenarioError, scenario_from_dict
 from sim.vllm_real.sched_lockstep import KvsimSide
 from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
 
-ALIGN_RELEASES = ["0.19.1", "0.20.0", "0.25.1", "0.26.0"]
+ALIGN_RELEASES = ["0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
 
 
 def _scenario(version: str, num_gpu_blocks: int, groups, bs: int = 16, **scheduler) -> dict:
@@ -63,10 +64,10 @@ def _align_cases(draw):
     groups = [{}] * draw(st.integers(1, 2)) + [{"mamba": True}] * draw(st.integers(1, 3))
     groups = draw(st.permutations(groups))
     budget = draw(st.integers(max(8, bs), max(8, bs, max_model_len)))
-    mode = draw(st.sampled_from(["align", "all"]))
+    version = draw(st.sampled_from(ALIGN_RELEASES))
+    mode = "align" if version == "0.33.0" else draw(st.sampled_from(["align", "all"]))
     mamba_pages = 2 if mode == "align" else -(-max_model_len // bs)
     need = sum(mamba_pages if g.get("mamba") else -(-max_model_len // bs) for g in groups)
-    version = draw(st.sampled_from(ALIGN_RELEASES))
     data = _scenario(version, need + 1 + draw(st.integers(0, need // 2)), groups, bs)
     data["cache"]["mamba_cache_mode"] = mode
     # Async scheduling too, except 0.26.0's "align", whose async state leak (vllm #55450) is
@@ -182,15 +183,11 @@ def test_startup_charges_two_pages_per_mamba_group():
 @pytest.mark.parametrize(
     ("version", "groups", "message"),
     [
-        (
-            "0.33.0",
-            [{"mamba": True}, {}],
-            "models on 0.19.1, 0.20.0, 0.25.1 and 0.26.0, not 0.33.0",
-        ),
-        ("0.11.0", [{"mamba": True}, {}], "not 0.11.0"),
+        ("0.11.0", [{"mamba": True}, {}], "models on 0.19.1 to 0.33.0, not 0.11.0"),
         ("0.26.0", [{"mamba": True}, {"sliding_window": 8}, {}], "full-attention plus Mamba"),
+        ("0.33.0", [{"mamba": True}, {"sliding_window": 8}, {}], "full-attention plus Mamba"),
     ],
-    ids=["0.33.0", "0.11.0", "with-sliding"],
+    ids=["0.11.0", "with-sliding", "with-sliding-0.33.0"],
 )
 def test_refusals_name_the_field(version, groups, message):
     with pytest.raises(ScenarioError, match=f"cache.enable_prefix_caching: .*{message}"):
@@ -225,7 +222,7 @@ def test_decode_shortcuts_change_no_table_with_mamba_caching(version, mode):
     assert fast.summary["num_preemptions"] > 0 or fast.summary["states"]["finished"] == 6
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+@pytest.mark.parametrize("version", ["0.11.0"])
 def test_kvsim_run_refuses_caching_on_other_releases_in_one_line(version, tmp_path):
     """`kvsim run` of the Mamba example with caching on a release kvsim does not model it
     for: one line naming the field and the release, exit 2."""
@@ -241,3 +238,55 @@ def test_kvsim_run_refuses_caching_on_other_releases_in_one_line(version, tmp_pa
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
     assert "cache.enable_prefix_caching: " in result.output and f"not {version}" in result.output
+
+
+_CATALOG_RUN = """
+name: catalog-hybrid-0.33.0-caching
+model: {model}
+hardware: {{gpu: h100-sxm}}
+cache: {{num_gpu_blocks: 400, enable_prefix_caching: true}}
+scheduler: {{design: v1-engine, vllm_version: "0.33.0", max_model_len: 8192}}
+engine: {{violation_policy: record, audit_level: full}}
+workload:
+  kind: inline
+  requests:
+{requests}
+"""
+
+
+@pytest.mark.parametrize("model", ["nemotron-h-8b", "qwen3-next-80b-a3b"])
+def test_kvsim_run_of_a_catalog_hybrid_on_0_33_0_with_caching(model, tmp_path):
+    """`kvsim run` of a catalog hybrid on 0.33.0 with prefix caching (what `vllm serve` runs
+    by default): "align" with a prefill checkpoint block and sparse retention, exit 0, the
+    full audit clean.
+    Four 3,000-token prompts sharing 2,500 tokens, one at a time: the first runs its prompt
+    in one chunk (only the checkpoint at its last block boundary is a Mamba state), so the
+    second hits nothing but stops its chunk at the shared-prefix junction; the third and
+    fourth hit that state."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    requests = "\n".join(
+        f"    - {{arrival_s: {i}.0, prompt_tokens: 3000, output_tokens: 8, prefix_id: 1, "
+        "prefix_tokens: 2500}"
+        for i in range(4)
+    )
+    path = tmp_path / "scenario.yaml"
+    path.write_text(_CATALOG_RUN.format(model=model, requests=requests))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(path), "--no-plots", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["inputs"]["mamba_cache_mode"] == "align"
+    assert summary["inputs"]["mamba_prefill_checkpoint_blocks"] == 1
+    assert summary["inputs"]["prefix_cache_retention_interval"] == 0  # vllm serve's default
+    assert (out / "violations.csv").read_text().count("\n") <= 1  # the header only
+    rows = (out / "requests.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    hits = [int(row.split(",")[header.index("num_prefix_hit_tokens")]) for row in rows[1:]]
+    states = [row.split(",")[header.index("state")] for row in rows[1:]]
+    assert states == ['"finished"'] * 4
+    assert hits[:2] == [0, 0] and 0 < hits[2] == hits[3] <= 2500, hits

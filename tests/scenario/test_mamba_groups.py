@@ -121,7 +121,13 @@ def test_audit_holds_for_mamba_groups_under_preemption(groups, version):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"enable_prefix_caching": True}, "cache.enable_prefix_caching: .*'align'"),
+        (  # 0.33.0 models "align" for full + Mamba only (`check_mamba_groups`)
+            {
+                "enable_prefix_caching": True,
+                "kv_cache_groups": [{"mamba": True}, {"sliding_window": 8}, {}],
+            },
+            "cache.enable_prefix_caching: .*full-attention plus Mamba groups only",
+        ),
         ({"kv_cache_groups": [{"mamba": True}]}, "cache.kv_cache_groups: .*one Mamba group"),
         (
             {"kv_cache_groups": [{"mamba": True, "sliding_window": 8}, {}]},

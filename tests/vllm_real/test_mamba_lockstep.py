@@ -40,7 +40,7 @@ if mutation == "state-per-block":  # the state table grown like attention's, 4 t
     init = MambaManager.__init__
     MambaManager.__init__ = lambda self, pool, block_size: init(self, pool, 4)
 elif mutation == "uncounted-state":  # the state block taken but never counted
-    MambaManager.get_num_blocks_to_allocate = lambda self, request_id, tokens, hits: 0
+    MambaManager.get_num_blocks_to_allocate = lambda self, request_id, tokens, hits, **kw: 0
 print(verify(None, "v1-engine", 10_000, 7, vllm_version=version, hybrid=True).summary())
 """
 

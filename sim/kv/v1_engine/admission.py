@@ -73,7 +73,10 @@ def num_blocks_to_admit(
     """
     if isinstance(manager, MambaManager) and manager.mamba_align:
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
-        return manager.get_num_blocks_to_allocate(request_id, main, hits)
+        # 0.33.0's gate neither records a checkpoint (`apply_admission_cap`, `L1776 @0.33.0`).
+        return manager.get_num_blocks_to_allocate(
+            request_id, main, hits, query_start=num_computed_tokens, record=False
+        )
     if (
         isinstance(manager, MambaManager)
         and manager.mamba_all

@@ -31,7 +31,7 @@ With a Mamba group (`sim.kv.v1_engine.mamba`) and prefix caching off, upstream b
 `KVCacheCoordinatorNoPrefixCache` (`kv_cache_coordinator.py:L480-527 (0.33.0)`, any mix of
 groups, no hit rule): full + Mamba (+ sliding) groups are taken in any order, each Mamba
 table holds one block of the group's own block size (max_model_len). With caching on
-(`mamba_cache_mode` "align" or "all", 0.19.1-0.26.0) kvsim takes full + Mamba groups only,
+(`mamba_cache_mode` "align" or "all", 0.19.1-0.33.0) kvsim takes full + Mamba groups only,
 in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
 Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
@@ -371,9 +371,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         num_tokens: int,
         hits: GroupBlocks,
         num_tokens_main_model: int | None = None,
+        query_start: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """The sum over groups; a Mamba group in "align" mode counts on
-        `num_tokens_main_model` (no lookahead slots; None: `num_tokens`).
+        `num_tokens_main_model` (no lookahead slots; None: `num_tokens`), and on 0.33.0 from
+        `query_start` (tokens computed plus hits: its prefill checkpoint, `mamba_checkpoint`).
 
         Upstream `KVCacheCoordinator.get_num_blocks_to_allocate`:
         `vllm/v1/core/kv_cache_coordinator.py:L71-115 (0.19.1)`.
@@ -384,7 +387,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         total = 0
         for manager, group_hits in zip(self.managers, hits, strict=True):
             if isinstance(manager, MambaManager) and manager.mamba_align:
-                total += manager.get_num_blocks_to_allocate(request_id, main, group_hits)
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, main, group_hits, query_start=query_start, prefill_end=prefill_end
+                )
                 continue
             count = manager.get_num_blocks_to_allocate(request_id, num_tokens, group_hits)
             if request_id in manager.num_cached_block and count < 0:
@@ -483,8 +488,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         (0.11.0)`.
         """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
+        # 0.33.0's sparse retention keeps a Mamba state at these (`mamba_checkpoint`).
+        reachable = (request.prompt_len - 1, request.shared_prefix_boundary)
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
-            manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
+            if isinstance(manager, MambaManager) and manager.checkpoints is not None:
+                manager.cache_blocks(request.seq_id, group_hashes, num_tokens, reachable)
+            else:
+                manager.cache_blocks(request.seq_id, group_hashes, num_tokens)
 
     def free(self, request_id: int) -> None:
         """Each group frees its table, tail first, in group-id order (`L131-139`), counting each.

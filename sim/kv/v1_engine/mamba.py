@@ -38,7 +38,7 @@ Per method, in this mode:
   decisions, so one model serves both.
 * `find_longest_cache_hit`: refused (0.11.0 returns no hits; 0.33.0 asserts
   ``mamba_cache_mode == "align" or not enable_caching``, `L1442-1444`, and turning prefix
-  caching on switches the mode to "align", which kvsim does not model).
+  caching on switches the mode to "align", modelled below).
 
 The five later releases differ from 0.33.0 in this mode only in code kvsim leaves out
 (speculative blocks, KV connectors): 0.19.1 subtracts `num_speculative_blocks` from C before
@@ -58,7 +58,8 @@ full group takes block 5 and the Mamba group still holds block 4 alone. Freed: g
 5, 3, 2, 1 (tail first), then group 1 frees 4.
 
 Mode "align" (prefix caching on; `mamba_align=True`), 0.19.1 `L769-1041`, 0.20.0
-`L790-1062`, 0.25.1 `L1026-1367`, 0.26.0 `L1227-1686`. The group's block size is the
+`L790-1062`, 0.25.1 `L1026-1367`, 0.26.0 `L1227-1686`, and 0.33.0 `L1428-2136` with the
+additions of `sim.kv.v1_engine.mamba_checkpoint` (`checkpoints`, set there only). The group's block size is the
 attention block size (`mamba_block_size = block_size`, `HybridAttentionMambaModelConfig`,
 `model_executor/models/config.py:L286-291 (0.19.1)`), and a request's table is mostly null:
 only the running state (its last entry) and, until the next step frees it, the previous
@@ -99,8 +100,9 @@ data movement on the GPU that kvsim's step time does not time), speculative bloc
 (`num_speculative_blocks`, MTP / EAGLE), KV connectors, 0.26.0's fine-grained hash lookup
 and partial-tail copy-on-write (only with a prefix-match unit below the block size, which
 kvsim refuses), sparse retention (`retention_interval`, default dense), a hit across
-several attention types other than full + Mamba, and 0.33.0's "align" (prefill
-checkpoint blocks, retired-block ranges and partial tails: refused there).
+several attention types other than full + Mamba. 0.33.0's "align" is this mode plus
+`sim.kv.v1_engine.mamba_checkpoint` (prefill checkpoint blocks, retired-block ranges; its
+docstring lists the differences from 0.26.0 and what stays out).
 
 Mode "all" (0.19.1-0.26.0, the default for models with `supports_mamba_prefix_caching`,
 `sim.scenario.vllm_defaults.mamba`; `mamba_all=True`): the Mamba kernels write a state at
@@ -122,6 +124,7 @@ from __future__ import annotations
 
 from sim.kv.types import BlockHash, cdiv
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.mamba_checkpoint import AlignCheckpoints
 from sim.kv.v1_engine.single_type import SingleTypeManager
 
 
@@ -146,6 +149,9 @@ class MambaManager(SingleTypeManager):
         self.last_state_block_idx: dict[int, int] = {}
         #: "align": requests that have had an allocation (`_allocated_block_reqs`).
         self.allocated_block_reqs: set[int] = set()
+        #: "align" on 0.33.0: prefill checkpoint blocks and retired ranges
+        #: (`sim.kv.v1_engine.mamba_checkpoint`); None on 0.19.1-0.26.0.
+        self.checkpoints: AlignCheckpoints | None = None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``C - 1``: only the state after the last computed token is needed. Example:
@@ -166,14 +172,24 @@ class MambaManager(SingleTypeManager):
         return max(0, self.num_skipped_tokens(num_computed_tokens) // self.block_size)
 
     def get_num_blocks_to_allocate(
-        self, request_id: int, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
+        self,
+        request_id: int,
+        num_tokens: int,
+        new_computed_blocks: list[KVCacheBlock],
+        *,
+        query_start: int = 0,
+        record: bool = True,
+        prefill_end: int = 0,
     ) -> int:
         """Mode "none": the shared count with the running-request floor, ``max(cdiv(T, bs)
         - len(table), 0)`` (bs = max_model_len = 4,096: a new request needs 1, a running one
         0). Mode "align" (T: the main model's tokens, no lookahead): never fits when the last
         hit was cached this step; else 1 if ``cdiv(T, bs) - len(hits) - len(table) > 0``,
         plus the evictable hits. Example (bs=4): a new request with hits [null, b] (b
-        evictable) and T=10 needs ``cdiv(10, 4) - 2 - 0 = 1 -> 1``, plus 1 for b: 2.
+        evictable) and T=10 needs ``cdiv(10, 4) - 2 - 0 = 1 -> 1``, plus 1 for b: 2. On 0.33.0
+        the cap is ``1 + c`` with c the checkpoint block of a chunk from `query_start` (the
+        tokens computed plus hits) to T; `record` False for the full-sequence gate
+        (`mamba_checkpoint`).
 
         Upstream: `vllm/v1/core/single_type_kv_cache_manager.py:L868-931 (0.19.1)`,
         `L1692-1725, L176-262 (0.33.0)`; `L562-593 (0.11.0)`.
@@ -196,8 +212,15 @@ class MambaManager(SingleTypeManager):
             - len(new_computed_blocks)
             - len(self.blocks_of(request_id))
         )
-        # The running state block only (no speculative blocks): one, first call or not.
-        num_new_blocks = 1 if num_new_blocks > 0 else num_new_blocks
+        # The running state block only (no speculative blocks): one, first call or not;
+        # on 0.33.0 plus a prefill checkpoint block (`L1755-1790 @0.33.0`).
+        cap = 1
+        if self.checkpoints is not None:
+            table = self.req_to_blocks.get(request_id, [])
+            cap += self.checkpoints.num_checkpoint_blocks_for(
+                request_id, table, query_start, num_tokens, record=record, prefill_end=prefill_end
+            )
+        num_new_blocks = min(num_new_blocks, cap) if num_new_blocks > 0 else num_new_blocks
         num_evictable = sum(
             1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
         )
@@ -216,8 +239,12 @@ class MambaManager(SingleTypeManager):
             return super().allocate_new_blocks(request_id, num_tokens)
         table = self.blocks_of(request_id)
         num_required_blocks = cdiv(num_tokens, self.block_size)
-        if num_required_blocks == len(table) or (
-            num_required_blocks < len(table) and self.tolerates_longer_table
+        checkpoint = 0
+        if self.checkpoints is not None:  # (`L1822-1834 @0.33.0`)
+            checkpoint = int(request_id in self.checkpoints.checkpoints)
+        if not checkpoint and (
+            num_required_blocks == len(table)
+            or (num_required_blocks < len(table) and self.tolerates_longer_table)
         ):
             return []
         if num_required_blocks < len(table):
@@ -230,8 +257,13 @@ class MambaManager(SingleTypeManager):
             self.last_state_block_idx[request_id] = prev_block_len - 1
         num_skipped_blocks = num_required_blocks - 1
         if prev_block_len < num_skipped_blocks:
-            table.extend([self.block_pool.null_block] * (num_skipped_blocks - prev_block_len))
-        new_blocks = self.block_pool.get_new_blocks(num_required_blocks - len(table))
+            # 0.33.0 leaves the checkpoint's entry for a new block (`L1851-1861 @0.33.0`).
+            null_end = num_skipped_blocks - checkpoint
+            table.extend([self.block_pool.null_block] * max(null_end - prev_block_len, 0))
+        num_new_blocks = max(num_required_blocks - len(table), 0)
+        if num_new_blocks > 1 + checkpoint:
+            raise AssertionError(f"{num_new_blocks} new Mamba blocks > {1 + checkpoint}")
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         table.extend(new_blocks)
         self.allocated_block_reqs.add(request_id)
         return table[prev_block_len:]
@@ -313,7 +345,11 @@ class MambaManager(SingleTypeManager):
             return
         table = self.blocks_of(request_id)
         null = self.block_pool.null_block
-        if num_skipped_tokens > 0:
+        if num_skipped_tokens > 0 and self.checkpoints is not None:
+            # 0.33.0: the retired-range free (`mamba_checkpoint`, `L1608-1627 @0.33.0`).
+            end = min(num_skipped_tokens // self.block_size, len(table))
+            self.checkpoints.remove_in_range(self.block_pool, request_id, table, end)
+        elif num_skipped_tokens > 0:
             # Upstream's walk back (nulls here are not a prefix: no kept count).
             removed: list[KVCacheBlock] = []
             for index in range(min(num_skipped_tokens // self.block_size, len(table)) - 1, -1, -1):
@@ -332,15 +368,35 @@ class MambaManager(SingleTypeManager):
             self.block_pool.free_blocks([table[last]])
             table[last] = null
 
-    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
+    def cache_blocks(
+        self,
+        request_id: int,
+        block_hashes: list[BlockHash],
+        num_tokens: int,
+        reachable: tuple[int, ...] = (),
+    ) -> None:
         """The shared caching; in "align" mode each newly cached real block's hash is noted
-        as cached this step (a hit on it waits for the next step).
+        as cached this step (a hit on it waits for the next step). On 0.33.0 under sparse
+        retention only the blocks ending at the `reachable` boundaries (the replay boundary,
+        the junction) are keyed (`mamba_checkpoint.AlignCheckpoints.retained_mask`).
 
         Upstream `MambaManager.cache_blocks`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L1025-1036 (0.19.1)`.
+        `vllm/v1/core/single_type_kv_cache_manager.py:L1025-1036 (0.19.1)`, `L1978-2023`,
+        `L477-530 (0.33.0)`.
         """
         before = self.num_cached_block.get(request_id, 0)
-        super().cache_blocks(request_id, block_hashes, num_tokens)
+        mask = None
+        if self.checkpoints is not None:
+            mask = self.checkpoints.retained_mask(before, num_tokens // self.block_size, reachable)
+        if mask is None:
+            super().cache_blocks(request_id, block_hashes, num_tokens)
+        else:  # only the retained blocks get a key; the count moves past the others
+            table = self.req_to_blocks[request_id]
+            for offset, keep in enumerate(mask):
+                if keep:
+                    index = before + offset
+                    self.block_pool.cache_full_blocks(table, block_hashes, index, index + 1)
+            self.num_cached_block[request_id] = num_tokens // self.block_size
         if not (self.mamba_align or self.mamba_all):
             return
         after = self.num_cached_block.get(request_id, 0)
@@ -364,6 +420,8 @@ class MambaManager(SingleTypeManager):
         """
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
+        if self.checkpoints is not None:
+            self.checkpoints.forget(request_id)
         super().free(request_id)
 
 

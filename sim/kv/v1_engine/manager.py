@@ -59,6 +59,7 @@ from sim.kv.v1_engine.decode_shortcuts import DecodeShortcuts
 from sim.kv.v1_engine.free_order import free_order_for
 from sim.kv.v1_engine.full_variants import SinkFullAttentionManager
 from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
+from sim.kv.v1_engine.mamba_checkpoint import AlignCheckpoints
 from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
 
@@ -66,8 +67,7 @@ from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
 def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
     """The one-line refusals of a Mamba group kvsim does not model (`sim.kv.v1_engine.mamba`):
     a release whose `MambaManager` was not read, prefix caching where kvsim does not model
-    the "align" mode (0.33.0's has prefill checkpoint blocks; 0.11.0 silently turns caching
-    off for Mamba models, `model_executor/models/config.py:L290-297 @0.11.0`), and, caching
+    the "align" mode (0.11.0 silently turns caching off for Mamba models, `model_executor/models/config.py:L290-297 @0.11.0`), and, caching
     off, no max_model_len (the group's block size).
 
     kvsim's own (no upstream counterpart).
@@ -81,8 +81,19 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
         if not pin.models_mamba_align:
             raise ValueError(
                 "enable_prefix_caching: prefix caching over a Mamba group (vLLM's "
-                "mamba_cache_mode 'align') is modelled on vLLM 0.19.1, 0.20.0, 0.25.1 and "
-                f"0.26.0, not {pin.words}; turn it off"
+                "mamba_cache_mode 'align') is modelled on vLLM 0.19.1 to 0.33.0, not "
+                f"{pin.words}; turn it off"
+            )
+        if config.prefix_cache_retention_interval is not None and not (
+            pin.mamba_align_has_checkpoints and config.mamba_cache_mode in (None, "align")
+        ):
+            raise ValueError(
+                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
+                "'align' groups on vLLM 0.33.0 only; leave it None"
+            )
+        if config.mamba_cache_mode == "all" and not pin.has_mamba_mode_all:
+            raise ValueError(
+                f"mamba_cache_mode: {pin.words} has no 'all' mode (0.19.1-0.26.0 do); use 'align'"
             )
         return  # "align": the Mamba block size is the attention block size
     if config.max_model_len is None:
@@ -142,6 +153,13 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self.sliding_window = config.sliding_window
         #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
         self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
+        if config.prefix_cache_retention_interval is not None and not (
+            hybrid and config.has_mamba_group and config.enable_prefix_caching
+        ):
+            raise ValueError(
+                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
+                "'align' groups on vLLM 0.33.0 only; leave it None"
+            )
         self._frees_on_processed_basis = self.pin.frees_on_processed_basis
         self._drops_out_of_window_hits = self.pin.drops_out_of_window_hits
         #: 0.20.0: each sliding group's cap inside `allocate_slots`' own count, on the token
@@ -179,6 +197,12 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             )
             for mamba in self._hybrid.align_mamba_managers:
                 mamba.tolerates_longer_table = self.pin.mamba_align_tolerates_longer_table
+                if self.pin.mamba_align_has_checkpoints:
+                    mamba.checkpoints = AlignCheckpoints(
+                        self.block_size,
+                        config.mamba_prefill_checkpoint_blocks,
+                        sparse=config.prefix_cache_retention_interval == 0,
+                    )
             self.coordinator = self._hybrid
         else:
             self.coordinator = UnitaryKVCacheCoordinator(
@@ -320,7 +344,12 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
             )
         elif num_tokens_main_model is not None and hybrid is not None:
             num_blocks_to_allocate = hybrid.get_num_blocks_to_allocate(
-                request_id, num_tokens_need_slot, hits, num_tokens_main_model
+                request_id,
+                num_tokens_need_slot,
+                hits,
+                num_tokens_main_model,
+                query_start=num_computed_tokens,
+                prefill_end=max(request.prompt_len, request.num_tokens - 1),
             )
         else:
             num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
@@ -447,6 +476,17 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         if self._hybrid is None or not self._hybrid.align_mamba_managers:
             return None
         return self.block_size
+
+    @property
+    def mamba_prefill_checkpoint_blocks(self) -> int:
+        """0.33.0 "align": whether the Mamba groups have a prefill checkpoint block (1) or
+        not (0), which the scheduler's split reads (`sim.kv.v1_engine.mamba_checkpoint`).
+
+        kvsim's own (no upstream counterpart).
+        """
+        if self._hybrid is None or not self._hybrid.align_mamba_managers:
+            return 0
+        return self.config.mamba_prefill_checkpoint_blocks
 
     @property
     def num_uncached_common_prefix_tokens(self) -> int:

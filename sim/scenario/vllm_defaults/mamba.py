@@ -17,6 +17,14 @@ included (`sim.scenario.vllm_defaults.v1`):
 
 Example: 0.25.1, `vllm serve` of a Nemotron-H checkpoint with no flags -> "all"; of
 Qwen3-Next -> "align"; 0.33.0 either -> "align"; `--no-enable-prefix-caching` -> "none".
+
+0.33.0's "align" also has prefill checkpoint blocks where every Mamba layer can export a
+state from inside a prefill (`mamba_prefill_checkpoint_blocks`,
+`sim.kv.v1_engine.mamba_checkpoint`): Mamba2 layers always
+(`model_executor/layers/mamba/mamba_mixer2.py:L1108-1118 @0.33.0`), gated-delta-net layers
+with FlashInfer's GDN prefill (`gdn/qwen_gdn_linear_attn.py:L688-698`), which
+`_resolve_gdn_prefill_backend` (`L148-230`) picks by default on Hopper, the GPUs kvsim
+calibrates; elsewhere Triton's prefill has none (not distinguished here).
 """
 
 from __future__ import annotations
@@ -35,6 +43,25 @@ _RULE = {
     VllmPin.V0_26_0: "0.26.0 model_executor/models/config.py L558-602",
     VllmPin.V0_33_0: "0.33.0 model_executor/models/config.py L762-787",
 }
+
+
+def mamba_prefill_checkpoint_blocks(release: VllmPin, mode: str, state_kind: str | None) -> Setting:
+    """The Mamba specs' `num_prefill_checkpoint_blocks` (module docstring): 1 on 0.33.0 in
+    "align" for a catalog model (Mamba2 or, on Hopper, gated-delta-net layers), 0 for an
+    abstract one (its layers unknown: the scheduler splits as without them) and elsewhere.
+
+    Example: (0.33.0, "align", "mamba2") -> 1; (0.33.0, "align", None) -> 0.
+    """
+    if not release.mamba_align_has_checkpoints or mode != "align":
+        return Setting(0, Origin.RELEASE, "no prefill checkpoint blocks before 0.33.0")
+    if state_kind is None:
+        return Setting(0, Origin.RELEASE, "model unknown: no prefill checkpoint blocks")
+    rule = (
+        "0.33.0 mamba_mixer2.py L1108-1118"
+        if state_kind == "mamba2"
+        else "0.33.0 qwen_gdn_linear_attn.py L688-698 (FlashInfer GDN prefill, Hopper)"
+    )
+    return Setting(1, Origin.RELEASE, rule)
 
 
 def resolve_mamba_cache_mode(

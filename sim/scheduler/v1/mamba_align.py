@@ -26,17 +26,29 @@ mode), ``last = L - L % bs`` the last cacheable boundary. Only while ``start < m
   request's shared-prefix junction ``J`` floored to blocks from ``start`` (``J`` = the hit
   plus ``u`` when ``u > 0``, else 0, set at every prefix lookup and kept on the request,
   `kv_cache_manager.py:L264-281`); ``n = max(end - start, 0)``.
+* 0.33.0 (`L546-664`; one block size, so no fine-grained partial hits and no tail stop, no
+  EAGLE, no shared-prefix checkpoint): ``E = max(P, L - 1)`` the prefill end, ``last = (L -
+  1) // bs * bs`` (`get_mamba_prefill_checkpoint_position`: strictly below L, where 0.26.0
+  had ``L - L % bs``); with prefill checkpoint blocks and a chunk reaching E whose
+  checkpoint ``(E - 1) // bs * bs`` the kernel can export (`mamba_checkpoint.checkpoint_valid`)
+  the manager keeps that state itself: ``last = 0`` and no next-boundary stop. While ``end <
+  E`` the end is floored to the block grid (unless that leaves nothing and bs exceeds the
+  prefill limit, `max_num_scheduled_tokens` capped by `long_prefill_token_threshold`:
+  then the chunk runs sub-block). Then the earliest stop strictly inside ``(start, end)``:
+  the next boundary when ``start`` is mid-block, ``last``, the junction floored from ``start``.
 
 Worked example (bs=16, a 100-token prompt, budget 40, nothing cached): ``last = 96``. Step 1:
 ``start=0, n=40 -> 40 < 96 -> n = 32``. Step 2: ``start=32 -> n = 32``. Step 3:
 ``start=64, n=36 -> 100 > 96 -> n = 96 - 64 = 32``. Step 4: ``start=96, n=4`` (the last few
 tokens). The Mamba states after 32, 64 and 96 tokens are cached; a budget of 8 (< bs) would
-schedule nothing: ``8 // 16 * 16 = 0``.
+schedule nothing: ``8 // 16 * 16 = 0``. 0.33.0 with checkpoint blocks, same prompt: steps 1
+and 2 alike (32, 32); step 3 ``start=64, n=36`` reaches E=100 with checkpoint 96 inside:
+``n = 36`` (the manager's checkpoint block holds the state after 96 tokens).
 
-Left out: EAGLE's one-block back-off of ``last`` (speculative decoding), KV connectors'
-external tokens (asserted 0 upstream), 0.26.0's fine-grained partial-tail stop (needs a
-prefix-match unit below the block size, refused by kvsim), and 0.33.0's rule (prefill
-checkpoint blocks; not modelled, `sim.kv.v1_engine.mamba`).
+Left out: EAGLE's one-block back-off of ``last`` (speculative decoding), hash lookahead, KV
+connectors' external tokens (asserted 0 upstream), 0.26.0's and 0.33.0's fine-grained
+partial-tail stops (a prefix-match unit below the block size, refused by kvsim), and 0.33.0's
+opt-in shared-prefix checkpoint (`enable_mamba_shared_prefix_checkpoint`, EAGLE only).
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ import enum
 from dataclasses import dataclass
 
 from sim.kv.pins import VllmPin
+from sim.kv.v1_engine.mamba_checkpoint import checkpoint_position, checkpoint_valid
 
 
 class SplitRule(enum.Enum):
@@ -57,6 +70,9 @@ class SplitRule(enum.Enum):
     #: 0.26.0: chunk ends on the block grid, stops at the next boundary, the last one, or
     #: the request's shared-prefix junction.
     STOPS = "stops"
+    #: 0.33.0: STOPS with the last boundary strictly below L, the floor only before the
+    #: prefill end, and a final chunk the manager's checkpoint block lets run through.
+    CHECKPOINTS = "checkpoints"
 
 
 _RULES = {
@@ -64,6 +80,7 @@ _RULES = {
     VllmPin.V0_20_0: SplitRule.FLOOR,
     VllmPin.V0_25_1: SplitRule.FLOOR_MARCONI,
     VllmPin.V0_26_0: SplitRule.STOPS,
+    VllmPin.V0_33_0: SplitRule.CHECKPOINTS,
 }
 
 
@@ -77,10 +94,15 @@ def split_rule_for(pin: VllmPin) -> SplitRule | None:
 
 @dataclass(frozen=True, slots=True)
 class MambaAlignedSplit:
-    """The split of one scheduler (`rule`, the attention block size `block_size`)."""
+    """The split of one scheduler (`rule`, the attention block size `block_size`; 0.33.0
+    also reads the prefill limit and whether the Mamba specs have checkpoint blocks)."""
 
     rule: SplitRule
     block_size: int
+    #: 0.33.0: `max_num_scheduled_tokens`, capped by a positive `long_prefill_token_threshold`.
+    max_prefill_tokens: int = 0
+    #: 0.33.0: `mamba_has_prefill_checkpoint_blocks` (`sched/scheduler.py:L445-449`).
+    checkpoint_blocks: bool = False
 
     def split(
         self,
@@ -99,11 +121,14 @@ class MambaAlignedSplit:
 
         Upstream `Scheduler._mamba_block_aligned_split`:
         `vllm/v1/core/sched/scheduler.py:L298-345 (0.19.1)`, `L338-394 (0.25.1)`,
-        `L355-423 (0.26.0)`.
+        `L355-423 (0.26.0)`, `L546-664 (0.33.0)`.
         """
-        if start >= max(num_prompt_tokens, num_tokens - 1):
+        prefill_end = max(num_prompt_tokens, num_tokens - 1)
+        if start >= prefill_end:
             return num_new_tokens
         bs = self.block_size
+        if self.rule is SplitRule.CHECKPOINTS:
+            return self._split_033(num_new_tokens, start, num_tokens, prefill_end, junction_tokens)
         last = num_tokens - num_tokens % bs
         if self.rule is SplitRule.STOPS:
             return _split_on_stops(num_new_tokens, start, last, bs, junction_tokens)
@@ -119,6 +144,39 @@ class MambaAlignedSplit:
         ):
             num_new_tokens = uncached_prefix_tokens // bs * bs
         return num_new_tokens
+
+    def _split_033(
+        self, num_new_tokens: int, start: int, num_tokens: int, prefill_end: int, junction: int
+    ) -> int:
+        """0.33.0's chunk end (module docstring). Example (bs=16, L=P=100, checkpoint
+        blocks): start=64, n=36 -> 36; without them -> 96 - 64 = 32 (``last = 99 // 16 * 16
+        = 96``); start=0, n=40 -> 32 (floored, 40 < 100).
+
+        Upstream `Scheduler._mamba_block_aligned_split`:
+        `vllm/v1/core/sched/scheduler.py:L546-664 (0.33.0)`.
+        """
+        bs = self.block_size
+        last = checkpoint_position(num_tokens, bs)
+        end = start + num_new_tokens
+        internal = (
+            self.checkpoint_blocks
+            and end >= prefill_end
+            and checkpoint_valid(start, end, checkpoint_position(prefill_end, bs), bs)
+        )
+        if internal:
+            last = 0
+        if end < prefill_end:
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= self.max_prefill_tokens:
+                end = aligned_end
+        next_block_boundary = (start // bs + 1) * bs
+        stops = (
+            next_block_boundary if start % bs != 0 and not internal else 0,
+            last,
+            start + (junction - start) // bs * bs if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
 
 
 def _split_on_stops(num_new_tokens: int, start: int, last: int, bs: int, junction: int) -> int:

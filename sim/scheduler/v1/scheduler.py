@@ -304,7 +304,7 @@ class V1Scheduler:
         align_block_size = getattr(kv_cache_manager, "mamba_align_block_size", None)
         rule = split_rule_for(self.release_policies.release)
         if align_block_size is not None and rule is not None:
-            self.mamba_split = MambaAlignedSplit(rule, align_block_size)
+            self.mamba_split = self._mamba_split_for(rule, align_block_size)
         #: `kv_cache_manager.new_step_starts` (0.19.1 on, `L381`), where the manager has it.
         self._new_step_starts: Callable[[], None] | None = getattr(
             kv_cache_manager, "new_step_starts", None
@@ -591,6 +591,22 @@ class V1Scheduler:
             num_computed += num_external
         return AdmissionTurn(Admission.ADMITTED, num_new, num_computed)
 
+    def _mamba_split_for(self, rule: SplitRule, block_size: int) -> MambaAlignedSplit:
+        """The release's split; 0.33.0's reads the prefill limit (`max_num_scheduled_tokens`
+        capped by a positive `long_prefill_token_threshold`) and whether the Mamba groups have
+        prefill checkpoint blocks (`sched/scheduler.py:L445-449, L611-616 @0.33.0`).
+
+        kvsim's own (no upstream counterpart).
+        """
+        limit = self.config.token_budget("v1")
+        threshold = self.config.long_prefill_token_threshold
+        if threshold > 0:
+            limit = min(limit, threshold)
+        checkpoint_blocks = bool(
+            getattr(self.kv_cache_manager, "mamba_prefill_checkpoint_blocks", 0)
+        )
+        return MambaAlignedSplit(rule, block_size, limit, checkpoint_blocks)
+
     def _note_shared_prefix(self, request: Request, num_hit_tokens: int) -> int:
         """After a prefix lookup with Mamba prefix caching: the uncached shared prefix ``u``
         (the full-attention hit less the final one) for 0.25.1's split, and 0.26.0's
@@ -600,8 +616,13 @@ class V1Scheduler:
         (0.26.0)`.
         """
         uncached = int(getattr(self.kv_cache_manager, "num_uncached_common_prefix_tokens", 0))
-        if self.mamba_split is not None and self.mamba_split.rule is SplitRule.STOPS:
+        if self.mamba_split is not None and self.mamba_split.rule in (
+            SplitRule.STOPS,
+            SplitRule.CHECKPOINTS,
+        ):
             request.mamba_junction_tokens = num_hit_tokens + uncached if uncached else 0
+            # 0.33.0's sparse retention keeps the state there (the manager reads the seq).
+            request.seq.shared_prefix_boundary = request.mamba_junction_tokens
         return uncached
 
     def _waiting_num_new(self, seq: Sequence, num_computed: int) -> int:
