@@ -99,7 +99,9 @@ def test_full_variant_groups_identical_to_real(version):
     ("mutation", "version"),
     [
         ("sink-unreserved", "0.20.0"),
-        ("rswa-no-gap", "0.33.0"),
+        # 0.26.0: on 0.33.0 the seed-7 walk (which also draws Mamba "align" there) no longer
+        # reaches an R-SWA free that decides
+        ("rswa-no-gap", "0.26.0"),
         ("rswa-gap-floor", "0.25.1"),
         ("ring-grows", "0.33.0"),
         ("variant-no-hit", "0.19.1"),
