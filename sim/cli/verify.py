@@ -73,6 +73,12 @@ def verify_command(
         help="v1-engine: draw hybrid configs (full + sliding-window KV-cache groups; with "
         "--scheduler: Mamba hybrids in half the workloads, on pins from 0.11.0)",
     ),
+    mamba_caching: bool = typer.Option(
+        False,
+        "--mamba-caching",
+        help="with --scheduler: draw full + Mamba hybrids with prefix caching (Mamba cache mode "
+        "'align'; pins 0.19.1-0.33.0) instead of plain workloads",
+    ),
     defaults: bool = typer.Option(
         False,
         "--defaults",
@@ -86,7 +92,8 @@ def verify_command(
     """Report the first divergence, or 'identical over N operations'; exit 1 on a divergence."""
     others = {"--num-ops": num_ops, "--ops-per-workload": ops_per_workload, "--hybrid": hybrid,
               "--num-workloads": num_workloads, "--trace": trace, "--fast-path": fast_path,
-              "--pin": pin, "--scheduler": scheduler, "--async": async_scheduling}  # fmt: skip
+              "--pin": pin, "--scheduler": scheduler, "--async": async_scheduling,
+              "--mamba-caching": mamba_caching}  # fmt: skip
     if defaults or num_configs is not None:
         _verify_defaults(vllm_root, vllm_version, num_configs, defaults, others)
         return
@@ -99,6 +106,7 @@ def verify_command(
             "--fast-path": fast_path,
             "--pin": pin,
             "--async": async_scheduling,
+            "--mamba-caching": mamba_caching,
         },
     )
     from sim.errors import InputError
@@ -123,6 +131,7 @@ def verify_command(
             trace,
             async_scheduling,
             hybrid,
+            mamba_caching,
         )
         return
     from sim.vllm_real.lockstep import verify
@@ -214,6 +223,7 @@ def _verify_scheduler(
     trace: Path | None,
     async_scheduling: bool = False,
     hybrid: bool = False,
+    mamba_caching: bool = False,
 ) -> None:
     from sim.errors import InputError
     from sim.kv.config import Design
@@ -233,8 +243,11 @@ def _verify_scheduler(
             resolve_pin(Design.V1_ENGINE, one)
         except ValueError as exc:  # an unknown pin is bad input
             raise InputError(f"--pin: {exc}") from None
-    if hybrid and trace is not None:
-        raise InputError("--hybrid draws random workloads; with --trace it would do nothing")
+    for name, given in (("--hybrid", hybrid), ("--mamba-caching", mamba_caching)):
+        if given and trace is not None:
+            raise InputError(f"{name} draws random workloads; with --trace it would do nothing")
+    if hybrid and mamba_caching:
+        raise InputError("--mamba-caching draws its own hybrids; with --hybrid give one of them")
     workloads = None
     if trace is not None:  # a missing or malformed trace is bad input (WorkloadError)
         from sim.vllm_real.sched_traces import trace_windows
@@ -247,6 +260,11 @@ def _verify_scheduler(
     diverged = False
     loaded_pin = v1_pin_for(install.version_tuple)
     for one in pins or ((loaded_pin,) if loaded_pin else PINS_MATCHING_0_11_0):
+        if mamba_caching and not resolve_pin(Design.V1_ENGINE, one).models_mamba_align:
+            raise InputError(
+                f"--mamba-caching: pin {one} has no Mamba prefix caching kvsim models "
+                "(0.19.1, 0.20.0, 0.25.1, 0.26.0 and 0.33.0 have)"
+            )
         result = verify_scheduler(
             num_workloads,
             seed,
@@ -256,6 +274,7 @@ def _verify_scheduler(
             workloads=workloads,
             async_scheduling=async_scheduling,
             hybrid=hybrid,
+            mamba_align=mamba_caching,
         )
         typer.echo(result.summary())
         diverged = diverged or not result.identical

@@ -153,3 +153,32 @@ def test_the_scheduler_comparison_catches_a_changed_rule(mutation, mode):
     out = _python(_SCHED, mutation, mode)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DIVERGED" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--async"]], ids=["sync", "async"])
+def test_the_cli_runs_the_scheduler_lockstep_with_mamba_caching(extra: list[str]) -> None:
+    """`kvsim verify --scheduler --mamba-caching` (the closing notes' command; it used to take
+    a Python call): identical on 0.33.0, every workload a Mamba hybrid, some with hits."""
+    command = ["kvsim", "verify", "--scheduler", "--design", "v1-engine", "--vllm-version",
+               VERSION, "--mamba-caching", "--num-workloads", "12", "--seed", "7", *extra]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "identical over 12 workloads" in out.stdout, out.stdout
+    assert "12 Mamba-hybrid workloads" in out.stdout, out.stdout
+    hits = re.search(r"(\d+) workloads with prefix hits", out.stdout)
+    assert hits and int(hits.group(1)) > 0, out.stdout
+
+
+def test_mamba_caching_is_refused_where_it_would_mean_nothing() -> None:
+    """One line, exit 2: a pin without Mamba prefix caching, and --trace or --hybrid beside it."""
+    base = ["kvsim", "verify", "--scheduler", "--design", "v1-engine", "--mamba-caching"]
+    cases = [
+        ([*base, "--vllm-version", VERSION, "--pin", "0.11.0"], "pin 0.11.0 has no Mamba"),
+        ([*base, "--vllm-version", VERSION, "--hybrid"], "with --hybrid give one of them"),
+        ([*base, "--trace", "t.jsonl"], "with --trace it would do nothing"),
+        (["kvsim", "verify", "--mamba-caching"], "--mamba-caching is for the V1 Scheduler"),
+    ]
+    for command, message in cases:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and message in out.stderr, (command, out.stderr)
+        assert "Traceback" not in out.stderr
