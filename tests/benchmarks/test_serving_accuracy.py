@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
 from tests.benchmarks.scripts import load_script
@@ -36,26 +38,99 @@ accuracy = _script()
 POINTS = accuracy.load_points()
 
 
-def _source_key(url: str) -> str:
-    """The thread or repository a URL belongs to: host/owner/repo[/issues|pull/N]."""
-    parsed = urlparse(url)
-    parts = [p for p in parsed.path.split("/") if p]
-    if parsed.netloc == "github.com" and len(parts) >= 2:
-        if len(parts) >= 4 and parts[2] in ("issues", "pull"):
-            return "/".join([parsed.netloc, *parts[:4]])
-        return "/".join([parsed.netloc, *parts[:2]])
-    return parsed.netloc + parsed.path
-
-
 def test_at_least_25_points_from_5_sources_ids_unique_and_split_in_halves():
     ids = [p.id for p in POINTS]
     assert len(ids) >= 25
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
-    sources = {_source_key(p.raw["source"]) for p in POINTS}
+    sources = {accuracy.source_key(p.raw["source"]) for p in POINTS}
     assert len(sources) >= 5, sources
     splits = [p.split for p in POINTS]
     assert abs(splits.count("fit") - splits.count("held_out")) <= 1
+
+
+DATA = ROOT / "sim/data/vllm_serving_measurements.yaml"
+ENTRIES = yaml.safe_load(DATA.read_text(encoding="utf-8"))["measurements"]
+
+
+def test_every_recorded_split_is_the_rules_side_given_the_entries_before_it():
+    """Each entry's `split` is what `assign_split` gives it from the entries above it in the
+    file: the rule the YAML header states, applied once as entries were appended."""
+    for i, entry in enumerate(ENTRIES):
+        assert entry["split"] == accuracy.assign_split(ENTRIES[:i], entry), entry["id"]
+
+
+def test_every_source_with_two_or_more_points_has_both_sides():
+    by_source: dict[str, set[str]] = {}
+    for p in POINTS:
+        by_source.setdefault(accuracy.source_key(p.raw["source"]), set()).add(p.split)
+    counts = {s: sum(accuracy.source_key(p.raw["source"]) == s for p in POINTS) for s in by_source}
+    for source, sides in by_source.items():
+        if counts[source] >= 2:
+            assert sides == {"fit", "held_out"}, source
+
+
+_NEW_ENTRY = st.fixed_dictionaries(
+    {
+        "id": st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=40),
+        "source": st.sampled_from(
+            [e["source"] for e in ENTRIES] + ["https://github.com/someone/new-bench/issues/1"]
+        ),
+        "model": st.sampled_from(["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"]),
+        "gpu": st.sampled_from(["a100-80gb-sxm", "h100-sxm", "l40s"]),
+        "tp": st.sampled_from([1, 2, 4]),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(new=_NEW_ENTRY, position=st.integers(0, len(ENTRIES)))
+def test_adding_a_point_anywhere_never_moves_an_existing_one(tmp_path_factory, new, position):
+    """Regression for the sorted-id parity split, under which one inserted id moved every
+    later point between the halves: a new entry (any id, any source, at any place in the
+    file, on either side) leaves every existing point's side as it was."""
+    if new["id"] in {e["id"] for e in ENTRIES}:
+        return
+    before = {p.id: p.split for p in POINTS}
+    entry = {**ENTRIES[0], **new, "split": accuracy.assign_split(ENTRIES, new)}
+    path = tmp_path_factory.mktemp("split") / "m.yaml"
+    entries = ENTRIES[:position] + [entry] + ENTRIES[position:]
+    path.write_text(yaml.safe_dump({"measurements": entries}), encoding="utf-8")
+    after = {p.id: p.split for p in accuracy.load_points(path)}
+    assert after.pop(new["id"]) in ("fit", "held_out")
+    assert after == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(new=st.lists(_NEW_ENTRY, min_size=1, max_size=12, unique_by=lambda e: e["id"]))
+def test_the_rule_keeps_each_setup_within_one_and_each_source_on_both_sides(new):
+    """Appending entries by `assign_split`: per setup the sides differ by at most one, and a
+    source with two or more entries has both sides."""
+    entries: list[dict] = []
+    for e in new:
+        entries.append({**e, "split": accuracy.assign_split(entries, e)})
+    setups: dict[tuple, list[str]] = {}
+    sources: dict[str, list[str]] = {}
+    for e in entries:
+        key = (accuracy.source_key(e["source"]), e["model"], e["gpu"], e["tp"])
+        setups.setdefault(key, []).append(e["split"])
+        sources.setdefault(accuracy.source_key(e["source"]), []).append(e["split"])
+    for sides in setups.values():
+        assert abs(sides.count("fit") - sides.count("held_out")) <= 1
+    for sides in sources.values():
+        if len(sides) >= 2:
+            assert set(sides) == {"fit", "held_out"}
+
+
+def test_an_entry_without_a_split_is_refused_naming_file_entry_and_field(tmp_path):
+    from sim.errors import InputError
+
+    entries = [dict(e) for e in ENTRIES[:3]]
+    del entries[1]["split"]
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"measurements": entries}), encoding="utf-8")
+    with pytest.raises(InputError, match=rf"m.yaml: entry 2 \({entries[1]['id']}\): field split"):
+        accuracy.load_points(path)
 
 
 @pytest.mark.parametrize("point", POINTS, ids=[p.id for p in POINTS])
