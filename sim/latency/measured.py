@@ -165,10 +165,10 @@ class MeasuredStepTime:
         self._gemm_c: dict[str, float] = c["gemm"]
         self._ew = c["elementwise"]
         eng = co["engine"][engine]
-        #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`)
-        self._overhead_fixed_s: float = eng["fixed_s"] + (
-            terms.V1_WORKER_STEP_S if engine == "v1" else 0.0
-        )
+        #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
+        #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does)
+        worker_s = eng.get("worker_step_s", terms.V1_WORKER_STEP_S) if engine == "v1" else 0.0
+        self._overhead_fixed_s: float = eng["fixed_s"] + worker_s
         self._overhead_per_seq_s: float = eng["per_seq_s"]
         self._launch_s: float = eng["graph_launch_s"]
         self._setup_geometry(model, tp, kv_dtype)
