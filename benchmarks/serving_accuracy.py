@@ -5,6 +5,7 @@
     python benchmarks/serving_accuracy.py --ids a,b --detail  # two points, every metric compared
     python benchmarks/serving_accuracy.py --fit-p2p           # refit the no-P2P all-reduce bandwidth
     python benchmarks/serving_accuracy.py --fit-frontend      # refit the API server's costs
+    python benchmarks/serving_accuracy.py --fit-overhead      # refit V1's per-step worker CPU
 
 The measurements are `sim/data/vllm_serving_measurements.yaml` (each with its source URL). Each
 replayable point goes through the same path as the CLI: its `vllm serve` line becomes a scenario
@@ -432,6 +433,53 @@ def fit_host_staged_algbw(
     return min(scores, key=lambda bw: (scores[bw], bw)), scores
 
 
+#: The grid `fit_v1_worker_step` searches (seconds): 0 to 2.5 ms by 0.25 ms.
+V1_WORKER_GRID_S = tuple(i * 0.25e-3 for i in range(11))
+
+
+def overhead_fit_points(points: list[Point]) -> list[Point]:
+    """The points `fit_v1_worker_step` reads: the FIT half's replayable points of a dense model
+    (an MoE model's GPU terms are refitted separately and would bias a CPU term) not launched
+    with `--enforce-eager` (no CUDA graphs: each kernel launches from Python, a cost this term
+    does not describe)."""
+    from sim.catalog import get_model
+
+    return [
+        p
+        for p in points
+        if p.split == "fit"
+        and not why_not_replayable(p)
+        and not get_model(p.raw["model"]).is_moe
+        and "enforce_eager" not in (p.raw.get("unmodelled") or ())
+    ]
+
+
+def fit_v1_worker_step(
+    points: list[Point], grid_s: tuple[float, ...] = V1_WORKER_GRID_S
+) -> tuple[float, dict[float, float]]:
+    """The V1 model runner's per-step CPU time (`sim.latency.measured_terms.V1_WORKER_STEP_S`)
+    that the fit half asks for: the grid value with the smallest median |TPOT/ITL error| over
+    `overhead_fit_points` (ties: the smaller value). Returns (best, median |error| per value).
+    The held-out half is not read."""
+    from sim.latency import measured_terms
+
+    fit = overhead_fit_points(points)
+    saved = measured_terms.V1_WORKER_STEP_S
+    scores: dict[float, float] = {}
+    try:
+        for value in grid_s:
+            measured_terms.V1_WORKER_STEP_S = value
+            errors = []
+            for point in fit:
+                got = replay(point).group("TPOT/ITL")
+                if got is not None:
+                    errors.append(abs(got[1].error))
+            scores[value] = statistics.median(errors)
+    finally:
+        measured_terms.V1_WORKER_STEP_S = saved
+    return min(scores, key=lambda v: (scores[v], v)), scores
+
+
 #: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). Streaming is
 #: bounded by a measurement: one API server has streamed 12,850 output tokens/s (vllm PR
 #: #12287, https://github.com/vllm-project/vllm/pull/12287, Llama-3.2-1B on an A100, before
@@ -492,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
                         "half of the p2p: false points, print it and exit")  # fmt: skip
     parser.add_argument("--fit-frontend", action="store_true",
                         help="refit the API server's costs on the fit half, print them and exit")  # fmt: skip
+    parser.add_argument("--fit-overhead", action="store_true",
+                        help="refit the V1 model runner's per-step CPU time on the fit half's "
+                        "dense points, print it and exit")  # fmt: skip
     parser.add_argument("--no-api-server", action="store_true",
                         help="replay without the API server (the engine core's view)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -506,6 +557,14 @@ def main(argv: list[str] | None = None) -> int:
         for bw, err in scores.items():
             print(f"{bw:5.1f} GB/s: median |error| {100 * err:.1f}% on the fit half")
         print(f"best: {best} GB/s (sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS)")
+        return 0
+    if args.fit_overhead:
+        best, scores = fit_v1_worker_step(load_points())
+        for value, err in scores.items():
+            print(
+                f"{1e3 * value:5.2f} ms: median |TPOT/ITL error| {100 * err:.1f}% on the fit half"
+            )
+        print(f"best: {1e3 * best:.2f} ms (sim.latency.measured_terms.V1_WORKER_STEP_S)")
         return 0
     frontend = None if args.no_api_server else VLLM_API_SERVER
     points = select(load_points(), args.ids, args.limit)

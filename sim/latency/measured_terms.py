@@ -32,7 +32,8 @@ and the FLOPs of whole 64 x 64 query-key tiles at a fitted fraction of peak.
 
 All-reduce (tensor parallel, two per layer): t = latency + bytes / algbw, by TP size (algbw:
 message bytes per second, what NCCL's tests call the algorithm bandwidth).
-Engine overhead (CPU, once per step): t = fixed + per_seq * num_seqs, by engine generation.
+Engine overhead (CPU, once per step): t = fixed + per_seq * num_seqs, by engine generation;
+V1 adds its model runner's input preparation and output sync (`V1_WORKER_STEP_S`).
 """
 
 from __future__ import annotations
@@ -149,3 +150,38 @@ def allreduce_time_s(nbytes: Num, c: Coefficients) -> Num:
 def engine_overhead_s(num_seqs: Num, c: Coefficients) -> Num:
     """CPU time per step outside the GPU work: fixed + per sequence in the batch."""
     return c["fixed_s"] + c["per_seq_s"] * num_seqs
+
+
+#: V1's model-runner CPU work per step that the Vidur-derived V1 overhead (v0's schedule and
+#: sampler phases, `sim/data/steptime_coefficients.json` "engine" -> "v1") leaves out, in
+#: seconds; `MeasuredStepTime` adds it to the V1 engine's fixed overhead. It is what a V1 step
+#: does on the CPU between one step's sampled tokens and the next step's CUDA-graph launch
+#: (vLLM 0.11.0 `vllm/v1/worker/gpu_model_runner.py`: `execute_model` L2231, its
+#: `_update_states` L526 and `_prepare_inputs` L923, the block table, positions and slot
+#: mapping built in numpy and copied to the GPU; `_bookkeeping_sync` L2094, which waits for
+#: the sampled ids with `_to_list` L2143 and builds the `ModelRunnerOutput`; then
+#: `vllm/v1/engine/core.py` `step` L272-291 hands it to `update_from_output`; the same
+#: methods in 0.19.1, L1054 / L1784 / L3349, and 0.33.0, L1176 / L1924 / L3434). The GPU idles
+#: through all of it when scheduling is synchronous (`scheduler.async_scheduling: false`, the
+#: 0.11.0 default); with async scheduling (the default from 0.19.1 on) the batch queue runs
+#: it while the previous step is on the GPU, and `sim.latency.overlap` overlaps it with the
+#: GPU terms like the rest of the overhead.
+#:
+#: FITTED, not measured: 1.75 ms is the value on a 0.25 ms grid (0-2.5 ms) with the smallest
+#: median |TPOT/ITL error| on the fit half of the dense serving points, 6.2% (15.0% without
+#: the term; 2.0 ms ties, the smaller is taken; `python benchmarks/serving_accuracy.py
+#: --fit-overhead`, 15 replayed points of 5 sources; the MoE points are left out, their GPU
+#: terms being refitted separately, and so is the one `--enforce-eager` point, whose kernels
+#: launch from Python one by one). The held-out half is its test (docs/accuracy.md). One
+#: value for every V1 release: the replayable batch-1 points all run synchronously (real
+#: vLLM 0.9-0.10, under the 0.11.0 pin), so the data cannot tell one release's cost from
+#: another's; the releases differ in whether it is hidden, which async scheduling decides.
+#:
+#: Worked example: Qwen3-0.6B on an A100 at batch 1 (192 tokens of context), synchronous V1:
+#: GPU terms 2.08 ms + engine overhead (0.607 + 0.021 ms from Vidur, + 1.75 ms here) =
+#: 4.46 ms a step, where tenstorrent/tt-inference-server#340 measured a 4.2 ms TPOT (without
+#: this term: 2.71 ms). What it leaves out: the cost's growth with the batch beyond Vidur's
+#: per-sequence phases, a per-layer launch floor (the two small-model points it rests on both
+#: have 28 layers, so the data cannot tell a per-step cost from a per-layer one), and eager
+#: mode (`--enforce-eager`), where the launches themselves cost more than this.
+V1_WORKER_STEP_S = 1.75e-3

@@ -11,17 +11,17 @@ The split, per step-time model:
 
 * measured (`MeasuredStepTime`, the default): its named term `engine_overhead_s` is the CPU
   work (V1: vLLM's scheduling and sampler-side phases, `sim/data/steptime_coefficients.json`,
-  "engine" -> "v1", itself an assumption from v0 measurements); it overlaps. Every other term
+  "engine" -> "v1", itself an assumption from v0 measurements, plus the model runner's input
+  preparation and output sync, `measured_terms.V1_WORKER_STEP_S`); it overlaps. Every other term
   (`gemm_s` ... `launch_s`, the CUDA-graph launch included) is GPU time and does not.
 * scaled (`ScaledStepTime`): the wrapped model's split, times the factor.
 * linear, roofline, calibrated profile: no CPU term is named, so nothing overlaps (async then
   changes the scheduler's decisions, not the step's time).
 
-Example (Llama-3.1-8B, H100, 64 decodes at 4k, V1): 22.5 ms predicted, 1.95 ms of it engine
-overhead: synchronous steps take 22.5 ms, async ones max(20.55, 1.95) = 20.55 ms.
+Example (Llama-3.1-8B, H100, 64 decodes at 4k, V1): 24.2 ms predicted, 3.70 ms of it engine
+overhead: synchronous steps take 24.2 ms, async ones max(20.54, 3.70) = 20.54 ms.
 
-Left out: the CPU time of preparing inputs on the worker (inside the measured GPU terms), and
-the GIL contention between the scheduler and the output processing.
+Left out: the GIL contention between the scheduler and the output processing.
 """
 
 from __future__ import annotations

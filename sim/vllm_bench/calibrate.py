@@ -73,6 +73,7 @@ from sim.kv.pins import resolve_pin
 from sim.latency import load_coefficients
 from sim.latency.measured import MeasuredStepTime, nearest_fitted_gpu, shipped_coefficients
 from sim.latency.measured_fit import nelder_mead
+from sim.latency.measured_terms import V1_WORKER_STEP_S
 from sim.scenario.configs import kv_dtype_of
 from sim.scenario.overrides import apply_overrides
 from sim.scenario.schema import Scenario
@@ -228,6 +229,8 @@ def scaled_coefficients(base: dict[str, Any], gpu: GpuSpec, factors: Factors) ->
         engine["fixed_s"] *= factors.overhead_scale
         engine["per_seq_s"] *= factors.overhead_scale
         engine["graph_launch_s"] *= memory
+    # V1's model-runner CPU term is part of the overhead the factor scales (measured.py)
+    out["engine"]["v1"]["worker_step_s"] = V1_WORKER_STEP_S * factors.overhead_scale
     band = out.setdefault("band", {})
     band[gpu_name] = dict(band.get(source, band.get("extrapolated", {})))
     return out

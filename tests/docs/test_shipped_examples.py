@@ -62,8 +62,8 @@ def test_the_readme_cpu_offload_example_changes_the_outcome():
     on, off = with_tier.summary, without_tier.summary
     hit_on = on["sessions"]["later_turns_prefix_hit_rate"]
     hit_off = off["sessions"]["later_turns_prefix_hit_rate"]
-    assert hit_on > 0.8 > 0.2 > hit_off  # README: 92 % instead of 10 %
-    assert on["ttft_p50_s"] < off["ttft_p50_s"] / 4  # 0.10 s against 0.55 s
+    assert hit_on > 0.8 > 0.2 > hit_off  # README: 92 % instead of 12 %
+    assert on["ttft_p50_s"] < off["ttft_p50_s"] / 2  # 0.54 s against 1.21 s
     assert on["ttft_p99_s"] < off["ttft_p99_s"]
     assert on["num_preemptions"] <= off["num_preemptions"]
     prefill_on = with_tier.requests["num_prefix_hit_tokens"].sum()

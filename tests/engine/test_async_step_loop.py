@@ -8,6 +8,7 @@ import pytest
 from sim.engine.run import run
 from sim.latency import make_step_time
 from sim.latency.batch import BatchShape
+from sim.latency.measured_terms import V1_WORKER_STEP_S
 from sim.latency.overlap import overlapped_cpu_s
 from sim.latency.scaled import ScaledStepTime
 from sim.scenario.schema import scenario_from_dict
@@ -41,7 +42,9 @@ def test_async_decodes_hide_the_engine_overhead(version):
     # A three-decode step on both: the difference is V1's overhead for three sequences.
     s_row = sync.steps[sync.steps["num_decode_seqs"] == 3].iloc[1]
     a_row = asyn.steps[asyn.steps["num_decode_seqs"] == 3].iloc[1]
-    assert s_row["duration_s"] - a_row["duration_s"] == pytest.approx(0.000606597 + 3 * 2.1005e-05)
+    assert s_row["duration_s"] - a_row["duration_s"] == pytest.approx(
+        0.000606597 + V1_WORKER_STEP_S + 3 * 2.1005e-05
+    )
     assert asyn.requests["finish_s"].max() < sync.requests["finish_s"].max()
 
 
@@ -71,7 +74,9 @@ def test_without_a_named_cpu_term_nothing_overlaps():
 def test_overlap_of_a_scaled_measured_model_scales():
     model = make_step_time(None, "llama-3.1-8b", "h100-sxm")
     batch = BatchShape((4096,) * 64, ())
-    assert overlapped_cpu_s(model)(batch) == pytest.approx(0.000606597 + 64 * 2.1005e-05)
+    assert overlapped_cpu_s(model)(batch) == pytest.approx(
+        0.000606597 + V1_WORKER_STEP_S + 64 * 2.1005e-05
+    )
     assert overlapped_cpu_s(ScaledStepTime(model, 2.0))(batch) == pytest.approx(
         2 * overlapped_cpu_s(model)(batch)
     )
