@@ -65,7 +65,9 @@ def test_the_readme_cpu_offload_example_changes_the_outcome():
     assert hit_on > 0.8 > 0.2 > hit_off  # README: 92 % instead of 12 %
     assert on["ttft_p50_s"] < off["ttft_p50_s"] / 2  # 0.54 s against 1.21 s
     assert on["ttft_p99_s"] < off["ttft_p99_s"]
-    assert on["num_preemptions"] <= off["num_preemptions"]
+    # the scenario's comment quotes these: the CPU tier does not spare preemptions here (the
+    # reloaded prefixes let more turns run at once), it spares recomputing their prompts
+    assert (on["num_preemptions"], off["num_preemptions"]) == (13, 11)
     prefill_on = with_tier.requests["num_prefix_hit_tokens"].sum()
     prefill_off = without_tier.requests["num_prefix_hit_tokens"].sum()
     assert prefill_on > 5 * prefill_off  # fewer prompt tokens recomputed
