@@ -35,6 +35,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -415,22 +416,31 @@ def fit_host_staged_algbw(
     from sim.latency import interconnect
 
     fit = [p for p in points if p.raw.get("p2p") is False and p.split == "fit"]
-    saved = interconnect.HOST_STAGED_ALGBW_GBPS
+    return _grid_search(interconnect, "HOST_STAGED_ALGBW_GBPS", grid_GBps, fit, GROUPS)
+
+
+def _grid_search(
+    module: Any, name: str, grid: tuple[float, ...], fit: list[Point], groups: Iterable[str]
+) -> tuple[float, dict[float, float]]:
+    """Set `module.name` to each grid value in turn (restored after), replay `fit`, and score
+    each value by the median |error| over the metric `groups`; the best value (ties: the
+    smaller) and every score."""
+    saved = getattr(module, name)
     scores: dict[float, float] = {}
     try:
-        for bw in grid_GBps:
-            interconnect.HOST_STAGED_ALGBW_GBPS = bw
+        for value in grid:
+            setattr(module, name, value)
             errors = []
             for point in fit:
                 done = replay(point)
-                for name in GROUPS:
-                    got = done.group(name)
+                for group in groups:
+                    got = done.group(group)
                     if got is not None:
                         errors.append(abs(got[1].error))
-            scores[bw] = statistics.median(errors)
+            scores[value] = statistics.median(errors)
     finally:
-        interconnect.HOST_STAGED_ALGBW_GBPS = saved
-    return min(scores, key=lambda bw: (scores[bw], bw)), scores
+        setattr(module, name, saved)
+    return min(scores, key=lambda v: (scores[v], v)), scores
 
 
 #: The grid `fit_v1_worker_step` searches (seconds): 0 to 2.5 ms by 0.25 ms.
@@ -464,20 +474,7 @@ def fit_v1_worker_step(
     from sim.latency import measured_terms
 
     fit = overhead_fit_points(points)
-    saved = measured_terms.V1_WORKER_STEP_S
-    scores: dict[float, float] = {}
-    try:
-        for value in grid_s:
-            measured_terms.V1_WORKER_STEP_S = value
-            errors = []
-            for point in fit:
-                got = replay(point).group("TPOT/ITL")
-                if got is not None:
-                    errors.append(abs(got[1].error))
-            scores[value] = statistics.median(errors)
-    finally:
-        measured_terms.V1_WORKER_STEP_S = saved
-    return min(scores, key=lambda v: (scores[v], v)), scores
+    return _grid_search(measured_terms, "V1_WORKER_STEP_S", grid_s, fit, ("TPOT/ITL",))
 
 
 #: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). Streaming is
