@@ -19,20 +19,22 @@ Splitwise (Patel et al., ISCA'24) splits the phases over machines with the KV st
 over the cluster's back-plane and reports up to 1.4x the throughput at 20% lower cost. Both
 expect the gain where TPOT is tight and the transfer cheap next to TTFT.
 
-What kvsim finds (1,000 requests, 4 GPUs, rdma-400g; `python benchmarks/disagg_crossover.py`):
-co-located TPOT p99 grows with load (9.6 ms at 8 req/s, 17.4 at 24, 49.1 at 40: chunked
-prefills share steps with decodes) while the decode pool's stays flat (2P+2D: 8.8 -> 13.6 ->
-21.5 ms); the KV read is 280 MB and 6.3 ms per request, 7% of 2P+2D's TTFT at 8 req/s, less
-as queueing grows (0.9% at 40). Under TPOT p99 <= 15 ms 2P+2D serves 24 req/s against
-co-located's 20 (+20%), the crossover at about 20 req/s; under a loose TPOT p99 <= 50 ms
-co-located serves 40 req/s against 2P+2D's 32 (a prefill pool of 2 GPUs saturates first:
-TTFT p99 1.1 s at 36 req/s). 1P+3D and 3P+1D serve less than co-located under either SLO
+What kvsim finds (1,000 requests, 4 GPUs, rdma-400g; `python benchmarks/disagg_crossover.py`;
+with the V1 engine's per-step worker CPU term, docs/accuracy.md): co-located TPOT p99 grows
+with load (12.1 ms at 8 req/s, 22.0 at 24, 57.3 at 40: chunked prefills share steps with
+decodes) while the decode pool's grows far less (2P+2D: 10.9 -> 16.5 -> 26.2 ms); the KV read
+is 280 MB and 6.3 ms per request, 6.5% of 2P+2D's TTFT at 8 req/s, less as queueing grows
+(0.9% at 40). Under TPOT p99 <= 15 ms 2P+2D serves 20 req/s against co-located's 12 (1P+3D
+16), so disaggregation pays above about 12 req/s; under a loose TPOT p99 <= 50 ms co-located
+serves 36 req/s against 2P+2D's 32 (a prefill pool of 2 GPUs saturates first: TTFT p99 1.2 s
+at 36 req/s). 3P+1D serves less than co-located under either SLO, 1P+3D under the loose one
 (the prefill or the decode pool saturates). So kvsim agrees in sign and shape:
 disaggregation pays only under a tight TPOT SLO and with the right split. The size is far
 below DistServe's headline 7.4x, whose setup (per-phase parallelism search, its own models,
 baselines and SLOs) differs; here the co-located baseline already uses chunked prefill
-(8,192-token budget). Over TCP at 25 GbE (`--link tcp-25g`) the read takes 128 ms, 50-57% of
-2P+2D's TTFT.
+(8,192-token budget). Over TCP at 25 GbE (`--link tcp-25g --rates 8,24`) the read takes
+128 ms, 49-58% of 2P+2D's TTFT. `tests/benchmarks/test_disagg_crossover.py` (slow) checks
+these figures.
 """
 
 from __future__ import annotations
@@ -85,6 +87,35 @@ def _ms(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 1e3:8.1f}"
 
 
+def sweep(
+    requests: int, gpus: int, rates: list[float], link: str = "rdma-400g"
+) -> dict[str, list[dict]]:
+    """`cluster_metrics` of every shape on `gpus` GPUs (all co-located, then each P+D split)
+    at each rate, by shape name, rows in rate order (each row carries `rate_per_s`)."""
+    splits: list[tuple[int, int] | None] = [None] + [(p, gpus - p) for p in range(1, gpus)]
+    by_shape: dict[str, list[dict]] = {}
+    for rate in rates:
+        for split in splits:
+            row = cluster_metrics(at_rate(base_scenario(requests, gpus, split, link), rate))
+            row["rate_per_s"] = rate
+            by_shape.setdefault(row["shape"], []).append(row)
+    return by_shape
+
+
+def _row_line(row: dict, slo: Slo) -> str:
+    kv_mb = row["kv_bytes_mean"] / 1e6
+    share = row["transfer_share_of_ttft_mean"]
+    meets = "yes" if max_rate_meeting_slo([row], slo) is not None else "no"
+    return (
+        f"{row['rate_per_s']:6.1f} {row['shape']:>14} {_ms(row['ttft_p50_s'])} "
+        f"{_ms(row['ttft_p99_s'])} {_ms(row['tpot_p50_s'])} {_ms(row['tpot_p99_s'])} "
+        f"{row['throughput_tok_per_s']:7.0f} {row['num_finished']:5d} "
+        f"{'-' if math.isnan(kv_mb) else f'{kv_mb:9.1f}':>9} "
+        f"{_ms(row['transfer_s_mean']):>7} "
+        f"{'-' if math.isnan(share) else f'{share:9.1%}':>9} {meets:>3}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
@@ -95,34 +126,15 @@ def main() -> None:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     slos = [Slo(*map(float, text.split(","))) for text in args.slo or ["1.0,0.015", "1.0,0.05"]]
-    slo = slos[0]
-    splits: list[tuple[int, int] | None] = [None] + [
-        (p, args.gpus - p) for p in range(1, args.gpus)
-    ]
     print(
         f"{'rate/s':>6} {'shape':>14} {'TTFT p50':>8} {'TTFT p99':>8} {'TPOT p50':>8} "
         f"{'TPOT p99':>8} {'tok/s':>7} {'done':>5} {'KV MB/req':>9} {'xfer ms':>7} "
         f"{'xfer/TTFT':>9} {'SLO':>3}"
     )
-    by_shape: dict[str, list[dict]] = {}
-    for rate in rates:
-        for split in splits:
-            row = cluster_metrics(
-                at_rate(base_scenario(args.requests, args.gpus, split, args.link), rate)
-            )
-            row["rate_per_s"] = rate
-            by_shape.setdefault(row["shape"], []).append(row)
-            kv_mb = row["kv_bytes_mean"] / 1e6
-            share = row["transfer_share_of_ttft_mean"]
-            meets = "yes" if max_rate_meeting_slo([row], slo) is not None else "no"
-            print(
-                f"{rate:6.1f} {row['shape']:>14} {_ms(row['ttft_p50_s'])} {_ms(row['ttft_p99_s'])} "
-                f"{_ms(row['tpot_p50_s'])} {_ms(row['tpot_p99_s'])} "
-                f"{row['throughput_tok_per_s']:7.0f} {row['num_finished']:5d} "
-                f"{'-' if math.isnan(kv_mb) else f'{kv_mb:9.1f}':>9} "
-                f"{_ms(row['transfer_s_mean']):>7} "
-                f"{'-' if math.isnan(share) else f'{share:9.1%}':>9} {meets:>3}"
-            )
+    by_shape = sweep(args.requests, args.gpus, rates, args.link)
+    for i in range(len(rates)):
+        for rows in by_shape.values():
+            print(_row_line(rows[i], slos[0]))
     for slo in slos:
         print(f"\nSLO: TTFT p99 <= {slo.ttft_p99_s} s, TPOT p99 <= {slo.tpot_p99_s * 1e3:.0f} ms")
         for shape, rows in by_shape.items():
