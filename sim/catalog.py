@@ -151,10 +151,8 @@ class ModelSpec(BaseModel):
     qk_norm: Bool = False
     norms_per_layer: Int = Field(default=2, ge=0)
     #: A multimodal checkpoint's vision encoder, which vLLM loads with the text model.
-    vision: catalog_params.VisionTower | None = None
-    #: The checkpoint has a vision tower the catalog does not describe (Llama-4): its weights
-    #: are missing from `total_params`, so `num_gpu_blocks: derive` is refused.
-    vision_not_counted: Bool = False
+    #: `kind: siglip` (the default: Gemma-3) or `llama4`.
+    vision: catalog_params.VisionTower | catalog_params.Llama4VisionTower | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

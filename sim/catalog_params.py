@@ -44,9 +44,23 @@ where the catalog describes it (`vision`): Gemma-3's SigLIP encoder (`siglip.py:
 every projection with a bias, two LayerNorms a layer, no pooling head) and its projector
 (`gemma3_mm.py:L451-466`): Gemma-3-27B (27 layers of 1,152, MLP 4,304, 14-pixel patches of
 896-pixel images) 416,866,032 + 6,194,304 = 423,060,336, the 417M encoder of Google's
-Gemma 3 report. Left out: Llama-4's vision encoder (`mllama4.py`; a derived Scout pool is too
-large by its ~0.8B parameters, bounded in the tests) and Qwen3-Next's multi-token-prediction
-layer, which vLLM loads only for speculative decoding (`qwen3_next_mtp.py`).
+Gemma 3 report. Llama-4's encoder (`mllama4.py:L123-550`) is a ViT of the same shape with
+bias-free 14-pixel unfold patches, a class token, 577 positions, LayerNorms before and after,
+then a pixel-shuffle adapter (fc1 ``4 d x P_in``, fc2 ``P_in x P_out``, no biases: Scout's
+`multi_modal_projector_bias` false) and a bias-free projector ``vision_output_dim x h``.
+Llama-4-Scout (34 layers of 1,408, MLP 5,632, 336-pixel images, adapter 4,096 / 4,096):
+
+    patch + class + positions = 3 x 14 x 14 x 1,408 + 1,408 + 577 x 1,408 =     1,641,728
+    one layer = 4 x (1,408^2 + 1,408) + 2 x 1,408 x 5,632 + 5,632 + 1,408
+                + 2 x 2 x 1,408                                        =    23,807,872
+    34 layers + two LayerNorms                                          =   809,473,280
+    adapter = 5,632 x 4,096 + 4,096 x 4,096                             =    39,845,888
+    projector = 4,096 x 5,120                                           =    20,971,520
+    total                                                               =   871,932,416
+
+so Scout loads 107,769,861,120 + 871,932,416 = 108,641,793,536 parameters (Meta's card: 109B).
+Left out: Qwen3-Next's multi-token-prediction layer, which vLLM loads only for speculative
+decoding (`qwen3_next_mtp.py`).
 """
 
 from __future__ import annotations
@@ -56,7 +70,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog_layers import LayerType, MambaState
-from sim.scenario.fields import Int
+from sim.scenario.fields import Bool, Int
 
 if TYPE_CHECKING:
     from sim.catalog import ModelSpec
@@ -90,6 +104,43 @@ class VisionTower(BaseModel):
         """Encoder + Gemma-3's projector (a d x h matrix and an RMSNorm of d)."""
         d = self.hidden_size
         return self.encoder_params() + d * text_hidden_size + d
+
+
+class Llama4VisionTower(BaseModel):
+    """Llama-4's vision encoder, pixel-shuffle adapter and projector (HF `vision_config`;
+    vLLM 0.33.0 `mllama4.py:L123-550`, counts in the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["llama4"] = "llama4"
+    num_layers: Int = Field(gt=0)  # num_hidden_layers
+    hidden_size: Int = Field(gt=0)
+    intermediate_size: Int = Field(gt=0)
+    patch_size: Int = Field(gt=0)
+    image_size: Int = Field(gt=0)
+    num_channels: Int = Field(default=3, gt=0)
+    projector_input_dim: Int = Field(gt=0)
+    projector_output_dim: Int = Field(gt=0)
+    vision_output_dim: Int = Field(gt=0)
+    multi_modal_projector_bias: Bool = False
+
+    def encoder_params(self) -> int:
+        """Unfold patches (no bias), class token, positions, the layers (every projection
+        with a bias, two LayerNorms each), pre and post LayerNorms: 809,473,280 + 1,641,728
+        for Scout."""
+        d, m = self.hidden_size, self.intermediate_size
+        layer = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+        positions = ((self.image_size // self.patch_size) ** 2 + 1) * d
+        patch = self.num_channels * self.patch_size**2 * d
+        return patch + d + positions + self.num_layers * layer + 2 * 2 * d
+
+    def params(self, text_hidden_size: int) -> int:
+        """Encoder + pixel-shuffle adapter + projector: 871,932,416 for Scout."""
+        mid, out = self.projector_input_dim, self.projector_output_dim
+        adapter = self.intermediate_size * mid + mid * out
+        if self.multi_modal_projector_bias:
+            adapter += mid + out
+        return self.encoder_params() + adapter + self.vision_output_dim * text_hidden_size
 
 
 def attention_linear_params(model: ModelSpec) -> int:
@@ -215,10 +266,12 @@ def num_moe_layers(model: ModelSpec) -> int:
 
 
 def active_params(model: ModelSpec) -> int:
-    """Parameters one token reads: the total less the experts it is not routed to.
+    """Parameters one text token reads: the total less the experts it is not routed to and
+    any vision tower (it encodes images only).
 
     gpt-oss-20b: 20,914,757,184 - 24 x 28 x 24,891,840 = 4,187,440,704 (with the input
     embedding; OpenAI's 3.6B counts the unembedding only: 3,608,307,264).
     """
     idle = model.num_experts - model.num_experts_per_token
-    return total_params(model) - num_moe_layers(model) * idle * expert_params(model)
+    vision = model.vision.params(model.hidden_size) if model.vision is not None else 0
+    return total_params(model) - vision - num_moe_layers(model) * idle * expert_params(model)

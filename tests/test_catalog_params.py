@@ -8,6 +8,7 @@ import pytest
 
 from sim import catalog_params
 from sim.catalog import get_model
+from sim.catalog_params import Llama4VisionTower
 
 B = 1e9
 
@@ -58,11 +59,25 @@ def test_nemotron_h_8b_is_8b() -> None:
     assert get_model("nemotron-h-8b").total_params / B == pytest.approx(8, rel=0.02)
 
 
-def test_scout_text_weights_fall_short_by_at_most_its_vision_tower() -> None:
-    """Meta's Llama-4 card: 109B total, vision encoder included; the catalog counts the
-    language model only (107.77B), so the gap is that encoder (~0.8B in its vision_config)."""
-    gap = 109 - get_model("llama-4-scout-17b-16e").total_params / B
-    assert 0 <= gap <= 1.5
+def test_scout_counts_its_llama4_vision_tower() -> None:
+    """sim.catalog_params' worked example: encoder 811,115,008, with the pixel-shuffle adapter
+    and projector 871,932,416; Scout loads 108.64B (Meta's card: 109B total, vision
+    included)."""
+    model = get_model("llama-4-scout-17b-16e")
+    assert isinstance(model.vision, Llama4VisionTower)
+    assert model.vision.encoder_params() == 809_473_280 + 1_641_728
+    assert model.vision.params(model.hidden_size) == 871_932_416
+    assert model.total_params == 107_769_861_120 + 871_932_416
+    assert model.total_params / B == pytest.approx(109, abs=0.5)
+
+
+def test_a_projector_bias_adds_one_per_adapter_output() -> None:
+    tower = Llama4VisionTower(
+        num_layers=1, hidden_size=8, intermediate_size=32, patch_size=2, image_size=4,
+        projector_input_dim=16, projector_output_dim=12, vision_output_dim=12,
+    )  # fmt: skip
+    biased = tower.model_copy(update={"multi_modal_projector_bias": True})
+    assert biased.params(10) - tower.params(10) == 16 + 12
 
 
 def test_gemma_3_27b_counts_its_siglip_tower() -> None:

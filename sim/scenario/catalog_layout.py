@@ -10,7 +10,7 @@ Explicit `cache.kv_cache_groups` win. Refused, one line each (exit 2): a v0 desi
 serves none of these models), `cache.sliding_window` over per-layer types, a release whose
 groups kvsim does not model for the model (`hybrid_pool.layer_specs`). `derive` counts each
 layer's weights by its type (`sim.catalog_params`: Mamba and Gated-DeltaNet mixers, MoE
-experts, Gemma-3's vision tower); refused for Llama-4, whose vision tower it does not count.
+experts, Gemma-3's and Llama-4's vision towers).
 
 Example: `model: qwen3-next-80b-a3b`, `vllm_version: "0.33.0"`, `block_size: 16`,
 `num_gpu_blocks: 3000` -> groups [mamba, mamba, mamba, full] of 12 layers each, block size

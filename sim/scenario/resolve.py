@@ -241,11 +241,6 @@ def _num_gpu_blocks(
     engine = VllmEngine(scenario.scheduler.design.api)
     if cache.num_gpu_blocks == "derive":
         assert model is not None
-        if model.vision_not_counted:  # a weight term kvsim cannot justify: refuse, not guess
-            raise ScenarioError(
-                f"cache.num_gpu_blocks: kvsim does not count the vision tower of {model.name!r}, "
-                "which vLLM loads with it, so it cannot derive the pool; give num_gpu_blocks"
-            )
         try:
             budget = derive_budget(
                 model,
