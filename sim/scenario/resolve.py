@@ -205,10 +205,11 @@ def check_mamba_groups(config: KVCacheConfig) -> None:
     `model_executor/models/config.py:L423-481 @0.19.1`; `vllm serve` turns caching on by
     default for generative hybrid models, `sim.scenario.vllm_defaults.mamba`), which kvsim
     models on 0.19.1 to 0.33.0 for full + Mamba layouts (`sim.kv.v1_engine.mamba`, 0.33.0's
-    checkpoint blocks `sim.kv.v1_engine.mamba_checkpoint`). Refused, one line each: caching
-    with a Mamba group on another release (0.11.0 turns caching off for Mamba models,
-    `L290-297 @0.11.0`), and caching with a sliding-window or chunked-local group beside the
-    Mamba ones."""
+    checkpoint blocks `sim.kv.v1_engine.mamba_checkpoint`). 0.11.0 turns caching off for
+    Mamba models (`L290-297 @0.11.0`), which a catalog hybrid gets from its release defaults
+    (`vllm_defaults.v1.resolve_v011`). Refused, one line each: caching with hand-given Mamba
+    groups on a release without "align" (no model class to say what vLLM would do), and
+    caching with a sliding-window or chunked-local group beside the Mamba ones."""
     if not (config.has_mamba_group and config.enable_prefix_caching):
         return
     pin = VllmPin(config.vllm_pin) if config.vllm_pin is not None else V1_BASELINE

@@ -86,3 +86,39 @@ def test_a_catalog_hybrid_runs_the_mode_its_vllm_class_picks(model, release, mod
     assert resolved.inputs["mamba_cache_mode"] == mode
     records = Engine(resolved.engine, resolved.workload.requests, resolved.step_time).run()
     assert not records.violations
+
+
+@pytest.mark.parametrize("caching", [None, True])
+def test_0_11_0_serves_a_catalog_mamba_hybrid_without_prefix_caching(caching) -> None:
+    """Regression (compare-versions refused Nemotron-H on 0.11.0): vLLM 0.11.0's
+    `MambaModelConfig.verify_and_update_config` turns prefix caching off for Mamba hybrids
+    (`model_executor/models/config.py:L290-297`), whatever `vllm serve` was given; kvsim
+    runs it so and names the override when the user asked for caching."""
+    from pathlib import Path
+
+    from sim.engine.engine import Engine
+    from sim.scenario.resolve import resolve
+    from sim.scenario.schema import scenario_from_dict
+
+    cache: dict = {"num_gpu_blocks": 400}
+    if caching is not None:
+        cache["enable_prefix_caching"] = caching
+    data = {
+        "name": "mamba-on-0.11.0",
+        "model": "nemotron-h-8b",
+        "hardware": {"gpu": "h100-sxm"},
+        "cache": cache,
+        "scheduler": {"design": "v1-engine", "vllm_version": "0.11.0", "max_model_len": 8192},
+        "workload": {
+            "kind": "inline",
+            "requests": [{"arrival_s": 0.0, "prompt_tokens": 2000, "output_tokens": 8}] * 2,
+        },
+    }
+    resolved = resolve(scenario_from_dict(data), Path("."))
+    setting = resolved.inputs["settings"]["enable_prefix_caching"]
+    assert setting["value"] is False and "L290-297" in setting["rule"]
+    assert resolved.inputs["mamba_cache_mode"] == "none"
+    overridden = "cache.enable_prefix_caching" in resolved.inputs["settings_overridden"]
+    assert overridden is (caching is True)
+    records = Engine(resolved.engine, resolved.workload.requests, resolved.step_time).run()
+    assert not records.violations and records.requests.num_rows == 2

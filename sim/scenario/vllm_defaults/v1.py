@@ -147,6 +147,13 @@ def resolve_v011(dep: Deployment, flags: UserFlags, release: str) -> ResolvedDef
     # L1547-1548: non-pooling models always chunk, whatever the user passed.
     chunked = Setting(True, Origin.RELEASE, "0.11.0 arg_utils.py L1547-1548 (overrides the user)")
     prefix = pick(flags.enable_prefix_caching, True, "0.11.0 arg_utils.py L1561-1562")
+    if dep.model is not None and dep.model.mamba_state is not None:
+        # MambaModelConfig.verify_and_update_config: no prefix caching for Mamba hybrids yet.
+        prefix = Setting(
+            False,
+            Origin.RELEASE,
+            "0.11.0 model_executor/models/config.py L290-297 (Mamba layers; overrides the user)",
+        )
     table_mnbt, table_mns, table_rule = _v1_batch_table(dep, "0.11.0")
     mnbt = table_mnbt if flags.max_num_batched_tokens is None else flags.max_num_batched_tokens
     mns = min(table_mns, mnbt) if flags.max_num_seqs is None else flags.max_num_seqs  # L1678
