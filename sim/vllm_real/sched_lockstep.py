@@ -116,6 +116,8 @@ class SchedVerifyResult:
     num_mamba_steps: int = 0
     #: Of those, the workloads with a sink, R-SWA or circular-buffer group too.
     num_variant_workloads: int = 0
+    #: Workloads with a sliding window under 0.33.0's sparse retention (`sliding_retention`).
+    num_sparse_window_workloads: int = 0
     #: Fast path: one-token decodes kvsim ran in bulk (its decode cohort) and still matched.
     num_bulk_decodes: int = 0
     real_raised: list[RealRaised] = field(default_factory=list)
@@ -136,6 +138,12 @@ class SchedVerifyResult:
             f"compared, {self.num_preemptions} preemptions, "
             f"{self.num_prefix_hit_workloads} workloads with prefix hits"
             + (f", {self.num_bulk_decodes} cohort decodes" if self.fast_path else "")
+            + (
+                f", {self.num_sparse_window_workloads} sliding-window workloads with sparse "
+                "retention"
+                if self.num_sparse_window_workloads
+                else ""
+            )
             + (
                 f"; {self.num_mamba_workloads} Mamba-hybrid workloads, "
                 f"{self.num_mamba_steps} of their steps, {self.num_variant_workloads} with a "
@@ -301,6 +309,17 @@ def _as_033_align(index: int, workload: Workload) -> Workload:
         prefix_cache_retention_interval=0 if index % 2 else None,
     )
     return Workload(case, workload.requests)
+
+
+def _with_sparse_retention(index: int, workload: Workload) -> Workload:
+    """0.33.0: every other workload with prefix caching and no Mamba group runs `vllm serve`'s
+    sparse retention (`prefix_cache_retention_interval` 0): a sliding window caches only the
+    blocks a replay of its prompt reads (`sim.kv.v1_engine.sliding_retention`); no rng draw,
+    so the walks stay."""
+    case = workload.case
+    if index % 2 == 0 or not case.enable_prefix_caching or any(g.mamba for g in case.groups):
+        return workload
+    return Workload(replace(case, prefix_cache_retention_interval=0), workload.requests)
 
 
 # --------------------------------------------------------------------------- kvsim side
@@ -472,6 +491,8 @@ def verify_scheduler(
             workloads = [
                 random_workload(rng, mamba=mamba, variants=variants) for _ in range(num_workloads)
             ]
+            if release.has_prefix_cache_retention:
+                workloads = [_with_sparse_retention(i, w) for i, w in enumerate(workloads)]
     run = run_async_workload if async_scheduling else run_workload
     for index, workload in enumerate(workloads):
         if async_scheduling:
@@ -479,6 +500,8 @@ def verify_scheduler(
         steps_before = result.num_steps
         outcome = run(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
+        if workload.case.sliding_window and workload.case.prefix_cache_retention_interval == 0:
+            result.num_sparse_window_workloads += 1
         if any(g.mamba for g in workload.case.groups):
             result.num_mamba_workloads += 1
             result.num_mamba_steps += result.num_steps - steps_before

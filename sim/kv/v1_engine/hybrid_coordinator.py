@@ -306,7 +306,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             other_hits = self._other_hit(hashes, hit_length)
         if other_hits:
             num_hit_blocks = len(other_hits[0])
-        if self.caching_mamba_managers:  # (`L737 @0.25.1`)
+        if self.caching_mamba_managers or self.other_window is not None:
+            # (`L737 @0.25.1`; 0.33.0 `L934-937` for a sliding group too, whose sparse
+            # retention keeps the junction, `sliding_retention`)
             self.num_uncached_common_prefix_tokens = hit_length - num_hit_blocks * self.block_size
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
         for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
@@ -488,10 +490,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         (0.11.0)`.
         """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
-        # 0.33.0's sparse retention keeps a Mamba state at these (`mamba_checkpoint`).
+        # 0.33.0's sparse retention keeps a Mamba state (`mamba_checkpoint`), or a sliding
+        # window's last blocks (`sliding_retention`), at these.
         reachable = (request.prompt_len - 1, request.shared_prefix_boundary)
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
-            if isinstance(manager, MambaManager) and manager.checkpoints is not None:
+            if (isinstance(manager, MambaManager) and manager.checkpoints is not None) or (
+                isinstance(manager, SlidingWindowManager) and manager.retention is not None
+            ):
                 manager.cache_blocks(request.seq_id, group_hashes, num_tokens, reachable)
             else:
                 manager.cache_blocks(request.seq_id, group_hashes, num_tokens)

@@ -549,6 +549,13 @@ class V1Scheduler:
             hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
             if self.mamba_split is not None:
                 uncached_prefix = self._note_shared_prefix(request, num_computed)
+            else:
+                # 0.33.0 keeps the junction on every lookup; a sliding group's sparse
+                # retention caches the window there (`sim.kv.v1_engine.sliding_retention`).
+                uncached = int(
+                    getattr(self.kv_cache_manager, "num_uncached_common_prefix_tokens", 0)
+                )
+                seq.shared_prefix_boundary = num_computed + uncached if uncached else 0
         else:  # (without prefix caching the lookup is a pure ([], 0))
             hit_block_ids, num_computed = [], seq.num_computed_tokens
         num_external, load_async = 0, False
