@@ -116,7 +116,8 @@ class SchedVerifyResult:
     num_mamba_steps: int = 0
     #: Of those, the workloads with a sink, R-SWA or circular-buffer group too.
     num_variant_workloads: int = 0
-    #: Workloads with a sliding window under 0.33.0's sparse retention (`sliding_retention`).
+    #: Workloads with a sliding window under 0.33.0's sparse retention (`sliding_retention`,
+    #: `vllm serve`'s default, which `case_configs` gives every such case).
     num_sparse_window_workloads: int = 0
     #: Fast path: one-token decodes kvsim ran in bulk (its decode cohort) and still matched.
     num_bulk_decodes: int = 0
@@ -311,17 +312,6 @@ def _as_033_align(index: int, workload: Workload) -> Workload:
     return Workload(case, workload.requests)
 
 
-def _with_sparse_retention(index: int, workload: Workload) -> Workload:
-    """0.33.0: every other workload with prefix caching and no Mamba group runs `vllm serve`'s
-    sparse retention (`prefix_cache_retention_interval` 0): a sliding window caches only the
-    blocks a replay of its prompt reads (`sim.kv.v1_engine.sliding_retention`); no rng draw,
-    so the walks stay."""
-    case = workload.case
-    if index % 2 == 0 or not case.enable_prefix_caching or any(g.mamba for g in case.groups):
-        return workload
-    return Workload(replace(case, prefix_cache_retention_interval=0), workload.requests)
-
-
 # --------------------------------------------------------------------------- kvsim side
 class _RecordingFrees:
     """kvsim's V1 manager with its `free` calls recorded while `freed` is a list: inside
@@ -491,16 +481,17 @@ def verify_scheduler(
             workloads = [
                 random_workload(rng, mamba=mamba, variants=variants) for _ in range(num_workloads)
             ]
-            if release.has_prefix_cache_retention:
-                workloads = [_with_sparse_retention(i, w) for i, w in enumerate(workloads)]
     run = run_async_workload if async_scheduling else run_workload
+    # 0.33.0: a sliding window with caching runs `vllm serve`'s sparse retention (`case_configs`).
+    sparse_windows = resolve_pin(Design.V1_ENGINE, pin).has_prefix_cache_retention
     for index, workload in enumerate(workloads):
         if async_scheduling:
             workload = Workload(replace(workload.case, async_scheduling=True), workload.requests)
         steps_before = result.num_steps
         outcome = run(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
-        if workload.case.sliding_window and workload.case.prefix_cache_retention_interval == 0:
+        case = workload.case
+        if case.sliding_window and case.enable_prefix_caching and sparse_windows:
             result.num_sparse_window_workloads += 1
         if any(g.mamba for g in workload.case.groups):
             result.num_mamba_workloads += 1

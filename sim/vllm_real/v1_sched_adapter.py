@@ -40,6 +40,7 @@ from sim.scenario.configs import (
     scheduler_config_of,
     sliding_window_of,
 )
+from sim.scenario.retention import with_serve_retention
 from sim.scenario.schema import CacheSection, SchedulerSection
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
@@ -83,8 +84,8 @@ class SchedCase:
     #: 0.33.0 "align": the Mamba specs' prefill checkpoint blocks (0 or 1,
     #: `sim.kv.v1_engine.mamba_checkpoint`).
     mamba_prefill_checkpoint_blocks: int = 0
-    #: 0.33.0: `prefix_cache_retention_interval` (None dense, 0 sparse) of "align" Mamba
-    #: groups and sliding windows.
+    #: 0.33.0 "align": `prefix_cache_retention_interval` (None dense, 0 sparse); a sliding
+    #: window with caching gets `vllm serve`'s 0 as a scenario does (`with_serve_retention`).
     prefix_cache_retention_interval: int | None = None
     #: A hybrid model's KV-cache groups (`cache.kv_cache_groups`; empty: one group). With a
     #: Mamba group prefix caching is off, as kvsim models it (`sim.kv.v1_engine.mamba`).
@@ -228,9 +229,8 @@ def case_configs(
             mamba_prefill_checkpoint_blocks=case.mamba_prefill_checkpoint_blocks,
             prefix_cache_retention_interval=case.prefix_cache_retention_interval,
         )
-    elif case.enable_prefix_caching and case.prefix_cache_retention_interval is not None:
-        # 0.33.0 sparse retention of a sliding window (`sim.kv.v1_engine.sliding_retention`).
-        kv = replace(kv, prefix_cache_retention_interval=case.prefix_cache_retention_interval)
+    # `vllm serve`'s sparse retention of sliding windows (0.33.0), as a scenario resolves it.
+    kv = with_serve_retention(kv, {})
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
 

@@ -104,13 +104,13 @@ def test_the_comparison_catches_a_changed_retention_rule(mutation, walk):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_scheduler_with_sparse_retention_identical_to_real(mode):
     """`kvsim verify --scheduler --vllm-version 0.33.0 --pin 0.33.0 --num-workloads 200
-    --seed 7` (and `--async`): identical, with >= 10 sliding-window workloads under sparse
-    retention."""
+    --seed 7` (and `--async`): identical, with >= 20 sliding-window workloads under sparse
+    retention (every 0.33.0 case with a window and caching, as its scenario resolves)."""
     out = _python(_SCHED, "none", mode)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "identical over 200 workloads" in out.stdout, out.stdout
     found = re.search(r"(\d+) sliding-window workloads with sparse retention", out.stdout)
-    assert found and int(found[1]) >= 10, out.stdout
+    assert found and int(found[1]) >= 20, out.stdout
 
 
 def test_the_scheduler_comparison_catches_dense_caching():
