@@ -34,7 +34,7 @@ table holds one block of the group's own block size (max_model_len). With cachin
 (`mamba_cache_mode` "align" or "all", 0.19.1-0.33.0) kvsim takes full + Mamba groups only,
 in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
-Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
+Mamba hit (`mamba_modes.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
 counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
 `new_step_starts` reaches the managers of both modes. A sink, R-SWA or circular-buffer
 group (`sim.kv.v1_engine.full_variants`) is taken in any order with caching off; with
@@ -66,7 +66,8 @@ from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
 from sim.kv.v1_engine.full_variants import RSWAManager
-from sim.kv.v1_engine.mamba import MambaManager, mamba_align_hit
+from sim.kv.v1_engine.mamba import MambaManager
+from sim.kv.v1_engine.mamba_modes import mamba_align_hit
 from sim.kv.v1_engine.single_type import SlidingWindowManager
 from sim.kv.v1_engine.variant_caching import split_variant_groups
 
