@@ -351,6 +351,10 @@ class RealV1Scheduler:
         self.install = install or load_vllm(vllm_version=vllm_version)
         self.case = case
         sched, kv = case_configs(case)
+        if self.install.version_tuple < (0, 33):
+            # The latest pin's sliding-window retention default (`with_serve_retention`): a
+            # release without the setting runs dense, as its `vllm serve` does.
+            kv = replace(kv, prefix_cache_retention_interval=None)
         _register_stub_model(self.install)
         self.vllm_config = _real_vllm_config(self.install, sched, kv, model_dir)
         self._req_mod = import_vllm("v1.request", self.install)
