@@ -193,10 +193,12 @@ class KVCacheConfig:
     #: vLLM 0.33.0 "align" only: the Mamba spec's `num_prefill_checkpoint_blocks` (0 or 1; 1
     #: for Mamba2 layers and FlashInfer GDN, `sim.kv.v1_engine.mamba_checkpoint`).
     mamba_prefill_checkpoint_blocks: int = 0
-    #: vLLM 0.33.0 "align" only: `prefix_cache_retention_interval`, None (dense: every state
-    #: a chunk end writes is cached; `KVCacheConfig`'s field default) or 0 (`vllm serve`'s
-    #: default: only the replay boundary and the shared-prefix junction keep a Mamba state;
-    #: `sim.kv.v1_engine.mamba_checkpoint`). A positive interval is refused.
+    #: vLLM 0.33.0 only: `prefix_cache_retention_interval`, None (dense: every state a chunk
+    #: end writes is cached, every sliding block a hit can reach; `KVCacheConfig`'s field
+    #: default) or 0 (`vllm serve`'s default: only the replay boundary and the shared-prefix
+    #: junction keep a Mamba state, `sim.kv.v1_engine.mamba_checkpoint`, or a sliding
+    #: window's blocks, `sim.kv.v1_engine.sliding_retention`; full and chunked-local groups
+    #: ignore it). A positive interval is refused.
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:

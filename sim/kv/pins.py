@@ -239,6 +239,13 @@ class VllmPin(enum.Enum):
         return self is VllmPin.V0_33_0
 
     @property
+    def has_prefix_cache_retention(self) -> bool:
+        """`prefix_cache_retention_interval` exists (0.33.0, `config/cache.py:L275-281`): sparse
+        retention of sliding-window and Mamba groups (`sim.kv.v1_engine.sliding_retention`,
+        `sim.kv.v1_engine.mamba_checkpoint`)."""
+        return self is VllmPin.V0_33_0
+
+    @property
     def mamba_align_tolerates_longer_table(self) -> bool:
         """ "align" `allocate_new_blocks` returns [] when the table is longer than needed
         (0.25.1 on, `L1253-1262 @0.25.1`); 0.19.1 and 0.20.0 assert it is not

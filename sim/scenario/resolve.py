@@ -56,6 +56,7 @@ from sim.scenario.release_defaults import (
     changes_since_previous,
     model_of,
 )
+from sim.scenario.retention import with_serve_retention
 from sim.scenario.schema import CacheSection, Scenario, ScenarioError
 from sim.scenario.startup import check_tensor_parallel, check_token_budget
 from sim.scenario.vllm_defaults.mamba import (
@@ -155,6 +156,7 @@ def _kv_config(
         ]
     if config.has_mamba_group:
         config = _with_mamba_cache_mode(config, cache, inputs, model)
+    config = with_serve_retention(config, inputs)  # 0.33.0's sliding windows
     check_mamba_groups(config)
     check_full_variant_groups(config)  # `sim.scenario.full_variants`
     inputs["num_gpu_blocks"] = num_gpu_blocks

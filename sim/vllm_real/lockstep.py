@@ -142,6 +142,8 @@ def verify(
             cfg = replace(cfg, vllm_pin=pin)
             if config is None and cfg.enable_prefix_caching and cfg.has_mamba_group:
                 cfg = _with_033_mamba_align(cfg, rng)
+            elif config is None and cfg.enable_prefix_caching:
+                cfg = _with_033_retention(cfg, result.num_workloads)
             if config is None and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
                 # 0.20.0 caps every count on the token budget: draw one small enough to bite
                 # (a budget above max_model_len caps nothing).
@@ -179,6 +181,17 @@ def _with_033_mamba_align(cfg: KVCacheConfig, rng: random.Random) -> KVCacheConf
     )
 
 
+def _with_033_retention(cfg: KVCacheConfig, index: int) -> KVCacheConfig:
+    """On 0.33.0 every other caching draw without a Mamba group runs sparse retention
+    (`prefix_cache_retention_interval` 0, `vllm serve`'s default): a sliding group then
+    caches only the window at the replay boundary and the junction
+    (`sim.kv.v1_engine.sliding_retention`), full and chunked-local groups stay dense; by the
+    workload's index, no rng draw, so the walks stay as they were."""
+    if not VllmPin(cfg.vllm_pin).has_prefix_cache_retention or index % 2 == 0:
+        return cfg
+    return replace(cfg, prefix_cache_retention_interval=0)
+
+
 def _models_mamba(version: tuple[int, ...]) -> bool:
     """Whether kvsim models Mamba groups on the loaded release (`VllmPin.models_mamba_groups`;
     0.10/0.11 load as 0.11.0)."""
@@ -202,9 +215,11 @@ def full_variant_kinds(pin: str | None) -> tuple[str, ...]:
 
 def layout_name(config: KVCacheConfig) -> str:
     """The KV-cache layout of a config in words: 'one group', 'full + sliding window',
-    'full + chunked-local', 'full + Mamba', 'full + sliding window + Mamba'."""
+    'full + chunked-local', 'full + Mamba', 'full + sliding window + Mamba'; the first three
+    with ' with sparse retention' under 0.33.0's interval 0."""
+    sparse = " with sparse retention" if config.prefix_cache_retention_interval == 0 else ""
     if not config.kv_cache_groups:
-        return "one group"
+        return "one group" + sparse
     if config.has_full_variant_group:
         return _full_variant_layout_name(config)
     if config.has_mamba_group:
@@ -212,9 +227,8 @@ def layout_name(config: KVCacheConfig) -> str:
         if config.enable_prefix_caching:
             return f"full + Mamba, caching ('{config.mamba_cache_mode or 'align'}')"
         return "full + sliding window + Mamba" if with_window else "full + Mamba"
-    if config.has_chunked_local_group:
-        return "full + chunked-local"
-    return "full + sliding window"
+    name = "full + chunked-local" if config.has_chunked_local_group else "full + sliding window"
+    return name + sparse
 
 
 def _full_variant_layout_name(config: KVCacheConfig) -> str:

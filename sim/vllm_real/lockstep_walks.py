@@ -479,6 +479,11 @@ class V1Walk(Walk):
         )
         hit_ids, hit_tokens = hit[1]
         real_hit_ids = pair.last_real[1][0]
+        cfg = pair.config
+        if cfg.prefix_cache_retention_interval is not None and (
+            cfg.has_mamba_group or any(g.sliding_window for g in cfg.kv_cache_groups)
+        ):
+            _keep_junction(pair, req, hit_tokens)
         remaining = req.num_tokens - req.num_computed_tokens - hit_tokens
         n = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
         k = rng.choice([0, 0, 0, 1, 2])
@@ -530,6 +535,18 @@ class V1Walk(Walk):
         self.running.remove(req)
         self.waiting.insert(0, req)
         return After.CHECK
+
+
+def _keep_junction(pair: Pair, req: Sequence, hit_tokens: int) -> None:
+    """The scheduler's part after a lookup under sparse retention (0.33.0
+    `sched/scheduler.py:L1110-1126`): keep the shared-prefix junction on the request, the hit
+    plus the uncached common prefix (0 when none); both managers' junctions must agree."""
+    uncached = pair.model.num_uncached_common_prefix_tokens
+    ours = hit_tokens + uncached if uncached else 0
+    theirs = pair.real.last_shared_prefix_boundary
+    if ours != theirs:
+        pair.fail(f"junction(r{req.seq_id})", req.seq_id, "different junctions", ours, theirs)
+    req.shared_prefix_boundary = ours
 
 
 def _v1_finish(pair: Pair, req: Sequence, running: list[Sequence]) -> None:

@@ -116,6 +116,9 @@ class SchedVerifyResult:
     num_mamba_steps: int = 0
     #: Of those, the workloads with a sink, R-SWA or circular-buffer group too.
     num_variant_workloads: int = 0
+    #: Workloads with a sliding window under 0.33.0's sparse retention (`sliding_retention`,
+    #: `vllm serve`'s default, which `case_configs` gives every such case).
+    num_sparse_window_workloads: int = 0
     #: Fast path: one-token decodes kvsim ran in bulk (its decode cohort) and still matched.
     num_bulk_decodes: int = 0
     real_raised: list[RealRaised] = field(default_factory=list)
@@ -136,6 +139,12 @@ class SchedVerifyResult:
             f"compared, {self.num_preemptions} preemptions, "
             f"{self.num_prefix_hit_workloads} workloads with prefix hits"
             + (f", {self.num_bulk_decodes} cohort decodes" if self.fast_path else "")
+            + (
+                f", {self.num_sparse_window_workloads} sliding-window workloads with sparse "
+                "retention"
+                if self.num_sparse_window_workloads
+                else ""
+            )
             + (
                 f"; {self.num_mamba_workloads} Mamba-hybrid workloads, "
                 f"{self.num_mamba_steps} of their steps, {self.num_variant_workloads} with a "
@@ -473,12 +482,17 @@ def verify_scheduler(
                 random_workload(rng, mamba=mamba, variants=variants) for _ in range(num_workloads)
             ]
     run = run_async_workload if async_scheduling else run_workload
+    # 0.33.0: a sliding window with caching runs `vllm serve`'s sparse retention (`case_configs`).
+    sparse_windows = resolve_pin(Design.V1_ENGINE, pin).has_prefix_cache_retention
     for index, workload in enumerate(workloads):
         if async_scheduling:
             workload = Workload(replace(workload.case, async_scheduling=True), workload.requests)
         steps_before = result.num_steps
         outcome = run(index, workload, pin, install, result, fast_path)
         result.num_workloads += 1
+        case = workload.case
+        if case.sliding_window and case.enable_prefix_caching and sparse_windows:
+            result.num_sparse_window_workloads += 1
         if any(g.mamba for g in workload.case.groups):
             result.num_mamba_workloads += 1
             result.num_mamba_steps += result.num_steps - steps_before

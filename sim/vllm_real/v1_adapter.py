@@ -216,6 +216,9 @@ class RealKVCacheManager:
             self._kcu.init_none_hash(hash_fn)
         self._hasher = self._kcu.get_request_block_hasher(config.block_size, hash_fn)
         self._requests: dict[int, Any] = {}
+        #: The last lookup's shared-prefix junction (0.33.0's third value of
+        #: `get_computed_blocks`, which the scheduler keeps on the request; 0 before).
+        self.last_shared_prefix_boundary = 0
 
     # ------------------------------------------------------------------ kvsim -> vLLM objects
     def _request(self, seq: Sequence):
@@ -238,6 +241,9 @@ class RealKVCacheManager:
             # 0.33.0 frees sliding-window blocks on the processed basis, C minus the tokens
             # of steps still in flight (async scheduling; 0 in a synchronous engine).
             req.num_in_flight_tokens = seq.num_in_flight_tokens
+        if hasattr(req, "shared_prefix_boundary"):
+            # 0.33.0: the junction the walk (the scheduler's part) keeps on the request.
+            req.shared_prefix_boundary = seq.shared_prefix_boundary
         if seq.status is SequenceStatus.RUNNING:
             req.status = self._req_mod.RequestStatus.RUNNING
         return req
@@ -245,7 +251,9 @@ class RealKVCacheManager:
     # ------------------------------------------------------------------ V1KVCacheManager API
     def get_computed_blocks(self, request: Sequence) -> tuple[list[int], int]:
         # 0.33.0 appends a third value (a shared-prefix boundary for sparse groups).
-        blocks, num_tokens = self.real.get_computed_blocks(self._request(request))[:2]
+        found = self.real.get_computed_blocks(self._request(request))
+        blocks, num_tokens = found[:2]
+        self.last_shared_prefix_boundary = found[2] if len(found) > 2 else 0
         return [b.block_id for group in blocks.blocks for b in group], num_tokens
 
     def allocate_slots(

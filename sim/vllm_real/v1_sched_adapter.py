@@ -40,6 +40,7 @@ from sim.scenario.configs import (
     scheduler_config_of,
     sliding_window_of,
 )
+from sim.scenario.retention import with_serve_retention
 from sim.scenario.schema import CacheSection, SchedulerSection
 from sim.scheduler.config import Policy, SchedulerConfig
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
@@ -83,7 +84,8 @@ class SchedCase:
     #: 0.33.0 "align": the Mamba specs' prefill checkpoint blocks (0 or 1,
     #: `sim.kv.v1_engine.mamba_checkpoint`).
     mamba_prefill_checkpoint_blocks: int = 0
-    #: 0.33.0 "align": `prefix_cache_retention_interval` (None dense, 0 sparse).
+    #: 0.33.0 "align": `prefix_cache_retention_interval` (None dense, 0 sparse); a sliding
+    #: window with caching gets `vllm serve`'s 0 as a scenario does (`with_serve_retention`).
     prefix_cache_retention_interval: int | None = None
     #: A hybrid model's KV-cache groups (`cache.kv_cache_groups`; empty: one group). With a
     #: Mamba group prefix caching is off, as kvsim models it (`sim.kv.v1_engine.mamba`).
@@ -227,6 +229,8 @@ def case_configs(
             mamba_prefill_checkpoint_blocks=case.mamba_prefill_checkpoint_blocks,
             prefix_cache_retention_interval=case.prefix_cache_retention_interval,
         )
+    # `vllm serve`'s sparse retention of sliding windows (0.33.0), as a scenario resolves it.
+    kv = with_serve_retention(kv, {})
     return scheduler_config_of(scheduler, case.max_model_len), kv
 
 
@@ -347,6 +351,10 @@ class RealV1Scheduler:
         self.install = install or load_vllm(vllm_version=vllm_version)
         self.case = case
         sched, kv = case_configs(case)
+        if self.install.version_tuple < (0, 33):
+            # The latest pin's sliding-window retention default (`with_serve_retention`): a
+            # release without the setting runs dense, as its `vllm serve` does.
+            kv = replace(kv, prefix_cache_retention_interval=None)
         _register_stub_model(self.install)
         self.vllm_config = _real_vllm_config(self.install, sched, kv, model_dir)
         self._req_mod = import_vllm("v1.request", self.install)

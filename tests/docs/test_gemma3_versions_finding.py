@@ -98,7 +98,8 @@ def test_the_readme_quotes_these_figures() -> None:
                    "14,336 in all", "against 8,430 usable", "72% of those 8,582",
                    "(2,438)", "1,089 blocks", "577 with", "(503.2 tok/s, 12.94 s)",
                    "474.6 tok/s, 14.75 s", "preempt 4 times each", "6,548 blocks",
-                   "logged as 493,680 tokens on 0.20.0 and 2,438,237 from 0.25.1"):  # fmt: skip
+                   "logged as 493,680 tokens on 0.20.0 and 2,438,237 from 0.25.1",
+                   "so 0.33.0's row is 0.26.0's"):  # fmt: skip
         assert quoted in text, quoted
 
 
@@ -126,3 +127,21 @@ def test_each_difference_is_one_release_change() -> None:
     assert sync == {"0.20.0": 4, "0.25.1": 4, "0.26.0": 4}
     assert {pin: _row({v: pin})[0] for pin in ("0.20.0", "0.25.1", "0.26.0")} == {
         "0.20.0": 10, "0.25.1": 10, "0.26.0": 5}  # fmt: skip
+
+
+def test_only_0_33_0_runs_sparse_retention_of_the_sliding_groups() -> None:
+    """`vllm serve`'s 0.33.0 default (`prefix_cache_retention_interval` 0,
+    sim/scenario/retention.py) reaches the sliding groups; no earlier release has it."""
+    assert _inputs("0.33.0")["prefix_cache_retention_interval"] == 0
+    for version in PINS[:-1]:
+        assert "prefix_cache_retention_interval" not in _inputs(version), version
+
+
+@pytest.mark.slow
+def test_sparse_retention_moves_nothing_on_this_trace() -> None:
+    """0.33.0's row equals 0.26.0's under sparse retention because the 120 conversations share
+    no prefix: no request hits the cache either way, so which sliding blocks keep a hash
+    decides nothing."""
+    result = sim.run(SCENARIO)
+    assert int(result.requests["num_prefix_hit_tokens"].sum()) == 0
+    assert _row({}) == _row({"scheduler.vllm_version": "0.26.0"}) == (5, 531.0, 10.75)

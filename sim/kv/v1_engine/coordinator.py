@@ -397,7 +397,13 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator[list[BlockHash]]):
         (0.11.0)`.
         """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
-        self.manager.cache_blocks(request.seq_id, hashes, num_tokens)
+        manager = self.manager
+        if isinstance(manager, SlidingWindowManager) and manager.retention is not None:
+            # 0.33.0's sparse retention: the replay boundary (one group: no junction,
+            # `sliding_retention`; `kv_cache_coordinator.py:L358-381 @0.33.0`).
+            manager.cache_blocks(request.seq_id, hashes, num_tokens, (request.prompt_len - 1,))
+            return
+        manager.cache_blocks(request.seq_id, hashes, num_tokens)
 
     def free(self, request_id: int) -> None:
         """None.

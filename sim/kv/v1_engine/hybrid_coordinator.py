@@ -34,7 +34,7 @@ table holds one block of the group's own block size (max_model_len). With cachin
 (`mamba_cache_mode` "align" or "all", 0.19.1-0.33.0) kvsim takes full + Mamba groups only,
 in any order: upstream's fixed-point hit (`L453-521 @0.19.1`) is then a
 "simple hybrid" of two attention types, full first, one pass -- the steps below with the
-Mamba hit (`mamba.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
+Mamba hit (`mamba_modes.mamba_align_hit`, both modes) as the other type's; an "align" Mamba group
 counts and grows on the main model's tokens (no lookahead slots), and the scheduler's
 `new_step_starts` reaches the managers of both modes. A sink, R-SWA or circular-buffer
 group (`sim.kv.v1_engine.full_variants`) is taken in any order with caching off; with
@@ -66,7 +66,8 @@ from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager, chunked_local_hit
 from sim.kv.v1_engine.coordinator import GroupBlocks, KVCacheCoordinator
 from sim.kv.v1_engine.full_variants import RSWAManager
-from sim.kv.v1_engine.mamba import MambaManager, mamba_align_hit
+from sim.kv.v1_engine.mamba import MambaManager
+from sim.kv.v1_engine.mamba_modes import mamba_align_hit
 from sim.kv.v1_engine.single_type import SlidingWindowManager
 from sim.kv.v1_engine.variant_caching import split_variant_groups
 
@@ -306,7 +307,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
             other_hits = self._other_hit(hashes, hit_length)
         if other_hits:
             num_hit_blocks = len(other_hits[0])
-        if self.caching_mamba_managers:  # (`L737 @0.25.1`)
+        if self.caching_mamba_managers or self.other_window is not None:
+            # (`L737 @0.25.1`; 0.33.0 `L934-937` for a sliding group too, whose sparse
+            # retention keeps the junction, `sliding_retention`)
             self.num_uncached_common_prefix_tokens = hit_length - num_hit_blocks * self.block_size
         per_group: list[list[KVCacheBlock]] = [[] for _ in self.groups]
         for group_id, group_hits in zip(self.full_group_ids, full_hits, strict=True):
@@ -488,10 +491,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator[list[list[BlockHash]]]):
         (0.11.0)`.
         """
         hashes = self.block_hashes(request, num_tokens // self.block_size)
-        # 0.33.0's sparse retention keeps a Mamba state at these (`mamba_checkpoint`).
+        # 0.33.0's sparse retention keeps a Mamba state (`mamba_checkpoint`), or a sliding
+        # window's last blocks (`sliding_retention`), at these.
         reachable = (request.prompt_len - 1, request.shared_prefix_boundary)
         for manager, group_hashes in zip(self.managers, hashes, strict=True):
-            if isinstance(manager, MambaManager) and manager.checkpoints is not None:
+            if (isinstance(manager, MambaManager) and manager.checkpoints is not None) or (
+                isinstance(manager, SlidingWindowManager) and manager.retention is not None
+            ):
                 manager.cache_blocks(request.seq_id, group_hashes, num_tokens, reachable)
             else:
                 manager.cache_blocks(request.seq_id, group_hashes, num_tokens)

@@ -52,8 +52,8 @@ and the hit alignment are the block size bs; no EAGLE, no hash lookahead, no KV 
 Not modelled, refused by name where a scenario can ask for them: a positive retention
 interval, `prefix_match_unit` below the block size (fine-grained hits, copy-on-write partial
 tails), `enable_mamba_shared_prefix_checkpoint` (EAGLE only), speculative blocks, KV
-connectors; sparse retention of sliding-window groups (kvsim takes retention for full + Mamba
-layouts only, where it reaches Mamba alone).
+connectors. Sparse retention of sliding-window groups is `sim.kv.v1_engine.sliding_retention`
+(kvsim takes Mamba prefix caching for full + Mamba layouts only, so the two never meet).
 
 Worked example (bs=4, checkpoint blocks on, a 10-token prompt in one chunk, no hits): T=10,
 ``p = 9 // 4 * 4 = 8``, valid (S=0: 0 + 4 <= 8, 0 < 8 < 10), index ``cdiv(10, 4) - 2 = 1``:

@@ -46,7 +46,7 @@ from typing import Any
 
 from sim.kv.config import Design, KVCacheConfig
 from sim.kv.pins import V1_BASELINE, AdmissionCap, VllmPin, manager_pin
-from sim.kv.types import Sequence
+from sim.kv.types import Sequence, cdiv
 from sim.kv.v1_engine.admission import num_blocks_to_admit
 from sim.kv.v1_engine.block_pool import BlockPool
 from sim.kv.v1_engine.chunked_local import ChunkedLocalAttentionManager
@@ -62,6 +62,7 @@ from sim.kv.v1_engine.hybrid_coordinator import HybridKVCacheCoordinator
 from sim.kv.v1_engine.mamba_checkpoint import AlignCheckpoints
 from sim.kv.v1_engine.pool_queries import PoolQueries
 from sim.kv.v1_engine.single_type import SingleTypeManager, SlidingWindowManager
+from sim.kv.v1_engine.sliding_retention import SparseWindowRetention
 
 
 def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
@@ -88,8 +89,8 @@ def _check_mamba_config(config: KVCacheConfig, pin: VllmPin) -> None:
             pin.mamba_align_has_checkpoints and config.mamba_cache_mode in (None, "align")
         ):
             raise ValueError(
-                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
-                "'align' groups on vLLM 0.33.0 only; leave it None"
+                "prefix_cache_retention_interval: sparse retention of a Mamba group is "
+                "modelled in mode 'align' on vLLM 0.33.0 only; leave it None"
             )
         if config.mamba_cache_mode == "all" and not pin.has_mamba_mode_all:
             raise ValueError(
@@ -153,12 +154,13 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         self.sliding_window = config.sliding_window
         #: The pinned vLLM code (`sim.kv.pins`); None in the config is 4ac7713.
         self.pin = manager_pin(Design.V1_ENGINE, config.vllm_pin)
-        if config.prefix_cache_retention_interval is not None and not (
-            hybrid and config.has_mamba_group and config.enable_prefix_caching
+        if (
+            config.prefix_cache_retention_interval is not None
+            and not self.pin.has_prefix_cache_retention
         ):
             raise ValueError(
-                "prefix_cache_retention_interval: sparse retention is modelled for Mamba "
-                "'align' groups on vLLM 0.33.0 only; leave it None"
+                f"prefix_cache_retention_interval: {self.pin.words} has no such setting "
+                "(sparse retention is vLLM 0.33.0's); leave it None"
             )
         self._frees_on_processed_basis = self.pin.frees_on_processed_basis
         self._drops_out_of_window_hits = self.pin.drops_out_of_window_hits
@@ -223,6 +225,10 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
                 manager.reserve_sink_blocks()
             if isinstance(manager, SlidingWindowManager):
                 manager.clamps_skipped_to_table = self.pin.clamps_skipped_to_table
+                if config.prefix_cache_retention_interval == 0 and self.enable_caching:
+                    manager.retention = SparseWindowRetention(
+                        self.block_size, cdiv(manager.sliding_window - 1, self.block_size)
+                    )
             elif isinstance(manager, ChunkedLocalAttentionManager):
                 manager.keeps_last_cached_block = not self.pin.clamps_skipped_to_table
         #: KV-cache groups (one block table per group per request).

@@ -31,6 +31,7 @@ import abc
 
 from sim.kv.types import BlockHash, cdiv, num_leading_nulls
 from sim.kv.v1_engine.block_pool import BlockPool, KVCacheBlock
+from sim.kv.v1_engine.sliding_retention import SparseWindowRetention, cache_masked_blocks
 
 
 def sliding_window_cap_blocks(
@@ -320,6 +321,9 @@ class SlidingWindowManager(SingleTypeManager):
         #: blocks not yet allocated, `L404-410 @0.20.0`); 0.11.0 indexes past it (kvsim:
         #: ValueError). Set by the manager from its pin (`VllmPin.clamps_skipped_to_table`).
         self.clamps_skipped_to_table = False
+        #: 0.33.0 with `prefix_cache_retention_interval` 0: only the blocks ending at the
+        #: replay boundary and the junction keep a hash (`sliding_retention`); None: dense.
+        self.retention: SparseWindowRetention | None = None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``max(0, C - W + 1)``: the token at C reads [C - W + 1, C]. Example (W=24,
@@ -351,12 +355,28 @@ class SlidingWindowManager(SingleTypeManager):
         """
         return (num_null_blocks + 1) * self.block_size + self.sliding_window
 
-    def cache_blocks(self, request_id: int, block_hashes: list[BlockHash], num_tokens: int) -> None:
-        """None.
+    def cache_blocks(
+        self,
+        request_id: int,
+        block_hashes: list[BlockHash],
+        num_tokens: int,
+        reachable: tuple[int, ...] = (),
+    ) -> None:
+        """None; under sparse retention only the blocks a hit at a `reachable` boundary (the
+        replay boundary, the junction) reads get a hash (`sliding_retention`).
 
         Upstream `SingleTypeKVCacheManager.cache_blocks`:
-        `vllm/v1/core/single_type_kv_cache_manager.py:L133-154 (0.11.0)`.
+        `vllm/v1/core/single_type_kv_cache_manager.py:L133-154 (0.11.0)`, `L477-542 (0.33.0)`.
         """
+        if self.retention is not None:
+            before = self.num_cached_block[request_id]
+            num_full_blocks = num_tokens // self.block_size
+            if num_full_blocks > before:
+                mask = self.retention.retained_mask(before, num_full_blocks, reachable)
+                table = self.req_to_blocks[request_id]
+                cache_masked_blocks(self.block_pool, table, block_hashes, before, mask)
+                self.num_cached_block[request_id] = num_full_blocks
+            return
         if self._caches_nothing:
             # The cached count still advances (upstream stores it after an all-False mask).
             self.num_cached_block[request_id] = max(

@@ -547,8 +547,7 @@ class V1Scheduler:
         uncached_prefix = 0
         if seq.num_computed_tokens == 0 and self.prefix_hits_possible:
             hit_block_ids, num_computed = self.kv_cache_manager.get_computed_blocks(seq)
-            if self.mamba_split is not None:
-                uncached_prefix = self._note_shared_prefix(request, num_computed)
+            uncached_prefix = self._note_shared_prefix(request, num_computed)
         else:  # (without prefix caching the lookup is a pure ([], 0))
             hit_block_ids, num_computed = [], seq.num_computed_tokens
         num_external, load_async = 0, False
@@ -608,15 +607,20 @@ class V1Scheduler:
         return MambaAlignedSplit(rule, block_size, limit, checkpoint_blocks)
 
     def _note_shared_prefix(self, request: Request, num_hit_tokens: int) -> int:
-        """After a prefix lookup with Mamba prefix caching: the uncached shared prefix ``u``
-        (the full-attention hit less the final one) for 0.25.1's split, and 0.26.0's
-        junction ``hit + u`` (0 when ``u = 0``) kept on the request (`mamba_align`).
+        """After a prefix lookup: the uncached shared prefix ``u`` (the full-attention hit less
+        the final one) for 0.25.1's Mamba split, and the junction ``hit + u`` (0 when ``u =
+        0``) kept on the request, for 0.26.0's Mamba split (`mamba_align`) and 0.33.0's
+        sparse retention (Mamba and sliding groups). Example: hit 0, u = 20 -> junction 20.
 
         Upstream: `sched/scheduler.py:L728-734 (0.25.1)`, `kv_cache_manager.py:L264-281
-        (0.26.0)`.
+        (0.26.0)`, `sched/scheduler.py:L1110-1126 (0.33.0)`.
         """
         uncached = int(getattr(self.kv_cache_manager, "num_uncached_common_prefix_tokens", 0))
-        if self.mamba_split is not None and self.mamba_split.rule in (
+        if self.mamba_split is None:
+            # 0.33.0 keeps the junction on every lookup; a sliding group's sparse retention
+            # caches the window there (`sim.kv.v1_engine.sliding_retention`).
+            request.seq.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
+        elif self.mamba_split.rule in (
             SplitRule.STOPS,
             SplitRule.CHECKPOINTS,
         ):
