@@ -25,7 +25,8 @@ them on the same engine first: their prompts warm its prefix cache
 The summary is the median |error| per metric group, on all replayed points and on the
 `held_out` half (each entry's recorded `split`, `assign_split`'s rule): TTFT (mean, else median, else the source's
 unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, else unnamed TPOT, else median/mean ITL)
-and throughput (output tok/s, else req/s). No GPU needed; under 30 s on 2 cores.
+and throughput (output tok/s, else req/s). No GPU needed; 65-85 s on 2 shared cores (the
+warm servers' earlier runs add about 30 s: 54 s before them, 85 s after, same machine).
 """
 
 from __future__ import annotations
