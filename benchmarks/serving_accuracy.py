@@ -17,12 +17,16 @@ version, by major.minor (0.19.0 -> 0.19.1, 0.22 -> 0.20.0, 0.30 -> 0.26.0; pins 
 0.20.0, 0.25.1, 0.26.0, 0.33.0), and under 0.11.0 when older than every pin or when the source
 only implies an era (the `kvsim` column). A point kvsim cannot replay (a dataset it has no
 lengths for, a model or GPU outside the catalog, a flag the importer refuses) is listed with the
-reason, never dropped.
+reason, never dropped. A point whose source logs earlier runs on the same `vllm serve` process
+(`server_history: {num_prompts: [...]}`, oldest first, same dataset options and seed) replays
+them on the same engine first: their prompts warm its prefix cache
+(`sim.vllm_bench.server_history`).
 
 The summary is the median |error| per metric group, on all replayed points and on the
 `held_out` half (each entry's recorded `split`, `assign_split`'s rule): TTFT (mean, else median, else the source's
 unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, else unnamed TPOT, else median/mean ITL)
-and throughput (output tok/s, else req/s). No GPU needed; under 30 s on 2 cores.
+and throughput (output tok/s, else req/s). No GPU needed; 65-85 s on 2 shared cores (the
+warm servers' earlier runs add about 30 s: 54 s before them, 85 s after, same machine).
 """
 
 from __future__ import annotations
@@ -280,7 +284,8 @@ def replay(
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
-        run = run_bench(scenario, Path.cwd(), options, settings, band=False)
+        earlier = [int(n) for n in (point.raw.get("server_history") or {}).get("num_prompts", ())]
+        run = run_bench(scenario, Path.cwd(), options, settings, band=False, earlier_runs=earlier)
     except InputError as error:
         out.skipped = f"kvsim refuses it: {error}"
         return out

@@ -42,6 +42,7 @@ from sim.vllm_bench.datasets import (
     sharegpt_dataset,
 )
 from sim.vllm_bench.metrics import BenchSettings, RequestOutcome, benchmark_result
+from sim.vllm_bench.server_history import lay_out_runs
 from sim.workload.request import PREFIX_KEY_BASE, UNIQUE_KEY_BASE, RequestSpec
 
 #: The metrics whose band the `kvsim` block reports (the summary ones).
@@ -202,10 +203,17 @@ def simulate_bench(
     specs: Sequence[RequestSpec],
     settings: BenchSettings,
     step_time_factor: float = 1.0,
+    earlier: Sequence[Sequence[RequestSpec]] = (),
 ) -> Simulated:
     """The benchmark as the client runs it: the test run first where it is on (its end is the
-    benchmark's time 0), then `specs`; the result holds the benchmark's requests only."""
+    benchmark's time 0), then `specs`; the result holds the benchmark's requests only.
+    `earlier`: runs the same server took before, oldest first (`sim.vllm_bench.server_history`)."""
     frontend = settings.frontend
+    if earlier and specs:
+        test_run = settings.ready_check_timeout_sec > 0
+        laid, first_id, start_s = lay_out_runs([*earlier, specs], test_run)
+        every = simulate(resolved, laid, settings.max_concurrency, step_time_factor, frontend)
+        return _run_from(every, first_id, start_s)
     if settings.ready_check_timeout_sec <= 0 or not specs:
         return simulate(resolved, specs, settings.max_concurrency, step_time_factor, frontend)
     test, main = with_test_run(specs)
@@ -213,7 +221,7 @@ def simulate_bench(
     start_s = client_end_s(alone, 0)
     main = [replace(s, arrival_s=s.arrival_s + start_s) for s in main]
     both = simulate(resolved, [test, *main], settings.max_concurrency, step_time_factor, frontend)
-    return _after_test_run(both, start_s)
+    return _run_from(both, 1, start_s)
 
 
 def client_end_s(sim: Simulated, request_id: int) -> float:
@@ -224,15 +232,20 @@ def client_end_s(sim: Simulated, request_id: int) -> float:
     return float(times[-1]) if times else float(row["finish_s"])
 
 
-def _after_test_run(sim: Simulated, start_s: float) -> Simulated:
-    """`sim` without the test request (id 0), ids back to 0.., times from the benchmark's start."""
-    requests = sim.requests[sim.requests["request_id"] != 0].copy()
-    requests["request_id"] -= 1
+def _run_from(sim: Simulated, first_id: int, start_s: float) -> Simulated:
+    """`sim`'s requests from id `first_id` on (the benchmark's; before it: test and earlier
+    runs), ids back to 0.., times from the benchmark's start (`start_s`)."""
+    earlier = sim.requests[sim.requests["request_id"] < first_id]
+    if len(earlier) and not (earlier["finish_s"] <= start_s).all():
+        raise AssertionError(f"an earlier run's request was still running at {start_s} s")
+    requests = sim.requests[sim.requests["request_id"] >= first_id].copy()
+    requests["request_id"] -= first_id
     for column in ("arrival_s", "finish_s"):
         requests[column] -= start_s
     requests = requests.reset_index(drop=True)
-    tokens = {rid - 1: [t - start_s for t in ts] for rid, ts in sim.token_times_s.items() if rid}
-    queue = {rid - 1: q for rid, q in sim.queue_s.items() if rid}
+    tokens = {rid - first_id: [t - start_s for t in ts]
+              for rid, ts in sim.token_times_s.items() if rid >= first_id}  # fmt: skip
+    queue = {rid - first_id: q for rid, q in sim.queue_s.items() if rid >= first_id}
     return Simulated(requests, tokens, queue, sim.summary, sim.inputs)
 
 
@@ -285,24 +298,37 @@ def run_bench(
     settings: BenchSettings,
     *,
     band: bool = True,
+    earlier_runs: Sequence[int] = (),
 ) -> BenchRun:
-    """Simulate the benchmark (and, with `band`, again at the step-time band's two ends)."""
+    """Simulate the benchmark (and, with `band`, again at the step-time band's two ends).
+    `earlier_runs`: the `--num-prompts` of the runs the same server took before this one,
+    oldest first, with the same dataset options (`sim.vllm_bench.server_history`)."""
     requests = sample_requests(workload)
-    times = send_times(len(requests), request_rate=settings.request_rate,
-                       burstiness=settings.burstiness, seed=workload.seed)  # fmt: skip
     if settings.max_concurrency is not None and settings.max_concurrency < 1:
         raise InputError(f"--max-concurrency {settings.max_concurrency}: must be greater than 0")
-    specs = request_specs(requests, times)
+    specs = _specs(requests, workload, settings)
+    earlier = [
+        _specs(sample_requests(replace(workload, num_prompts=n)), workload, settings)
+        for n in earlier_runs
+    ]
     resolved = prepared(scenario, base_dir)
-    nominal = simulate_bench(resolved, specs, settings)
+    nominal = simulate_bench(resolved, specs, settings, earlier=earlier)
     result, lines = benchmark_result(*outcomes(nominal, requests), settings)
     ends: dict[str, Any] = {}
     step_band = band_of(resolved.step_time)
     if band and (step_band.low_factor, step_band.high_factor) != (1.0, 1.0):
         for label, factor in (("low", step_band.low_factor), ("high", step_band.high_factor)):
-            sim = simulate_bench(resolved, specs, settings, factor)
+            sim = simulate_bench(resolved, specs, settings, factor, earlier=earlier)
             ends[label], _ = benchmark_result(*outcomes(sim, requests), settings)
     return BenchRun(result, lines, ends, nominal.summary, nominal.inputs)
+
+
+def _specs(
+    requests: Sequence[BenchRequest], workload: WorkloadOptions, settings: BenchSettings
+) -> list[RequestSpec]:
+    times = send_times(len(requests), request_rate=settings.request_rate,
+                       burstiness=settings.burstiness, seed=workload.seed)  # fmt: skip
+    return request_specs(requests, times)
 
 
 def metric_band(run: BenchRun) -> dict[str, list[float]]:

@@ -263,3 +263,15 @@ def test_frontend_keeps_no_bookkeeping_for_finished_requests() -> None:
         assert table == {}
     assert loop._waiting_chunk == {}
     assert all(loop.delivered_tokens(i) == len(engine.token_times_s[i]) == 16 for i in range(40))
+
+
+def test_a_burst_is_parsed_whole_before_any_token_streams() -> None:
+    """Every request of a burst is ready on the loop at 0 s, ahead of any output work, so the
+    FIFO loop parses all of them before the first token reaches the client (docs/accuracy.md,
+    kvcached's burst: vLLM's requests become ready as the client sends them)."""
+    num = 100
+    burst = [RequestSpec(i, 0.0, 512, 4) for i in range(num)]
+    engine = _run(burst, frontend=VLLM_API_SERVER)
+    assert engine.token_times_s is not None
+    first_token_s = min(times[0] for times in engine.token_times_s.values())
+    assert first_token_s >= num * VLLM_API_SERVER.request_s
