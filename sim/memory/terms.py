@@ -13,8 +13,9 @@ What vLLM does (read from the wheels, not copied):
   measured over `profile_run` (`vllm/v1/worker/gpu_model_runner.py:L3325-3400`: one forward
   pass at `max_num_batched_tokens` tokens, then `_dummy_sampler_run` (L3183) on
   `min(max_num_batched_tokens, max_num_seqs)` rows of full-vocabulary fp32 logits with top-k /
-  top-p) and non-torch memory is what NCCL, cuBLAS and the CUDA context add outside PyTorch's
-  allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
+  top-p; which top-k/top-p code that runs, and so its peak, differs by release:
+  `sim.memory.sampler_release`) and non-torch memory is what NCCL, cuBLAS and the CUDA
+  context add outside PyTorch's allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
 - v0 engine (0.5.4, `vllm/worker/worker.py:L161-206`): `num_gpu_blocks = (total * util -
   peak) // block_bytes` with `peak = free memory before - free memory after profile_run`, which
   already holds weights, activations and non-torch allocations; 0.6.4+ reports the same three
