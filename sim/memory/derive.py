@@ -47,13 +47,13 @@ from typing import Any, Literal
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, kv_heads_per_rank
 from sim.errors import InputError
 from sim.kv.v1_engine.hybrid_layout import HybridLayout, alternating_layer_windows, hybrid_layout
+from sim.memory.sampler_release import release_of, sampler_paths
 from sim.memory.terms import (
     MemorySource,
     VllmEngine,
     WeightFormat,
     estimate_non_torch_bytes,
     estimate_peak_activation_bytes,
-    sampler_path,
     visible_memory,
     weight_bytes,
     weight_format,
@@ -186,15 +186,18 @@ def derive_num_gpu_blocks(
     total_memory_bytes: int | None = None,
     kv_layout: KvLayout = "uniform",
     engine: VllmEngine | str = VllmEngine.V0,
-    flashinfer_sampler: bool = False,
+    flashinfer_sampler: bool | None = None,
+    vllm_release: str | None = None,
 ) -> MemoryBudget:
     """num_gpu_blocks as vLLM derives it (see the module docstring for a worked example).
 
     Every term left as None is estimated (`sim.memory.terms`) and its source recorded. The
     default engine is v0, as kvsim's default design (v0-v2); pass the scenario's.
-    `flashinfer_sampler`: the V1 engine sampled with FlashInfer (installed and not disabled);
-    the default assumes PyTorch's sort-based sampler, whose larger profile leaves a smaller,
-    safer pool.
+    `vllm_release` (a release or pin name, "0.33.0") picks the top-k/top-p sampler its
+    profiling run exercises (`sim.memory.sampler_release`); None is read as 0.11.
+    `flashinfer_sampler`: FlashInfer's sampler was on (True) or off (False); None takes the
+    release's default: off up to 0.20 (0.11: PyTorch's sort, whose larger profile leaves a
+    smaller, safer pool; 0.19.1 / 0.20.0: the Triton kernel), on from 0.25.
     Raises ValueError, as vLLM does, when no block fits.
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -212,7 +215,12 @@ def derive_num_gpu_blocks(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             tp=tp,
-            sampler=sampler_path(engine, flashinfer_sampler),
+            sampler=sampler_paths(
+                engine,
+                release_of(vllm_release),
+                min(max_num_batched_tokens, max_num_seqs),
+                flashinfer_sampler,
+            ),
         )
         activation_source = ActivationSource.ESTIMATED
     else:

@@ -13,8 +13,9 @@ What vLLM does (read from the wheels, not copied):
   measured over `profile_run` (`vllm/v1/worker/gpu_model_runner.py:L3325-3400`: one forward
   pass at `max_num_batched_tokens` tokens, then `_dummy_sampler_run` (L3183) on
   `min(max_num_batched_tokens, max_num_seqs)` rows of full-vocabulary fp32 logits with top-k /
-  top-p) and non-torch memory is what NCCL, cuBLAS and the CUDA context add outside PyTorch's
-  allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
+  top-p; which top-k/top-p code that runs, and so its peak, differs by release:
+  `sim.memory.sampler_release`) and non-torch memory is what NCCL, cuBLAS and the CUDA
+  context add outside PyTorch's allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
 - v0 engine (0.5.4, `vllm/worker/worker.py:L161-206`): `num_gpu_blocks = (total * util -
   peak) // block_bytes` with `peak = free memory before - free memory after profile_run`, which
   already holds weights, activations and non-torch allocations; 0.6.4+ reports the same three
@@ -160,12 +161,13 @@ class SamplerPath(enum.Enum):
     V0 = "v0"
     V1_PYTORCH = "v1-pytorch"
     V1_FLASHINFER = "v1-flashinfer"
+    #: 0.19.1+: top-k/top-p masked in place by a Triton kernel (`sim.memory.sampler_release`).
+    V1_TRITON = "v1-triton"
 
 
-def sampler_path(engine: VllmEngine, flashinfer_sampler: bool = False) -> SamplerPath:
-    if engine is VllmEngine.V0:
-        return SamplerPath.V0
-    return SamplerPath.V1_FLASHINFER if flashinfer_sampler else SamplerPath.V1_PYTORCH
+#: The paths startup logs exist for: `fit_activation` fits their copies; V1_TRITON has no log
+#: and is derived from the code (`triton_sampler_bytes`).
+FITTED_SAMPLER_PATHS = (SamplerPath.V0, SamplerPath.V1_PYTORCH, SamplerPath.V1_FLASHINFER)
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,36 @@ ACTIVATION_FIT = ActivationFit(
     },
 )
 
+#: Streaming multiprocessors of an H100 SXM: the Triton top-k/top-p kernel keeps one
+#: vocab-wide fp32 row per program, min(SMs, rows) programs, rounded up to a power of two but
+#: capped at the SM count (0.19.1 `vllm/v1/sample/ops/topk_topp_triton.py:L1010-1021`; 0.33.0
+#: L1688-1695). The catalog has no SM counts; other data-center GPUs have 108-148, a
+#: difference of at most 40 rows (under 35 MB at a 201k vocabulary).
+TRITON_BUFFER_PROGRAMS = 132
+
+
+def triton_sampler_bytes(
+    model: ModelSpec, num_tokens: int, num_seqs: int, fit: ActivationFit | None = None
+) -> int:
+    """Peak of the Triton top-k/top-p path (0.19.1+), which no startup log measures.
+
+    Live at its peak: the model-dtype logits `_dummy_sampler_run` holds, their fp32 copy
+    (masked in place), the softmax probabilities and the exponential noise `random_sample`
+    draws (0.19.1 `topk_topp_sampler.py:L94-113, L325-346`): the same live set as
+    FlashInfer's `top_k_top_p_sampling_from_logits` (logits, fp32 copy, masked logits,
+    probabilities), so it takes FlashInfer's fitted copies, plus the kernel's per-program
+    buffer. Qwen2.5-72B, 1024 rows: 3.25 x 1024 x 152,064 x 4 B + 132 x 152,064 x 4 B =
+    2,024,275,968 + 80,289,792 = 2,104,565,760 B (1.96 GiB; the sort path: 6.07 GB).
+    """
+    fit = fit or ACTIVATION_FIT
+    rows = min(num_tokens, num_seqs)
+    programs = min(TRITON_BUFFER_PROGRAMS, rows)
+    buffer_rows = min(1 << (programs - 1).bit_length(), TRITON_BUFFER_PROGRAMS)
+    copies = fit.sampler_copies[SamplerPath.V1_FLASHINFER]
+    logits = sampler_logits_bytes(model, num_tokens, num_seqs)
+    return int(copies * logits) + buffer_rows * model.vocab_size * 4
+
+
 #: Non-torch memory (GiB) by engine and "TP > 1": medians of the `non_torch_gib` vLLM logged
 #: in the fit half (NCCL buffers appear at TP >= 2); a cell with one fit log takes its TP
 #: class's median over both engines (sim.memory.validation.fit_non_torch_gib). Same
@@ -212,15 +244,28 @@ def estimate_peak_activation_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     tp: int = 1,
-    sampler: SamplerPath = SamplerPath.V1_PYTORCH,
+    sampler: SamplerPath | tuple[SamplerPath, ...] = SamplerPath.V1_PYTORCH,
     fit: ActivationFit = ACTIVATION_FIT,
 ) -> int:
-    """Peak activation of vLLM's profiling run, estimated (see the module docstring)."""
+    """Peak activation of vLLM's profiling run, estimated (see the module docstring).
+
+    `sampler`: the path, or the paths one release's profiling run takes in turn (0.33.0 samples
+    twice, `sim.memory.sampler_release`); each frees its tensors, so the peak is the largest.
+    """
     if max_num_batched_tokens <= 0 or max_num_seqs <= 0:
         raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
     forward = forward_activation_bytes(model, max_num_batched_tokens, tp)
-    logits = sampler_logits_bytes(model, max_num_batched_tokens, max_num_seqs)
-    return int(max(fit.hidden_factor * forward, fit.sampler_copies[sampler] * logits))
+    paths = (sampler,) if isinstance(sampler, SamplerPath) else sampler
+    samplers = [_sampler_bytes(model, max_num_batched_tokens, max_num_seqs, p, fit) for p in paths]
+    return int(max(fit.hidden_factor * forward, *samplers))
+
+
+def _sampler_bytes(
+    model: ModelSpec, num_tokens: int, num_seqs: int, path: SamplerPath, fit: ActivationFit
+) -> float:
+    if path is SamplerPath.V1_TRITON:
+        return triton_sampler_bytes(model, num_tokens, num_seqs, fit)
+    return fit.sampler_copies[path] * sampler_logits_bytes(model, num_tokens, num_seqs)
 
 
 def estimate_non_torch_bytes(engine: VllmEngine, tp: int) -> int:

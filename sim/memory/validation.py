@@ -30,14 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, get_gpu, get_model
 from sim.memory.derive import MemoryBudget
+from sim.memory.sampler_release import release_of, sampler_paths
 from sim.memory.terms import (
+    FITTED_SAMPLER_PATHS,
     GIB,
     ActivationFit,
     SamplerPath,
     VllmEngine,
     forward_activation_bytes,
     sampler_logits_bytes,
-    sampler_path,
     visible_memory,
     weight_bytes,
 )
@@ -112,8 +113,11 @@ class StartupLog(_Closed):
         return int(match.group(1)), int(match.group(2))
 
     @property
-    def sampler_path(self) -> SamplerPath:
-        return sampler_path(self.engine_kind, self.sampler == "flashinfer")
+    def sampler_paths(self) -> tuple[SamplerPath, ...]:
+        """The sampler paths the log's release profiled (`sim.memory.sampler_release`)."""
+        flashinfer = None if self.sampler is None else self.sampler == "flashinfer"
+        rows = min(self.max_num_batched_tokens, self.max_num_seqs)
+        return sampler_paths(self.engine_kind, release_of(self.vllm_version), rows, flashinfer)
 
 
 def load_logs() -> list[StartupLog]:
@@ -167,7 +171,8 @@ def predicted_budget(log: StartupLog) -> MemoryBudget:
         weight_dtype=log.model_dtype,
         max_num_batched_tokens=log.max_num_batched_tokens,
         max_num_seqs=log.max_num_seqs,
-        flashinfer_sampler=log.sampler == "flashinfer",
+        flashinfer_sampler=None if log.sampler is None else log.sampler == "flashinfer",
+        vllm_release=log.vllm_version,
     )
 
 
@@ -291,18 +296,21 @@ def fit_activation(non_torch_gib: dict[tuple[VllmEngine, bool], float]) -> Activ
     for i, log in enumerate(load_logs()):
         if split_of(i) is not Split.FIT or log.unmodelled:
             continue
+        if len(log.sampler_paths) != 1 or log.sampler_paths[0] not in FITTED_SAMPLER_PATHS:
+            continue  # a derived path (Triton, 0.19.1+) or two paths: nothing to attribute
+        path = log.sampler_paths[0]
         model = log.model_spec
         forward = forward_activation_bytes(model, log.max_num_batched_tokens, log.tp)
         logits = sampler_logits_bytes(model, log.max_num_batched_tokens, log.max_num_seqs)
         if log.logged.activation_gib is not None:
-            rows.append((log.sampler_path, forward, logits, None, log.logged.activation_gib * GIB))
+            rows.append((path, forward, logits, None, log.logged.activation_gib * GIB))
             continue
         total, _ = visible_memory(log.gpu_spec)
         base: float = int(total * log.gpu_memory_utilization) - weight_bytes(
             model, log.model_dtype, log.tp
         )
         base -= non_torch_gib[(log.engine_kind, log.tp > 1)] * GIB
-        rows.append((log.sampler_path, forward, logits, base, observed_pool_bytes(log)))
+        rows.append((path, forward, logits, base, observed_pool_bytes(log)))
 
     def path_error(a: float, path: SamplerPath, c: float) -> float:
         error = 0.0
@@ -316,7 +324,7 @@ def fit_activation(non_torch_gib: dict[tuple[VllmEngine, bool], float]) -> Activ
     best: tuple[float, float, dict[SamplerPath, float]] | None = None
     for a in HIDDEN_FACTOR_GRID:
         copies, total_error = {}, 0.0
-        for path in SamplerPath:
+        for path in FITTED_SAMPLER_PATHS:
             error, c = min(
                 ((path_error(a, path, c), c) for c in SAMPLER_COPIES_GRID), key=lambda t: t[0]
             )

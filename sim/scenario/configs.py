@@ -69,7 +69,8 @@ class LaunchSettings(TypedDict, total=False):
     weight_dtype: str
     max_num_batched_tokens: int
     max_num_seqs: int
-    flashinfer_sampler: bool
+    flashinfer_sampler: bool | None
+    vllm_release: str | None
 
 
 def derive_budget(

@@ -258,6 +258,10 @@ def _num_gpu_blocks(
                 weight_dtype=scenario.model_dtype,
                 max_num_batched_tokens=token_budget,
                 max_num_seqs=applied(scenario.scheduler.max_num_seqs, "scheduler.max_num_seqs"),
+                # the release's profiling run decides which sampler's peak is subtracted
+                vllm_release=resolve_pin(
+                    scenario.scheduler.design, scenario.scheduler.resolved_vllm_version
+                ).value,
             )
         except InputError as error:
             raise ScenarioError(f"cache.num_gpu_blocks: {error}") from None

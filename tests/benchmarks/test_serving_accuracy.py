@@ -295,3 +295,41 @@ def test_the_v1_worker_step_is_what_the_fit_half_asks_for_and_not_a_grid_edge():
     grid = sorted(scores)
     assert grid[0] < best < grid[-1]
     assert scores[best] < scores[0.0]
+
+
+TT143 = [p for p in POINTS if p.id.startswith("tt143-qwen25-72b-h100-tp2-")]
+
+
+def _tt143_budget(max_num_seqs: int, flashinfer: bool | None = None):
+    from sim.catalog import ModelSpec
+    from sim.memory.derive import derive_num_gpu_blocks
+
+    model = ModelSpec.model_validate(TT143[0].raw["model"])
+    return derive_num_gpu_blocks(
+        model, get_gpu("h100-sxm"), tp=2, engine="v1", max_num_batched_tokens=8192,
+        max_num_seqs=max_num_seqs, vllm_release="0.8.4", flashinfer_sampler=flashinfer,
+    )  # fmt: skip
+
+
+def test_tt143_replays_under_the_fewest_launch_flags_its_table_needs():
+    """Qwen2.5-72B on 2 x H100 (0.8.x assumed): the bare launch leaves no KV memory after the
+    sort-based sampler's 6.07 GB profile, FlashInfer's leaves 7,344 tokens (under the table's
+    longest request, 8,192 + 128); at 256 sequences 10,432 tokens hold it. With the recorded
+    `--max-model-len 8320 --max-num-seqs 256` every point replays."""
+    from sim.errors import InputError
+
+    assert len(TT143) == 7
+    with pytest.raises(InputError, match="no memory left"):
+        _tt143_budget(1024)
+    assert _tt143_budget(1024, flashinfer=True).num_kv_tokens == 7_344
+    assert _tt143_budget(256).num_kv_tokens == 10_432 >= 8_192 + 128
+    longest = max(int(p.workload["input_len"]) + int(p.workload["output_len"]) for p in TT143)
+    for p in TT143:
+        assert p.raw["serve_flags_assumed"] == f"--max-model-len {longest} --max-num-seqs 256"
+        assert {"max_model_len", "max_num_seqs"} <= set(p.raw["assumed"])
+        r = accuracy.replay(p)
+        assert not r.skipped, r.skipped
+        assert all(math.isfinite(row.error) for row in r.rows)
+    bare = dict(TT143[0].raw, serve_flags_assumed=None)
+    refused = accuracy.replay(accuracy.Point(bare, TT143[0].split))
+    assert "no memory left for KV-cache blocks" in refused.skipped

@@ -25,11 +25,11 @@ PINS = ["0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
 #: max_model_len request.
 STARTUP = {
     "0.11.0": (8_431, "19,264", "1.53x", 5_510),
-    "0.19.1": (8_431, "19,264", "1.53x", 5_510),
-    "0.20.0": (9_728, "22,224", "1.77x", 5_510),
-    "0.25.1": (9_728, "57,852", "1.77x", 5_510),
-    "0.26.0": (9_728, "37,143", "1.13x", 8_582),
-    "0.33.0": (9_728, "37,143", "1.13x", 8_582),
+    "0.19.1": (13_651, "31,200", "2.48x", 5_510),
+    "0.20.0": (14_948, "34,160", "2.71x", 5_510),
+    "0.25.1": (14_948, "88,895", "2.71x", 5_510),
+    "0.26.0": (14_948, "57,074", "1.74x", 8_582),
+    "0.33.0": (14_948, "57,074", "1.74x", 8_582),
 }
 
 
@@ -57,15 +57,27 @@ def test_the_extra_blocks_are_the_utilization_step() -> None:
     assert extra == int(new["total_memory_bytes"] * 0.92) - int(old["total_memory_bytes"] * 0.9)
     assert round(extra / 1e9, 2) == 1.70
     assert new["block_bytes"] == 10 * 16 * 2 * 16 * 128 * 2 == 1_310_720
-    assert 9_728 - 8_431 == 1_297 == extra // new["block_bytes"]
+    assert 14_948 - 13_651 == 1_297 == extra // new["block_bytes"]
+
+
+def test_0_19_1s_extra_blocks_are_the_sampler_it_no_longer_sorts() -> None:
+    """0.11.0 sorts 1,024 rows of Gemma-3's 262,208-entry logits (9.75 fp32 copies, 10.47 GB);
+    0.19.1's Triton kernel keeps 3.25 copies plus 132 buffer rows (3.63 GB): 5,220 blocks."""
+    old, new = _inputs("0.11.0")["memory"], _inputs("0.19.1")["memory"]
+    logits = 1_024 * 262_208 * 4
+    assert old["peak_activation_bytes"] == int(9.75 * logits) == 10_471_538_688
+    assert new["peak_activation_bytes"] == int(3.25 * logits) + 132 * 262_208 * 4
+    saved = old["peak_activation_bytes"] - new["peak_activation_bytes"]
+    assert new["available_kv_bytes"] - old["available_kv_bytes"] == saved
+    assert 13_651 - 8_431 == 5_220 == new["available_kv_bytes"] // new["block_bytes"] - 8_431
 
 
 def test_the_gates_charge_per_release() -> None:
-    """0.19.1: 7 x 2,048 blocks against 8,430 usable (the gate never admits such a prompt);
+    """0.19.1: 7 x 2,048 blocks against 13,650 usable (the gate never admits such a prompt);
     0.26.0: 6 sliding groups x 1,089 + 2,048, 72% of it never held at once (2,438)."""
     gate = _inputs("0.19.1")["admission_reserve"]
     assert (gate["charged_blocks"], gate["usable_blocks"], gate["gate_concurrency"]) == (
-        14_336, 8_430, 0)  # fmt: skip
+        14_336, 13_650, 0)  # fmt: skip
     late = _inputs("0.26.0")["admission_reserve"]
     sliding = [g["charged_blocks"] for g in late["groups"] if g["sliding_window"]]
     assert sliding == [1_089] * 6 and late["charged_blocks"] == 8_582
@@ -81,24 +93,26 @@ def test_a_mamba_hybrids_log_jumps_five_fold_at_0_25_1() -> None:
             "scheduler.vllm_version": version, "model": "nemotron-h-8b",
             "cache.enable_prefix_caching": False, "scheduler.max_model_len": 8192})  # fmt: skip
         inputs = resolve(scenario, base_dir=SCENARIO.parent).inputs
-        assert inputs["num_gpu_blocks"] == 6_548 and inputs["startup_blocks_per_request"] == 22
+        assert inputs["num_gpu_blocks"] == 6_944 and inputs["startup_blocks_per_request"] == 22
         assert inputs["hybrid_pool"]["block_size"] == 528
         logged[version] = inputs["vllm_kv_cache_log"]
-    assert logged["0.20.0"][0] == "GPU KV cache size: 493,680 tokens"
+    assert logged["0.20.0"][0] == "GPU KV cache size: 523,776 tokens"
     assert logged["0.25.1"] == logged["0.33.0"]
-    assert logged["0.25.1"][0] == "GPU KV cache size: 2,438,237 tokens"
-    assert {lines[1][-7:] for lines in logged.values()} == {"297.64x"}
+    assert logged["0.25.1"][0] == "GPU KV cache size: 2,585,693 tokens"
+    assert {lines[1][-7:] for lines in logged.values()} == {"315.64x"}
 
 
 def test_the_readme_quotes_these_figures() -> None:
     text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks aside
-    for quoted in ("8,431 blocks", "9,728 from 0.20.0", "1,297 more blocks", "1.70 GB",
-                   "`GPU KV cache size: 22,224 tokens`", "57,852 on 0.25.1", "37,143 on 0.26.0",
-                   "(19,264 up to 0.19.1)", "8,582 blocks, not 5,510", "1.13x, not 1.77x",
-                   "14,336 in all", "against 8,430 usable", "72% of those 8,582",
-                   "(2,438)", "1,089 blocks", "577 with", "(503.2 tok/s, 12.94 s)",
-                   "474.6 tok/s, 14.75 s", "preempt 4 times each", "6,548 blocks",
-                   "logged as 493,680 tokens on 0.20.0 and 2,438,237 from 0.25.1",
+    for quoted in ("8,431 blocks on 0.11.0, 13,651 on 0.19.1, 14,948 from 0.20.0", "(10.47 GB)",
+                   "(3.63 GB;", "5,220 more blocks", "1,297 more blocks", "1.70 GB",
+                   "`GPU KV cache size: 34,160 tokens`", "88,895 on 0.25.1", "57,074 on 0.26.0",
+                   "(19,264 on 0.11.0, 31,200 on 0.19.1)", "8,582 blocks, not 5,510",
+                   "1.74x, not 2.71x", "14,336 in all", "against 13,650 usable",
+                   "72% of those 8,582", "(2,438)", "1,089 blocks", "577 with",
+                   "(566.0 tok/s, 7.80 s)", "536.7 tok/s and 9.03 s", "preempt 5 times each",
+                   "the 5 against 3", "6,944 blocks",
+                   "logged as 523,776 tokens on 0.20.0 and 2,585,693 from 0.25.1",
                    "so 0.33.0's row is 0.26.0's"):  # fmt: skip
         assert quoted in text, quoted
 
@@ -114,19 +128,19 @@ def _row(overrides: dict) -> tuple[int, float, float]:
 
 @pytest.mark.slow
 def test_each_difference_is_one_release_change() -> None:
-    """0.20.0 at 0.9 is 0.19.1's row; 0.19.1 synchronous is 0.11.0's; with async off 0.20.0,
-    0.25.1 and 0.26.0 preempt alike (4), so the 10 vs 5 under async are 0.26.0's in-flight
-    accounting."""
+    """0.20.0 at 0.9 is 0.19.1's row; 0.19.1 synchronous isolates the larger pool (0.11.0:
+    14.75 s) from async (7.80 s); with async off 0.20.0, 0.25.1 and 0.26.0 preempt alike (5),
+    so the 5 vs 3 under async are 0.26.0's in-flight accounting."""
     v = "scheduler.vllm_version"
-    assert _row({v: "0.20.0", "cache.gpu_memory_utilization": 0.9}) == (3, 503.2, 12.94)
-    assert _row({v: "0.19.1"}) == (3, 503.2, 12.94)
-    assert _row({v: "0.19.1", "scheduler.async_scheduling": False}) == (3, 474.6, 14.75)
+    assert _row({v: "0.20.0", "cache.gpu_memory_utilization": 0.9}) == (3, 566.0, 7.8)
+    assert _row({v: "0.19.1"}) == (3, 566.0, 7.8)
+    assert _row({v: "0.19.1", "scheduler.async_scheduling": False}) == (4, 536.7, 9.03)
     assert _row({v: "0.11.0"}) == (3, 474.6, 14.75)
     sync = {pin: _row({v: pin, "scheduler.async_scheduling": False})[0]
             for pin in ("0.20.0", "0.25.1", "0.26.0")}  # fmt: skip
-    assert sync == {"0.20.0": 4, "0.25.1": 4, "0.26.0": 4}
+    assert sync == {"0.20.0": 5, "0.25.1": 5, "0.26.0": 5}
     assert {pin: _row({v: pin})[0] for pin in ("0.20.0", "0.25.1", "0.26.0")} == {
-        "0.20.0": 10, "0.25.1": 10, "0.26.0": 5}  # fmt: skip
+        "0.20.0": 5, "0.25.1": 5, "0.26.0": 3}  # fmt: skip
 
 
 def test_only_0_33_0_runs_sparse_retention_of_the_sliding_groups() -> None:

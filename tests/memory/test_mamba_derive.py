@@ -30,20 +30,21 @@ def _scenario(model: str, tp: int = 1) -> dict:
 @pytest.mark.parametrize(("name", "tp"), [("nemotron-h-8b", 1), ("qwen3-next-80b-a3b", 4)])
 def test_a_mamba_hybrid_pool_is_derived_from_its_weights(name: str, tp: int) -> None:
     """The derived count is the memory left after every layer type's weights, cut into the
-    release's unified pages: Nemotron-H-8B on one H100 -> 6,548 blocks of 4 layers x 528
-    tokens; Qwen3-Next at TP 4 -> 9,493 blocks of 12 layers x 272 tokens."""
+    release's unified pages: Nemotron-H-8B on one H100 -> 6,944 blocks of 4 layers x 528
+    tokens; Qwen3-Next at TP 4 -> 10,680 blocks of 12 layers x 272 tokens (0.33.0's sampler
+    peak: FlashInfer, then Triton; `sim.memory.sampler_release`)."""
     model = get_model(name)
     inputs = resolve(scenario_from_dict(_scenario(name, tp))).inputs
     memory = inputs["memory"]
     assert memory["weight_bytes"] == model.total_params * 2 // tp
     budget = derive_num_gpu_blocks(
         model, get_gpu("h100-sxm"), tp=tp, engine="v1", gpu_memory_utilization=0.92,
-        max_num_batched_tokens=8192, max_num_seqs=1024,
+        max_num_batched_tokens=8192, max_num_seqs=1024, vllm_release="0.33.0",
     )  # fmt: skip
     assert memory["available_kv_bytes"] == budget.available_kv_bytes
     pool = hybrid_pool(model, VllmPin("0.33.0"), block_size=16, max_model_len=8192, tp=tp)
     expected = budget.available_kv_bytes // pool.page_bytes // pool.group_size
-    assert inputs["num_gpu_blocks"] == expected == {"nemotron-h-8b": 6_548}.get(name, 9_493)
+    assert inputs["num_gpu_blocks"] == expected == {"nemotron-h-8b": 6_944}.get(name, 10_680)
     assert memory["block_bytes"] == pool.block_bytes
 
 

@@ -39,6 +39,7 @@ def test_gemma2_hybrid_layout_via_scenario():
         max_num_batched_tokens=inputs["max_num_batched_tokens"],
         max_num_seqs=settings["max_num_seqs"],
         gpu_memory_utilization=settings["gpu_memory_utilization"],
+        vllm_release=inputs["vllm_version"],
     )  # fmt: skip
     assert memory["num_gpu_blocks"] == expected.num_gpu_blocks
     assert inputs["num_gpu_blocks"] == expected.num_gpu_blocks  # the shared pool, not halved
