@@ -41,15 +41,9 @@ from sim.scheduler.fast.v1 import with_decode_shortcuts
 from sim.scheduler.request import Request
 from sim.scheduler.v1.async_scheduler import make_v1_scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
+from sim.vllm_real.sched_case import RequestSpec, SchedCase, StepRecord, case_configs
 from sim.vllm_real.sched_workloads import Workload, random_workloads
-from sim.vllm_real.v1_sched_adapter import (
-    RealV1Scheduler,
-    RealVllmRaised,
-    RequestSpec,
-    SchedCase,
-    StepRecord,
-    case_configs,
-)
+from sim.vllm_real.v1_sched_adapter import RealV1Scheduler, RealVllmRaised
 
 #: kvsim pins whose scheduling decisions equal 0.11.0's (docs/vllm-v1-changes.md).
 PINS_MATCHING_0_11_0 = ("0.11.0", "4ac7713")

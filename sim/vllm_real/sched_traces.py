@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from sim.vllm_real.sched_case import RequestSpec, SchedCase
 from sim.vllm_real.sched_workloads import Workload
-from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
 from sim.workload.loaders import load_trace
 from sim.workload.request import RequestSpec as TraceRequest
 

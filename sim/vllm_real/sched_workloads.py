@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from sim.kv.config import Design, KVCacheGroupSpec
 from sim.kv.pins import resolve_pin
 from sim.vllm_real.lockstep import full_variant_kinds
-from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
+from sim.vllm_real.sched_case import RequestSpec, SchedCase
 
 
 @dataclass(frozen=True, slots=True)
