@@ -37,7 +37,7 @@ from sim.scheduler.config import SchedulerConfig
 from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 from sim.vllm_real.sched_case import RequestSpec, SchedCase, StepRecord
 from sim.vllm_real.sched_case import case_configs as case_configs
-from sim.vllm_real.v1_adapter import (
+from sim.vllm_real.v1_real_config import (
     accepted_kwargs,
     real_kv_cache_config,
     real_mamba_cache_mode,
