@@ -1,4 +1,4 @@
-"""A scenario: the YAML schema (`schema`), `--set` overrides (`overrides`), strict field types
+"""A scenario: the YAML schema (`schema`, its sections `sections`), `--set` overrides (`overrides`), strict field types
 (`fields`), and its resolution into the configs the engine runs (`resolve`; the one translation
 into `SchedulerConfig` / `KVCacheConfig` / memory inputs is `configs`), with the startup checks
 vLLM itself makes (`startup`), the settings that would have no effect (`no_effect`), and each

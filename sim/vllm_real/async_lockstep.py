@@ -29,12 +29,8 @@ from sim.kv.pins import VllmPin
 from sim.scheduler.request import Request, StepPlan
 from sim.scheduler.v1.engine_core import EngineCoreLoop
 from sim.vllm_real.loader import VllmInstall, import_vllm
-from sim.vllm_real.v1_sched_adapter import (
-    RealV1Scheduler,
-    RealVllmRaised,
-    RequestSpec,
-    SchedCase,
-)
+from sim.vllm_real.sched_case import RequestSpec, SchedCase
+from sim.vllm_real.v1_sched_adapter import RealV1Scheduler, RealVllmRaised
 
 
 @dataclass(slots=True)

@@ -28,15 +28,13 @@ from pathlib import Path
 from sim.errors import InputError
 from sim.kv.config import Design, KVCacheConfig, make_manager
 from sim.kv.pins import AdmissionCap, VllmPin
-from sim.vllm_real.lockstep_pair import Diverged, Divergence, Pair, VerifyResult
-from sim.vllm_real.lockstep_walks import (
+from sim.vllm_real.lockstep_configs import (
     FULL_VARIANT_KINDS,
-    Crash,
     random_config,
     random_hybrid_config,
-    v0_episode,
-    v1_episode,
 )
+from sim.vllm_real.lockstep_pair import Diverged, Divergence, Pair, VerifyResult
+from sim.vllm_real.lockstep_walks import Crash, v0_episode, v1_episode
 
 # ---------------------------------------------------------------------------- entry points
 _DEFAULT_VERSION = {"v0-v1": "0.5.4", "v0-v2": "0.5.4", "v0-fixed": "0.5.4", "v1-engine": "0.11.0"}

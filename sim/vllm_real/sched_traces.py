@@ -1,5 +1,5 @@
 """Trace windows for the scheduler lockstep: a few consecutive requests of a real trace, scaled
-down to a small engine, as `sched_lockstep.Workload`s.
+down to a small engine, as `sched_workloads.Workload`s.
 
 A window keeps the trace's order, arrival gaps (one engine step per `STEP_S` seconds, the
 order of a decode step) and prefix structure (Mooncake's shared hash blocks stay shared); token
@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from sim.vllm_real.sched_lockstep import Workload
-from sim.vllm_real.v1_sched_adapter import RequestSpec, SchedCase
+from sim.vllm_real.sched_case import RequestSpec, SchedCase
+from sim.vllm_real.sched_workloads import Workload
 from sim.workload.loaders import load_trace
 from sim.workload.request import RequestSpec as TraceRequest
 

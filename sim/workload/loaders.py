@@ -30,35 +30,32 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.kv.types import Segment
-from sim.workload import trace_stream
 from sim.workload._table import (
     ArrivalCarry,
-    RowLocator,
-    check_columns,
     check_non_decreasing,
-    iter_csv_strings,
-    iter_jsonl_records,
-    jsonl_columns,
     numeric_column,
     require_file,
 )
+from sim.workload.canonical import load_canonical
 from sim.workload.errors import WorkloadError
 from sim.workload.plain_csv import NotPlain, plain_azure_chunks
 from sim.workload.prefixes import hash_prefixes
-from sim.workload.request import MAX_PREFIX_ID, PREFIX_KEY_BASE, Workload
-from sim.workload.trace_stream import Chunk, ChunkReader, streamed
+from sim.workload.request import Workload
+from sim.workload.trace_columns import (
+    MOONCAKE_BLOCK_TOKENS,
+    arrival_column,
+    chunk_rows_or_default,
+    csv_chunks,
+    jsonl_chunks,
+    output_column,
+    stream_workload,
+    token_column,
+)
+from sim.workload.trace_stream import Chunk
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-#: Mooncake FAST'25 traces hash prompts in blocks of this many tokens (upstream README).
-MOONCAKE_BLOCK_TOKENS = 512
-_OUTPUT_HINT = " (vLLM generates at least one token)"
 _AZURE_TIME_RE = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{1,9})?"
 
 
@@ -74,215 +71,6 @@ class LengthSamples:
         return len(self.prompt_tokens)
 
 
-# --------------------------------------------------------------------------- shared pieces
-
-
-def _output_column(values: Any, name: str, loc: RowLocator) -> np.ndarray:
-    try:
-        return numeric_column(values, name, loc, integer=True, min_value=1).astype(np.int64)
-    except WorkloadError as exc:
-        if exc.message.startswith("must be >= 1"):
-            raise loc.error(_row_of(exc, loc), name, exc.message + _OUTPUT_HINT) from None
-        raise
-
-
-def _row_of(exc: WorkloadError, loc: RowLocator) -> int:
-    if loc.line_numbers is not None:
-        return int(np.searchsorted(loc.line_numbers, exc.line))  # type: ignore[arg-type]  # a row error has a line
-    return int(exc.line) - loc.first_line  # type: ignore[arg-type]
-
-
-def _arrivals(
-    values: Any, name: str, loc: RowLocator, carry: ArrivalCarry, divisor: float = 1.0
-) -> np.ndarray:
-    # Divide (not multiply by 1e-3): 3536999 / 1000 is the nearest double to 3536.999.
-    arrival = numeric_column(values, name, loc, integer=False, min_value=0) / divisor
-    check_non_decreasing(arrival, name, loc, carry)
-    return arrival
-
-
-def _tokens(values: Any, name: str, loc: RowLocator) -> np.ndarray:
-    return numeric_column(values, name, loc, integer=True, min_value=1).astype(np.int64)
-
-
-def _workload(read: ChunkReader, path: Path, metadata: dict[str, Any]) -> Workload:
-    """Validate the file `read` reads and stream its requests (`sim.workload.trace_stream`)."""
-    requests, first_meta = streamed(read, path)
-    if len(requests) == 0:
-        raise WorkloadError(str(path), "no requests in file")
-    metadata = {"path": str(path), "num_rows": len(requests), **metadata, **first_meta}
-    return Workload(requests, str(path), metadata)
-
-
-def _csv_chunks(
-    path: Path, required: tuple[str, ...], optional: tuple[str, ...], chunk_rows: int
-) -> Iterator[tuple[pd.DataFrame, RowLocator, int]]:
-    """(frame, its locator, index of its first row) of each chunk of a CSV, header checked."""
-    for frame, start in iter_csv_strings(path, required, optional, chunk_rows):
-        check_columns(path, list(frame.columns), required, optional)
-        yield frame, RowLocator(str(path), first_line=2 + start), start
-
-
-def _jsonl_chunks(
-    path: Path, required: tuple[str, ...], optional: tuple[str, ...], chunk_rows: int
-) -> Iterator[tuple[dict[str, list[Any]], RowLocator, int]]:
-    """(columns, locator, index of the first row) of each chunk of a JSONL file."""
-    start = 0
-    for records, lines in iter_jsonl_records(path, chunk_rows):
-        loc = RowLocator(str(path), line_numbers=lines)
-        yield jsonl_columns(records, loc, required, optional), loc, start
-        start += len(records)
-
-
-def _rows(chunk_rows: int | None) -> int:
-    # Looked up when a file is read (not bound as a default) so tests can shrink it.
-    return chunk_rows if chunk_rows is not None else trace_stream.TRACE_CHUNK_ROWS
-
-
-# --------------------------------------------------------------------------- canonical
-
-_CANONICAL_REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
-_CANONICAL_OPTIONAL = ("priority", "prefix_id", "prefix_tokens", "hash_ids")
-
-
-def load_canonical(
-    path: Path, *, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS, chunk_rows: int | None = None
-) -> Workload:
-    """Canonical trace from ``.csv``, ``.jsonl`` or ``.parquet`` (see the module docstring)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".jsonl", ".parquet"):
-        raise WorkloadError(path, f"unknown canonical extension {suffix!r} (.csv/.jsonl/.parquet)")
-    read = partial(_canonical_chunks, path, hash_block_tokens, _rows(chunk_rows))
-    return _workload(read, path, {"format": "canonical"})
-
-
-def _canonical_chunks(path: Path, hash_block_tokens: int, chunk_rows: int) -> Iterator[Chunk]:
-    carry = ArrivalCarry()
-    for columns, loc, start in _canonical_columns(path, chunk_rows):
-        yield _canonical_chunk(columns, loc, start, hash_block_tokens, carry)
-
-
-def _canonical_columns(
-    path: Path, chunk_rows: int
-) -> Iterator[tuple[dict[str, Any], RowLocator, int]]:
-    suffix = path.suffix.lower()
-    required, optional = _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL
-    if suffix == ".csv":
-        for frame, loc, start in _csv_chunks(path, required, optional, chunk_rows):
-            columns: dict[str, Any] = {c: frame[c] for c in frame.columns}
-            if "hash_ids" in frame:
-                columns["hash_ids"] = _split_csv_ids(frame["hash_ids"], loc)
-            yield columns, loc, start
-    elif suffix == ".jsonl":
-        yield from _jsonl_chunks(path, required, optional, chunk_rows)
-    else:
-        yield from _parquet_chunks(path, chunk_rows)
-
-
-def _canonical_chunk(
-    columns: dict[str, Any],
-    loc: RowLocator,
-    start: int,
-    hash_block_tokens: int,
-    carry: ArrivalCarry,
-) -> Chunk:
-    num_rows = len(columns["arrival_s"])
-    arrival = _arrivals(columns["arrival_s"], "arrival_s", loc, carry)
-    prompt = _tokens(columns["prompt_tokens"], "prompt_tokens", loc)
-    output = _output_column(columns["output_tokens"], "output_tokens", loc)
-    priority = None
-    if columns.get("priority") is not None:
-        prio = numeric_column(columns["priority"], "priority", loc, integer=True, optional=True)
-        priority = np.nan_to_num(prio, nan=0.0).astype(np.int64)
-    prefixes: list[tuple[Segment, ...]] = [()] * num_rows
-    has_hash = np.zeros(num_rows, dtype=bool)
-    if columns.get("hash_ids") is not None:
-        prefixes = hash_prefixes(columns["hash_ids"], prompt, hash_block_tokens, loc, optional=True)
-        has_hash = np.array([bool(p) for p in prefixes])
-    if columns.get("prefix_id") is not None or columns.get("prefix_tokens") is not None:
-        _add_prefix_ids(columns, prompt, has_hash, prefixes, loc, num_rows)
-    return Chunk(start, arrival, prompt, output, priority, prefixes)
-
-
-def _add_prefix_ids(
-    columns: dict[str, Any],
-    prompt: np.ndarray,
-    has_hash: np.ndarray,
-    prefixes: list[tuple[Segment, ...]],
-    loc: RowLocator,
-    num_rows: int,
-) -> None:
-    none = [None] * num_rows
-    ids_raw, sizes_raw = columns.get("prefix_id"), columns.get("prefix_tokens")
-    ids = numeric_column(
-        none if ids_raw is None else ids_raw,
-        "prefix_id",
-        loc,
-        integer=True,
-        min_value=0,
-        optional=True,
-    )
-    sizes = numeric_column(
-        none if sizes_raw is None else sizes_raw,
-        "prefix_tokens",
-        loc,
-        integer=True,
-        min_value=0,
-        optional=True,
-    )
-    id_set, size_set = ~np.isnan(ids), ~np.isnan(sizes)
-    checks = [
-        (id_set & ~size_set, "prefix_tokens", "missing: prefix_id is set"),
-        (size_set & ~id_set, "prefix_id", "missing: prefix_tokens is set"),
-        (id_set & has_hash, "prefix_id", "a row has either prefix_id or hash_ids, not both"),
-        (id_set & (np.nan_to_num(ids) >= MAX_PREFIX_ID), "prefix_id", "must be < 2**40"),
-        (size_set & (np.nan_to_num(sizes) > prompt), "prefix_tokens", "exceeds prompt_tokens"),
-    ]
-    for bad, name, message in checks:
-        if bad.any():
-            raise loc.error(int(np.argmax(bad)), name, message)
-    for i in np.flatnonzero(id_set & (np.nan_to_num(sizes) > 0)).tolist():
-        prefixes[i] = (Segment(PREFIX_KEY_BASE + int(ids[i]), int(sizes[i])),)
-
-
-def _split_csv_ids(values: pd.Series, loc: RowLocator) -> list[list[int] | None]:
-    out: list[list[int] | None] = []
-    for i, text in enumerate(values.fillna("").tolist()):
-        parts = text.split()
-        if not parts:
-            out.append(None)
-            continue
-        try:
-            out.append([int(p) for p in parts])
-        except ValueError:
-            raise loc.error(
-                i, "hash_ids", f"expected space-separated integers, got {text!r}"
-            ) from None
-    return out
-
-
-def _parquet_chunks(
-    path: Path, chunk_rows: int
-) -> Iterator[tuple[dict[str, Any], RowLocator, int]]:
-    """(columns, locator, index of the first row) of each batch of a canonical Parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    require_file(path)
-    try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows)
-        start = 0
-        for batch in batches:
-            columns = batch.to_pydict()
-            if start == 0:
-                check_columns(path, list(columns), _CANONICAL_REQUIRED, _CANONICAL_OPTIONAL)
-            yield columns, RowLocator(str(path), first_line=1 + start, unit="row"), start
-            start += batch.num_rows
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise WorkloadError(path, f"cannot read Parquet: {exc}") from None
-
-
 # --------------------------------------------------------------------------- public traces
 
 
@@ -295,11 +83,11 @@ def load_azure(path: Path, *, chunk_rows: int | None = None) -> Workload:
     pandas (`sim.workload.plain_csv`); anything else the validating way.
     """
     path = Path(path)
-    rows = _rows(chunk_rows)
+    rows = chunk_rows_or_default(chunk_rows)
     try:  # no pandas for a plainly well-formed file
-        return _workload(partial(_plain_azure_chunks, path, rows), path, {"format": "azure"})
+        return stream_workload(partial(_plain_azure_chunks, path, rows), path, {"format": "azure"})
     except NotPlain:
-        return _workload(partial(_azure_chunks, path, rows), path, {"format": "azure"})
+        return stream_workload(partial(_azure_chunks, path, rows), path, {"format": "azure"})
 
 
 def _plain_azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
@@ -315,7 +103,7 @@ def _azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
 
     required = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     carry, first_ns = ArrivalCarry(), None
-    for frame, loc, start in _csv_chunks(path, required, (), chunk_rows):
+    for frame, loc, start in csv_chunks(path, required, (), chunk_rows):
         text = frame["TIMESTAMP"].fillna("").str.strip()
         bad = ~text.str.fullmatch(_AZURE_TIME_RE).to_numpy(dtype=bool)
         stamps = pd.to_datetime(text.where(~bad, None), format="ISO8601", errors="coerce")
@@ -335,8 +123,8 @@ def _azure_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
             first_ns, meta = int(ns[0]), {"start_timestamp": str(stamps.iloc[0])}
         arrival = (ns - first_ns) / 1e9
         check_non_decreasing(arrival, "TIMESTAMP", loc, carry)
-        prompt = _tokens(frame["ContextTokens"], "ContextTokens", loc)
-        output = _output_column(frame["GeneratedTokens"], "GeneratedTokens", loc)
+        prompt = token_column(frame["ContextTokens"], "ContextTokens", loc)
+        output = output_column(frame["GeneratedTokens"], "GeneratedTokens", loc)
         yield Chunk(start, arrival, prompt, output, meta=meta)
 
 
@@ -349,17 +137,17 @@ def load_mooncake(
     ``input_length - 512 * (n - 1)``; ``len(hash_ids)`` must be ``ceil(input_length / 512)``.
     """
     path = Path(path)
-    read = partial(_mooncake_chunks, path, block_tokens, _rows(chunk_rows))
-    return _workload(read, path, {"format": "mooncake", "hash_block_tokens": block_tokens})
+    read = partial(_mooncake_chunks, path, block_tokens, chunk_rows_or_default(chunk_rows))
+    return stream_workload(read, path, {"format": "mooncake", "hash_block_tokens": block_tokens})
 
 
 def _mooncake_chunks(path: Path, block_tokens: int, chunk_rows: int) -> Iterator[Chunk]:
     required = ("timestamp", "input_length", "output_length", "hash_ids")
     carry = ArrivalCarry()
-    for columns, loc, start in _jsonl_chunks(path, required, (), chunk_rows):
-        arrival = _arrivals(columns["timestamp"], "timestamp", loc, carry, divisor=1000.0)
-        prompt = _tokens(columns["input_length"], "input_length", loc)
-        output = _output_column(columns["output_length"], "output_length", loc)
+    for columns, loc, start in jsonl_chunks(path, required, (), chunk_rows):
+        arrival = arrival_column(columns["timestamp"], "timestamp", loc, carry, divisor=1000.0)
+        prompt = token_column(columns["input_length"], "input_length", loc)
+        output = output_column(columns["output_length"], "output_length", loc)
         prefixes = hash_prefixes(columns["hash_ids"], prompt, block_tokens, loc)
         yield Chunk(start, arrival, prompt, output, prefixes=prefixes)
 
@@ -371,15 +159,17 @@ _VIDUR_REQUIRED = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 def load_vidur(path: Path, *, chunk_rows: int | None = None) -> Workload:
     """Vidur / Sarathi-Serve processed trace: ``arrived_at,num_prefill_tokens,num_decode_tokens``."""
     path = Path(path)
-    return _workload(partial(_vidur_chunks, path, _rows(chunk_rows)), path, {"format": "vidur"})
+    return stream_workload(
+        partial(_vidur_chunks, path, chunk_rows_or_default(chunk_rows)), path, {"format": "vidur"}
+    )
 
 
 def _vidur_chunks(path: Path, chunk_rows: int) -> Iterator[Chunk]:
     carry = ArrivalCarry()
-    for frame, loc, start in _csv_chunks(path, _VIDUR_REQUIRED, _LENGTH_OPTIONAL, chunk_rows):
-        arrival = _arrivals(frame["arrived_at"], "arrived_at", loc, carry)
-        prompt = _tokens(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
-        output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
+    for frame, loc, start in csv_chunks(path, _VIDUR_REQUIRED, _LENGTH_OPTIONAL, chunk_rows):
+        arrival = arrival_column(frame["arrived_at"], "arrived_at", loc, carry)
+        prompt = token_column(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
+        output = output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
         yield Chunk(start, arrival, prompt, output)
 
 
@@ -391,9 +181,11 @@ def load_lengths(path: Path, *, chunk_rows: int | None = None) -> LengthSamples:
     path = Path(path)
     required = ("num_prefill_tokens", "num_decode_tokens")
     prompts, outputs = [], []
-    for frame, loc, _ in _csv_chunks(path, required, _LENGTH_OPTIONAL, _rows(chunk_rows)):
-        prompt = _tokens(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
-        output = _output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
+    for frame, loc, _ in csv_chunks(
+        path, required, _LENGTH_OPTIONAL, chunk_rows_or_default(chunk_rows)
+    ):
+        prompt = token_column(frame["num_prefill_tokens"], "num_prefill_tokens", loc)
+        output = output_column(frame["num_decode_tokens"], "num_decode_tokens", loc)
         if "num_total_tokens" in frame:
             total = numeric_column(
                 frame["num_total_tokens"], "num_total_tokens", loc, integer=True, min_value=2
