@@ -113,6 +113,7 @@ class RealKVCacheManager:
         #: The last lookup's shared-prefix junction (0.33.0's third value of
         #: `get_computed_blocks`, which the scheduler keeps on the request; 0 before).
         self.last_shared_prefix_boundary = 0
+        self._last_hit_tokens = 0
 
     # ------------------------------------------------------------------ kvsim -> vLLM objects
     def _request(self, seq: Sequence):
@@ -148,7 +149,19 @@ class RealKVCacheManager:
         found = self.real.get_computed_blocks(self._request(request))
         blocks, num_tokens = found[:2]
         self.last_shared_prefix_boundary = found[2] if len(found) > 2 else 0
+        self._last_hit_tokens = num_tokens
         return [b.block_id for group in blocks.blocks for b in group], num_tokens
+
+    @property
+    def num_uncached_common_prefix_tokens(self) -> int:
+        """The last lookup's uncached shared prefix, as kvsim's scheduler reads it from its own
+        manager (`sim.scheduler.v1.scheduler._note_shared_prefix`): 0.33.0's junction less the
+        hit (`kv_cache_manager.py:L303-328`), 0 without a junction or before 0.33.0.
+        Regression: the real adapter had no such attribute, so under kvsim's scheduler vLLM's
+        0.33.0 manager never got a junction and cached a sliding window densely where the model
+        kept it (fuzz case seed 1956387801: 24 hit tokens in the model, 0 on vLLM)."""
+        boundary = self.last_shared_prefix_boundary
+        return boundary - self._last_hit_tokens if boundary else 0
 
     def allocate_slots(
         self,

@@ -70,3 +70,28 @@ def test_kvsim_fuzz_vllm_root_0330_reports_no_internal_error():
     assert f"--vllm-version 0.33.0 --hybrid --async-mix --vllm-root {root}" in done.stdout or (
         "no violations found" in done.stdout
     )
+
+
+_JUNCTION = """
+import sys
+from sim.ci.fuzz_cases import draw_case
+from sim.ci.fuzz_variant import CaseVariant
+from sim.engine.run import run
+scenario = draw_case("v1-engine", 1956387801, True, CaseVariant("0.33.0", hybrid=True,
+                                                                  async_mix=True))
+assert scenario.cache.enable_prefix_caching
+model, real = run(scenario), run(scenario, vllm_root=sys.argv[1])
+assert model.inputs["prefix_cache_retention_interval"] == 0
+hits = [list(r.requests["num_prefix_hit_tokens"]) for r in (model, real)]
+assert hits[0] == hits[1] and hits[0][2] == 24, hits
+"""
+
+
+def test_real_adapter_passes_the_shared_prefix_junction_to_the_scheduler():
+    """Regression (fuzz case seed 1956387801, a full + sliding layout with 0.33.0's sparse
+    retention): the real adapter had no `num_uncached_common_prefix_tokens`, so kvsim's
+    scheduler kept no junction for vLLM's manager, which then kept no sliding window there:
+    request 2 hit 24 tokens on kvsim's model and 0 on vLLM's code."""
+    root = root_or_skip("0.33.0")
+    done = _run("-c", _JUNCTION, str(root))
+    assert done.returncode == 0, done.stderr[-3000:]
