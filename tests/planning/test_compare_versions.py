@@ -250,7 +250,7 @@ def test_hybrid_async_upgrade_readme_finding():
     }
     ttft = {v: round(table.loc[f"v1-engine@{v}", "ttft_p99_s"], 1) for v in PINS_V1}
     assert {ttft[v] for v in PINS_V1[:2]} == {16.0} and ttft["0.19.1"] == 13.4
-    assert {ttft[v] for v in PINS_V1[3:]} == {12.0}
+    assert {ttft[v] for v in PINS_V1[3:6]} == {12.0} and ttft["0.33.0"] == 11.9
     pins = ("0.11.0", "0.19.1", "0.20.0")
     assert {v: table.loc[f"v1-engine@{v}", "num_gpu_blocks"] for v in pins} == {
         "0.11.0": 20_108, "0.19.1": 20_678, "0.20.0": 21_296}  # fmt: skip
@@ -261,6 +261,7 @@ def test_hybrid_async_upgrade_readme_finding():
     readme = " ".join(readme.split())
     assert "52 times on 4ac7713" in readme and "falls from 16.0 s (up to 0.11.0)" in readme
     assert "gives 20,678 blocks, not 20,108" in readme and "0.92 (was 0.9) gives 21,296" in readme
+    assert "12.0 s from 0.20.0 (11.9 s on 0.33.0" in readme
 
 
 PINS_V1 = ["4ac7713", "0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
