@@ -27,7 +27,7 @@ V1_PREEMPTIONS = {
     ("0.33.0", 4096): 2_525,
 }
 #: The same with prefix caching on (the V1 releases' default), 2,048 blocks.
-V1_PREEMPTIONS_PREFIX_CACHING = {("4ac7713", 2048): 6_530, ("0.33.0", 2048): 3_150}
+V1_PREEMPTIONS_PREFIX_CACHING = {("4ac7713", 2048): 6_530, ("0.33.0", 2048): 3_196}
 #: `compare-versions` preemptions with chunked prefill at 2,048 blocks, by variant.
 COMPARE_PREEMPTIONS = {
     "v0-v2": 772,
