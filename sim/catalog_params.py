@@ -78,12 +78,13 @@ if TYPE_CHECKING:
 ATTENTION_KINDS: frozenset[str] = frozenset({"full", "sliding", "chunked"})
 
 
-class VisionTower(BaseModel):
-    """A SigLIP vision encoder and the projector into the text model (HF `vision_config`)."""
+class _ViT(BaseModel):
+    """The ViT fields both towers share (HF `vision_config`) and one encoder layer's count:
+    four attention projections and the two MLP matrices, each with a bias, and two
+    LayerNorms with biases."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["siglip"] = "siglip"
     num_layers: Int = Field(gt=0)  # num_hidden_layers
     hidden_size: Int = Field(gt=0)
     intermediate_size: Int = Field(gt=0)
@@ -91,14 +92,25 @@ class VisionTower(BaseModel):
     image_size: Int = Field(gt=0)
     num_channels: Int = Field(default=3, gt=0)
 
+    def layer_params(self) -> int:
+        """Gemma-3's SigLIP layer (1,152, MLP 4,304): 15,239,504; Scout's (1,408 / 5,632):
+        23,807,872."""
+        d, m = self.hidden_size, self.intermediate_size
+        return 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+
+
+class VisionTower(_ViT):
+    """A SigLIP vision encoder and the projector into the text model (HF `vision_config`)."""
+
+    kind: Literal["siglip"] = "siglip"
+
     def encoder_params(self) -> int:
         """Patch and position embeddings, the layers, the post-LayerNorm: 416,866,032 for
         Gemma-3's (module docstring)."""
-        d, m = self.hidden_size, self.intermediate_size
-        layer = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+        d = self.hidden_size
         patch = self.num_channels * self.patch_size**2 * d + d
         positions = (self.image_size // self.patch_size) ** 2 * d
-        return patch + positions + self.num_layers * layer + 2 * d
+        return patch + positions + self.num_layers * self.layer_params() + 2 * d
 
     def params(self, text_hidden_size: int) -> int:
         """Encoder + Gemma-3's projector (a d x h matrix and an RMSNorm of d)."""
@@ -106,33 +118,23 @@ class VisionTower(BaseModel):
         return self.encoder_params() + d * text_hidden_size + d
 
 
-class Llama4VisionTower(BaseModel):
+class Llama4VisionTower(_ViT):
     """Llama-4's vision encoder, pixel-shuffle adapter and projector (HF `vision_config`;
     vLLM 0.33.0 `mllama4.py:L123-550`, counts in the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     kind: Literal["llama4"] = "llama4"
-    num_layers: Int = Field(gt=0)  # num_hidden_layers
-    hidden_size: Int = Field(gt=0)
-    intermediate_size: Int = Field(gt=0)
-    patch_size: Int = Field(gt=0)
-    image_size: Int = Field(gt=0)
-    num_channels: Int = Field(default=3, gt=0)
     projector_input_dim: Int = Field(gt=0)
     projector_output_dim: Int = Field(gt=0)
     vision_output_dim: Int = Field(gt=0)
     multi_modal_projector_bias: Bool = False
 
     def encoder_params(self) -> int:
-        """Unfold patches (no bias), class token, positions, the layers (every projection
-        with a bias, two LayerNorms each), pre and post LayerNorms: 809,473,280 + 1,641,728
-        for Scout."""
-        d, m = self.hidden_size, self.intermediate_size
-        layer = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+        """Unfold patches (no bias), class token, positions, the layers, pre and post
+        LayerNorms: 809,473,280 + 1,641,728 for Scout."""
+        d = self.hidden_size
         positions = ((self.image_size // self.patch_size) ** 2 + 1) * d
         patch = self.num_channels * self.patch_size**2 * d
-        return patch + d + positions + self.num_layers * layer + 2 * 2 * d
+        return patch + d + positions + self.num_layers * self.layer_params() + 2 * 2 * d
 
     def params(self, text_hidden_size: int) -> int:
         """Encoder + pixel-shuffle adapter + projector: 871,932,416 for Scout."""

@@ -101,3 +101,11 @@ def test_gpt_oss_20b_mxfp4_weights_match_the_checkpoint_size() -> None:
     from sim.memory.terms import weight_bytes
 
     assert weight_bytes(get_model("gpt-oss-20b"), "mxfp4") / 2**30 == pytest.approx(12.8, abs=0.05)
+
+
+def test_both_towers_count_a_vit_layer_alike() -> None:
+    """`_ViT.layer_params`' examples: Gemma-3's SigLIP layer 15,239,504, Scout's 23,807,872
+    (sim.catalog_params' worked example)."""
+    gemma, scout = get_model("gemma-3-27b").vision, get_model("llama-4-scout-17b-16e").vision
+    assert gemma is not None and scout is not None
+    assert (gemma.layer_params(), scout.layer_params()) == (15_239_504, 23_807_872)
