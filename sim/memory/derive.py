@@ -31,10 +31,10 @@ checks it):
     weights      = 8,030,261,248 params x 2 B              = 16,060,522,496 B
     activation   = max(1.1 x 209,715,200 forward,
                        10.25 x 131,334,144 sampler logits) =  1,346,174,976 B
-    non-torch    = 0.26 GiB (v0, TP 1)                     =    279,172,874 B
-    available_kv                                           = 58,840,783,191 B
+    non-torch    = 0.35 GiB (v0, TP 1)                     =    375,809,638 B
+    available_kv                                           = 58,744,146,427 B
     block_bytes  = 2 x 32 x 8 x 128 x 2 B x 16             =      2,097,152 B
-    num_gpu_blocks = floor(58,840,783,191 / 2,097,152)     = 28,057 blocks (448,912 tokens)
+    num_gpu_blocks = floor(58,744,146,427 / 2,097,152)     = 28,011 blocks (448,176 tokens)
 """
 
 from __future__ import annotations

@@ -71,6 +71,8 @@ class StartupLog(_Closed):
 
     id: str
     source: str
+    #: How the source may be used (entries from GitHub threads predate the field: facts only).
+    license: str = ""
     vllm_version: str
     engine: Literal["v0", "v1"]
     model: str | dict[str, Any]
