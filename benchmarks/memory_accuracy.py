@@ -89,6 +89,10 @@ def summary_table(rows: list[Comparison]) -> str:
             "held_out, vLLM >= 0.11",
             [c for c in rows if c.log.release >= (0, 11) and c.split is Split.HELD_OUT],
         ),
+        (  # the releases whose sampler peak (Triton, 0.19.1+) was derived from code alone
+            "held_out, vLLM >= 0.19",
+            [c for c in rows if c.log.release >= (0, 19) and c.split is Split.HELD_OUT],
+        ),
     ]
     for label, subset in groups:
         before = summarize([c.before_error for c in subset])
