@@ -72,6 +72,9 @@ class GpuSpec(BaseModel):
     fp8_tflops: Float | None = Field(default=None, gt=0)
     interconnect_GBps: Float = Field(gt=0)
     source: str
+    #: CUDA compute capability (major, minor); None for a non-CUDA part or where not given.
+    #: It picks the layout vLLM stores MXFP4 experts in (`sim.memory.terms.mxfp4_expert_dims`).
+    compute_capability: tuple[int, int] | None = None
 
     @model_validator(mode="after")
     def _check_memory(self) -> GpuSpec:

@@ -208,7 +208,7 @@ def derive_num_gpu_blocks(
         total, total_source = visible_memory(gpu)
     else:
         total, total_source = int(total_memory_bytes), MemorySource.GIVEN
-    weights = weight_bytes(model, fmt, tp)
+    weights = weight_bytes(model, fmt, tp, gpu.compute_capability)
     if peak_activation_bytes is None:
         activation = estimate_peak_activation_bytes(
             model,

@@ -97,13 +97,20 @@ def weight_format(name: str | WeightFormat | None) -> WeightFormat:
         raise ValueError(f"unknown model_dtype {name!r}; known: {known}") from None
 
 
-def weight_bytes(model: ModelSpec, fmt: str | WeightFormat | None = None, tp: int = 1) -> int:
+def weight_bytes(
+    model: ModelSpec,
+    fmt: str | WeightFormat | None = None,
+    tp: int = 1,
+    compute_capability: tuple[int, int] | None = None,
+) -> int:
     """Weight bytes on one tensor-parallel rank.
 
     Example: Llama-3.1-8B bf16 = 8,030,261,248 x 2 B = 16,060,522,496 B (14.96 GiB, what vLLM
     logs as "model weights take 14.96GiB"); fp8 = 6,979,321,856 linear body params x 1 B +
     1,050,939,392 embedding / lm_head / norm params x 2 B = 9,081,200,640 B (8.46 GiB).
     Norms are replicated across ranks but are ~0.003% of the weights: everything is divided.
+    MXFP4 experts are stored padded for the GPU's MoE kernel (`compute_capability`,
+    `mxfp4_padding_bytes`); None stores them as the checkpoint has them.
     """
     fmt = weight_format(fmt)
     if fmt in (WeightFormat.AUTO, WeightFormat.BFLOAT16, WeightFormat.FLOAT16):
@@ -116,7 +123,60 @@ def weight_bytes(model: ModelSpec, fmt: str | WeightFormat | None = None, tp: in
         quantized = model.body_linear_params
     rest = model.total_params - quantized
     total = quantized * QUANTIZED_BYTES[fmt] + rest * dtype_bytes(model.dtype)
+    if fmt is WeightFormat.MXFP4:
+        return int(total) // tp + mxfp4_padding_bytes(model, tp, compute_capability)
     return int(total) // tp
+
+
+def mxfp4_expert_dims(
+    model: ModelSpec, tp: int, compute_capability: tuple[int, int] | None
+) -> tuple[int, int]:
+    """(hidden size, expert width per rank) of MXFP4 experts as vLLM allocates them.
+
+    vLLM pads both for the MoE kernel the GPU gets (0.11.0 `vllm/model_executor/layers/
+    quantization/mxfp4.py`: backend L59-102, padding L190-226; 0.19.1 `vllm/model_executor/
+    layers/fused_moe/oracle/mxfp4.py`: Triton needs capability 9.0-10.x L204-207, padding
+    L376-400):
+
+    - below 9.0 (A100, L4, L40S): Marlin, hidden to a multiple of 256, width to 128;
+    - 9.x (H100, H200): Triton, width to a multiple of 64;
+    - otherwise as stored: Blackwell's FlashInfer layout (256 / 256) depends on FlashInfer
+      being installed in 0.11.0, and ROCm is not modelled.
+
+    Example: gpt-oss-20b (2880, 2880) -> A100 (3072, 2944), H100 (2880, 2880); gpt-oss-120b
+    at TP 4 -> A100 (3072, 768), H100 (2880, 768).
+    """
+    hidden, width = model.hidden_size, model.intermediate_size // tp
+    if compute_capability is None or compute_capability[0] >= 10:
+        return hidden, width
+    if compute_capability[0] < 9:
+        return _round_up(hidden, 256), _round_up(width, 128)
+    return hidden, _round_up(width, 64)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def mxfp4_padding_bytes(
+    model: ModelSpec, tp: int, compute_capability: tuple[int, int] | None
+) -> int:
+    """Bytes the padding adds to one rank's MXFP4 experts: matrices at 0.53125 B a value
+    (scales included) and, for gpt-oss, the bf16 biases (2 widths + hidden per expert).
+
+    gpt-oss-20b on an A100: 768 experts x (3 x (3072 x 2944 - 2880 x 2880) x 0.53125 B
+    + (2 x 64 + 192) x 2 B) = 917,471,232 + 491,520 = 917,962,752 B (0.85 GiB).
+    """
+    hidden, width = mxfp4_expert_dims(model, tp, compute_capability)
+    h, i = model.hidden_size, model.intermediate_size / tp
+    if (hidden, width) == (h, i):
+        return 0
+    experts = catalog_params.num_moe_layers(model) * model.num_experts
+    factor = 3 if model.mlp_kind == "gated" else 2
+    values = factor * (hidden * width - h * i)
+    biases = ((factor - 1) * (width - i) + (hidden - h)) if model.moe_bias else 0
+    per_expert = values * QUANTIZED_BYTES[WeightFormat.MXFP4] + biases * dtype_bytes(model.dtype)
+    return int(experts * per_expert)
 
 
 def forward_activation_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> int:

@@ -309,7 +309,7 @@ def fit_activation(non_torch_gib: dict[tuple[VllmEngine, bool], float]) -> Activ
             continue
         total, _ = visible_memory(log.gpu_spec)
         base: float = int(total * log.gpu_memory_utilization) - weight_bytes(
-            model, log.model_dtype, log.tp
+            model, log.model_dtype, log.tp, log.gpu_spec.compute_capability
         )
         base -= non_torch_gib[(log.engine_kind, log.tp > 1)] * GIB
         rows.append((path, forward, logits, base, observed_pool_bytes(log)))

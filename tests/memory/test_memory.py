@@ -151,6 +151,34 @@ def test_mxfp4_quantizes_only_the_moe_experts():
     assert weight_bytes(mixtral, "mxfp4") == int(experts * (0.5 + 1 / 32) + rest * 2)
 
 
+def test_mxfp4_marlin_padding_on_an_a100_regression():
+    """Bug: kvsim stored MXFP4 experts unpadded, 0.92 GiB short of vLLM 0.19.0's 13.72 GiB for
+    gpt-oss-20b on an A100 (Marlin pads hidden to 256, width to 128), 2 GiB short for
+    gpt-oss-120b at TP 4 under 0.10.1. The docstring's arithmetic, byte for byte."""
+    from sim.memory.terms import mxfp4_expert_dims, mxfp4_padding_bytes
+
+    gpt_oss = get_model("gpt-oss-20b")  # 24 MoE layers x 32 experts, h = I = 2880
+    a100, h100 = get_gpu("a100-80gb-sxm"), get_gpu("h100-sxm")
+    assert (a100.compute_capability, h100.compute_capability) == ((8, 0), (9, 0))
+    assert mxfp4_expert_dims(gpt_oss, 1, a100.compute_capability) == (3072, 2944)
+    assert mxfp4_expert_dims(gpt_oss, 1, h100.compute_capability) == (2880, 2880)
+    assert mxfp4_expert_dims(gpt_oss, 4, a100.compute_capability) == (3072, 768)
+    assert mxfp4_expert_dims(gpt_oss, 4, h100.compute_capability) == (2880, 768)  # 720 -> 64s
+    assert mxfp4_expert_dims(gpt_oss, 1, None) == (2880, 2880)
+    assert mxfp4_expert_dims(gpt_oss, 1, (10, 0)) == (2880, 2880)  # Blackwell: not modelled
+    values = 768 * 3 * (3072 * 2944 - 2880 * 2880) * 0.53125
+    biases = 768 * (2 * 64 + 192) * 2 if gpt_oss.moe_bias else 0
+    assert mxfp4_padding_bytes(gpt_oss, 1, (8, 0)) == int(values + biases)
+    assert mxfp4_padding_bytes(gpt_oss, 1, (9, 0)) == 0
+    unpadded = weight_bytes(gpt_oss, "mxfp4")
+    assert weight_bytes(gpt_oss, "mxfp4", 1, (9, 0)) == unpadded
+    assert weight_bytes(gpt_oss, "mxfp4", 1, (8, 0)) == unpadded + int(values + biases)
+    # derive passes the GPU's capability; other formats ignore it
+    derived = derive_num_gpu_blocks(gpt_oss, a100, weight_dtype="mxfp4", engine="v1")
+    assert derived.weight_bytes == unpadded + int(values + biases)
+    assert weight_bytes(LLAMA, "fp8", 1, (8, 0)) == weight_bytes(LLAMA, "fp8")
+
+
 def test_unknown_weight_format_is_an_error():
     with pytest.raises(ValueError, match="unknown model_dtype 'int3'"):
         weight_format("int3")

@@ -30,21 +30,17 @@ KNOWN_OUTLIERS = {
     "i21348-qwen3-235b-a22b-fp8-h100-tp4": "LMCache KV connector; four launch fields assumed",
     "pr10511-llama3-8b-h100-tp2": "0.6.5 development build logged 3.58 GiB non-torch at TP 2",
     "pr2031-llama2-70b-a100-tp4": "vLLM 0.2.5 at TP 4: 12.8 GiB more than any later profiler",
-    "dl-gpt-oss-120b-a100-80gb-tp4-util08": "MXFP4 experts padded for Marlin (17.22 vs 15.17 GiB)",
-    # vLLM 0.19.0 on an A100: the Marlin MXFP4 path pads H to 256 and I to 128
-    # (0.19.1 fused_moe/oracle/mxfp4.py:L376-400), 13.72 vs 12.80 GiB of weights
-    "myoceane-gpt-oss-20b-a100-80gb-util065": "MXFP4 experts padded for Marlin (13.72 vs 12.80)",
 }
 
 #: What benchmarks/memory_accuracy.py prints and the report claims (fractions).
 CLAIMED = {
     "held_out": {"count": 12, "median": 0.0107, "worst": 0.1085},
-    "fit": {"count": 13, "median": 0.0266, "worst": 0.5031},
-    "held_out_recent": {"count": 11, "median": 0.0111, "worst": 0.1085},
+    "fit": {"count": 13, "median": 0.0115, "worst": 0.5031},
+    "held_out_recent": {"count": 11, "median": 0.0110, "worst": 0.1085},
     # issue #24's target (median <= 2% on held-out logs of vLLM >= 0.11); two sources
     "held_out_0_11": {"count": 5, "median": 0.0036, "worst": 0.1085},
     # the releases whose sampler peak is derived from code (0.19.1+): one log, one source
-    "held_out_0_19": {"count": 1, "median": 0.0344, "worst": 0.0344},
+    "held_out_0_19": {"count": 1, "median": 0.0110, "worst": 0.0110},
     "held_out_before": {"median": 0.1167},
 }
 
@@ -180,32 +176,21 @@ def test_the_docs_quote_the_0_19_held_out_row():
     assert quoted in " ".join(docs.split()), quoted
 
 
-def test_the_0_19_gpt_oss_miss_is_the_weights_term():
-    """docs/accuracy.md: the 0.19.0 A100 log's +3.4 % is mostly the weights (Marlin's MXFP4
-    layout, unmodelled); given vLLM's weights, the Triton sampler path kvsim derives for 0.19
-    is closer than 0.11's sort path (whose excess would otherwise mask the weights miss)."""
+def test_the_0_19_gpt_oss_log_checks_the_triton_sampler_path():
+    """docs/accuracy.md: with the MXFP4 experts in Marlin's layout the 0.19.0 A100 log's
+    weights match vLLM's within 0.1 GiB, and the Triton sampler path kvsim derives for 0.19
+    (0.72 GiB) lands closer than 0.11's sort path (1.87 GiB) would: +1.1 % against -2.0 %."""
     from sim.memory.terms import SamplerPath, estimate_peak_activation_bytes
 
     row = next(c for c in ROWS if c.log.id == "myoceane-gpt-oss-20b-a100-80gb-util065")
     budget = memory_validation.predicted_budget(row.log)
-    weights_gap_gib = row.log.logged.weights_gib - budget.weight_bytes / GIB
-    pool_gap_gib = row.after_gib - row.observed_gib
-    assert 0.85 <= weights_gap_gib <= 0.95
-    assert abs(pool_gap_gib - weights_gap_gib) < 0.35  # what is left for the other terms
+    assert abs(row.log.logged.weights_gib - budget.weight_bytes / GIB) < 0.1
     sort = estimate_peak_activation_bytes(
         row.log.model_spec, max_num_batched_tokens=2048, max_num_seqs=256,
         sampler=SamplerPath.V1_PYTORCH,
     )  # fmt: skip
     assert sort / GIB == pytest.approx(1.87, abs=0.01)
     assert budget.peak_activation_bytes / GIB == pytest.approx(0.72, abs=0.01)
-    # With vLLM's own weights figure the Triton path is the closer one (+0.9 % vs -2.2 %) ...
-    triton_pool_gib = row.after_gib - weights_gap_gib
-    sort_pool_gib = triton_pool_gib - (sort - budget.peak_activation_bytes) / GIB
-    assert (triton_pool_gib - row.observed_gib) / row.observed_gib == pytest.approx(
-        0.009, abs=0.001
-    )
-    assert (sort_pool_gib - row.observed_gib) / row.observed_gib == pytest.approx(-0.022, abs=0.001)
-    # ... while with kvsim's unpadded weights the sort path's excess would hide the weights miss
-    assert (
-        abs(row.after_gib - (sort - budget.peak_activation_bytes) / GIB - row.observed_gib) < 0.15
-    )
+    sort_pool_gib = row.after_gib - (sort - budget.peak_activation_bytes) / GIB
+    assert row.after_error == pytest.approx(0.011, abs=0.001)
+    assert (sort_pool_gib - row.observed_gib) / row.observed_gib == pytest.approx(-0.020, abs=0.001)
