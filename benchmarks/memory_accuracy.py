@@ -3,6 +3,7 @@
     python benchmarks/memory_accuracy.py          # per-log table, then the summary
     python benchmarks/memory_accuracy.py --terms  # also each term against what vLLM printed
     python benchmarks/memory_accuracy.py --fit    # refit the constants on the fit half
+    python benchmarks/memory_accuracy.py --cudagraphs  # 0.20+ CUDA-graph estimate vs its logs
 
 The logs are `sim/data/vllm_startup_logs.yaml` (each with its source URL). "before" is the
 derivation kvsim shipped until this change (datasheet memory, no non-torch term, weights in
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sim.memory import cudagraph
 from sim.memory.terms import ACTIVATION_FIT, GIB, NON_TORCH_GIB
 from sim.memory.validation import (
     PROFILED_RELEASE,
@@ -121,11 +123,47 @@ def fit_report() -> str:
     return "\n".join(lines)
 
 
+def cudagraph_table() -> str:
+    """vLLM's logged CUDA-graph estimate against kvsim's for the graph counts it printed,
+    then the refit and each split's errors (`sim.memory.cudagraph`)."""
+    lines = [
+        "| log | split | graphs PW/FULL | logged GiB | kvsim GiB | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for split in ("fit", "held_out"):
+        for log, error in cudagraph.relative_errors(split):
+            flags = f" ({', '.join(log.unmodelled)})" if log.unmodelled else ""
+            lines.append(
+                f"| {log.id}{flags} | {split} | {log.piecewise_graphs}/{log.full_graphs} | "
+                f"{log.estimated_gib:.2f} | {cudagraph.predicted_gib(log):.2f} | {_pct(error)} |"
+            )
+    refit = cudagraph.fit_cudagraph()
+    same = refit == cudagraph.CUDAGRAPH_FIT
+    lines.append("")
+    lines.append(
+        f"fit: first capture {refit.first_capture_gib} GiB, {refit.per_graph_mib} MiB per graph "
+        f"({'matches' if same else 'DIFFERS from'} sim/memory/cudagraph.py)"
+    )
+    for split in ("fit", "held_out"):
+        errors = [abs(e) for _, e in cudagraph.relative_errors(split)]
+        lines.append(
+            f"{split}: n={len(errors)}, median |error| {cudagraph.median_abs_error(split):.1%}, "
+            f"worst {max(errors):.1%}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the constants and compare")
     parser.add_argument("--terms", action="store_true", help="also print each term")
+    parser.add_argument(
+        "--cudagraphs", action="store_true", help="the 0.20+ CUDA-graph estimate vs its logs"
+    )
     args = parser.parse_args(argv)
+    if args.cudagraphs:
+        print(cudagraph_table())
+        return 0
     if args.fit:
         print(fit_report())
         return 0
