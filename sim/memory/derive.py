@@ -6,6 +6,7 @@ L161-206` in the 0.5.4 wheel; V1: `vllm/v1/worker/gpu_worker.py:L222-302` and
 
     available_kv   = total_visible * gpu_memory_utilization
                      - (weights + peak activation + non-torch allocations)
+                     - CUDA-graph estimate (V1, 0.20.0+: `sim.memory.cudagraph`)
     block_bytes    = 2 * layers_per_block * (Hkv // tp, at least 1) * head_dim
                      * kv_dtype_bytes * block_size
     num_gpu_blocks = floor(available_kv / block_bytes)
@@ -47,6 +48,7 @@ from typing import Any, Literal
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, kv_heads_per_rank
 from sim.errors import InputError
 from sim.kv.v1_engine.hybrid_layout import HybridLayout, alternating_layer_windows, hybrid_layout
+from sim.memory.cudagraph import cudagraph_estimate_bytes
 from sim.memory.sampler_release import release_of, sampler_paths
 from sim.memory.terms import (
     MemorySource,
@@ -101,6 +103,9 @@ class MemoryBudget:
     non_torch_source: str
     engine: str
     available_kv_bytes: int
+    #: What the release subtracts for CUDA graphs (0 before 0.20.0, under --enforce-eager,
+    #: or with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0; `sim.memory.cudagraph`).
+    cudagraph_bytes: int = 0
 
     @property
     def num_kv_tokens(self) -> int:
@@ -188,6 +193,8 @@ def derive_num_gpu_blocks(
     engine: VllmEngine | str = VllmEngine.V0,
     flashinfer_sampler: bool | None = None,
     vllm_release: str | None = None,
+    enforce_eager: bool = False,
+    estimate_cudagraphs: bool | None = None,
 ) -> MemoryBudget:
     """num_gpu_blocks as vLLM derives it (see the module docstring for a worked example).
 
@@ -198,6 +205,9 @@ def derive_num_gpu_blocks(
     `flashinfer_sampler`: FlashInfer's sampler was on (True) or off (False); None takes the
     release's default: off up to 0.20 (0.11: PyTorch's sort, whose larger profile leaves a
     smaller, safer pool; 0.19.1 / 0.20.0: the Triton kernel), on from 0.25.
+    From 0.20.0 the V1 engine also subtracts its CUDA-graph estimate
+    (`sim.memory.cudagraph`): none under `enforce_eager`; `estimate_cudagraphs` is
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as set (None: the release's default).
     Raises ValueError, as vLLM does, when no block fits.
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -235,13 +245,25 @@ def derive_num_gpu_blocks(
     one_block = block_bytes(
         model, block_size=block_size, kv_dtype=kv_dtype, tp=tp, kv_layout=kv_layout
     )
+    cudagraphs = 0
+    if engine is VllmEngine.V1:  # 0.20.0 gpu_worker.py:L420-425
+        cudagraphs = cudagraph_estimate_bytes(
+            release=release_of(vllm_release),
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enforce_eager=enforce_eager,
+            env_override=estimate_cudagraphs,
+            compute_capability=gpu.compute_capability,
+        )
     # vLLM computes this in floating point then floors (int(...) in worker.py; // in V1).
     available = int(total * gpu_memory_utilization) - weights - activation - non_torch
+    available -= cudagraphs
     num_blocks = math.floor(available / one_block) if available > 0 else 0
     if num_blocks <= 0:
         raise InputError(
             f"no memory left for KV-cache blocks: {total} B x {gpu_memory_utilization} - weights "
-            f"{weights} B - activation {activation} B - non-torch {non_torch} B = "
+            f"{weights} B - activation {activation} B - non-torch {non_torch} B - CUDA graphs "
+            f"{cudagraphs} B = "
             f"{available} B < one block of {one_block} B (raise gpu_memory_utilization or tp)"
         )
     return MemoryBudget(
@@ -259,6 +281,7 @@ def derive_num_gpu_blocks(
         non_torch_source=non_torch_source,
         engine=engine.value,
         available_kv_bytes=available,
+        cudagraph_bytes=cudagraphs,
     )
 
 

@@ -15,7 +15,9 @@ What vLLM does (read from the wheels, not copied):
   `min(max_num_batched_tokens, max_num_seqs)` rows of full-vocabulary fp32 logits with top-k /
   top-p; which top-k/top-p code that runs, and so its peak, differs by release:
   `sim.memory.sampler_release`) and non-torch memory is what NCCL, cuBLAS and the CUDA
-  context add outside PyTorch's allocator. CUDA-graph memory is captured after the pool is sized and does not shrink it.
+  context add outside PyTorch's allocator. Through 0.19.x CUDA-graph memory is captured after
+  the pool is sized and does not shrink it; from 0.20.0 the profiler subtracts an estimate
+  of it first (`sim.memory.cudagraph`).
 - v0 engine (0.5.4, `vllm/worker/worker.py:L161-206`): `num_gpu_blocks = (total * util -
   peak) // block_bytes` with `peak = free memory before - free memory after profile_run`, which
   already holds weights, activations and non-torch allocations; 0.6.4+ reports the same three

@@ -71,6 +71,8 @@ class LaunchSettings(TypedDict, total=False):
     max_num_seqs: int
     flashinfer_sampler: bool | None
     vllm_release: str | None
+    enforce_eager: bool
+    estimate_cudagraphs: bool | None
 
 
 def derive_budget(

@@ -1,0 +1,162 @@
+"""The CUDA-graph estimate vLLM 0.20.0+ subtracts from the KV budget (`sim.memory.cudagraph`):
+which pins apply it, the graph counts the code gives, the docstring's worked example, the
+replay of public logs (fit and held-out errors as docs/accuracy.md quotes them) and the
+invariant that the pool never grows when the term applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.catalog import get_gpu, get_model
+from sim.memory import cudagraph
+from sim.memory.cudagraph import (
+    CUDAGRAPH_FIT,
+    CaptureMode,
+    capture_sizes,
+    cudagraph_estimate_bytes,
+    estimate_from_counts,
+    graph_counts,
+    split_rule,
+)
+from sim.memory.derive import MemoryBudget, derive_num_gpu_blocks
+from sim.memory.terms import VllmEngine
+from sim.memory.validation import load_logs, predicted_budget
+
+LLAMA = get_model("llama-3.1-8b")
+H100 = get_gpu("h100-sxm")
+GIB, MIB = 2**30, 2**20
+
+
+def _budget(release: str | None, **kw: Any) -> MemoryBudget:
+    launch: dict[str, Any] = {"max_num_batched_tokens": 8192, "max_num_seqs": 256} | kw
+    return derive_num_gpu_blocks(LLAMA, H100, engine=VllmEngine.V1, vllm_release=release, **launch)
+
+
+@pytest.mark.parametrize("pin", ["0.20.0", "0.25.1", "0.26.0", "0.33.0"])
+def test_pins_from_0_20_subtract_the_estimate(pin: str) -> None:
+    b = _budget(pin)
+    assert b.cudagraph_bytes > 0
+    without = _budget(pin, estimate_cudagraphs=False)
+    assert without.cudagraph_bytes == 0
+    assert without.available_kv_bytes - b.available_kv_bytes == b.cudagraph_bytes
+
+
+@pytest.mark.parametrize("pin", ["0.11.0", "0.19.1", None])
+def test_releases_before_0_20_do_not(pin: str | None) -> None:
+    assert _budget(pin).cudagraph_bytes == 0
+
+
+def test_the_env_variable_opts_0_19_in() -> None:
+    """0.19.1 has the profiler but its default is off (envs.py L1654-1656)."""
+    assert _budget("0.19.1", estimate_cudagraphs=True).cudagraph_bytes > 0
+
+
+def test_enforce_eager_captures_nothing() -> None:
+    assert _budget("0.33.0", enforce_eager=True).cudagraph_bytes == 0
+
+
+def test_the_v0_engine_has_no_term() -> None:
+    b = derive_num_gpu_blocks(LLAMA, H100, vllm_release="0.20.0")
+    assert b.cudagraph_bytes == 0
+
+
+def test_capture_sizes_of_the_default_launch() -> None:
+    """0.20.0 config/vllm.py L1463-1524: 1, 2, 4, multiples of 8 below 256, of 16 to 512."""
+    sizes = capture_sizes((0, 20), 256, 8192)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-2:] == [496, 512]
+    assert len(sizes) == 3 + len(range(8, 256, 8)) + len(range(256, 513, 16)) == 51
+    assert graph_counts(CaptureMode.FULL_AND_PIECEWISE, sizes, 256) == (51, 35)
+    assert graph_counts(CaptureMode.PIECEWISE, sizes, 256) == (51, 0)
+    assert graph_counts(CaptureMode.NONE, sizes, 256) == (0, 0)
+
+
+def test_capture_sizes_follow_max_num_seqs_and_the_token_budget() -> None:
+    assert capture_sizes((0, 20), 4, 8192) == [1, 2, 4, 8]  # largest = 4 x 2
+    assert capture_sizes((0, 20), 256, 128)[-1] == 128  # capped at the token budget
+    assert capture_sizes((0, 20), 1024, 8192)[-1] == 512
+
+
+def test_0_33_adds_max_num_seqs_and_the_blackwell_ceiling() -> None:
+    """0.33.0 config/vllm.py L2460-2600: max_num_seqs joins the sizes; 1024 on 10.x."""
+    assert 100 in capture_sizes((0, 33), 100, 8192)
+    assert 100 not in capture_sizes((0, 26), 100, 8192)
+    assert capture_sizes((0, 33), 1024, 8192, compute_capability=(10, 0))[-1] == 1024
+    assert capture_sizes((0, 33), 1024, 8192, compute_capability=(9, 0))[-1] == 512
+
+
+def test_worked_example_of_the_module_docstring() -> None:
+    first = int(0.33 * GIB)
+    per_graph = int(2.3 * MIB)
+    assert (first, per_graph) == (354_334_801, 2_411_724)
+    expected = first + per_graph * ((51 - 1) + (35 - 1))
+    assert expected == 556_919_617
+    got = cudagraph_estimate_bytes(release=(0, 20), max_num_seqs=256, max_num_batched_tokens=8192)
+    assert got == expected
+    assert f"{got / GIB:.2f}" == "0.52"
+    assert "556,919,617 B (0.52 GiB)" in (cudagraph.__doc__ or "")
+
+
+def test_one_first_capture_however_many_modes() -> None:
+    """FULL and PIECEWISE overlay one pool: max of the first captures, not their sum."""
+    assert estimate_from_counts(1, 1) == estimate_from_counts(1, 0) == int(0.33 * GIB)
+    assert estimate_from_counts(0, 0) == 0
+
+
+def test_every_entry_records_the_split_its_id_gives() -> None:
+    for log in cudagraph.load_cudagraph_logs():
+        assert log.split == split_rule(log.id), log.id
+
+
+def test_the_shipped_constants_are_the_fit_of_the_fit_half() -> None:
+    assert cudagraph.fit_cudagraph() == CUDAGRAPH_FIT
+
+
+def test_replay_errors_as_docs_quote_them() -> None:
+    """docs/accuracy.md: fit n=2 within 0.6%; held-out n=3, median |error| 102%, worst 274%
+    (two hybrid / speculative 27B starts with few small graphs), the dense-like one +1.0%."""
+    fit = dict((log.id, e) for log, e in cudagraph.relative_errors("fit"))
+    held = dict((log.id, e) for log, e in cudagraph.relative_errors("held_out"))
+    assert len(fit) == 2 and max(abs(e) for e in fit.values()) <= 0.006
+    assert len(held) == 3
+    assert f"{cudagraph.median_abs_error('held_out'):.1%}" == "102.0%"
+    assert f"{max(abs(e) for e in held.values()):.1%}" == "274.2%"
+    assert f"{held['gpustack251-pw16-tp2']:+.1%}" == "+1.0%"
+
+
+def test_startup_logs_before_0_20_are_not_affected() -> None:
+    """Regression guard: the pool replay of sim/data/vllm_startup_logs.yaml (all < 0.20,
+    the 0.19.0 one included) subtracts no CUDA-graph term."""
+    for log in load_logs():
+        assert predicted_budget(log).cudagraph_bytes == 0, log.id
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqs=st.integers(1, 2048),
+    tokens=st.integers(1, 16384),
+    util=st.floats(0.5, 0.95),
+    pin=st.sampled_from(["0.20.0", "0.25.1", "0.26.0", "0.33.0"]),
+)
+def test_the_pool_never_grows_when_the_term_applies(
+    seqs: int, tokens: int, util: float, pin: str
+) -> None:
+    launch: dict[str, Any] = {"max_num_seqs": seqs, "max_num_batched_tokens": max(tokens, seqs)}
+    on = _budget(pin, gpu_memory_utilization=util, **launch)
+    off = _budget(pin, gpu_memory_utilization=util, estimate_cudagraphs=False, **launch)
+    assert on.num_gpu_blocks <= off.num_gpu_blocks
+    assert off.available_kv_bytes - on.available_kv_bytes == on.cudagraph_bytes > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=st.integers(1, 2048), tokens=st.integers(1, 16384))
+def test_more_sequences_never_shrink_the_estimate(seqs: int, tokens: int) -> None:
+    def est(s: int) -> int:
+        return cudagraph_estimate_bytes(
+            release=(0, 20), max_num_seqs=s, max_num_batched_tokens=tokens
+        )
+
+    assert est(seqs) <= est(seqs + 1)
