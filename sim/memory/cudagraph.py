@@ -226,13 +226,14 @@ def predicted_gib(log: CudagraphLog, fit: CudagraphFit = CUDAGRAPH_FIT) -> float
 
 
 def relative_errors(
-    split: str, fit: CudagraphFit = CUDAGRAPH_FIT
+    split: str, fit: CudagraphFit = CUDAGRAPH_FIT, *, modelled_only: bool = False
 ) -> list[tuple[CudagraphLog, float]]:
-    """(log, (predicted - logged) / logged) for one split's entries."""
+    """(log, (predicted - logged) / logged) for one split's entries; `modelled_only` keeps
+    the entries without `unmodelled` features (the ones the fit may use)."""
     return [
         (log, (predicted_gib(log, fit) - log.estimated_gib) / log.estimated_gib)
         for log in load_cudagraph_logs()
-        if log.split == split
+        if log.split == split and not (modelled_only and log.unmodelled)
     ]
 
 
@@ -241,9 +242,12 @@ FIRST_CAPTURE_GRID = [round(0.01 * i, 2) for i in range(101)]  # 0 .. 1 GiB
 PER_GRAPH_GRID = [round(0.1 * i, 1) for i in range(101)]  # 0 .. 10 MiB
 
 
-def fit_cudagraph() -> CudagraphFit:
-    """The two constants minimising the summed |relative error| over the fit half."""
-    rows = [log for log in load_cudagraph_logs() if log.split == "fit"]
+def fit_cudagraph(logs: list[CudagraphLog] | None = None) -> CudagraphFit:
+    """The two constants minimising the summed |relative error| over the fit half's entries
+    without unmodelled features (hybrid or speculative models' graphs hold other things).
+    `logs`: the entries to fit from (default: the YAML's)."""
+    logs = load_cudagraph_logs() if logs is None else logs
+    rows = [log for log in logs if log.split == "fit" and not log.unmodelled]
     best: tuple[float, CudagraphFit] | None = None
     for first in FIRST_CAPTURE_GRID:
         for per_graph in PER_GRAPH_GRID:
@@ -255,5 +259,8 @@ def fit_cudagraph() -> CudagraphFit:
     return best[1]
 
 
-def median_abs_error(split: str, fit: CudagraphFit = CUDAGRAPH_FIT) -> float:
-    return statistics.median(abs(e) for _, e in relative_errors(split, fit))
+def median_abs_error(
+    split: str, fit: CudagraphFit = CUDAGRAPH_FIT, *, modelled_only: bool = False
+) -> float:
+    errors = relative_errors(split, fit, modelled_only=modelled_only)
+    return statistics.median(abs(e) for _, e in errors)
