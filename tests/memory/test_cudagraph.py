@@ -5,6 +5,8 @@ invariant that the pool never grows when the term applies."""
 
 from __future__ import annotations
 
+import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
+from sim.engine.run import resolve
 from sim.memory import cudagraph
 from sim.memory.cudagraph import (
     CUDAGRAPH_FIT,
@@ -25,10 +28,13 @@ from sim.memory.cudagraph import (
 from sim.memory.derive import MemoryBudget, derive_num_gpu_blocks
 from sim.memory.terms import VllmEngine
 from sim.memory.validation import load_logs, predicted_budget
+from sim.scenario.schema import scenario_from_dict
 
 LLAMA = get_model("llama-3.1-8b")
 H100 = get_gpu("h100-sxm")
 GIB, MIB = 2**30, 2**20
+REQUESTS = [{"arrival_s": 0.0, "prompt_tokens": 64, "output_tokens": 4}]
+LINEAR = {"linear": {"fixed_s": 0.005, "per_prefill_token_s": 0.0001, "per_decode_seq_s": 0.0001}}
 
 
 def _budget(release: str | None, **kw: Any) -> MemoryBudget:
@@ -171,3 +177,50 @@ def test_more_sequences_never_shrink_the_estimate(seqs: int, tokens: int) -> Non
         )
 
     assert est(seqs) <= est(seqs + 1)
+
+
+@pytest.mark.parametrize(("pin", "applies"), [("0.19.1", False), ("0.20.0", True)])
+def test_a_scenarios_memory_terms_carry_the_estimate(pin: str, applies: bool) -> None:
+    """The run's `inputs.memory` (where kvsim prints the pool's terms) has the term, and the
+    pool it derives is the smaller by it."""
+    data = {
+        "name": "cudagraph",
+        "model": "llama-3.1-8b",
+        "cache": {"num_gpu_blocks": "derive"},
+        "scheduler": {"design": "v1-engine", "max_model_len": 4096, "vllm_version": pin},
+        "workload": {"kind": "inline", "requests": REQUESTS},
+        "step_time": LINEAR,
+    }
+    inputs = resolve(scenario_from_dict(data)).inputs
+    memory = inputs["memory"]
+    settings = {name: s["value"] for name, s in inputs["settings"].items()}
+    expected = cudagraph_estimate_bytes(
+        release=(0, 20) if applies else (0, 19),
+        max_num_seqs=settings["max_num_seqs"],
+        max_num_batched_tokens=inputs["max_num_batched_tokens"],
+    )
+    assert memory["cudagraph_bytes"] == expected
+    assert (expected > 0) is applies
+
+
+def test_docs_accuracy_quotes_these_figures() -> None:
+    """docs/accuracy.md "## KV memory" quotes the fit, the errors and the Llama example."""
+    text = " ".join((Path(__file__).parents[2] / "docs" / "accuracy.md").read_text().split())
+    fit = CUDAGRAPH_FIT
+    held = [abs(e) for _, e in cudagraph.relative_errors("held_out")]
+    fitted = [abs(e) for _, e in cudagraph.relative_errors("fit", modelled_only=True)]
+    on = _budget("0.20.0", max_num_seqs=1024, gpu_memory_utilization=0.92)
+    off = _budget(
+        "0.20.0", max_num_seqs=1024, gpu_memory_utilization=0.92, estimate_cudagraphs=False
+    )
+    quoted = [
+        f"{fit.first_capture_gib} GiB for the first capture and {fit.per_graph_mib} MiB a graph",
+        f"{len(cudagraph.load_cudagraph_logs())} public",
+        f"within {max(fitted):.1%}".replace("%", " %"),
+        f"Held out: {len(held)}, median |error| {statistics.median(held):.0%}".replace("%", " %"),
+        f"worst +{max(held):.0%}".replace("%", " %"),
+        f"loses {on.cudagraph_bytes / GIB:.2f} GiB",
+        f"{off.num_gpu_blocks:,} -> {on.num_gpu_blocks:,} blocks",
+    ]
+    for phrase in quoted:
+        assert phrase in text, phrase
