@@ -33,6 +33,15 @@ first capture grows with the model and the largest size (the public threads rare
 model's geometry), hybrid / speculative-decoding models' smaller graphs, LoRA graph cases,
 0.33.0's speculative decode tiers, encoder graphs, ROCm (no estimate there).
 
+How it relates to the real capture: "Graph capturing finished in N secs, took X GiB" (and,
+from 0.20.0, "CUDA graph pool memory: A GiB (actual), E GiB (estimated)", `gpu_worker.py:
+L592-606`) measures `capture_model` after the KV pool exists, every graph into one shared
+pool. That is a different quantity: it has no throwaway first capture's warm-up segments, and
+later graphs reuse what earlier ones freed in the pool instead of each adding the second
+capture's cost (the root cause a reporter of vLLM issue #45178 gives for estimates far above
+the real pool; PR #51590 reports the opposite, estimates below it, on MI355X). Only E shrinks
+the pool, so kvsim models E, not A, and the older "took X GiB" lines are not used as data.
+
 Worked example (`cudagraph_estimate_bytes(release=(0, 20), max_num_seqs=256,
 max_num_batched_tokens=8192)`, the fitted CUDAGRAPH_FIT):
 
@@ -59,6 +68,9 @@ MIB = 2**20
 
 #: The release whose `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` default is on (envs.py).
 ESTIMATING_RELEASE = (0, 20)
+#: The first pinned release that has the profiler at all (0.19.1 `gpu_worker.py:L376-425`;
+#: 0.11.0 has neither it nor the variable). Releases between the two pins are not told apart.
+PROFILER_RELEASE = (0, 19)
 
 
 class CaptureMode(enum.Enum):
@@ -73,11 +85,14 @@ def estimates_cudagraphs(release: tuple[int, int] | None, env_override: bool | N
     """Whether the release subtracts the estimate: the env variable if set, else its default.
 
     Example: (0, 19) -> False; (0, 20) -> True; (0, 20) with the variable set to 0 -> False;
+    (0, 19) with it set to 1 -> True; (0, 11) with it set to 1 -> False (no profiler there);
     None (kvsim's V1 default, read as 0.11) -> False.
     """
+    if release is None or release < PROFILER_RELEASE:
+        return False
     if env_override is not None:
         return env_override
-    return release is not None and release >= ESTIMATING_RELEASE
+    return release >= ESTIMATING_RELEASE
 
 
 def capture_sizes(
@@ -169,7 +184,7 @@ def cudagraph_estimate_bytes(
     See the module docstring for the worked example (0.52 GiB at 256 sequences, 8192 tokens).
     """
     if enforce_eager or release is None or not estimates_cudagraphs(release, env_override):
-        return 0
+        return 0  # --enforce-eager: cudagraph_mode NONE, nothing profiled (L380-385)
     sizes = capture_sizes(
         release, max_num_seqs, max_num_batched_tokens, compute_capability=compute_capability
     )

@@ -61,6 +61,11 @@ def test_the_env_variable_opts_0_19_in() -> None:
     assert _budget("0.19.1", estimate_cudagraphs=True).cudagraph_bytes > 0
 
 
+def test_the_env_variable_cannot_add_a_profiler_0_11_lacks() -> None:
+    """Regression: the override once turned the term on for releases with no profiler."""
+    assert _budget("0.11.0", estimate_cudagraphs=True).cudagraph_bytes == 0
+
+
 def test_enforce_eager_captures_nothing() -> None:
     assert _budget("0.33.0", enforce_eager=True).cudagraph_bytes == 0
 
