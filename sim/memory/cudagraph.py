@@ -17,9 +17,9 @@ L6498-6640, 0.33.0 L6268-6410 keep the arithmetic):
   PIECEWISE share one pool at runtime, so only the larger first capture counts.
 
 Which graphs exist (`capture_sizes`, `graph_counts`): by default `cudagraph_mode` is
-FULL_AND_PIECEWISE (0.20.0 `config/vllm.py:L228, L248`, optimisation levels O2 / O3), which
-captures a PIECEWISE graph per capture size and a FULL (decode) graph per size up to
-max_num_seqs x decode query length (`cudagraph_dispatcher.py:L188-230`); `--enforce-eager`
+FULL_AND_PIECEWISE (0.20.0 `config/vllm.py:L228, L248`: levels O2 / O3, O2 the default at
+L336), which captures a PIECEWISE graph per capture size and a FULL (decode) graph per size up
+to max_num_seqs x decode query length (`cudagraph_dispatcher.py:L188-230`); `--enforce-eager`
 sets the mode to NONE and the sizes to [] (`config/vllm.py:L895-901, L1088-1093`), so there is
 nothing to subtract.
 
