@@ -106,11 +106,12 @@ def capture_sizes(
     """The default `cudagraph_capture_sizes` (0.20.0 `config/vllm.py:L1463-1524`).
 
     max size = min(max_num_seqs x decode query len x 2, 512), then at most the token budget;
-    sizes 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256. 0.33.0
-    (`config/vllm.py:L2460-2600`) raises 512 to 1024 on compute capability 10.x and adds the
-    token budget and max_num_seqs when they fit under the max (its speculative decode tiers are
-    not modelled). Example: 256 sequences, 8192 tokens -> 51 sizes, largest 512; 4 sequences
-    -> [1, 2, 4, 8].
+    sizes 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256. 0.25.1 (`config/
+    vllm.py:L1766-1772`, 0.26.0 L1836-1842) adds the token budget when it is within the max;
+    0.33.0 (L2460-2600) also adds max_num_seqs and raises 512 to 1024 on compute capability
+    10.x (its speculative decode tiers are not modelled). Example: 256 sequences, 8192
+    tokens -> 51 sizes, largest 512; 4 sequences -> [1, 2, 4, 8]; a 100-token budget -> ...,
+    88, 96 under 0.20.0, ..., 96, 100 from 0.25.1.
     """
     query_len = 1 + num_speculative_tokens
     ceiling = 512
@@ -119,11 +120,10 @@ def capture_sizes(
     largest = min(max_num_seqs * query_len * 2, ceiling, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4) if s <= largest}
     sizes |= set(range(8, min(largest + 1, 256), 8)) | set(range(256, largest + 1, 16))
-    if release >= (0, 33):
-        if max_num_batched_tokens <= largest:
-            sizes.add(max_num_batched_tokens)
-        if query_len == 1 and max_num_seqs <= largest:
-            sizes.add(max_num_seqs)
+    if release >= (0, 25) and max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    if release >= (0, 33) and query_len == 1 and max_num_seqs <= largest:
+        sizes.add(max_num_seqs)
     return sorted(sizes)
 
 

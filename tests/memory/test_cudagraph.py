@@ -91,6 +91,13 @@ def test_capture_sizes_follow_max_num_seqs_and_the_token_budget() -> None:
     assert capture_sizes((0, 20), 1024, 8192)[-1] == 512
 
 
+def test_0_25_adds_a_token_budget_below_the_max() -> None:
+    """0.25.1 config/vllm.py L1766-1772: the budget itself joins the sizes; 0.20.0 pads to 96."""
+    assert capture_sizes((0, 20), 256, 100)[-2:] == [88, 96]
+    assert capture_sizes((0, 25), 256, 100)[-2:] == [96, 100]
+    assert capture_sizes((0, 26), 256, 8192) == capture_sizes((0, 20), 256, 8192)
+
+
 def test_0_33_adds_max_num_seqs_and_the_blackwell_ceiling() -> None:
     """0.33.0 config/vllm.py L2460-2600: max_num_seqs joins the sizes; 1024 on 10.x."""
     assert 100 in capture_sizes((0, 33), 100, 8192)
