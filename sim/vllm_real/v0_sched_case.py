@@ -92,7 +92,7 @@ class V0StepRecord:
     #: step's groups hold; the free counts alone cannot tell a reused cached block from an
     #: evicted and refilled one.
     tables: list[tuple[int, list[int]]] = field(default_factory=list)
-    #: The three queues after the step, front to back (None: not compared, kvsim's fast path).
+    #: The three queues (waiting, running, swapped) after the step, front to back.
     queues: tuple[list[int], list[int], list[int]] | None = None
     #: kvsim's decode cohort only: one-token decodes run in bulk, not listed in `scheduled`.
     bulk_decodes: int = 0

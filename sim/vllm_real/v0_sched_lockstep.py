@@ -194,8 +194,7 @@ class KvsimV0Side:
         finished = s.update(plan, now_s)
         record.finished = [r.request_id for r in finished]
         record.free_gpu_after_update, record.free_cpu_after_update = self._free_blocks()
-        if not self.fast_path:
-            record.queues = self._queues()
+        record.queues = self._queues()
         return record
 
     def has_unfinished(self) -> bool:
@@ -225,8 +224,6 @@ def _compare(
         return SchedDivergence(index, step, "scheduled", kvsim_work, theirs.scheduled, w)  # type: ignore[arg-type]
     for name in _FIELDS:
         a, b = getattr(mine, name), getattr(theirs, name)
-        if name == "queues" and a is None:
-            continue
         if fast and name in ("num_prefill_groups", "tables"):
             continue  # quiet decodes are not listed as work
         if a != b:
