@@ -237,6 +237,11 @@ def _verify_scheduler(
 
     v0_release = vllm_version is not None and version_tuple(vllm_version) < (0, 10)
     if design == "v0-v1" or (design == "v0-v2" and v0_release):
+        v1_only = {"--trace": trace is not None, "--pin": bool(pins), "--async": async_scheduling,
+                   "--hybrid": hybrid, "--mamba-caching": mamba_caching}  # fmt: skip
+        for name, given in v1_only.items():
+            if given:
+                raise InputError(f"{name} is for the V1 scheduler; --design {design} has none")
         _verify_v0_scheduler(design, vllm_root, vllm_version, num_workloads, seed, fast_path)
         return
     if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice

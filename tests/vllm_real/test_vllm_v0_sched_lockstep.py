@@ -200,3 +200,24 @@ def test_cli_verify_scheduler_v0_design(capsys):
     assert (
         "v0 scheduler @0.5.4 vs vLLM 0.5.4: identical over 5 workloads (5 v0-v1;" in result.stdout
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "t.jsonl"], "--trace is for the V1 scheduler; --design v0-v1 has none"),
+        (["--pin", "0.11.0"], "--pin is for the V1 scheduler"),
+        (["--async"], "--async is for the V1 scheduler"),
+        (["--num-workloads", "0"], "--num-workloads"),
+    ],
+)
+def test_cli_verify_v0_scheduler_bad_input_is_exit_2(args, message):
+    """Options of the V1 lockstep only, or no workloads: one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    base = ["verify", "--scheduler", "--design", "v0-v1", "--vllm-version", "0.5.4"]
+    result = CliRunner().invoke(app, [*base, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
