@@ -39,7 +39,8 @@ class DeferredAccess:
         self.eager = False
 
     def access(self, seq_id: int, table: list[PhysicalBlock], access_time: float) -> None:
-        """`access_all_blocks_in_seq`: remember it, or (eager) write it now."""
+        """`access_all_blocks_in_seq` (`vllm/core/block_manager_v1.py:L652-662 (0.5.4)`):
+        remember it, or (eager) write it now."""
         self.tick += 1
         if self.eager:
             self._write(table, self.tick, access_time, notify=True)
@@ -47,14 +48,16 @@ class DeferredAccess:
             self.pending[seq_id] = (self.tick, access_time)
 
     def flush(self, seq_id: int, table: list[PhysicalBlock]) -> None:
-        """Write the sequence's pending access into `table` (about to change)."""
+        """Write the sequence's pending access into `table` (about to change). kvsim's own
+        (no upstream counterpart: upstream writes at once)."""
         if self.pending:
             pending = self.pending.pop(seq_id, None)
             if pending is not None:
                 self._write(table, pending[0], pending[1], notify=False)
 
     def go_eager(self, tables: dict[int, list[PhysicalBlock]]) -> None:
-        """From now on write at once: first every pending access (`tables`: the manager's)."""
+        """From now on write at once: first every pending access (`tables`: the manager's).
+        kvsim's own (no upstream counterpart)."""
         for seq_id in list(self.pending):
             table = tables.get(seq_id)
             if table is not None:
