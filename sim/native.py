@@ -55,6 +55,7 @@ COMPILED: tuple[str, ...] = (
     "sim.kv.types",
     "sim.kv.v0_fixed.manager",
     "sim.kv.v0_v1.manager",
+    "sim.kv.v0_v1.access",
     "sim.kv.v0_v1.alloc",
     "sim.kv.v0_v1.evictor",
     "sim.kv.v0_v1.hashing",

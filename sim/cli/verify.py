@@ -11,6 +11,7 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
     kvsim verify --scheduler --trace sim/data/traces/mooncake_fast25/conversation_trace.jsonl
     kvsim verify --scheduler --vllm-version 0.33.0  # kvsim's 0.33.0 pin (setup_vllm.sh 0.33.0)
     kvsim verify --scheduler --async --vllm-version 0.33.0  # AsyncScheduler + the batch queue
+    kvsim verify --scheduler --design v0-v1 --vllm-version 0.5.4  # the v0 Scheduler vs 0.5.4's
     kvsim verify --defaults --vllm-version 0.33.0   # the release's resolved engine settings
     defaults vs vLLM 0.33.0: 1260 of 1260 configurations identical (112 refused by both)
 """
@@ -27,7 +28,9 @@ verify_app = typer.Typer(help="Compare kvsim's block-manager models with vLLM's 
 @verify_app.command("verify")
 def verify_command(
     design: str = typer.Option(
-        "v0-v2", help="v0-v1, v0-v2 or v1-engine (with --scheduler: v1-engine only)"
+        "v0-v2",
+        help="v0-v1, v0-v2 or v1-engine (with --scheduler: v1-engine, or v0-v1 / v0-v2 with "
+        "--vllm-version 0.5.4 for the v0 scheduler)",
     ),
     vllm_root: Path | None = typer.Option(
         None, help="a vLLM install folder (scripts/setup_vllm.sh)"
@@ -228,13 +231,23 @@ def _verify_scheduler(
     from sim.errors import InputError
     from sim.kv.config import Design
     from sim.kv.pins import resolve_pin
-    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.loader import load_vllm, version_tuple
     from sim.vllm_real.lockstep import v1_pin_for
     from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
 
+    v0_release = vllm_version is not None and version_tuple(vllm_version) < (0, 10)
+    if design == "v0-v1" or (design == "v0-v2" and v0_release):
+        v1_only = {"--trace": trace is not None, "--pin": bool(pins), "--async": async_scheduling,
+                   "--hybrid": hybrid, "--mamba-caching": mamba_caching}  # fmt: skip
+        for name, given in v1_only.items():
+            if given:
+                raise InputError(f"{name} is for the V1 scheduler; --design {design} has none")
+        _verify_v0_scheduler(design, vllm_root, vllm_version, num_workloads, seed, fast_path)
+        return
     if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
         raise InputError(
-            f"--scheduler compares the V1 engine; --design {design!r} has no V1 scheduler"
+            f"--scheduler compares the V1 engine, or with --design v0-v1 / v0-v2 --vllm-version "
+            f"0.5.4 the v0 scheduler; --design {design!r} has no vLLM scheduler"
         )
     if num_workloads <= 0:
         raise InputError(f"--num-workloads must be positive, got {num_workloads}")
@@ -279,6 +292,35 @@ def _verify_scheduler(
         typer.echo(result.summary())
         diverged = diverged or not result.identical
     if diverged:
+        raise typer.Exit(1)
+
+
+def _verify_v0_scheduler(
+    design: str,
+    vllm_root: Path | None,
+    vllm_version: str | None,
+    num_workloads: int,
+    seed: int,
+    fast_path: bool,
+) -> None:
+    """`--scheduler --design v0-v1|v0-v2 [--vllm-version 0.5.4]`: kvsim's v0 scheduler against
+    vLLM 0.5.4's (`sim.vllm_real.v0_sched_lockstep`) over random workloads of that design's
+    block manager."""
+    from sim.errors import InputError
+    from sim.vllm_real.loader import load_vllm
+    from sim.vllm_real.v0_sched_lockstep import verify_v0_scheduler
+
+    if num_workloads <= 0:
+        raise InputError(f"--num-workloads must be positive, got {num_workloads}")
+    install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.5.4"))
+    if install.version_tuple[:2] != (0, 5):
+        raise InputError(f"--scheduler --design {design} needs vLLM 0.5.x, got {install.version}")
+    kind = "v1" if design == "v0-v1" else "v2"
+    result = verify_v0_scheduler(
+        num_workloads, seed, kinds=(kind,), install=install, fast_path=fast_path
+    )
+    typer.echo(result.summary())
+    if not result.identical:
         raise typer.Exit(1)
 
 

@@ -406,8 +406,32 @@ def test_mark_computed_skips_last_full_block_and_common_ids():
     assert m.get_common_computed_block_ids([b]) == [0, 1]
     assert m.get_common_computed_block_ids([a, b]) == [0, 1]
     m.access_all_blocks_in_seq(b, 3.5)
-    assert {blk.last_accessed for blk in m.block_tables[2]} == {3.5}
+    table = list(m.block_tables[2])
+    m.free(b)  # kvsim writes the access when the table next changes (`sim.kv.v0_v1.access`)
+    assert {blk.last_accessed for blk in table} == {3.5}
     assert make(10).get_common_computed_block_ids([a]) == []
+
+
+def test_deferred_access_leaves_a_shared_block_with_the_latest_write():
+    """`sim.kv.v0_v1.access`'s example: a and b share block 0; a accessed at t=3, b at t=4;
+    b frees first (t=4 written), then a (its older t=3 is not written over it), as upstream's
+    writes in call order leave it; a's own block gets t=3. Accessed again later, a block
+    takes the newer time."""
+    m = make(10, enable_prefix_caching=True)
+    a, _ = admit(m, 1, shared_prompt(7, 16, 100, 1))
+    b, _ = admit(m, 2, shared_prompt(7, 16, 200, 1))
+    shared, own_a = m.block_tables[1]
+    assert m.block_tables[2][0] is shared
+    m.access_all_blocks_in_seq(a, 3.0)
+    m.access_all_blocks_in_seq(b, 4.0)
+    m.free(b)
+    m.free(a)
+    assert (shared.last_accessed, own_a.last_accessed) == (4.0, 3.0)
+    c, _ = admit(m, 3, shared_prompt(7, 16, 300, 1))
+    assert m.block_tables[3][0] is shared  # a hit on the evicted-to-be block
+    m.access_all_blocks_in_seq(c, 5.0)
+    m.free(c)
+    assert shared.last_accessed == 5.0
 
 
 def test_multi_seq_allocate_with_caching_undercounts_refs():

@@ -150,7 +150,9 @@ def test_v0_chunked_prefill_splits_by_the_remaining_budget():
         (w.request.request_id, w.num_tokens, w.num_context_tokens) for w in plan.all_scheduled()
     ] == [(0, 48, 48)]
     plan, _ = _step(scheduler)
-    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [(0, 4), (1, 30)]
+    # Listed as `SchedulerOutputs` lists them (new prefills first, scheduler.py:L899-903 of
+    # 0.5.4), though the walk scheduled request 0's last chunk first.
+    assert [(w.request.request_id, w.num_tokens) for w in plan.all_scheduled()] == [(1, 30), (0, 4)]
 
 
 def test_v0_priority_policy_admits_lower_priority_value_first():

@@ -201,7 +201,7 @@ def test_cli_verify_scheduler_reports_both_pins():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--design", "v0-v1"], "has no V1 scheduler"),
+        (["--design", "v0-fixed"], "has no vLLM scheduler"),
         (["--pin", "0.9"], "--pin: unknown vLLM version '0.9'"),
         (["--num-workloads", "0"], "--num-workloads 0: must be at least 1"),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),

@@ -51,6 +51,8 @@ class PhysicalBlock:
     num_hashed_tokens: int
     ref_count: int = 0
     last_accessed: float = DEFAULT_LAST_ACCESSED_S
+    #: The tick of the access that wrote `last_accessed` (kvsim's, `sim.kv.v0_v1.access`).
+    access_tick: int = 0
     computed: bool = False
     #: ``(device value, block number)`` as vLLM's ``utils.Device`` numbers them (GPU = 1,
     #: CPU = 2): the key that orders a freed table like upstream's ``set`` of blocks (see

@@ -59,6 +59,7 @@ from sim.kv.types import (
     SequenceStatus,
     cdiv,
 )
+from sim.kv.v0_v1.access import DeferredAccess
 from sim.kv.v0_v1.alloc import (
     OUT_OF_BLOCKS_MSG,
     BlockAllocator,
@@ -99,6 +100,12 @@ class BlockSpaceManagerV1(ManagerQueries):
         self.gpu_allocator: BlockAllocator = alloc_cls(Device.GPU, config.num_gpu_blocks)
         self.cpu_allocator: BlockAllocator = alloc_cls(Device.CPU, config.num_cpu_blocks)
         self.block_tables: dict[int, BlockTable] = {}
+        #: Access times, written when a table changes (`sim.kv.v0_v1.access`); caching only.
+        self._access: DeferredAccess | None = None
+        if isinstance(self.gpu_allocator, CachedBlockAllocator) and isinstance(
+            self.cpu_allocator, CachedBlockAllocator
+        ):
+            self._access = DeferredAccess(self.gpu_allocator, self.cpu_allocator)
         # (block, refs taken) by allocations that failed part-way; no table owns them.
         self._leaked: list[tuple[PhysicalBlock, int]] = []
         #: The content hashes prefix caching keys blocks by (`v0_v1_hashing`).
@@ -183,6 +190,8 @@ class BlockSpaceManagerV1(ManagerQueries):
         else:
             waiting = seq_group.get_seqs(SequenceStatus.WAITING)
         taken: list[tuple[PhysicalBlock, int]] = []
+        if len(seqs) > 1 and self._access is not None:
+            self._access.go_eager(self.block_tables)  # its tables will share blocks
         try:
             # `num_seqs()` counts every sequence: `len(seqs)`, without the list it copies.
             table = self._allocate_sequence(waiting[0], len(seqs), taken)
@@ -247,6 +256,11 @@ class BlockSpaceManagerV1(ManagerQueries):
         n_blocks = seq.n_blocks(self.block_size)
         table = self.block_tables[seq.seq_id]
         num_entries = len(table)
+        access = self._access
+        if access is not None and (
+            num_entries < n_blocks or table[-1].ref_count != 1 or self._is_last_block_full(seq)
+        ):
+            access.flush(seq.seq_id, table)  # a block may join or leave the table
         if num_entries < n_blocks:
             assert num_entries == n_blocks - 1, "append_slots adds at most one block"
             w = self.block_sliding_window
@@ -277,6 +291,8 @@ class BlockSpaceManagerV1(ManagerQueries):
         src = self.block_tables.get(parent_seq.seq_id)
         if src is None:
             return
+        if self._access is not None:
+            self._access.go_eager(self.block_tables)  # two tables will name the same blocks
         self.block_tables[child_seq.seq_id] = list(src)
         for block in unique(src):
             self.gpu_allocator.incref(block)
@@ -338,6 +354,8 @@ class BlockSpaceManagerV1(ManagerQueries):
     ) -> list[tuple[int, int]]:
         mapping: dict[PhysicalBlock, PhysicalBlock] = {}
         for seq in seq_group.get_seqs(status):
+            if self._access is not None:
+                self._access.flush(seq.seq_id, self.block_tables[seq.seq_id])
             self.block_tables[seq.seq_id] = self._swap_block_table(
                 self.block_tables[seq.seq_id], src, dst, mapping
             )
@@ -376,6 +394,8 @@ class BlockSpaceManagerV1(ManagerQueries):
             return  # already freed or never scheduled
         self._hasher.forget(seq.seq_id)
         self._seq_gpu_ids.pop(seq.seq_id, None)
+        if self._access is not None:
+            self._access.flush(seq.seq_id, table)
         self._free_block_table(table)
 
     def get_block_table(self, seq: Sequence) -> list[int]:
@@ -392,16 +412,10 @@ class BlockSpaceManagerV1(ManagerQueries):
 
     # ---------------------------------------------------------- prefix caching
     def access_all_blocks_in_seq(self, seq: Sequence, access_time: float) -> None:
-        """Upstream: `vllm/core/block_manager_v1.py:L652-662 (0.5.4)`."""
-        if self.enable_caching:
-            gpu, cpu = self.gpu_allocator, self.cpu_allocator
-            assert isinstance(gpu, CachedBlockAllocator) and isinstance(cpu, CachedBlockAllocator)
-            for block in self.block_tables[seq.seq_id]:
-                block.last_accessed = access_time
-                # A table can name a block sitting in the evictor (see
-                # `CachedBlockAllocator.incref`): its evictor entry just changed time.
-                allocator = gpu if block.device is Device.GPU else cpu
-                allocator.evictor.on_last_accessed_changed(block)
+        """Upstream: `vllm/core/block_manager_v1.py:L652-662 (0.5.4)`: every block of the
+        table gets `access_time`, written when the table next changes (`DeferredAccess`)."""
+        if self._access is not None:
+            self._access.access(seq.seq_id, self.block_tables[seq.seq_id], access_time)
 
     def _compute_full_blocks_in_seq(self, seq: Sequence) -> None:
         """Mark full blocks computed, backwards, stopping at the first computed one.

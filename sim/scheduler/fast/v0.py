@@ -37,8 +37,10 @@ RUNNING = RequestState.RUNNING
 def v0_shortcuts(
     config: SchedulerConfig, manager: AuditedV0Manager, queues: V0Queues
 ) -> V0DecodeShortcuts | NoShortcuts:
-    """The hooks for one v0 scheduler: the layer when the fast path is on, else no-ops."""
-    if fast_path_enabled(config, manager):
+    """The hooks for one v0 scheduler: the layer when the fast path is on, else no-ops; off
+    under prefix caching, where every scheduled sequence's blocks get their access time each
+    step (`V0Scheduler._touch_scheduled`), which quiet and bulk decodes would skip."""
+    if fast_path_enabled(config, manager) and not getattr(manager.inner, "enable_caching", False):
         return V0DecodeShortcuts(config, manager, queues)
     return NoShortcuts()
 
@@ -362,23 +364,21 @@ class V0DecodeShortcuts(DecodeShortcuts):
         kept_prefill: Sequence[Request],
         swapped_in: Sequence[Request],
     ) -> None:
-        """`_requeue` after a lazy step: `running` still holds every other request in order.
-        The new prefills and the kept prefill-stage ones go first when chunking (where a
-        full walk would have put them), or last otherwise; the swapped-in ones last."""
+        """`_requeue` after a lazy step: `running` still holds the kept decodes in order. New
+        prefills go first when chunking (as after a full walk), else last; then the kept
+        prefill-stage ones (scheduler.py:L886-891 of 0.5.4), then the swapped-in ones."""
         running = self.queues.running
-        front = [*prefills, *kept_prefill]
-        if self.chunked_prefill and front:
-            for request in reversed(front):
+        if self.chunked_prefill and prefills:
+            for request in reversed(prefills):
                 running.appendleft(request)
                 request.order_key = self._front_key
                 self._front_key -= 1
                 self.outsiders[request] = None
-        elif front:
-            running.extend(front)
-            self.on_join(front)
-        if swapped_in:
-            running.extend(swapped_in)
-            self.on_join(swapped_in)
+        elif prefills:
+            kept_prefill = [*prefills, *kept_prefill]
+        for joining in (kept_prefill, swapped_in):
+            running.extend(joining)
+            self.on_join(joining)
 
     def after_update(self, plan: StepPlan, finished: list[Request], now_s: float) -> None:
         """After `update`: the quiet decodes get their tokens, the members theirs (`tick`),

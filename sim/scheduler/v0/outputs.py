@@ -55,8 +55,10 @@ class RunningOutputs:
 
     @property
     def kept(self) -> list[Request]:
-        """Upstream's requeue order: the prefill-stage groups, then the decodes."""
-        return self.prefill + self.decode
+        """Upstream's requeue order: the decodes, then the prefill-stage groups
+        (`_schedule_chunked_prefill`, vllm/core/scheduler.py:L886-891 of 0.5.4; the default
+        policy keeps no prefill-stage group)."""
+        return self.decode + self.prefill
 
 
 class RunningStep(enum.Enum):

@@ -82,6 +82,9 @@ class V0Scheduler:
             self.prompt_limit = config.max_model_len
         else:
             self.prompt_limit = min(config.max_model_len, self.token_budget)
+        #: Whether the manager caches prefixes: `schedule` then stamps and marks the step's
+        #: blocks as upstream's does (`_touch_scheduled`); a no-op call otherwise.
+        self.caching = _manager_caches(block_manager)
         #: The speed layer's hooks (`sim.scheduler.v0.hooks.V0Hooks`); no-ops with the fast path
         #: off. Typed as the factory's union of the two concrete classes, not as the protocol:
         #: the compiled core (`sim.native`) then calls the hooks as native methods, where a
@@ -421,17 +424,26 @@ class V0Scheduler:
         self._requeue(prefills, running, swapped_in)
 
     def _schedule_chunked(self, plan: StepPlan, now_s: float) -> None:
-        """`_schedule_chunked_prefill` (L841-918)."""
+        """`_schedule_chunked_prefill` (L841-918); the plan lists the work in upstream's
+        output order (`_output_order`)."""
         budget = SchedulingBudget(self.token_budget, self.config.max_num_seqs)
         running = self._schedule_running(budget, plan, now_s, chunking=True)
+        end_running = len(plan.scheduled)
         swapped_in: Sequence[Request] = ()
         if not running.preempted and not running.swapped_out:
             try:
-                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=True)
+                # Unchunked: 0.5.4 calls `_schedule_swapped(budget, curr_loras)` here (L866-867),
+                # so a swapped prefill-stage group needs its whole rest in the budget.
+                swapped_in = self._schedule_swapped(budget, plan, now_s, chunking=False)
             except FatalEngineError:
                 self._requeue((), running, ())
                 raise
+        end_swapped = len(plan.scheduled)
+        if any(r.is_prefill for r in swapped_in):  # decodes first (L892-895)
+            swapped_in = sorted(swapped_in, key=lambda r: r.is_prefill)
         prefills = self._schedule_prefills(budget, plan, now_s, chunking=True)
+        if end_swapped and (prefills or running.prefill or swapped_in):
+            plan.scheduled = _output_order(plan.scheduled, end_running, end_swapped)
         self._requeue(prefills, running, swapped_in)
 
     def _requeue(
@@ -440,9 +452,8 @@ class V0Scheduler:
         """Put the step's requests back in the queues (L807-816, L884-897): the preempted
         ones to the front of `waiting` (`extendleft` reverses: the earliest-preempted ends up
         first, spec 5.3), the swapped-out ones to `swapped`, and to `running` the new
-        prefills, the kept ones and the swapped-in ones, in that order. (0.5.4's chunked
-        policy puts the kept decodes before the kept prefill-stage groups, L888-891; kvsim
-        keeps the order of its fc93e56 reading, prefill stage first.)"""
+        prefills, the kept ones (decodes, then prefill-stage groups: `RunningOutputs.kept`,
+        L886-891) and the swapped-in ones, in that order."""
         if running.preempted:
             self.waiting.extendleft(running.preempted)
         if running.swapped_out:
@@ -470,8 +481,27 @@ class V0Scheduler:
             else:
                 self._schedule_default(plan, now_s)
         except FatalEngineError:
-            pass  # plan.fatal_error says why; the engine ends the run
+            return plan  # plan.fatal_error says why; the engine ends the run
+        if self.caching:
+            self._touch_scheduled(plan, now_s)
         return plan
+
+    def _touch_scheduled(self, plan: StepPlan, now_s: float) -> None:
+        """The manager calls of `schedule`'s metadata loop (L956-1020) that change the pool:
+        every scheduled group's running sequence gets `access_all_blocks_in_seq(seq, now)`
+        (v0-V1 stamps its blocks' `last_accessed`, v0-V2 the sequence's access time, read
+        when it frees: the LRU evictor's order), then each scheduled group
+        `mark_blocks_as_computed` (v0-V1's `computed` flags; a no-op on v0-V2). Left out:
+        `get_block_table` and `get_common_computed_block_ids`, queries for the workers'
+        metadata. Under caching the fast path is off (`sim.scheduler.fast.v0.v0_shortcuts`),
+        so every scheduled group is in `plan.scheduled`. Example: step at t=3.0 schedules
+        requests 4 and 7: both sequences' blocks read t=3.0 if freed before their next step."""
+        manager = self.block_manager
+        for work in plan.scheduled:
+            if work.request.state is RequestState.RUNNING:
+                manager.access_all_blocks_in_seq(work.request.seq, now_s)
+        for work in plan.scheduled:
+            manager.mark_blocks_as_computed(work.request.group)
 
     # ------------------------------------------------------------------ outputs
     def update(self, plan: StepPlan, now_s: float) -> list[Request]:
@@ -590,6 +620,32 @@ class V0Scheduler:
         if chunking:
             num_new = min(num_new, budget.remaining_token_budget())
         return num_new
+
+
+def _manager_caches(manager: AuditedV0Manager) -> bool:
+    """Whether the audited v0 manager caches prefixes (kvsim's designs say `enable_caching`;
+    a manager that does not say is asked anyway: both calls are no-ops without caching)."""
+    return bool(getattr(manager.inner, "enable_caching", True))
+
+
+def _output_order(
+    walk: list[ScheduledWork], end_running: int, end_swapped: int
+) -> list[ScheduledWork]:
+    """The chunked policy's work, listed in walk order (running, swapped, then new prefills:
+    `walk[:end_running]`, `walk[end_running:end_swapped]`, the rest), in the order of
+    `SchedulerOutputs.scheduled_seq_groups` (L899-903): new prefills, running prefill-stage
+    groups, swapped-in prefill-stage groups, running decodes, swapped-in decodes. `update`
+    applies the outputs in this order, as `_process_model_outputs` does (llm_engine.py:L819-831),
+    so finished requests free their blocks in upstream's order. Example: walk [r1 decode,
+    r2 chunk, s3 decode, w4 prompt] -> [w4, r2, r1, s3]."""
+    running, swapped = walk[:end_running], walk[end_running:end_swapped]
+    return [
+        *walk[end_swapped:],
+        *[w for w in running if w.is_prefill],
+        *[w for w in swapped if w.is_prefill],
+        *[w for w in running if not w.is_prefill],
+        *[w for w in swapped if not w.is_prefill],
+    ]
 
 
 def maybe_stop_sequence(request: Request, max_model_len: int) -> str | None:
