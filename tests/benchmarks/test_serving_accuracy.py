@@ -356,3 +356,24 @@ def test_tt143_ttfts_are_kept_out_as_warm_not_cold_prefills():
             printed[p.raw["workload"]["input_len"]] = float(found.group(1))
     assert printed[4096] / printed[2048] > 3.0
     assert 1.8 < printed[8192] / printed[4096] < 2.3
+
+
+def test_a_point_naming_its_servers_python_is_replayed_under_it(monkeypatch):
+    """kvcached's runs served from a Python 3.11 venv (`server_python`, `sim.engine.microbatch`:
+    its `asyncio.wait_for` batches differently); a point that does not say gets 3.12."""
+    seen: dict[str, str] = {}
+
+    class _Stop(Exception):
+        pass
+
+    def _capture(scenario, base, options, settings, **kwargs):
+        seen["run"] = settings.server_python
+        raise _Stop
+
+    monkeypatch.setattr(accuracy, "run_bench", _capture)
+    for point_id, python in (("kvc-qwen3-0.6b-h100-rateinf", "3.11"),
+                             ("dl-qwen2-7b-a100-tp1-u05-in1024-out1024-n1", "3.12")):  # fmt: skip
+        point = next(p for p in POINTS if p.id == point_id)
+        with pytest.raises(_Stop):
+            accuracy.replay(point)
+        assert seen["run"] == python
