@@ -160,3 +160,29 @@ def test_a_burst_stays_a_burst_the_loop_is_idle_when_the_batcher_collects() -> N
     engine.run()
     assert engine.frontend is not None
     assert engine.frontend._batchers[0].batch_sizes == [32, 32, 32, 4]
+
+
+def _steady(wait_for: WaitFor) -> tuple[list[int], float]:
+    """300 prompts of 512 tokens sent at 150 a second, 128 tokens out each, on 4 ms steps:
+    once ~100 stream, the loop is busy; the batch sizes and the mean TTFT."""
+    scheduler = {**SCENARIO["scheduler"], "max_num_seqs": 256}
+    step = {"linear": {"fixed_s": 0.004, "per_prefill_token_s": 1e-6}}
+    scenario = {**SCENARIO, "engine": {}, "scheduler": scheduler, "step_time": step}
+    resolved = resolve(scenario_from_dict(scenario), Path("."))
+    specs = [RequestSpec(i, i / 150, 512, 128) for i in range(300)]
+    engine = Engine(resolved.engine, specs, resolved.step_time, record_token_times=True,
+                    frontend=VLLM_API_SERVER, tokenizer=MicrobatchTokenizer(wait_for=wait_for))  # fmt: skip
+    engine.run()
+    assert engine.frontend is not None and engine.token_times_s is not None
+    ttft_s = [engine.token_times_s[s.request_id][0] - s.arrival_s for s in specs]
+    return engine.frontend._batchers[0].batch_sizes, sum(ttft_s) / len(ttft_s)
+
+
+def test_a_loop_busy_streaming_pairs_the_prompts_under_3_11_and_admits_them_later() -> None:
+    """docs/accuracy.md: in the pair regime the 3.11 batcher is the server's intake limit."""
+    task_sizes, task_ttft_s = _steady(WaitFor.TASK)
+    inline_sizes, inline_ttft_s = _steady(WaitFor.INLINE)
+    assert sum(task_sizes) == sum(inline_sizes) == 300
+    assert len(task_sizes) / 300 > 0.48  # two prompts a batch (or one)
+    assert len(task_sizes) > len(inline_sizes)
+    assert task_ttft_s > 2 * inline_ttft_s
