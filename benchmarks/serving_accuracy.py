@@ -20,7 +20,9 @@ lengths for, a model or GPU outside the catalog, a flag the importer refuses) is
 reason, never dropped. A point whose source logs earlier runs on the same `vllm serve` process
 (`server_history: {num_prompts: [...]}`, oldest first, same dataset options and seed) replays
 them on the same engine first: their prompts warm its prefix cache
-(`sim.vllm_bench.server_history`).
+(`sim.vllm_bench.server_history`). A point whose source names the server's Python
+(`server_python: "3.11"`) runs its release's tokenizer batcher under that Python's
+`asyncio.wait_for` (`sim.engine.microbatch`; 3.12 where the source is silent).
 
 The summary is the median |error| per metric group, on all replayed points and on the
 `held_out` half (each entry's recorded `split`, `assign_split`'s rule): TTFT (mean, else median, else the source's
@@ -49,6 +51,7 @@ from urllib.parse import urlparse
 import yaml
 
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
+from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
@@ -280,7 +283,8 @@ def replay(
     try:
         scenario = scenario_for(point, out.release)
         options, settings = workload_options(point)
-        settings = dataclasses.replace(settings, frontend=frontend)
+        python = str(point.raw.get("server_python") or DEFAULT_SERVER_PYTHON)
+        settings = dataclasses.replace(settings, frontend=frontend, server_python=python)
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})

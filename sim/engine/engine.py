@@ -38,6 +38,7 @@ from sim.audit.liveness import Stall, diagnose
 from sim.engine.arrivals import EngineArrivals
 from sim.engine.client import ClientCap
 from sim.engine.frontend import ApiServer, FrontendLoop
+from sim.engine.microbatch import MicrobatchTokenizer
 from sim.engine.replica import (  # re-exported: the engine's parts live in sim.engine.replica
     Clock as Clock,
 )
@@ -92,6 +93,7 @@ class Engine(EngineArrivals):
         max_concurrency: int | None = None,
         record_token_times: bool = False,
         frontend: ApiServer | None = None,
+        tokenizer: MicrobatchTokenizer | None = None,
     ) -> None:
         """`yield_every_step`: the plain loop, one SimPy timeout per step (the reference the
         tests compare the clock-advancing loop with; the tables are identical).
@@ -99,7 +101,8 @@ class Engine(EngineArrivals):
         `record_token_times`: keep every output token's time in `token_times_s`
         (`sim.engine.client`; neither changes a table otherwise). `frontend`: the API
         server's costs (`sim.engine.frontend`; needs `record_token_times`), which delay each
-        request's arrival at the scheduler and each token's time."""
+        request's arrival at the scheduler and each token's time; `tokenizer`: its release's
+        tokenizer batcher (`sim.engine.microbatch`; only with `frontend`)."""
         self.config = config
         self.client = None if max_concurrency is None else ClientCap(max_concurrency)
         self.token_times_s = {} if record_token_times else None
@@ -111,6 +114,7 @@ class Engine(EngineArrivals):
             self.frontend = FrontendLoop(
                 self.env, frontend, self._through_frontend, self._tokens_delivered,
                 num_servers=config.api_server_count, stream_interval=config.stream_interval,
+                tokenizer=tokenizer,
             )  # fmt: skip
         self.yield_every_step = yield_every_step
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)

@@ -40,7 +40,9 @@ accumulate (its first and last go at once).
 
 A request's intake takes two turns on the loop (its handler parses it, awaits, then
 tokenizes it), and the output handler one turn per `OUTPUT_PROC_CHUNK_SIZE` requests of a step:
-whatever became ready in between runs first, as on asyncio's FIFO ready queue.
+whatever became ready in between runs first, as on asyncio's FIFO ready queue. Releases 0.11.0
+to 0.20.0 tokenize through a batcher instead (`sim.engine.microbatch`, `tokenizer`): off the
+loop, in batches, and the handler resumes in a turn of its own.
 
 Example: request_s 20 ms, prompt_token_s 5 us, hand_off_s 10 ms, output costs 0; two
 1,000-token prompts sent at 0 are parsed at 0-20 and 20-40 ms and tokenized at 40-45 and
@@ -51,8 +53,8 @@ sampled at most; at 2.5 ms steps the chunks cannot keep up, so each waiting chun
 next step's token and the loop settles at one chunk per request per 6.4 ms (~2.6 tokens each).
 
 What this leaves out: the client's own event loop (aiohttp reading the streams), the kernel's
-real connection spreading, chat templates, and V0's in-process frontend: one model for every
-release, its costs fitted (`VLLM_API_SERVER`).
+real connection spreading, chat templates, V0's in-process frontend and 0.25.1's per-prompt
+executor tokenization: one set of costs for every release, fitted (`VLLM_API_SERVER`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.engine.microbatch import MicrobatchTokenizer, TokenizerBatcher
 from sim.scheduler import Request
 
 _Process = Generator[simpy.Event, object, None]
@@ -140,7 +143,11 @@ class FrontendLoop:
     on_delivered: Callable[[Request], None]
     num_servers: int = 1
     stream_interval: int = 1
+    #: The release's tokenizer batcher (`sim.engine.microbatch`, 0.11.0-0.20.0): prompts are
+    #: tokenized off the loop in batches; None: on the loop, each in its handler's turn.
+    tokenizer: MicrobatchTokenizer | None = None
     _loops: list[simpy.Resource] = field(init=False)
+    _batchers: list[TokenizerBatcher] = field(init=False)
     #: Request id -> its API server (index into `_loops`).
     _server_of: dict[int, int] = field(default_factory=dict)
     _next_server: int = 0
@@ -168,12 +175,19 @@ class FrontendLoop:
             )
         self._loops = [simpy.Resource(self.env, capacity=1) for _ in range(self.num_servers)]
         self._outputs = [deque() for _ in range(self.num_servers)]
+        tokenizer, token_s = self.tokenizer, self.costs.prompt_token_s
+        self._batchers = (
+            []
+            if tokenizer is None
+            else [TokenizerBatcher(self.env, loop, tokenizer, token_s) for loop in self._loops]
+        )
 
     def admit(self, request: Request) -> None:
         self._server_of[request.request_id] = self._next_server
         self._next_server = (self._next_server + 1) % self.num_servers
         costs = self.costs
-        if costs.request_s == costs.prompt_token_s == costs.hand_off_s == 0.0:
+        free = costs.request_s == costs.prompt_token_s == costs.hand_off_s == 0.0
+        if free and not self._batchers:
             self.deliver_to_engine(request)  # free input work: at once, in the caller's turn
             return
         self.num_pending_inputs += 1
@@ -185,13 +199,20 @@ class FrontendLoop:
     def _input(self, request: Request) -> _Process:
         """The request's handler: parse it (one turn on the loop), then tokenize it (a second
         turn: the handler awaits between them, so whatever became ready meanwhile, such as the
-        output handler, runs first), then the hand-off."""
+        output handler, runs first; with a batcher, off the loop, and the handler resumes in a
+        turn of its own once its batch is done), then the hand-off."""
         loop = self._loop_of(request)
-        for cost_s in (self.costs.request_s, self.costs.prompt_token_s * request.prompt_tokens):
+        tokenize_s = 0.0 if self._batchers else self.costs.prompt_token_s * request.prompt_tokens
+        for cost_s in (self.costs.request_s, tokenize_s):
             if cost_s > 0:
                 with loop.request() as turn:
                     yield turn
                     yield self.env.timeout(cost_s)
+        if self._batchers:
+            server = self._server_of.get(request.request_id, 0)
+            yield self._batchers[server].submit(request.prompt_tokens)
+            with loop.request() as turn:
+                yield turn
         if self.costs.hand_off_s > 0:
             yield self.env.timeout(self.costs.hand_off_s)
         self.num_pending_inputs -= 1

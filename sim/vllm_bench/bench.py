@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pandas as pd
 
 from sim.engine.engine import Engine
 from sim.engine.frontend import ApiServer
+from sim.engine.microbatch import DEFAULT_SERVER_PYTHON, microbatch_tokenizer_for
 from sim.errors import InputError
 from sim.kv.types import Segment
 from sim.latency import band_of, scaled
@@ -160,7 +162,13 @@ def simulate(
     max_concurrency: int | None,
     step_time_factor: float = 1.0,
     frontend: ApiServer | None = None,
+    server_python: str = DEFAULT_SERVER_PYTHON,
 ) -> Simulated:
+    """`specs` through the engine (and `frontend`, with the pinned release's tokenizer
+    batcher on a `server_python` server, `sim.engine.microbatch`)."""
+    tokenizer = None
+    if frontend is not None:
+        tokenizer = microbatch_tokenizer_for(str(resolved.inputs["vllm_version"]), server_python)
     engine = Engine(
         resolved.engine,
         specs,
@@ -168,6 +176,7 @@ def simulate(
         max_concurrency=max_concurrency,
         record_token_times=True,
         frontend=frontend,
+        tokenizer=tokenizer,
     )
     records = engine.run()
     result = build_result(
@@ -208,20 +217,19 @@ def simulate_bench(
     """The benchmark as the client runs it: the test run first where it is on (its end is the
     benchmark's time 0), then `specs`; the result holds the benchmark's requests only.
     `earlier`: runs the same server took before, oldest first (`sim.vllm_bench.server_history`)."""
-    frontend = settings.frontend
+    cap = settings.max_concurrency
+    server = partial(simulate, resolved, step_time_factor=step_time_factor,
+                     frontend=settings.frontend, server_python=settings.server_python)  # fmt: skip
     if earlier and specs:
         test_run = settings.ready_check_timeout_sec > 0
         laid, first_id, start_s = lay_out_runs([*earlier, specs], test_run)
-        every = simulate(resolved, laid, settings.max_concurrency, step_time_factor, frontend)
-        return _run_from(every, first_id, start_s)
+        return _run_from(server(laid, cap), first_id, start_s)
     if settings.ready_check_timeout_sec <= 0 or not specs:
-        return simulate(resolved, specs, settings.max_concurrency, step_time_factor, frontend)
+        return server(specs, cap)
     test, main = with_test_run(specs)
-    alone = simulate(resolved, [test], None, step_time_factor, frontend)
-    start_s = client_end_s(alone, 0)
+    start_s = client_end_s(server([test], None), 0)
     main = [replace(s, arrival_s=s.arrival_s + start_s) for s in main]
-    both = simulate(resolved, [test, *main], settings.max_concurrency, step_time_factor, frontend)
-    return _run_from(both, 1, start_s)
+    return _run_from(server([test, *main], cap), 1, start_s)
 
 
 def client_end_s(sim: Simulated, request_id: int) -> float:

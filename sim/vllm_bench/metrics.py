@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
+from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 
 #: `--percentile-metrics` names (serve.py L1848-1857) and the default for generation.
@@ -81,6 +82,9 @@ class BenchSettings:
     ready_check_timeout_sec: int = 600
     #: The API server's costs (`sim.engine.frontend`); None: none (the engine core's view).
     frontend: ApiServer | None = VLLM_API_SERVER
+    #: The server's Python (major.minor): how the release's tokenizer batcher collects a batch
+    #: (`sim.engine.microbatch.WaitFor`); vLLM's container image's where a source is silent.
+    server_python: str = DEFAULT_SERVER_PYTHON
 
     @property
     def selected_metrics(self) -> list[str]:

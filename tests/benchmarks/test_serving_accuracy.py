@@ -356,3 +356,43 @@ def test_tt143_ttfts_are_kept_out_as_warm_not_cold_prefills():
             printed[p.raw["workload"]["input_len"]] = float(found.group(1))
     assert printed[4096] / printed[2048] > 3.0
     assert 1.8 < printed[8192] / printed[4096] < 2.3
+
+
+def test_a_point_naming_its_servers_python_is_replayed_under_it(monkeypatch):
+    """kvcached's runs served from a Python 3.11 venv (`server_python`, `sim.engine.microbatch`:
+    its `asyncio.wait_for` batches differently); a point that does not say gets 3.12."""
+    seen: dict[str, str] = {}
+
+    class _Stop(Exception):
+        pass
+
+    def _capture(scenario, base, options, settings, **kwargs):
+        seen["run"] = settings.server_python
+        raise _Stop
+
+    monkeypatch.setattr(accuracy, "run_bench", _capture)
+    for point_id, python in (("kvc-qwen3-0.6b-h100-rateinf", "3.11"),
+                             ("dl-qwen2-7b-a100-tp1-u05-in1024-out1024-n1", "3.12")):  # fmt: skip
+        point = next(p for p in POINTS if p.id == point_id)
+        with pytest.raises(_Stop):
+            accuracy.replay(point)
+        assert seen["run"] == python
+
+
+@pytest.mark.slow
+def test_kvcached_burst_sent_at_150_a_second_is_admitted_more_slowly_under_python_3_11():
+    """docs/accuracy.md (kvcached's burst): sent at 150 a second instead of at once, its 500
+    prompts reach a loop busy streaming, and the 3.11 batcher, taking them in pairs, is the
+    intake limit (request throughput 120 against 129 req/s, TTFT 283 against 131 ms; ~20 s)."""
+    point = next(p for p in POINTS if p.id == "kvc-qwen3-0.6b-h100-rateinf")
+    got = {}
+    for python in ("3.11", "3.12"):
+        raw = {**point.raw, "server_python": python,
+               "workload": {**point.raw["workload"], "request_rate": 150}}  # fmt: skip
+        rows = accuracy.replay(accuracy.Point(raw, point.split)).rows
+        got[python] = {r.metric: r.predicted for r in rows}
+    assert got["3.11"]["request_throughput"] == pytest.approx(119.9, abs=0.5)
+    assert got["3.12"]["request_throughput"] == pytest.approx(128.6, abs=0.5)
+    assert got["3.11"]["ttft_ms"] == pytest.approx(283, abs=5)
+    assert got["3.12"]["ttft_ms"] == pytest.approx(131, abs=5)
+    assert got["3.11"]["tpot_ms"] == pytest.approx(5.51, abs=0.05)  # measured at rate inf: 5.45
