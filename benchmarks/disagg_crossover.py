@@ -20,20 +20,20 @@ over the cluster's back-plane and reports up to 1.4x the throughput at 20% lower
 expect the gain where TPOT is tight and the transfer cheap next to TTFT.
 
 What kvsim finds (1,000 requests, 4 GPUs, rdma-400g; `python benchmarks/disagg_crossover.py`;
-with the V1 engine's per-step worker CPU term, docs/accuracy.md): co-located TPOT p99 grows
-with load (12.1 ms at 8 req/s, 22.0 at 24, 57.3 at 40: chunked prefills share steps with
-decodes) while the decode pool's grows far less (2P+2D: 10.9 -> 16.5 -> 26.2 ms); the KV read
-is 280 MB and 6.3 ms per request, 6.5% of 2P+2D's TTFT at 8 req/s, less as queueing grows
-(0.9% at 40). Under TPOT p99 <= 15 ms 2P+2D serves 20 req/s against co-located's 12 (1P+3D
-16), so disaggregation pays above about 12 req/s; under a loose TPOT p99 <= 50 ms co-located
-serves 36 req/s against 2P+2D's 32 (a prefill pool of 2 GPUs saturates first: TTFT p99 1.2 s
-at 36 req/s). 3P+1D serves less than co-located under either SLO, 1P+3D under the loose one
+with the V1 engine's per-step worker CPU term at 2.25 ms, docs/accuracy.md): co-located TPOT
+p99 grows with load (12.6 ms at 8 req/s, 23.8 at 24, 57.4 at 40: chunked prefills share steps
+with decodes) while the decode pool's grows far less (2P+2D: 11.5 -> 17.7 -> 27.9 ms); the KV
+read is 280 MB and 6.3 ms per request, 6.4% of 2P+2D's TTFT at 8 req/s, less as queueing grows
+(0.9% at 40). Under TPOT p99 <= 15 ms 2P+2D and 1P+3D serve 16 req/s against co-located's 12
+(2P+2D served 20 with the term at 1.75 ms), so disaggregation pays above about 12 req/s;
+under a loose TPOT p99 <= 50 ms co-located serves 36 req/s against 2P+2D's 32 (a prefill pool
+of 2 GPUs saturates first: TTFT p99 1.2 s at 36 req/s). 3P+1D serves less than co-located under either SLO, 1P+3D under the loose one
 (the prefill or the decode pool saturates). So kvsim agrees in sign and shape:
 disaggregation pays only under a tight TPOT SLO and with the right split. The size is far
 below DistServe's headline 7.4x, whose setup (per-phase parallelism search, its own models,
 baselines and SLOs) differs; here the co-located baseline already uses chunked prefill
 (8,192-token budget). Over TCP at 25 GbE (`--link tcp-25g --rates 8,24`) the read takes
-128 ms, 49-58% of 2P+2D's TTFT. `tests/benchmarks/test_disagg_crossover.py` (slow) checks
+128 ms, 48-58% of 2P+2D's TTFT. `tests/benchmarks/test_disagg_crossover.py` (slow) checks
 these figures.
 """
 

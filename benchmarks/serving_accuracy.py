@@ -452,8 +452,10 @@ def _grid_search(
     return min(scores, key=lambda v: (scores[v], v)), scores
 
 
-#: The grid `fit_v1_worker_step` searches (seconds): 0 to 2.5 ms by 0.25 ms.
-V1_WORKER_GRID_S = tuple(i * 0.25e-3 for i in range(11))
+#: The grid `fit_v1_worker_step` searches (seconds): 0 to 2.5 ms by 0.25 ms, each value the
+#: float its decimal literal gives (9 * 0.25e-3 is 0.0022500000000000003, not 2.25e-3), so the
+#: fit's choice can be shipped as written and compared with `==`.
+V1_WORKER_GRID_S = tuple(round(i * 0.25e-3, 9) for i in range(11))
 
 
 def overhead_fit_points(points: list[Point]) -> list[Point]:

@@ -33,14 +33,14 @@ kernel's own terms rest on one A100 config, `sim.latency.moe`), are flagged `ext
 the wider band.
 
 Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
-Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 24.2 ms:
+Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 24.7 ms:
 
     gemm_s               5.70 ms  (15 GB of weights at the fitted 0.99 memory efficiency,
                                    blended with 0.96 TFLOP of compute, + 128 launch floors)
     decode_attention_s  13.83 ms  (34.4 GB of KV / (0.765 x 3.35 TB/s) = 13.41 ms
                                    + 32 call floors of 13.4 us)
     lm_head_s 0.38, non_gemm_s 0.53, launch_s 0.09,
-    engine_overhead_s    3.70 ms  (V1: 0.607 ms + 64 x 0.021 ms from Vidur, + 1.75 ms of
+    engine_overhead_s    4.20 ms  (V1: 0.607 ms + 64 x 0.021 ms from Vidur, + 2.25 ms of
                                    the model runner, `measured_terms.V1_WORKER_STEP_S`)
 The roofline says 17.6 ms for the same step.
 """
@@ -423,7 +423,7 @@ class MeasuredStepTime:
     def engine_overhead_s(self, batch: BatchShape) -> float:
         """The `engine_overhead_s` term alone (`_terms`' last): the engine's CPU work of the
         step, which async scheduling overlaps with the GPU (`sim.latency.overlap`). Example
-        (V1, 64 decodes): 0.607 ms + 1.75 ms + 64 x 0.021 ms = 3.70 ms."""
+        (V1, 64 decodes): 0.607 ms + 2.25 ms + 64 x 0.021 ms = 4.20 ms."""
         num_seqs = batch.num_decode_seqs + len(batch.prefill_chunks)
         if num_seqs == 0:
             return self._overhead_fixed_s

@@ -18,8 +18,8 @@ The split, per step-time model:
 * linear, roofline, calibrated profile: no CPU term is named, so nothing overlaps (async then
   changes the scheduler's decisions, not the step's time).
 
-Example (Llama-3.1-8B, H100, 64 decodes at 4k, V1): 24.2 ms predicted, 3.70 ms of it engine
-overhead: synchronous steps take 24.2 ms, async ones max(20.54, 3.70) = 20.54 ms.
+Example (Llama-3.1-8B, H100, 64 decodes at 4k, V1): 24.7 ms predicted, 4.20 ms of it engine
+overhead: synchronous steps take 24.7 ms, async ones max(20.54, 4.20) = 20.54 ms.
 
 Left out: the GIL contention between the scheduler and the output processing.
 """

@@ -21,25 +21,25 @@ FINDINGS = ROOT / "docs" / "findings.md"
 
 #: V1-engine recompute preemptions on the Azure trace, by (vLLM pin, GPU blocks).
 V1_PREEMPTIONS = {
-    ("4ac7713", 2048): 17_086,
-    ("4ac7713", 4096): 9_565,
-    ("0.33.0", 2048): 3_189,
-    ("0.33.0", 4096): 2_525,
+    ("4ac7713", 2048): 17_079,
+    ("4ac7713", 4096): 9_592,
+    ("0.33.0", 2048): 3_170,
+    ("0.33.0", 4096): 2_567,
 }
 #: The same with prefix caching on (the V1 releases' default), 2,048 blocks.
-V1_PREEMPTIONS_PREFIX_CACHING = {("4ac7713", 2048): 6_530, ("0.33.0", 2048): 3_196}
+V1_PREEMPTIONS_PREFIX_CACHING = {("4ac7713", 2048): 6_523, ("0.33.0", 2048): 3_157}
 #: `compare-versions` preemptions with chunked prefill at 2,048 blocks, by variant.
 COMPARE_PREEMPTIONS = {
     "v0-v2": 772,
     "v0-v2@0.5.4+7380": 794,
     "v0-fixed": 796,
-    "v1-engine@4ac7713": 17_086,
-    "v1-engine@0.11.0": 17_086,
-    "v1-engine@0.19.1": 3_115,
-    "v1-engine@0.20.0": 3_179,
-    "v1-engine@0.25.1": 3_189,
-    "v1-engine@0.26.0": 3_189,
-    "v1-engine@0.33.0": 3_189,
+    "v1-engine@4ac7713": 17_079,
+    "v1-engine@0.11.0": 17_079,
+    "v1-engine@0.19.1": 3_108,
+    "v1-engine@0.20.0": 3_170,
+    "v1-engine@0.25.1": 3_170,
+    "v1-engine@0.26.0": 3_170,
+    "v1-engine@0.33.0": 3_170,
 }
 #: Every other figure the findings page quotes and a test below asserts.
 FIGURES = {
@@ -51,11 +51,10 @@ FIGURES = {
     "v0_v2_release_manager_errors": 920,
     "v0_v2_release_failed": 991,
     "v0_v2_7380_failed": 68,
-    "v1_0_20_0_failed": 1,
-    "ttft_p50_s_4ac7713": 1_912,
-    "ttft_p50_s_0_33_0": 702,
-    "throughput_tok_per_s_4ac7713": 633,
-    "throughput_tok_per_s_0_33_0": 905,
+    "ttft_p50_s_4ac7713": 1_961,
+    "ttft_p50_s_0_33_0": 743,
+    "throughput_tok_per_s_4ac7713": 625,
+    "throughput_tok_per_s_0_33_0": 890,
 }
 
 
@@ -155,15 +154,12 @@ def test_readme_compare_versions_on_the_azure_trace() -> None:
     # 0.19.1's one violation is found at startup, not in the run: its uncapped gate would
     # charge a max_model_len request more blocks than the pool has (sim.scenario.resolve).
     assert table.loc["v1-engine@0.19.1", "violation_counts"] == "startup_gate_mismatch×1"
-    # 0.20.0's cap inside every get_num_blocks_to_allocate (vllm #45856) undercounts one
-    # running request's blocks: its allocation finds the pool dry and the request fails.
-    assert table.loc["v1-engine@0.20.0", "violation_counts"] == "admission_undercount×1"
-    assert table.loc["v1-engine@0.20.0", "num_failed"] == FIGURES["v1_0_20_0_failed"]
-    others = table["num_violations"].drop(
-        ["v0-v2", "v0-v2@0.5.4+7380", "v1-engine@0.19.1", "v1-engine@0.20.0"]
-    )
+    # 0.20.0's cap inside every get_num_blocks_to_allocate (vllm #45856) undercounted one
+    # running request's blocks here with the V1 worker term at 1.75 ms (one request failed);
+    # at 2.25 ms the trace's timing no longer meets it (docs/findings.md): 0.20.0 runs clean.
+    others = table["num_violations"].drop(["v0-v2", "v0-v2@0.5.4+7380", "v1-engine@0.19.1"])
     assert others.eq(0).all()
-    finished = table["num_finished"].drop(["v0-v2", "v0-v2@0.5.4+7380", "v1-engine@0.20.0"])
+    finished = table["num_finished"].drop(["v0-v2", "v0-v2@0.5.4+7380"])
     assert finished.eq(FIGURES["azure_requests"]).all()
     ttft_p50_s = table["ttft_p50_s"].round().astype(int).to_dict()
     assert (ttft_p50_s["v1-engine@4ac7713"], ttft_p50_s["v1-engine@0.33.0"]) == (

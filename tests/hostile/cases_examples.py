@@ -81,7 +81,7 @@ def _cases() -> list[Case]:
             "examples",
             ("check", "s.yaml"),
             1,
-            "is above max 0.7",
+            "ttft_p50_s 1.295 is above max 1",
             files={"s.yaml": _without(offload, "cpu_offload_gib: 16", "cpu_offload_gib: 0")},
             name="cpu offload: without the CPU tier its expect.summary fails",
         )
