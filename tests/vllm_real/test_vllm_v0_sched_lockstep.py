@@ -11,9 +11,17 @@ import random
 
 import pytest
 
+from sim import native
 from tests.harness.vllm_install import load_or_skip
 
 pytestmark = pytest.mark.vllm
+
+#: A mutation replaces a method or property of kvsim's scheduler classes; the compiled core's
+#: classes (`sim.native`) cannot have one replaced, so those tests run on the sources tier only.
+_on_sources_only = pytest.mark.skipif(
+    native.selected() is native.Selection.COMPILED,
+    reason="monkeypatching a compiled class has no effect; the sources tier runs this mutation",
+)
 
 
 def _install():
@@ -66,6 +74,7 @@ def test_caching_workloads_identical_block_for_block():
 
 
 # --------------------------------------------------------------------------- mutations
+@_on_sources_only
 def test_the_comparison_catches_schedule_without_the_access_stamps(monkeypatch):
     """Seeded difference: kvsim's `schedule` without its per-step `access_all_blocks_in_seq`
     / `mark_blocks_as_computed` (the pre-lockstep model) -> a table differs: the evictor took
@@ -77,6 +86,7 @@ def test_the_comparison_catches_schedule_without_the_access_stamps(monkeypatch):
     assert result.divergence is not None and result.divergence.what == "tables"
 
 
+@_on_sources_only
 def test_the_comparison_catches_a_seeded_requeue_order(monkeypatch):
     """Seeded difference: the kept prefill-stage groups back in front of the decodes (kvsim's
     old chunked requeue) -> the running queue differs."""
