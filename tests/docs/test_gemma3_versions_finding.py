@@ -26,10 +26,10 @@ PINS = ["0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
 STARTUP = {
     "0.11.0": (8_431, "19,264", "1.53x", 5_510),
     "0.19.1": (13_651, "31,200", "2.48x", 5_510),
-    "0.20.0": (14_948, "34,160", "2.71x", 5_510),
-    "0.25.1": (14_948, "88,895", "2.71x", 5_510),
-    "0.26.0": (14_948, "57,074", "1.74x", 8_582),
-    "0.33.0": (14_948, "57,074", "1.74x", 8_582),
+    "0.20.0": (14_494, "33,120", "2.63x", 5_510),
+    "0.25.1": (14_494, "86,195", "2.63x", 5_510),
+    "0.26.0": (14_494, "55,341", "1.69x", 8_582),
+    "0.33.0": (14_494, "55,341", "1.69x", 8_582),
 }
 
 
@@ -51,13 +51,16 @@ def test_each_releases_pool_log_and_startup_charge(version: str) -> None:
 
 
 def test_the_extra_blocks_are_the_utilization_step() -> None:
-    """0.02 of the driver's 79.19 GiB, in blocks of 10 layers x 16 tokens x 2 x 16 x 128 x 2 B."""
+    """0.02 of the driver's 79.19 GiB less 0.20.0's CUDA-graph estimate (`sim.memory.cudagraph`),
+    in blocks of 10 layers x 16 tokens x 2 x 16 x 128 x 2 B."""
     old, new = _inputs("0.19.1")["memory"], _inputs("0.20.0")["memory"]
+    step = int(new["total_memory_bytes"] * 0.92) - int(old["total_memory_bytes"] * 0.9)
+    assert old["cudagraph_bytes"] == 0 and new["cudagraph_bytes"] == 595_507_201
     extra = new["available_kv_bytes"] - old["available_kv_bytes"]
-    assert extra == int(new["total_memory_bytes"] * 0.92) - int(old["total_memory_bytes"] * 0.9)
-    assert round(extra / 1e9, 2) == 1.70
+    assert extra == step - new["cudagraph_bytes"]
+    assert (round(step / 1e9, 2), round(new["cudagraph_bytes"] / 1e9, 2)) == (1.70, 0.60)
     assert new["block_bytes"] == 10 * 16 * 2 * 16 * 128 * 2 == 1_310_720
-    assert 14_948 - 13_651 == 1_297 == extra // new["block_bytes"]
+    assert 14_494 - 13_651 == 843 == extra // new["block_bytes"]
 
 
 def test_0_19_1s_extra_blocks_are_the_sampler_it_no_longer_sorts() -> None:
@@ -93,28 +96,30 @@ def test_a_mamba_hybrids_log_jumps_five_fold_at_0_25_1() -> None:
             "scheduler.vllm_version": version, "model": "nemotron-h-8b",
             "cache.enable_prefix_caching": False, "scheduler.max_model_len": 8192})  # fmt: skip
         inputs = resolve(scenario, base_dir=SCENARIO.parent).inputs
-        assert inputs["num_gpu_blocks"] == 6_944 and inputs["startup_blocks_per_request"] == 22
+        assert inputs["num_gpu_blocks"] == 6_875 and inputs["startup_blocks_per_request"] == 22
         assert inputs["hybrid_pool"]["block_size"] == 528
         logged[version] = inputs["vllm_kv_cache_log"]
-    assert logged["0.20.0"][0] == "GPU KV cache size: 523,776 tokens"
+    assert logged["0.20.0"][0] == "GPU KV cache size: 518,496 tokens"
     assert logged["0.25.1"] == logged["0.33.0"]
-    assert logged["0.25.1"][0] == "GPU KV cache size: 2,585,693 tokens"
-    assert {lines[1][-7:] for lines in logged.values()} == {"315.64x"}
+    assert logged["0.25.1"][0] == "GPU KV cache size: 2,560,000 tokens"
+    assert {lines[1][-7:] for lines in logged.values()} == {"312.50x"}
 
 
 def test_the_readme_quotes_these_figures() -> None:
     text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks aside
-    for quoted in ("8,431 blocks on 0.11.0, 13,651 on 0.19.1, 14,948 from 0.20.0", "(10.47 GB)",
-                   "(3.63 GB;", "5,220 more blocks", "1,297 more blocks", "1.70 GB",
-                   "`GPU KV cache size: 34,160 tokens`", "88,895 on 0.25.1", "57,074 on 0.26.0",
+    for quoted in ("8,431 blocks on 0.11.0, 13,651 on 0.19.1, 14,494 from 0.20.0", "(10.47 GB)",
+                   "(3.63 GB;", "5,220 more blocks", "843 more blocks", "1.70 GB",
+                   "0.60 GB CUDA-graph estimate", "454 blocks fewer than 0.19.1",
+                   "(566.3 tok/s, 8.21 s)", "from 7.81 s to 6.97 s", "rises 1.5%",
+                   "`GPU KV cache size: 33,120 tokens`", "86,195 on 0.25.1", "55,341 on 0.26.0",
                    "(19,264 on 0.11.0, 31,200 on 0.19.1)", "8,582 blocks, not 5,510",
-                   "1.74x, not 2.71x", "14,336 in all", "against 13,650 usable",
+                   "1.69x, not 2.63x", "14,336 in all", "against 13,650 usable",
                    "72% of those 8,582", "(2,438)", "1,089 blocks", "577 with",
-                   "(567.0 tok/s, 7.81 s)", "530.8 tok/s and 9.32 s", "preempt 3 times each",
-                   "the 5 against 3", "6,944 blocks",
-                   "logged as 523,776 tokens on 0.20.0 and 2,585,693 from 0.25.1",
-                   "run densely, 0.33.0's row is 0.26.0's (583.9 tok/s, TTFT p99 6.21 s)",
-                   "sparse it reads 584.2 tok/s and 6.19 s"):  # fmt: skip
+                   "(567.0 tok/s, 7.81 s)", "530.8 tok/s and 9.32 s", "preempt 4 times each",
+                   "the 2 against 4", "6,875 blocks",
+                   "logged as 518,496 tokens on 0.20.0 and 2,560,000 from 0.25.1",
+                   "run densely, 0.33.0's row is 0.26.0's (575.1 tok/s, TTFT p99 7.00 s)",
+                   "sparse it reads 575.5 tok/s and 6.98 s"):  # fmt: skip
         assert quoted in text, quoted
 
 
@@ -128,20 +133,31 @@ def _row(overrides: dict) -> tuple[int, float, float]:
 
 
 @pytest.mark.slow
-def test_each_difference_is_one_release_change() -> None:
-    """0.20.0 at 0.9 is 0.19.1's row; 0.19.1 synchronous isolates the larger pool (0.11.0:
-    15.05 s) from async (7.81 s); with async off 0.20.0, 0.25.1 and 0.26.0 preempt alike (3),
-    so the 5 vs 3 under async are 0.26.0's in-flight accounting."""
+def test_each_difference_is_one_release_change(monkeypatch) -> None:
+    """0.20.0 at 0.9 without its CUDA-graph estimate is 0.19.1's row (with it, 454 blocks
+    fewer); 0.19.1 synchronous isolates the larger pool (0.11.0: 15.05 s) from async (7.81 s);
+    with async off 0.20.0, 0.25.1 and 0.26.0 preempt alike (4), so the 2 vs 4 under async are
+    0.26.0's in-flight accounting."""
+    import sim.memory.derive as derive_module
+
     v = "scheduler.vllm_version"
-    assert _row({v: "0.20.0", "cache.gpu_memory_utilization": 0.9}) == (2, 567.0, 7.81)
+    at_0_9 = {v: "0.20.0", "cache.gpu_memory_utilization": 0.9}
+    assert _row(at_0_9) == (4, 566.3, 8.21)
+    at_0_9_inputs = resolve(
+        apply_overrides(load_scenario(SCENARIO), at_0_9), base_dir=SCENARIO.parent
+    ).inputs
+    assert _inputs("0.19.1")["num_gpu_blocks"] - at_0_9_inputs["num_gpu_blocks"] == 454
+    with monkeypatch.context() as patch:  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0
+        patch.setattr(derive_module, "cudagraph_estimate_bytes", lambda *a, **k: 0)
+        assert _row(at_0_9) == (2, 567.0, 7.81)
     assert _row({v: "0.19.1"}) == (2, 567.0, 7.81)
     assert _row({v: "0.19.1", "scheduler.async_scheduling": False}) == (7, 530.8, 9.32)
     assert _row({v: "0.11.0"}) == (4, 469.7, 15.05)
     sync = {pin: _row({v: pin, "scheduler.async_scheduling": False})[0]
             for pin in ("0.20.0", "0.25.1", "0.26.0")}  # fmt: skip
-    assert sync == {"0.20.0": 3, "0.25.1": 3, "0.26.0": 3}
+    assert sync == {"0.20.0": 4, "0.25.1": 4, "0.26.0": 4}
     assert {pin: _row({v: pin})[0] for pin in ("0.20.0", "0.25.1", "0.26.0")} == {
-        "0.20.0": 5, "0.25.1": 5, "0.26.0": 3}  # fmt: skip
+        "0.20.0": 2, "0.25.1": 2, "0.26.0": 4}  # fmt: skip
 
 
 def test_only_0_33_0_runs_sparse_retention_of_the_sliding_groups() -> None:
@@ -160,6 +176,6 @@ def test_sparse_retention_is_the_only_difference_of_the_last_two_rows(monkeypatc
 
     result = sim.run(SCENARIO)
     assert int(result.requests["num_prefix_hit_tokens"].sum()) == 0
-    assert _row({}) == (3, 584.2, 6.19)
+    assert _row({}) == (5, 575.5, 6.98)
     monkeypatch.setattr(resolve_module, "with_serve_retention", lambda config, inputs: config)
-    assert _row({}) == _row({"scheduler.vllm_version": "0.26.0"}) == (3, 583.9, 6.21)
+    assert _row({}) == _row({"scheduler.vllm_version": "0.26.0"}) == (4, 575.1, 7.0)
