@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 from sim.kv.types import TokenContent
@@ -41,7 +40,7 @@ from sim.vllm_real.loader import VllmInstall, import_vllm, load_vllm
 from sim.vllm_real.sched_case import RequestSpec
 from sim.vllm_real.v0_adapter import _deterministic_block_sets
 from sim.vllm_real.v0_sched_case import V0SchedCase, V0StepRecord
-from sim.vllm_real.v1_sched_adapter import RealVllmRaised
+from sim.vllm_real.v1_sched_adapter import guard_real_call
 
 
 class _StepClock:
@@ -90,11 +89,13 @@ def _cache_config(module: Any, case: V0SchedCase) -> Any:
     )
 
 
-class _RecordingManager:
-    """The real block manager with the calls that preempt and resume recorded while `events`
-    is a list: inside `schedule()` a `free` is a recompute preemption (L1116-1125), `swap_out`
-    a swap preemption (L1144-1158), `swap_in` a resumption (L1134-1142). Every call goes on
-    to the real manager unchanged."""
+class RecordingManager:
+    """A v0 block manager (vLLM's real one, or kvsim's on the other side of the lockstep) with
+    the calls that preempt and resume recorded while `events` is a list: inside `schedule()` a
+    `free` is a recompute preemption (L1116-1125), `swap_out` a swap preemption (L1144-1158),
+    `swap_in` a resumption (L1134-1142). Every call goes on to the manager unchanged; a
+    wrapper, not a patched method, since the compiled core's classes (`sim.native`) have fixed
+    methods. Request ids are recorded as ints (vLLM's are strings of kvsim's ints)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -136,7 +137,7 @@ class RealV0Scheduler:
         self.real = self._sched_mod.Scheduler(
             _scheduler_config(config, case), _cache_config(config, case), None
         )
-        self._manager = _RecordingManager(self.real.block_manager)
+        self._manager = RecordingManager(self.real.block_manager)
         self.real.block_manager = self._manager
         self._clock = _StepClock()
         self._contents: dict[int, TokenContent] = {}
@@ -215,15 +216,4 @@ class RealV0Scheduler:
         return bool(self.real.has_unfinished_seqs())
 
     def _guard(self, phase: str, fn: Any, *args: Any) -> Any:
-        """`fn(*args)`; what vLLM's own code raised becomes `RealVllmRaised` (a finding), what
-        was raised elsewhere (this adapter) propagates as a bug."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
-            if where is None or not where.is_relative_to(self.install.root / "vllm"):
-                raise
-            raise RealVllmRaised(type(exc).__name__, str(exc), phase) from exc
+        return guard_real_call(self.install.root, phase, fn, *args)

@@ -30,7 +30,6 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from sim.audit import AuditedV0Manager
 from sim.audit.base import AuditLevel
@@ -40,7 +39,7 @@ from sim.scheduler.v0.scheduler import V0Scheduler
 from sim.vllm_real.loader import VllmInstall, load_vllm
 from sim.vllm_real.sched_case import RequestSpec
 from sim.vllm_real.sched_lockstep import MAX_STEPS, RealRaised, SchedDivergence
-from sim.vllm_real.v0_sched_adapter import RealV0Scheduler
+from sim.vllm_real.v0_sched_adapter import RealV0Scheduler, RecordingManager
 from sim.vllm_real.v0_sched_case import (
     V0StepRecord,
     V0Workload,
@@ -116,40 +115,12 @@ class V0SchedVerifyResult:
 
 
 # --------------------------------------------------------------------------- kvsim side
-class _RecordingV0Manager:
-    """kvsim's v0 manager with the calls that preempt and resume recorded while `events` is a
-    list, as `v0_sched_adapter._RecordingManager` records the real one's. A wrapper, not a
-    patched method: the compiled core's classes (`sim.native`) have fixed methods."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.events: list[tuple[str, int]] | None = None
-
-    def free(self, seq: Any) -> None:
-        if self.events is not None:
-            self.events.append(("preempted", seq.seq_id))
-        self._inner.free(seq)
-
-    def swap_out(self, seq_group: Any) -> Any:
-        if self.events is not None:
-            self.events.append(("swapped_out", seq_group.request_id))
-        return self._inner.swap_out(seq_group)
-
-    def swap_in(self, seq_group: Any) -> Any:
-        if self.events is not None:
-            self.events.append(("swapped_in", seq_group.request_id))
-        return self._inner.swap_in(seq_group)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 class KvsimV0Side:
     """kvsim's V0Scheduler on the same case, with the same step records as the real one."""
 
     def __init__(self, workload: V0Workload, fast_path: bool = False) -> None:
         config, kv = v0_case_configs(workload.case, fast_path)
-        self._recorder = _RecordingV0Manager(make_manager(workload.case.design, kv))
+        self._recorder = RecordingManager(make_manager(workload.case.design, kv))
         manager = AuditedV0Manager(self._recorder, level=AuditLevel.FULL)
         self.scheduler = V0Scheduler(config, manager)
         if fast_path:

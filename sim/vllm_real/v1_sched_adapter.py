@@ -62,6 +62,22 @@ class RealVllmRaised(Exception):
         self.phase = phase
 
 
+def guard_real_call(install_root: Path, phase: str, fn: Any, *args: Any) -> Any:
+    """`fn(*args)`; what vLLM's own code (under `install_root / "vllm"`) raised becomes
+    `RealVllmRaised` (a finding), what was raised elsewhere (an adapter) propagates as a bug."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
+        # (heapq is C code: a TypeError out of it is raised in vLLM's request_queue.py.)
+        if where is None or not where.is_relative_to(install_root / "vllm"):
+            raise
+        raise RealVllmRaised(type(exc).__name__, str(exc), phase) from exc
+
+
 def _stub_model_class() -> type:
     """A do-nothing module that satisfies vLLM's text-generation interface checks."""
     import torch
@@ -313,16 +329,4 @@ class RealV1Scheduler:
         return self.real.get_num_unfinished_requests() > 0
 
     def _guard(self, phase: str, fn: Any, *args: Any) -> Any:
-        """`fn(*args)`; what vLLM's own code raised becomes `RealVllmRaised` (a finding), what
-        was raised elsewhere (this adapter) propagates as a bug."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
-            # (heapq is C code: a TypeError out of it is raised in vLLM's request_queue.py.)
-            if where is None or not where.is_relative_to(self.install.root / "vllm"):
-                raise
-            raise RealVllmRaised(type(exc).__name__, str(exc), phase) from exc
+        return guard_real_call(self.install.root, phase, fn, *args)
