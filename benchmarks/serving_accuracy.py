@@ -43,13 +43,12 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sim.data.split import check_split
+from sim.data.split import load_split_entries
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
@@ -123,18 +122,7 @@ class Replay:
 def load_points(path: Path | None = None) -> list[Point]:
     """Every measurement, sorted by id, on the side of the split its entry records (`split:
     fit | held_out`, chosen by `sim.data.split.assign_split` when the entry was added)."""
-    name = str(path) if path is not None else f"sim/data/{DATA_FILE}"
-    text = (
-        path.read_text(encoding="utf-8")
-        if path is not None
-        else resources.files("sim.data").joinpath(DATA_FILE).read_text(encoding="utf-8")
-    )
-    entries = yaml.safe_load(text)["measurements"]
-    ids = [e["id"] for e in entries]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{DATA_FILE}: duplicate ids")
-    for row, e in enumerate(entries, 1):
-        check_split(name, row, e, "sim.data.split.assign_split")
+    entries = load_split_entries(DATA_FILE, "measurements", path)
     return [Point(e, str(e["split"])) for e in sorted(entries, key=lambda e: e["id"])]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.data.split import assign_split, check_split
+from sim.data.split import assign_split, check_split, load_split_entries
 from sim.errors import InputError
 
 SOURCE = "https://github.com/vllm-project/vllm/issues/1"
@@ -48,3 +48,16 @@ def test_check_split_names_file_entry_and_field_in_one_line(entry):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("logs.yaml: entry 3 (a): field split must be 'fit' or 'held_out'")
+
+
+def test_a_duplicate_id_is_refused_naming_file_entry_and_field(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "logs:\n  - {id: a, split: fit}\n  - {id: b, split: held_out}\n  - {id: a, split: fit}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(InputError, match=r"m.yaml: entry 3 \(a\): field id is a duplicate$"):
+        load_split_entries("unused.yaml", "logs", path)
+    path.write_text("logs:\n  - {id: a, split: fit}\n  - {id: b}\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"m.yaml: entry 2 \(b\): field split must be"):
+        load_split_entries("unused.yaml", "logs", path)

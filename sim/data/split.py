@@ -17,8 +17,12 @@ has two fit entries against one).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import yaml
 
 from sim.errors import InputError
 
@@ -86,4 +90,23 @@ def check_split(name: str, row: int, entry: Mapping[str, Any], rule: str) -> str
     return str(side)
 
 
-__all__ = ["SPLITS", "assign_split", "check_split", "source_key"]
+def load_split_entries(data_file: str, key: str, path: Path | None = None) -> list[dict[str, Any]]:
+    """The entries under `key` of `sim/data/<data_file>` (or of `path`, a file of the same
+    form), in file order, each with a valid recorded `split` (`check_split`) and a unique id."""
+    name = str(path) if path is not None else f"sim/data/{data_file}"
+    text = (
+        path.read_text(encoding="utf-8")
+        if path is not None
+        else resources.files("sim.data").joinpath(data_file).read_text(encoding="utf-8")
+    )
+    entries: list[dict[str, Any]] = yaml.safe_load(text)[key]
+    seen: set[str] = set()
+    for row, entry in enumerate(entries, 1):
+        check_split(name, row, entry, "sim.data.split.assign_split")
+        if entry.get("id") in seen:
+            raise InputError(f"{name}: entry {row} ({entry.get('id')}): field id is a duplicate")
+        seen.add(str(entry.get("id")))
+    return entries
+
+
+__all__ = ["SPLITS", "assign_split", "check_split", "load_split_entries", "source_key"]

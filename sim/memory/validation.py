@@ -25,15 +25,13 @@ import enum
 import re
 import statistics
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, get_gpu, get_model
-from sim.data.split import check_split
+from sim.data.split import load_split_entries
 from sim.memory.derive import MemoryBudget
 from sim.memory.sampler_release import release_of, sampler_paths
 from sim.memory.terms import (
@@ -136,19 +134,8 @@ def load_logs(path: Path | None = None) -> list[StartupLog]:
     """Every log (`path`: another file of the same form; default the shipped one), sorted by
     id, each on the side of the split it records. A missing or invalid `split` is an
     `InputError` naming the file, the entry and the field."""
-    name = str(path) if path is not None else f"sim/data/{DATA_FILE}"
-    text = (
-        path.read_text(encoding="utf-8")
-        if path is not None
-        else resources.files("sim.data").joinpath(DATA_FILE).read_text(encoding="utf-8")
-    )
-    raws = yaml.safe_load(text)["logs"]
-    for row, raw in enumerate(raws, 1):
-        check_split(name, row, raw, "sim.data.split.assign_split")
+    raws = load_split_entries(DATA_FILE, "logs", path)
     entries = [StartupLog.model_validate(raw) for raw in raws]
-    ids = [e.id for e in entries]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{DATA_FILE}: duplicate ids")
     return sorted(entries, key=lambda e: e.id)
 
 
