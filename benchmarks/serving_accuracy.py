@@ -25,9 +25,9 @@ them on the same engine first: their prompts warm its prefix cache
 `asyncio.wait_for` (`sim.engine.microbatch`; 3.12 where the source is silent).
 
 The summary is the median |error| per metric group, on all replayed points and on the
-`held_out` half (each entry's recorded `split`, `assign_split`'s rule): TTFT (mean, else median, else the source's
-unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, else unnamed TPOT, else median/mean ITL)
-and throughput (output tok/s, else req/s). No GPU needed; 65-85 s on 2 shared cores (the
+`held_out` half (each entry's recorded `split`, `sim.data.split.assign_split`'s rule): TTFT
+(mean, else median, else the source's unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT,
+else unnamed TPOT, else median/mean ITL) and throughput (output tok/s, else req/s). No GPU needed; 65-85 s on 2 shared cores (the
 warm servers' earlier runs add about 30 s: 54 s before them, 85 s after, same machine).
 """
 
@@ -43,13 +43,12 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import yaml
 
+from sim.data.split import load_split_entries
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
@@ -120,69 +119,10 @@ class Replay:
         return None
 
 
-SPLITS = ("fit", "held_out")
-
-
-def source_key(url: str) -> str:
-    """The thread or repository a source URL belongs to: host/owner/repo[/issues|pull/N].
-    Example: '.../vllm/pull/9668#x' -> 'github.com/vllm-project/vllm/pull/9668'."""
-    parsed = urlparse(url)
-    parts = [p for p in parsed.path.split("/") if p]
-    if parsed.netloc == "github.com" and len(parts) >= 2:
-        if len(parts) >= 4 and parts[2] in ("issues", "pull"):
-            return "/".join([parsed.netloc, *parts[:4]])
-        return "/".join([parsed.netloc, *parts[:2]])
-    return parsed.netloc + parsed.path
-
-
-def _strata(entry: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
-    """The groups `assign_split` balances, narrowest first: the entry's setup (source, model,
-    GPU, TP), its source, every entry."""
-    model = entry["model"]
-    name = str(model["name"] if isinstance(model, dict) else model)
-    source = source_key(str(entry["source"]))
-    return ((source, name, str(entry["gpu"]), str(entry.get("tp", 1))), (source,), ())
-
-
-def assign_split(before: list[dict[str, Any]], entry: dict[str, Any]) -> str:
-    """The side a NEW entry takes, given the entries already in the file (`before`, each with
-    its recorded `split`): the side with fewer entries of the same setup (source, model, GPU,
-    TP); on a tie, the side with fewer entries of the same source; then fewer entries overall;
-    then `fit`. A source's second entry therefore always lands opposite its first, so every
-    source with two or more entries has both sides. The rule is applied once, when an entry is
-    appended; `load_points` reads the recorded side, so adding an entry never moves another.
-    Example: a source's entries in file order a1, a2, a3 of one setup -> fit, held_out, fit
-    (when the file's overall counts are level before a1)."""
-    for stratum in _strata(entry):
-        counts = dict.fromkeys(SPLITS, 0)
-        for other in before:
-            if stratum in _strata(other):
-                counts[str(other["split"])] += 1
-        if counts["fit"] != counts["held_out"]:
-            return "fit" if counts["fit"] < counts["held_out"] else "held_out"
-    return "fit"
-
-
 def load_points(path: Path | None = None) -> list[Point]:
     """Every measurement, sorted by id, on the side of the split its entry records (`split:
-    fit | held_out`, chosen by `assign_split` when the entry was added)."""
-    name = str(path) if path is not None else f"sim/data/{DATA_FILE}"
-    text = (
-        path.read_text(encoding="utf-8")
-        if path is not None
-        else resources.files("sim.data").joinpath(DATA_FILE).read_text(encoding="utf-8")
-    )
-    entries = yaml.safe_load(text)["measurements"]
-    ids = [e["id"] for e in entries]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{DATA_FILE}: duplicate ids")
-    for row, e in enumerate(entries, 1):
-        if e.get("split") not in SPLITS:
-            raise InputError(
-                f"{name}: entry {row} ({e['id']}): field split must be 'fit' or 'held_out' "
-                f"(got {e.get('split')!r}); a new entry takes benchmarks/serving_accuracy.py "
-                "assign_split's side"
-            )
+    fit | held_out`, chosen by `sim.data.split.assign_split` when the entry was added)."""
+    entries = load_split_entries(DATA_FILE, "measurements", path)
     return [Point(e, str(e["split"])) for e in sorted(entries, key=lambda e: e["id"])]
 
 

@@ -292,7 +292,8 @@ def triton_sampler_bytes(
 #: in the fit half (NCCL buffers appear at TP >= 2); a cell with one fit log takes its TP
 #: class's median over both engines (sim.memory.validation.fit_non_torch_gib). Same
 #: provenance as ACTIVATION_FIT. v0 at TP 1 is median(0.16, 0.35, 1.79) since the 25th log
-#: (2026-12) moved pr10511-llama3-8b-h100-tp1 into the fit half by the id-order split.
+#: (2026-12) moved pr10511-llama3-8b-h100-tp1 into the fit half by the id-order split (each
+#: log's side is now recorded in the YAML, so a new log moves none; sim/data/split.py).
 NON_TORCH_GIB: dict[tuple[VllmEngine, bool], float] = {
     (VllmEngine.V0, False): 0.35,
     (VllmEngine.V0, True): 0.55,

@@ -1,9 +1,12 @@
 """kvsim's derived KV pool against real vLLM startup logs: load, split, fit, compare.
 
-The logs live in `sim/data/vllm_startup_logs.yaml` (facts with their source URLs). They are
-split deterministically: sorted by id, even positions are the `fit` half (the only entries the
-fitted constants in `sim.memory.terms` may come from), odd positions the `held_out` half (only
-measured). `benchmarks/memory_accuracy.py` prints the comparison; `--fit` reruns `fit_constants`.
+The logs live in `sim/data/vllm_startup_logs.yaml` (facts with their source URLs). Each entry
+records its side of the split (`split: fit | held_out`): the `fit` half is the only one the
+fitted constants in `sim.memory.terms` may come from, the `held_out` half is only measured. A
+new entry takes `sim.data.split.assign_split`'s side when it is appended; the sides are read,
+never recomputed, so adding a log moves no other (the YAML header states the rule and the old
+sorted-id parity sides the first 25 entries keep). `benchmarks/memory_accuracy.py` prints the
+comparison; `--fit` reruns `fit_non_torch_gib` and `fit_activation`.
 
 The quantity compared is the KV pool in bytes on one rank, as vLLM sized it:
 
@@ -22,13 +25,13 @@ import enum
 import re
 import statistics
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes, get_gpu, get_model
+from sim.data.split import load_split_entries
 from sim.memory.derive import MemoryBudget
 from sim.memory.sampler_release import release_of, sampler_paths
 from sim.memory.terms import (
@@ -70,6 +73,8 @@ class StartupLog(_Closed):
     """One engine start: launch configuration and what vLLM logged (see the YAML header)."""
 
     id: str
+    #: The side of the split the entry records (`sim.data.split.assign_split` for a new one).
+    split: Split
     source: str
     #: How the source may be used (entries from GitHub threads predate the field: facts only).
     license: str = ""
@@ -122,19 +127,16 @@ class StartupLog(_Closed):
         return sampler_paths(self.engine_kind, release_of(self.vllm_version), rows, flashinfer)
 
 
-def load_logs() -> list[StartupLog]:
-    """Every log, sorted by id (the order the split uses)."""
-    text = resources.files("sim.data").joinpath("vllm_startup_logs.yaml").read_text()
-    entries = [StartupLog.model_validate(raw) for raw in yaml.safe_load(text)["logs"]]
-    ids = [e.id for e in entries]
-    if len(set(ids)) != len(ids):
-        raise ValueError("vllm_startup_logs.yaml: duplicate ids")
+DATA_FILE = "vllm_startup_logs.yaml"
+
+
+def load_logs(path: Path | None = None) -> list[StartupLog]:
+    """Every log (`path`: another file of the same form; default the shipped one), sorted by
+    id, each on the side of the split it records. A missing or invalid `split` is an
+    `InputError` naming the file, the entry and the field."""
+    raws = load_split_entries(DATA_FILE, "logs", path)
+    entries = [StartupLog.model_validate(raw) for raw in raws]
     return sorted(entries, key=lambda e: e.id)
-
-
-def split_of(index_in_sorted_order: int) -> Split:
-    """Even positions fit, odd positions are held out: half and half, decided by id alone."""
-    return Split.FIT if index_in_sorted_order % 2 == 0 else Split.HELD_OUT
 
 
 def observed_pool_bytes(log: StartupLog) -> int:
@@ -218,11 +220,11 @@ class Comparison:
 
 def compare_all() -> list[Comparison]:
     rows = []
-    for i, log in enumerate(load_logs()):
+    for log in load_logs():
         rows.append(
             Comparison(
                 log=log,
-                split=split_of(i),
+                split=log.split,
                 observed_gib=observed_pool_bytes(log) / GIB,
                 before_gib=legacy_pool_bytes(log) / GIB,
                 after_gib=predicted_pool_bytes(log) / GIB,
@@ -264,8 +266,8 @@ def fit_non_torch_gib() -> dict[tuple[VllmEngine, bool], float]:
     a 0.6.5 development build), V1 has 0.55 and 0.54: the cell gets median(3.58, 0.55, 0.54).
     """
     cells: dict[tuple[VllmEngine, bool], list[float]] = {}
-    for i, log in enumerate(load_logs()):
-        if split_of(i) is Split.FIT and log.logged.non_torch_gib is not None:
+    for log in load_logs():
+        if log.split is Split.FIT and log.logged.non_torch_gib is not None:
             key = (log.engine_kind, log.tp > 1)
             cells.setdefault(key, []).append(log.logged.non_torch_gib)
     out = {}
@@ -295,8 +297,8 @@ def fit_activation(non_torch_gib: dict[tuple[VllmEngine, bool], float]) -> Activ
     unmodelled features (LoRA, KV connectors) are left out.
     """
     rows: list[tuple[SamplerPath, float, float, float | None, float]] = []
-    for i, log in enumerate(load_logs()):
-        if split_of(i) is not Split.FIT or log.unmodelled:
+    for log in load_logs():
+        if log.split is not Split.FIT or log.unmodelled:
             continue
         if len(log.sampler_paths) != 1 or log.sampler_paths[0] not in FITTED_SAMPLER_PATHS:
             continue  # a derived path (Triton, 0.19.1+) or two paths: nothing to attribute

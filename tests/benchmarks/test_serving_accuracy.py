@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
+from sim.data.split import assign_split, source_key
 from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_at_least_25_points_from_5_sources_ids_unique_and_split_in_halves():
     assert len(ids) >= 25
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
-    sources = {accuracy.source_key(p.raw["source"]) for p in POINTS}
+    sources = {source_key(p.raw["source"]) for p in POINTS}
     assert len(sources) >= 5, sources
     splits = [p.split for p in POINTS]
     assert abs(splits.count("fit") - splits.count("held_out")) <= 1
@@ -57,14 +58,14 @@ def test_every_recorded_split_is_the_rules_side_given_the_entries_before_it():
     """Each entry's `split` is what `assign_split` gives it from the entries above it in the
     file: the rule the YAML header states, applied once as entries were appended."""
     for i, entry in enumerate(ENTRIES):
-        assert entry["split"] == accuracy.assign_split(ENTRIES[:i], entry), entry["id"]
+        assert entry["split"] == assign_split(ENTRIES[:i], entry), entry["id"]
 
 
 def test_every_source_with_two_or_more_points_has_both_sides():
     by_source: dict[str, set[str]] = {}
     for p in POINTS:
-        by_source.setdefault(accuracy.source_key(p.raw["source"]), set()).add(p.split)
-    counts = {s: sum(accuracy.source_key(p.raw["source"]) == s for p in POINTS) for s in by_source}
+        by_source.setdefault(source_key(p.raw["source"]), set()).add(p.split)
+    counts = {s: sum(source_key(p.raw["source"]) == s for p in POINTS) for s in by_source}
     for source, sides in by_source.items():
         if counts[source] >= 2:
             assert sides == {"fit", "held_out"}, source
@@ -92,7 +93,7 @@ def test_adding_a_point_anywhere_never_moves_an_existing_one(tmp_path_factory, n
     if new["id"] in {e["id"] for e in ENTRIES}:
         return
     before = {p.id: p.split for p in POINTS}
-    entry = {**ENTRIES[0], **new, "split": accuracy.assign_split(ENTRIES, new)}
+    entry = {**ENTRIES[0], **new, "split": assign_split(ENTRIES, new)}
     path = tmp_path_factory.mktemp("split") / "m.yaml"
     entries = ENTRIES[:position] + [entry] + ENTRIES[position:]
     path.write_text(yaml.safe_dump({"measurements": entries}), encoding="utf-8")
@@ -108,13 +109,13 @@ def test_the_rule_keeps_each_setup_within_one_and_each_source_on_both_sides(new)
     source with two or more entries has both sides."""
     entries: list[dict] = []
     for e in new:
-        entries.append({**e, "split": accuracy.assign_split(entries, e)})
+        entries.append({**e, "split": assign_split(entries, e)})
     setups: dict[tuple, list[str]] = {}
     sources: dict[str, list[str]] = {}
     for e in entries:
-        key = (accuracy.source_key(e["source"]), e["model"], e["gpu"], e["tp"])
+        key = (source_key(e["source"]), e["model"], e["gpu"], e["tp"])
         setups.setdefault(key, []).append(e["split"])
-        sources.setdefault(accuracy.source_key(e["source"]), []).append(e["split"])
+        sources.setdefault(source_key(e["source"]), []).append(e["split"])
     for sides in setups.values():
         assert abs(sides.count("fit") - sides.count("held_out")) <= 1
     for sides in sources.values():
