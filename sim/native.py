@@ -51,6 +51,7 @@ COMPILED: tuple[str, ...] = (
     "sim.audit.v0",
     "sim.audit.v1",
     "sim.audit.violations",
+    "sim.kv.pin_behaviours",
     "sim.kv.pins",
     "sim.kv.types",
     "sim.kv.v0_fixed.manager",

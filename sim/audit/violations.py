@@ -43,7 +43,7 @@ class ViolationKind(enum.Enum):
     #: Found before the run: vLLM's startup check accepts `max_model_len`, but the full-sequence
     #: admission gate charges a request of that many tokens more blocks than the pool has, so
     #: such a request would wait forever (the #7470 class between two checks, not two calls:
-    #: `sim.scenario.resolve._startup_gate_mismatch`).
+    #: `sim.scenario.startup.startup_gate_mismatch`).
     STARTUP_GATE_MISMATCH = "startup_gate_mismatch"
 
 

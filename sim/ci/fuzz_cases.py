@@ -114,7 +114,7 @@ def _cache_and_scheduler(
     watermark = float(rng.choice([0.0, 0.01, 0.01, 0.05, 0.1]))
     # vLLM refuses to start unless one max-length request fits the pool (v0: G blocks; V1
     # engine: G - 1, block 0 being the null block, and one more with a sliding window); see
-    # `sim.scenario.resolve._check_cache_fits`.
+    # `sim.scenario.startup.check_cache_fits`.
     usable_blocks = num_gpu_blocks if is_v0 else num_gpu_blocks - 2
     max_model_len = _int(rng, 2 * block_size, usable_blocks * block_size)
     max_num_seqs = _int(rng, 1, 8)

@@ -12,7 +12,7 @@ names changes:
   attention, so the V1 engine builds two KV-cache groups over one pool
   (`sim.kv.v1_engine.hybrid_coordinator`). The pool grows by the full group's share of a
   max-length request, ``cdiv(max_model_len, bs) + 1`` blocks, so that the startup check
-  (`sim.scenario.resolve._check_cache_fits`) still passes for every drawn max_model_len.
+  (`sim.scenario.startup.check_cache_fits`) still passes for every drawn max_model_len.
   Example: bs 4, 20 blocks, max_model_len 40 -> 20 + 10 + 1 = 31 blocks.
 * `group_types` (V1 engine, with `hybrid`): a hybrid case gives its layout as
   `cache.kv_cache_groups` instead, drawn from every group type kvsim models on the case's

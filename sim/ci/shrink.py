@@ -31,7 +31,7 @@ from pathlib import Path
 from sim.audit import ViolationKind
 from sim.ci.ddmin import ddmin, minimize_int
 from sim.ci.scenario_yaml import explicit_yaml
-from sim.ci.shrink_candidate import InvalidCandidate, Oracle, build, to_inline
+from sim.ci.shrink_candidate import InvalidCandidate, Oracle, Pool, Req, build, to_inline
 from sim.ci.shrink_phases import Shrinker, cut
 from sim.errors import InputError
 from sim.scenario.release_defaults import applied
@@ -107,6 +107,37 @@ def shrink(
     with naming(source):  # a resolution error names the file too
         base, requests, pool = to_inline(scenario, Path(base_dir))
     oracle = Oracle(base, kind or "")
+    kind, first = _kind_to_shrink(oracle, requests, pool, kind, source)
+    oracle._cache[(tuple(requests), pool)] = True
+    shrinker = Shrinker(oracle, requests, pool, applied(base.cache.block_size, "cache.block_size"))
+    notes = _PhaseNotes(shrinker, oracle, start, progress)
+    _run_phases(shrinker, first, kind, notes)
+    final_kinds, _ = oracle.observe(shrinker.requests, shrinker.pool)
+    assert kind in final_kinds, "the shrunk scenario must still show the violation"
+    observed = sorted(final_kinds)
+    minimal = build(base, shrinker.requests, shrinker.pool)
+    sizes = f"{len(requests)} -> {len(shrinker.requests)} requests"
+    return ShrinkResult(
+        scenario=_as_reproducer(minimal, scenario.name, kind, observed, source, sizes),
+        kind=kind,
+        observed_kinds=observed,
+        start_num_requests=len(requests),
+        final_num_requests=len(shrinker.requests),
+        start_num_gpu_blocks=pool.num_gpu_blocks,
+        final_num_gpu_blocks=shrinker.pool.num_gpu_blocks,
+        num_runs=oracle.num_runs,
+        elapsed_s=time.perf_counter() - start,
+        source=source,
+        log=notes.log,
+    )
+
+
+def _kind_to_shrink(
+    oracle: Oracle, requests: list[Req], pool: Pool, kind: str | None, source: str
+) -> tuple[str, object | None]:
+    """The violation kind to keep (the given one, or the run's first violation's, set on the
+    oracle) and the input's run (None when the simulator raised). Bad input where the input
+    does not run, or runs without that kind (then there is nothing to shrink)."""
     try:
         kinds, first = oracle.observe(requests, pool)
     except InvalidCandidate as error:
@@ -122,22 +153,39 @@ def shrink(
     elif kind not in kinds:
         shown = ", ".join(sorted(kinds))
         raise NothingToShrink(f"{source}: the run shows no {kind} (it shows {shown})")
-    oracle._cache[(tuple(requests), pool)] = True
-    log: list[PhaseLog] = []
-    shrinker = Shrinker(oracle, requests, pool, applied(base.cache.block_size, "cache.block_size"))
+    return kind, first
 
-    def note(phase: str) -> None:
+
+@dataclass(slots=True)
+class _PhaseNotes:
+    """The shrink's log: one `PhaseLog` per phase run (the candidate's size, the runs and
+    the time so far), each also passed to `progress` as it is made."""
+
+    shrinker: Shrinker
+    oracle: Oracle
+    start: float
+    progress: Callable[[PhaseLog], None] | None
+    log: list[PhaseLog] = field(default_factory=list)
+
+    def __call__(self, phase: str) -> None:
         entry = PhaseLog(
             phase,
-            len(shrinker.requests),
-            shrinker.pool.num_gpu_blocks,
-            oracle.num_runs,
-            time.perf_counter() - start,
+            len(self.shrinker.requests),
+            self.shrinker.pool.num_gpu_blocks,
+            self.oracle.num_runs,
+            time.perf_counter() - self.start,
         )
-        log.append(entry)
-        if progress is not None:
-            progress(entry)
+        self.log.append(entry)
+        if self.progress is not None:
+            self.progress(entry)
 
+
+def _run_phases(
+    shrinker: Shrinker, first: object | None, kind: str, note: Callable[[str], None]
+) -> None:
+    """The phases of the module docstring: the cut (where the input's run is known), then
+    rounds of ddmin, lengths, arrivals, pool and ddmin while a round changes something (at
+    most `MAX_ROUNDS`)."""
     note("start")
     if first is not None:
         cut(shrinker, first, kind)
@@ -156,33 +204,22 @@ def shrink(
         note("ddmin")
         if (tuple(shrinker.requests), shrinker.pool) == before:
             break
-    final_kinds, _ = oracle.observe(shrinker.requests, shrinker.pool)
-    assert kind in final_kinds, "the shrunk scenario must still show the violation"
-    observed = sorted(final_kinds)
+
+
+def _as_reproducer(
+    minimal: Scenario, name: str, kind: str, observed: list[str], source: str, sizes: str
+) -> Scenario:
+    """The shrunk scenario named and described as a reproducer of `kind`, its `expect:`
+    listing exactly the violation kinds its run shows (a simulator exception is no kind)."""
     violation_kinds = [ViolationKind(k) for k in observed if not k.startswith("exception:")]
-    minimal = build(base, shrinker.requests, shrinker.pool)
-    minimal = minimal.model_copy(
+    return minimal.model_copy(
         update={
-            "name": f"{scenario.name}-min-{kind}",
+            "name": f"{name}-min-{kind}",
             "description": (
-                f"Minimal reproducer of {kind} shrunk by kvsim shrink from {source} "
-                f"({len(requests)} -> {len(shrinker.requests)} requests)."
+                f"Minimal reproducer of {kind} shrunk by kvsim shrink from {source} ({sizes})."
             ),
             "expect": minimal.expect.model_copy(update={"violations": violation_kinds or "none"}),
         }
-    )
-    return ShrinkResult(
-        scenario=minimal,
-        kind=kind,
-        observed_kinds=observed,
-        start_num_requests=len(requests),
-        final_num_requests=len(shrinker.requests),
-        start_num_gpu_blocks=pool.num_gpu_blocks,
-        final_num_gpu_blocks=shrinker.pool.num_gpu_blocks,
-        num_runs=oracle.num_runs,
-        elapsed_s=time.perf_counter() - start,
-        source=source,
-        log=log,
     )
 
 

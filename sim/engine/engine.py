@@ -117,6 +117,32 @@ class Engine(EngineArrivals):
                 tokenizer=tokenizer,
             )  # fmt: skip
         self.yield_every_step = yield_every_step
+        ids_ascending = self._take_specs(specs)
+        #: Closed-loop turns that came due after the run stopped (they never arrived).
+        self._turns_not_arrived: list[RequestSpec] = []
+        #: The spec taken from `_specs` whose arrival time has not come (it has not arrived).
+        self._next_spec: RequestSpec | None = None
+        self.step_time = step_time
+        self.progress = progress
+        self.sinks = sinks or memory_sinks()
+        self._open_tables(chunk_rows or records_module.DEFAULT_CHUNK_ROWS, ids_ascending)
+        self._current_step = 0
+        window = decode_window_of(step_time)
+        self.replicas = [
+            Replica(i, config, self._clock, window) for i in range(config.num_replicas)
+        ]
+        self._arrivals_done = False
+        self._connect_router()
+        self._stop: str | None = None
+        self._num_terminal = 0
+        self._open_loop_done = False
+
+    def _take_specs(self, specs: Iterable[RequestSpec]) -> bool:
+        """Take the requests in arrival order (`self._specs`, `self.num_specs`) and, for a
+        closed-loop workload, its session turns (`self._turns`): only each session's first
+        turn is open loop, the others arrive when the turn before them ends. Returns whether
+        the request rows can be written in id order as they end (False with sessions: a turn
+        arrives after requests with larger ids, so the rows are sorted at the end)."""
         self._specs, self.num_specs, ids_ascending = in_arrival_order(specs)
         #: Closed-loop session turns (`sim.engine.sessions`); None for open-loop workloads. A
         #: lazy source (a multi-million-request synthetic load) has none and stays lazy.
@@ -132,14 +158,13 @@ class Engine(EngineArrivals):
                 # larger ids: its row waits, and the rows are sorted at the end.
                 ids_ascending = False
             self._specs = iter(ordered)
-        #: Closed-loop turns that came due after the run stopped (they never arrived).
-        self._turns_not_arrived: list[RequestSpec] = []
-        #: The spec taken from `_specs` whose arrival time has not come (it has not arrived).
-        self._next_spec: RequestSpec | None = None
-        self.step_time = step_time
-        self.progress = progress
-        self.sinks = sinks or memory_sinks()
-        chunk_rows = chunk_rows or records_module.DEFAULT_CHUNK_ROWS
+        return ids_ascending
+
+    def _open_tables(self, chunk_rows: int, ids_ascending: bool) -> None:
+        """The run's request and step tables, written to `self.sinks` `chunk_rows` rows at a
+        time, with the running statistics fed from every chunk (`self.records`), so the
+        summary needs no second pass over tables that may be on disk."""
+        config = self.config
         stats = RunStats(config.kv.num_gpu_blocks, spill_to_file=self.sinks.spill_to_file)
         requests = ColumnarTable(REQUEST_DTYPE, self.sinks.requests, chunk_rows)
         steps = ColumnarTable(STEP_DTYPE, self.sinks.steps, chunk_rows)
@@ -147,12 +172,12 @@ class Engine(EngineArrivals):
         steps.listeners.append(stats.on_steps)
         self.records = RunRecords(requests, steps, stats, num_gpu_blocks=config.kv.num_gpu_blocks)
         self._rows = RequestRows(requests, ids_ascending)
-        self._current_step = 0
-        window = decode_window_of(step_time)
-        self.replicas = [
-            Replica(i, config, self._clock, window) for i in range(config.num_replicas)
-        ]
-        self._arrivals_done = False
+
+    def _connect_router(self) -> None:
+        """The router's policy and what it sees of the replicas: each V1 pool's KV events feed
+        the router's cache index (a prefix-aware router) and/or a recording stream
+        (`engine.kv_events`), and a view of each replica reads both."""
+        config = self.config
         self._policy = make_policy(config.router, config.kv.block_size, config.router_load_weight)
         # KV events: each V1 pool feeds the router's index and/or a recording stream.
         self._cache_index = (
@@ -171,9 +196,6 @@ class Engine(EngineArrivals):
             spill=self.sinks.spill_to_file,  # tables to files: events spill too
         )
         self._views = [ReplicaView(r, self._cache_index) for r in self.replicas]
-        self._stop: str | None = None
-        self._num_terminal = 0
-        self._open_loop_done = False
 
     def _now(self) -> float:
         return self.env.now

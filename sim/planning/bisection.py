@@ -8,6 +8,8 @@ halve) to bracket [good, bad), then bisect until `(bad - good) / good <= toleran
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sim.planning.executor import run_point
@@ -30,21 +32,63 @@ def search_capacity(
     """Bisection for one configuration and replicate (runs in a worker; returns plain data)."""
     slos = [Slo(m, v) for m, v in slo_pairs]
     probes: list[dict[str, Any]] = []
+    probe = partial(_probe, scenario_data, slos, labels, step_time_factor, probes)
+    good, bad = _bracket(probe, start_scale, min_scale, max_scale)
+    status = "ok"
+    if good is None:
+        status = _never_passes(probes, slos, min_scale)
+    elif bad is None:
+        status = f"passes at the maximum scale {max_scale:g} (capacity is at least this)"
+    else:
+        good, bad = _bisect(probe, good, bad, tolerance)
+    base_rate = _base_rate(probes)
+    rate = (good or 0.0) * base_rate
+    if closed_loop(scenario_from_dict(scenario_data).workload):
+        rate, status = measured_capacity(probes, good, status, max_scale)
+    return {
+        **labels,
+        "step_time_factor": step_time_factor,
+        "status": status,
+        "capacity_scale": good if good is not None else 0.0,
+        "bracket_high_scale": bad,
+        "base_rate_req_per_s": base_rate,
+        "capacity_rate_req_per_s": rate,
+        "num_probes": len(probes),
+        "probes": probes,
+    }
 
-    def probe(scale: float) -> bool:
-        data = {**scenario_data, "workload": {**scenario_data["workload"], "rate_scale": scale}}
-        row = run_point(data, {}, scenario_key(data), len(probes), step_time_factor)
-        reason = check_slos(row, slos)
-        row.update(
-            labels,
-            step_time_factor=step_time_factor,
-            rate_scale=scale,
-            passed=reason is None,
-            reason=reason,
-        )
-        probes.append(row)
-        return reason is None
 
+def _probe(
+    scenario_data: dict[str, Any],
+    slos: list[Slo],
+    labels: dict[str, Any],
+    step_time_factor: float,
+    probes: list[dict[str, Any]],
+    scale: float,
+) -> bool:
+    """Run the scenario at rate scale `scale`; its row (SLO verdict and labels added) is
+    appended to `probes`, the search's record. True when every SLO holds."""
+    data = {**scenario_data, "workload": {**scenario_data["workload"], "rate_scale": scale}}
+    row = run_point(data, {}, scenario_key(data), len(probes), step_time_factor)
+    reason = check_slos(row, slos)
+    row.update(
+        labels,
+        step_time_factor=step_time_factor,
+        rate_scale=scale,
+        passed=reason is None,
+        reason=reason,
+    )
+    probes.append(row)
+    return reason is None
+
+
+def _bracket(
+    probe: Callable[[float], bool], start_scale: float, min_scale: float, max_scale: float
+) -> tuple[float | None, float | None]:
+    """[good, bad): probe the start scale, then double while it passes (or halve while it
+    fails) until one passes and one fails. None on a side the scale bounds never reached:
+    good None, nothing passes down to `min_scale`; bad None, everything passes up to
+    `max_scale`."""
     good = bad = None
     scale = start_scale
     if probe(scale):
@@ -63,40 +107,34 @@ def search_capacity(
                 good = scale
             else:
                 bad = scale
-    status = "ok"
-    if good is None:
-        status = _never_passes(probes, slos, min_scale)
-    elif bad is None:
-        status = f"passes at the maximum scale {max_scale:g} (capacity is at least this)"
-    else:
-        while (bad - good) / good > tolerance:
-            mid = (good + bad) / 2
-            if probe(mid):
-                good = mid
-            else:
-                bad = mid
-    # Scale 1 rate: every probe's offered rate divided by its scale (the same for all, open
-    # loop; closed loop it falls with the scale, see `measured_capacity`).
+    return good, bad
+
+
+def _bisect(
+    probe: Callable[[float], bool], good: float, bad: float, tolerance: float
+) -> tuple[float, float]:
+    """Halve the bracket [good, bad) until ``(bad - good) / good <= tolerance``. Example (the
+    D/D/1 scenario of `sim.planning.capacity`, threshold scale 2.0102, tolerance 0.01, [2, 4)):
+    probes 3, 2.5, 2.25, 2.125, 2.0625, 2.03125 and 2.015625 all fail -> [2, 2.015625)."""
+    while (bad - good) / good > tolerance:
+        mid = (good + bad) / 2
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, bad
+
+
+def _base_rate(probes: list[dict[str, Any]]) -> float:
+    """The scale-1 rate: the first probe's offered rate divided by its scale (the same for
+    all, open loop; closed loop it falls with the scale, see `measured_capacity`); NaN when no
+    probe offered a rate."""
     rates = [
         p["offered_rate_req_per_s"] / p["rate_scale"]
         for p in probes
         if p.get("offered_rate_req_per_s")
     ]
-    base_rate = rates[0] if rates else math.nan
-    rate = (good or 0.0) * base_rate
-    if closed_loop(scenario_from_dict(scenario_data).workload):
-        rate, status = measured_capacity(probes, good, status, max_scale)
-    return {
-        **labels,
-        "step_time_factor": step_time_factor,
-        "status": status,
-        "capacity_scale": good if good is not None else 0.0,
-        "bracket_high_scale": bad,
-        "base_rate_req_per_s": base_rate,
-        "capacity_rate_req_per_s": rate,
-        "num_probes": len(probes),
-        "probes": probes,
-    }
+    return rates[0] if rates else math.nan
 
 
 #: How a closed-loop capacity reads (a status prefix; the capacity table's note explains it).

@@ -100,14 +100,47 @@ def capacity_search(
     `on_total(n)` is called once with the number of searches, after every input is checked and
     before any search starts (the CLI checks and makes its output folder there).
     """
-    from sim.planning import load_base
-    from sim.scenario.overrides import apply_overrides
-
     if not 0 < tolerance < 1:
         raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
     if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
         raise SloError(f"--target-rate {target_rate:g}: must be a positive, finite number")
     slo_list = as_slos(slos)
+    base, base_path = _one_replica_base(scenario, overrides, base_dir)
+    start = start_scale if start_scale is not None else base.workload.rate_scale
+    compare = {k: list(v) for k, v in (compare or {}).items()}
+    validate_axes(base, compare, option="--compare")
+    if replicates is None:
+        replicates = capacity_replicates(base, seeds, list(compare))
+    if not replicates:
+        raise SloError("give at least one seed or replicate")
+    configs = expand_grid(compare)
+    pairs = [(s.metric, s.limit_s) for s in slo_list]
+    search = (pairs, tolerance, start, min_scale, max_scale)
+    tasks, bands = _all_tasks(base, base_path, configs, replicates, search, band, band_ends)
+    if on_total is not None:
+        on_total(len(tasks))
+    results = map_tasks(
+        search_capacity, tasks, workers=workers, cluster=cluster, on_result=on_result
+    )
+    _check_arrival_rate(base.name, results)
+    probes = pd.DataFrame.from_records([p for res in results for p in res["probes"]])
+    rows = []
+    for c, config in enumerate(configs):
+        row = _capacity_row(results, c, config, tolerance, slo_list)
+        row.update(band_columns(results, c, bands[c], band_ends))
+        if target_rate is not None:
+            row.update(_replicas_columns(target_rate, row))
+        rows.append(row)
+    return pd.DataFrame.from_records(rows), probes
+
+
+def _one_replica_base(scenario, overrides: dict[str, Any] | None, base_dir: str | Path | None):
+    """The scenario every probe starts from, and the folder its paths are relative to: the
+    overrides applied and one replica forced (capacity is per replica). A disaggregated
+    scenario is refused here, since every probe of it would be an error row."""
+    from sim.planning import load_base
+    from sim.scenario.overrides import apply_overrides
+
     base, base_path = load_base(scenario, base_dir)
     base = apply_overrides(base, {**(overrides or {}), "engine.num_replicas": 1})
     if base.cluster.mode is ClusterMode.DISAGGREGATED:  # every probe would be an error row
@@ -115,90 +148,121 @@ def capacity_search(
             f"{base.name}: cluster.mode: disaggregated; capacity searches one co-located "
             "replica: use kvsim cluster-capacity for prefill/decode pools"
         )
-    start = start_scale if start_scale is not None else base.workload.rate_scale
-    compare = {k: list(v) for k, v in (compare or {}).items()}
-    validate_axes(base, compare, option="--compare")
-    if replicates is None:
-        replicates = capacity_replicates(base, seeds, list(compare))
-    reps = replicates
-    if not reps:
-        raise SloError("give at least one seed or replicate")
-    configs = expand_grid(compare)
+    return base, base_path
+
+
+def _all_tasks(
+    base,
+    base_path,
+    configs: list[dict[str, Any]],
+    reps: list[dict[str, Any]],
+    search: tuple,
+    band: StepTimeBand | None,
+    band_ends: bool,
+) -> tuple[list[tuple], list[StepTimeBand]]:
+    """Every search to run, configuration by configuration, each replicate at the central
+    step time and (`band_ends`) at the step-time band's ends, with each configuration's band
+    (`band`, or its model's own); refused before any runs where two compared configurations
+    would run one simulation."""
     tasks: list[tuple] = []
     bands = []
-    pairs = [(s.metric, s.limit_s) for s in slo_list]
     for c, config in enumerate(configs):
-        config_tasks = []
-        for r, rep in enumerate(reps):
-            try:
-                data = resolved_data(base, {**config, **rep}, base_path)
-            except ScenarioError as error:
-                raise ScenarioError(f"{_label(config) or 'replicate'} {rep}: {error}") from None
-            # Before any probe runs (regression: a FIFO trace searched to an answer, exit 0).
-            check_input_files(scenario_from_dict(data, "capacity").workload, base_path)
-            labels = {
-                "config": _label(config),
-                "config_index": c,
-                "replicate": r,
-                "replicate_label": _label(rep),
-                **config,
-            }
-            config_tasks.append((data, pairs, tolerance, start, min_scale, max_scale, labels))
-        rep_labels = [_label(rep) or f"#{r}" for r, rep in enumerate(reps)]
-        check_independent(rep_labels, [task[0] for task in config_tasks], "replicates")
+        config_tasks = _config_tasks(base, base_path, c, config, reps, search)
         bands.append(band or model_band(config_tasks[0][0], _label(config)))
         for factor in band_factors(bands[-1]) if band_ends else (1.0,):
             tasks += [(*task, factor) for task in config_tasks]
-    # Two compared configurations that run one simulation (`--compare seed=0,1` on a pinned
-    # workload.seed) would be two rows of one answer.
-    firsts = [t[0] for t in tasks if t[6]["replicate"] == 0 and t[-1] == 1.0]
-    keys = [scenario_key(data) for data in firsts]
-    check_independent([_label(c) for c in configs], firsts, "--compare configurations", keys)
-    if on_total is not None:
-        on_total(len(tasks))
-    results = map_tasks(
-        search_capacity, tasks, workers=workers, cluster=cluster, on_result=on_result
-    )
+    _check_configs_independent(configs, tasks)
+    return tasks, bands
+
+
+def _check_arrival_rate(name: str, results: list[dict]) -> None:
+    """A workload whose requests all arrive at once has no rate to scale (its base rate is
+    infinite): bad input, said after the searches found it."""
     if any(math.isinf(res["base_rate_req_per_s"]) for res in results):
         raise ScenarioError(
-            f"{base.name}: every request arrives at the same instant, so the workload has no "
+            f"{name}: every request arrives at the same instant, so the workload has no "
             "arrival rate to scale; capacity needs arrivals spread over time (a trace or a "
             "synthetic arrival process)"
         )
-    probes = pd.DataFrame.from_records([p for res in results for p in res["probes"]])
-    rows = []
-    for c, config in enumerate(configs):
-        mine = [r for r in results if r["config_index"] == c and r["step_time_factor"] == 1.0]
-        capacities = [res["capacity_rate_req_per_s"] for res in mine]
-        mean, low, high = confidence_interval(capacities)
-        low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
-        row = {"config": _label(config), **config, "num_replicates": len(mine)}
-        # The exact vLLM version the probes modelled ("0.5.4", "0.33.0"; `sim.kv.pins`).
-        versions = {p.get("vllm_version") for res in mine for p in res["probes"]}
-        row["vllm_version"] = ", ".join(sorted(v for v in versions if v)) or None
-        row.update(
-            capacity_rate_req_per_s=mean,
-            capacity_ci_low=low,
-            capacity_ci_high=high,
-            capacity_min=min(capacities),
-            capacity_max=max(capacities),
-            capacity_scale_mean=statistics.fmean(r["capacity_scale"] for r in mine),
-            tolerance=tolerance,
-            slos=", ".join(map(str, slo_list)),
-            num_probes=sum(r["num_probes"] for r in mine),
-            status="; ".join(sorted({r["status"] for r in mine})),
-        )
-        row.update(band_columns(results, c, bands[c], band_ends))
-        if target_rate is not None:
-            row["target_rate_req_per_s"] = target_rate
-            row["replicas_needed"] = _replicas(target_rate, min(capacities))
-            row["replicas_needed_at_mean"] = _replicas(target_rate, mean)
-            slow = row["capacity_slow_step_min"]
-            row["replicas_needed_slow_step"] = (
-                _replicas(target_rate, slow) if not math.isnan(slow) else math.nan
-            )
-        rows.append(row)
-    return pd.DataFrame.from_records(rows), probes
+
+
+def _config_tasks(
+    base, base_path, c: int, config: dict[str, Any], reps: list[dict[str, Any]], search: tuple
+) -> list[tuple]:
+    """One search per replicate of configuration `c` (`search_capacity`'s arguments but the
+    step-time factor; `search`: the SLO pairs, tolerance and scale bounds). Each point is
+    resolved and its input files checked before any probe runs (regression: a FIFO trace
+    searched to an answer, exit 0), and two replicates that run one simulation are refused."""
+    config_tasks = []
+    for r, rep in enumerate(reps):
+        try:
+            data = resolved_data(base, {**config, **rep}, base_path)
+        except ScenarioError as error:
+            raise ScenarioError(f"{_label(config) or 'replicate'} {rep}: {error}") from None
+        check_input_files(scenario_from_dict(data, "capacity").workload, base_path)
+        labels = {
+            "config": _label(config),
+            "config_index": c,
+            "replicate": r,
+            "replicate_label": _label(rep),
+            **config,
+        }
+        config_tasks.append((data, *search, labels))
+    rep_labels = [_label(rep) or f"#{r}" for r, rep in enumerate(reps)]
+    check_independent(rep_labels, [task[0] for task in config_tasks], "replicates")
+    return config_tasks
+
+
+def _check_configs_independent(configs: list[dict[str, Any]], tasks: list[tuple]) -> None:
+    """Two compared configurations that run one simulation (`--compare seed=0,1` on a pinned
+    workload.seed) would be two rows of one answer: refused, comparing each configuration's
+    first replicate at the central step time."""
+    firsts = [t[0] for t in tasks if t[6]["replicate"] == 0 and t[-1] == 1.0]
+    keys = [scenario_key(data) for data in firsts]
+    check_independent([_label(c) for c in configs], firsts, "--compare configurations", keys)
+
+
+def _capacity_row(
+    results: list[dict], c: int, config: dict[str, Any], tolerance: float, slo_list: list[Slo]
+) -> dict[str, Any]:
+    """Configuration `c`'s row at the central step time: the replicates' mean capacity and
+    its 95 % interval (never below zero: few replicates give wide intervals), their spread,
+    the probes run and the vLLM version they modelled."""
+    mine = [r for r in results if r["config_index"] == c and r["step_time_factor"] == 1.0]
+    capacities = [res["capacity_rate_req_per_s"] for res in mine]
+    mean, low, high = confidence_interval(capacities)
+    low = max(low, 0.0)  # a capacity is never negative; few replicates give wide intervals
+    row = {"config": _label(config), **config, "num_replicates": len(mine)}
+    # The exact vLLM version the probes modelled ("0.5.4", "0.33.0"; `sim.kv.pins`).
+    versions = {p.get("vllm_version") for res in mine for p in res["probes"]}
+    row["vllm_version"] = ", ".join(sorted(v for v in versions if v)) or None
+    row.update(
+        capacity_rate_req_per_s=mean,
+        capacity_ci_low=low,
+        capacity_ci_high=high,
+        capacity_min=min(capacities),
+        capacity_max=max(capacities),
+        capacity_scale_mean=statistics.fmean(r["capacity_scale"] for r in mine),
+        tolerance=tolerance,
+        slos=", ".join(map(str, slo_list)),
+        num_probes=sum(r["num_probes"] for r in mine),
+        status="; ".join(sorted({r["status"] for r in mine})),
+    )
+    return row
+
+
+def _replicas_columns(target_rate: float, row: dict[str, Any]) -> dict[str, Any]:
+    """The replicas a target rate needs at the worst replicate's capacity (conservative), at
+    the mean, and at the slow step time's worst (NaN where the band was not searched)."""
+    slow = row["capacity_slow_step_min"]
+    return {
+        "target_rate_req_per_s": target_rate,
+        "replicas_needed": _replicas(target_rate, row["capacity_min"]),
+        "replicas_needed_at_mean": _replicas(target_rate, row["capacity_rate_req_per_s"]),
+        "replicas_needed_slow_step": (
+            _replicas(target_rate, slow) if not math.isnan(slow) else math.nan
+        ),
+    }
 
 
 def _replicas(target: float, per_replica: float) -> float:

@@ -88,6 +88,20 @@ def results_table(
     return view
 
 
+#: The `kvsim capacity` table's column headers.
+_CAPACITY_HEADERS = {
+    "config": "config",
+    "capacity_rate_req_per_s": "req/s per replica (mean)",
+    "interval": "95% interval",
+    "band": "at slow - fast step time",
+    "num_replicates": "runs",
+    "replicas_needed": "replicas (worst run)",
+    "replicas_needed_at_mean": "replicas (mean)",
+    "replicas_needed_slow_step": "(worst run, slow step)",
+    "status": "status",
+}
+
+
 def capacity_view(
     table: pd.DataFrame, name: str, tolerance: float, target_rate: float | None
 ) -> tuple[Table, list[str]]:
@@ -99,6 +113,17 @@ def capacity_view(
     slow step needs; a note per band source says where the band comes from.
     """
     band = has_band(table)
+    frame = _capacity_frame(table, name, band)
+    columns = _capacity_columns(table, band, target_rate)
+    title = f"kvsim capacity: {name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
+    view = results_table(title, frame, columns, _CAPACITY_HEADERS, left=("config", "status"))
+    return view, _capacity_notes(table, band, target_rate)
+
+
+def _capacity_frame(table: pd.DataFrame, name: str, band: bool) -> pd.DataFrame:
+    """The table with its printed cells made: each configuration's short label (the
+    scenario's name for the one unnamed configuration), the interval as one cell ("-" for a
+    single run), and the band's slow and fast capacities as one cell."""
     frame = table.assign(
         config=[short_config(c) or name for c in table["config"]],
         interval=[
@@ -115,27 +140,27 @@ def capacity_view(
                 strict=True,
             )
         ]
+    return frame
+
+
+def _capacity_columns(table: pd.DataFrame, band: bool, target_rate: float | None) -> list[str]:
+    """The printed columns: the band's only where it was searched wider than x1, the replica
+    counts only with a target rate (the slow step's only with the band)."""
     columns = ["config", "capacity_rate_req_per_s", "interval", "num_replicates"]
     if band:
         columns.insert(3, "band")
-    headers = {
-        "config": "config",
-        "capacity_rate_req_per_s": "req/s per replica (mean)",
-        "interval": "95% interval",
-        "band": "at slow - fast step time",
-        "num_replicates": "runs",
-        "replicas_needed": "replicas (worst run)",
-        "replicas_needed_at_mean": "replicas (mean)",
-        "replicas_needed_slow_step": "(worst run, slow step)",
-        "status": "status",
-    }
     if target_rate is not None:
         columns += ["replicas_needed", "replicas_needed_at_mean"]
         if band and "replicas_needed_slow_step" in table:
             columns.append("replicas_needed_slow_step")
     columns.append("status")
-    title = f"kvsim capacity: {name} ({table['slos'].iloc[0]}; tolerance {tolerance:g})"
-    view = results_table(title, frame, columns, headers, left=("config", "status"))
+    return columns
+
+
+def _capacity_notes(table: pd.DataFrame, band: bool, target_rate: float | None) -> list[str]:
+    """The lines under the table, each only where it applies: the legend of the compared
+    keys, how the replicas are counted, why a single run has no interval, how a closed loop's
+    capacity is measured, and where the step-time band comes from."""
     keys = sorted({k for c in table["config"] for k in _config_keys(c)})
     notes = [legend(keys)] if legend(keys) else []
     if target_rate is not None:
@@ -157,7 +182,7 @@ def capacity_view(
         )
     if band_searched(table):
         notes += band_notes(table)
-    return view, notes
+    return notes
 
 
 def band_searched(table: pd.DataFrame) -> bool:

@@ -143,6 +143,30 @@ def compare_versions(
     # A missing or unreadable trace is the scenario's fault, not any design's: exit 2 up front
     # (regression: a FIFO trace gave a refused row per design and exit 0).
     check_input_files(base.workload, base_path)
+    rows, tasks, slots = _plan(base, base_path)
+    if not tasks:  # nothing would run: the scenario, not a design, is at fault
+        first = next(row for row in rows if row is not None)
+        raise ScenarioError(
+            f"compare-versions: every design refuses scenario {base.name!r} "
+            f"({first['variant']}: {first['reason']})"
+        )
+
+    if before_run is not None:
+        before_run()
+
+    def done(i: int, row: dict[str, Any]) -> None:
+        rows[slots[i]] = row
+
+    map_tasks(run_variant, tasks, workers=workers, on_result=done)
+    return _frame(base.name, [r for r in rows if r is not None])
+
+
+def _plan(
+    base: Scenario, base_path: Path
+) -> tuple[list[dict[str, Any] | None], list[tuple], list[int]]:
+    """Each variant in order, checked before anything runs: a refused row (the scenario's
+    validation or the design's startup checks say why), or a run to make (`tasks`) whose row
+    is None until it comes back into its slot (`slots[i]`: where task i's row goes)."""
     rows: list[dict[str, Any] | None] = []
     tasks: list[tuple] = []
     slots: list[int] = []
@@ -169,21 +193,7 @@ def compare_versions(
         rows.append(None)
         slots.append(index)
         tasks.append((data, variant.label, key, index))
-    if not tasks:  # nothing would run: the scenario, not a design, is at fault
-        first = next(row for row in rows if row is not None)
-        raise ScenarioError(
-            f"compare-versions: every design refuses scenario {base.name!r} "
-            f"({first['variant']}: {first['reason']})"
-        )
-
-    if before_run is not None:
-        before_run()
-
-    def done(i: int, row: dict[str, Any]) -> None:
-        rows[slots[i]] = row
-
-    map_tasks(run_variant, tasks, workers=workers, on_result=done)
-    return _frame(base.name, [r for r in rows if r is not None])
+    return rows, tasks, slots
 
 
 def _refusal(data: dict[str, Any], base_dir: Path) -> str | None:

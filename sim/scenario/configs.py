@@ -1,10 +1,11 @@
 """The one translation of scenario settings into kvsim's configs and memory inputs.
 
-`sim.scenario.resolve` builds a run's `SchedulerConfig` and `KVCacheConfig` here (after its
-startup checks); the lockstep harnesses against real vLLM (`sim.vllm_real`) build theirs here
-from the same sections, then translate the result into vLLM's own config objects; the memory
-validation against vLLM's startup logs (`sim.memory.validation`) derives its pool with
-`derive_budget`. No other module turns settings into these configs.
+`sim.scenario.resolve` builds a run's `SchedulerConfig` here and `sim.scenario.kv_pool` its
+`KVCacheConfig` (after the scheduler's startup checks); the lockstep harnesses against real
+vLLM (`sim.vllm_real`) build theirs here from the same sections, then translate the result into
+vLLM's own config objects; the memory validation against vLLM's startup logs
+(`sim.memory.validation`) derives its pool with `derive_budget`. No other module turns
+settings into these configs.
 
 Example: a V1-engine scheduler section with `max_num_seqs: 4`, no `max_model_len`, for a
 model of 8,192 positions -> ``SchedulerConfig(max_model_len=8192, max_num_seqs=4, ...)``; a
@@ -168,7 +169,7 @@ def explicit_kv_cache_groups(
                 kv_cache_groups=groups,
                 vllm_pin=vllm_pin,
                 # The layout alone: max_model_len and caching are checked on the full config
-                # (`resolve.check_mamba_groups`); a Mamba group needs some max_model_len here.
+                # (`kv_pool.check_mamba_groups`); a Mamba group needs some max_model_len here.
                 max_model_len=1,
             ),
         )

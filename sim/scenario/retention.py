@@ -4,7 +4,7 @@
 @0.33.0`), which `kv_cache_planning.py:L665` passes to the engine's `KVCacheConfig`: a
 sliding-window group then caches only the window a replay of the prompt or a shared-prefix
 junction reads (`sim.kv.v1_engine.sliding_retention`). No earlier release has the setting.
-The Mamba "align" half is set where the Mamba cache mode is (`resolve._with_mamba_cache_mode`);
+The Mamba "align" half is set where the Mamba cache mode is (`kv_pool._with_mamba_cache_mode`);
 full and chunked-local groups ignore it, so a layout without a sliding or Mamba group keeps
 None (the same caching either way). Example: Gemma-3-27B (full + sliding groups) on 0.33.0
 with caching -> 0; on 0.26.0, or with caching off -> None.

@@ -21,13 +21,22 @@ installed copies under `.vllm/<version>/` (`scripts/setup_vllm.sh`):
 
 Example: v0-v2, max_model_len 4096, `max_num_batched_tokens: 2048`, no chunked prefill ->
 "scheduler.max_num_batched_tokens: 2048 is smaller than max_model_len 4096 ...".
+
+The KV pool's own checks, once it is sized: a sliding window with what the v0 engine refuses
+beside it (`check_v0_window`); one max_model_len request fitting the pool (`check_cache_fits`);
+and, where the release's full-sequence admission gate charges such a request more than the
+pool has although startup accepted it, a `startup_gate_mismatch` finding
+(`full_sequence_reserve`, `startup_gate_mismatch`), recorded first in the run.
 """
 
 from __future__ import annotations
 
+from sim.audit.violations import Violation, ViolationKind
 from sim.catalog import ModelSpec
-from sim.kv.config import Design
-from sim.kv.pins import resolve_pin
+from sim.kv.config import Design, KVCacheConfig
+from sim.kv.pins import AdmissionCap, VllmPin, resolve_pin
+from sim.planning.admission_reserve import AdmissionReserve, admission_reserve
+from sim.scenario.full_variants import num_sink_blocks
 from sim.scenario.schema import ScenarioError
 from sim.scheduler import SchedulerConfig
 
@@ -109,3 +118,140 @@ llama-3.1-8b's 32 attention heads; vLLM 0.33.0 refuses to start (use a divisor o
             f"{where}: {tp} neither divides nor is a multiple of {model.name}'s {kv_heads} KV "
             f"heads; {vllm} cannot split them (QKVParallelLinear)"
         )
+
+
+def check_v0_window(design: Design, kv: KVCacheConfig, chunked_prefill: bool) -> None:
+    """Pairs vLLM 0.5.4's v0 engine refuses at startup with a sliding window: bad input, said
+    before the block manager is built (which would raise as upstream does).
+
+    * prefix caching, any v0 block manager (`CacheConfig._verify_prefix_caching`,
+      config.py:L492-499 @v0.5.4);
+    * chunked prefill with BlockSpaceManagerV1 (`EngineArgs.create_engine_config`,
+      arg_utils.py:L855-860 @v0.5.4; the V2 manager is allowed).
+
+    Regression: `--set cache.enable_prefix_caching=true` on the bundled Mistral (4,096-token
+    window) scenario reached the v0 manager's ValueError and was reported as a kvsim bug; and
+    v0-v1 ran chunked prefill with a window, which vLLM never does.
+    """
+    if design.api != "v0" or kv.sliding_window is None:
+        return
+    window = f"a sliding window (here {kv.sliding_window} tokens)"
+    if kv.enable_prefix_caching:
+        raise ScenarioError(
+            f"cache.enable_prefix_caching: vLLM's v0 engine refuses prefix caching with "
+            f"{window}; set it to false, or use scheduler.design: v1-engine"
+        )
+    if chunked_prefill and design is Design.V0_V1:
+        raise ScenarioError(
+            f"scheduler.enable_chunked_prefill: vLLM's v0 BlockSpaceManagerV1 refuses chunked "
+            f"prefill with {window}; set it to false, or use scheduler.design: v0-v2"
+        )
+
+
+def full_sequence_reserve(
+    release: VllmPin, kv: KVCacheConfig, max_model_len: int, bound_tokens: int
+) -> AdmissionReserve | None:
+    """The full-sequence gate's charge for a max_model_len request against what it holds
+    once processed (`sim.planning.admission_reserve`, vllm #54703), where the release has
+    the gate and a group has a window; None where nothing is reserved."""
+    specs = kv.group_specs
+    if not release.has_full_sequence_gate or all(g.is_full_attention for g in specs):
+        return None
+    in_flight = None if release.admission_cap is AdmissionCap.NONE else bound_tokens
+    reserve = admission_reserve(
+        tuple(g.sliding_window for g in specs),
+        # A Mamba group's block is max_model_len tokens: charged one, holding one; so is a
+        # circular buffer's one block (sink and R-SWA groups are charged as full attention).
+        tuple(max_model_len if g.mamba or g.circular_buffer else kv.block_size for g in specs),
+        kv.num_gpu_blocks - 1 - num_sink_blocks(release, kv),
+        in_flight,
+        max_model_len,
+        chunk_sizes=tuple(g.attention_chunk_size for g in specs),
+    )
+    return reserve if reserve.reserved_blocks > 0 else None
+
+
+def startup_gate_mismatch(
+    reserve: AdmissionReserve, startup_blocks: int, pin: str
+) -> Violation | None:
+    """A `startup_gate_mismatch` where startup accepted max_model_len (`startup_blocks` fit the
+    pool) but the gate charges such a request more than the pool has: it would never be
+    admitted, and the engine would wait on it forever.
+
+    Example (vLLM 0.19.1, whose gate is uncapped: full attention + a 4,096-token window,
+    bs 16, T 8,192, max_model_len 32,768, 3,000 blocks): startup charges 2,048 + cdiv(4,095 +
+    8,192, 16) + 1 = 2,817 <= 2,999 usable; the gate charges 2,048 + 2,048 = 4,096 > 2,999.
+    From 0.20.0 the window's charge is capped like the startup check's: no mismatch.
+    """
+    if reserve.charged_blocks <= reserve.usable_blocks:
+        return None
+    return Violation(
+        ViolationKind.STARTUP_GATE_MISMATCH,
+        "startup",
+        None,
+        f"vLLM {pin}'s startup check accepts max_model_len {reserve.request_tokens} "
+        f"({startup_blocks} blocks of {reserve.usable_blocks} usable), but its admission gate "
+        f"charges such a request {reserve.charged_blocks} blocks: a request of "
+        f"{reserve.request_tokens} tokens would never be admitted and wait forever",
+        counted_blocks=startup_blocks,
+        needed_blocks=reserve.charged_blocks,
+        free_blocks=reserve.usable_blocks,
+        time_s=0.0,
+    )
+
+
+def check_cache_fits(
+    design: Design, kv: KVCacheConfig, max_model_len: int, token_budget: int
+) -> int:
+    """vLLM refuses to start when one max-length request cannot fit in the pool.
+
+    v0 (`raise_if_cache_size_invalid`, worker.py @fc93e56): max_model_len <= block_size * G.
+    V1 engine (`check_enough_kv_cache_memory`, kv_cache_utils.py:L651-696 @4ac7713): the
+    request's blocks fit in G - 1 (block 0 is the null block); a sliding window needs only
+    cdiv(min(W - 1 + T, max_model_len), bs) + 1 blocks, chunked-local attention in chunks of A
+    cdiv(min(A + T, max_model_len), bs) (`kv_cache_interface.py:L376-400 @0.20.0`, the same
+    arithmetic at 0.11.0 `L174-191`); a hybrid model needs the sum over its
+    KV-cache groups (`max_memory_usage_bytes`, L624-631 @0.11.0), a Mamba group one block
+    (`MambaSpec.max_memory_usage_bytes`, `kv_cache_interface.py:L1135-1141 @0.33.0`, L235-238
+    @0.11.0: one page per request with caching off), a circular buffer one block, a sink or
+    R-SWA group as full attention (`FullAttentionSpec`'s). T (`token_budget` here) is
+    `max_num_batched_tokens`, from 0.26.0 `max_in_flight_tokens`, twice the budget under async
+    scheduling (`VllmPin.window_bound_tokens`, `max_memory_usage_bytes` L946-958 @0.33.0).
+    Example: bs=16, G=10, v0: max_model_len 160 is the most that starts.
+    Returns the blocks the check charged one max_model_len request.
+    """
+    bs, num_blocks = kv.block_size, kv.num_gpu_blocks
+    if design.api == "v0":
+        if max_model_len > bs * num_blocks:
+            raise ScenarioError(
+                f"scheduler.max_model_len: {max_model_len} tokens is larger than the KV cache "
+                f"holds ({num_blocks} blocks x {bs} tokens = {num_blocks * bs}); vLLM would refuse to start"
+            )
+        return -(-max_model_len // bs)
+    # Hybrid: the sum over groups (vLLM sums the bytes of every layer, `group_size` per group).
+    needed = 0
+    for group in kv.group_specs:
+        if group.circular_buffer:  # `CircularBufferSpec.max_memory_usage_bytes`: one page
+            needed += 1  # (`L983-985 @0.33.0`)
+        elif group.mamba:  # `MambaSpec.max_memory_usage_bytes` (L293-300 @0.19.1): one page,
+            # two in "align" (three with 0.33.0's prefill checkpoint block, `L1135-1139
+            # @0.33.0`), one per block of max_model_len in "all"
+            if not kv.enable_prefix_caching:
+                needed += 1
+            elif kv.mamba_cache_mode == "all":
+                needed += -(-max_model_len // bs)
+            else:
+                needed += 2 + kv.mamba_prefill_checkpoint_blocks
+        elif group.attention_chunk_size is not None:  # `ChunkedLocalAttentionSpec`, no "+1"
+            needed += -(-min(group.attention_chunk_size + token_budget, max_model_len) // bs)
+        elif group.sliding_window is None:
+            needed += -(-max_model_len // bs)
+        else:
+            window = group.sliding_window
+            needed += -(-min(window - 1 + token_budget, max_model_len) // bs) + 1
+    if needed > num_blocks - 1:
+        raise ScenarioError(
+            f"scheduler.max_model_len: one {max_model_len}-token request needs {needed} blocks but "
+            f"only {num_blocks - 1} are usable (block 0 is the null block); vLLM would refuse to start"
+        )
+    return needed

@@ -114,43 +114,11 @@ def verify(
     rng = random.Random(seed)
     result = VerifyResult(design=design, vllm_version=install.version)
     next_id = [1]
-    v1 = design == "v1-engine"
-    pin = v1_pin_for(install.version_tuple) if v1 else None
+    pin = v1_pin_for(install.version_tuple) if design == "v1-engine" else None
     while result.num_ops < num_ops:
-        cfg = config or (
-            random_hybrid_config(
-                rng,
-                chunked_local=install.version_tuple[:2] >= (0, 11),
-                mamba=_models_mamba(install.version_tuple),
-                mamba_align=pin is not None and VllmPin(pin).models_mamba_align,
-                full_variants=full_variant_kinds(pin),
-            )
-            if hybrid
-            else random_config(rng, design)
-        )
-        if (
-            pin is None
-            and cfg.vllm_pin is None
-            and (cfg.has_chunked_local_group or cfg.has_mamba_group)
-        ):
-            # kvsim models chunked-local and Mamba groups from 0.11.0 on; 4ac7713 (the pin
-            # 0.11.0 is otherwise compared as) is not compared with them.
-            cfg = replace(cfg, vllm_pin=VllmPin.V0_11_0.value)
-        if pin is not None and cfg.vllm_pin is None:
-            cfg = replace(cfg, vllm_pin=pin)
-            if config is None and cfg.enable_prefix_caching and cfg.has_mamba_group:
-                cfg = _with_033_mamba_align(cfg, rng)
-            elif config is None and cfg.enable_prefix_caching:
-                cfg = _with_033_retention(cfg, result.num_workloads)
-            if config is None and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
-                # 0.20.0 caps every count on the token budget: draw one small enough to bite
-                # (a budget above max_model_len caps nothing).
-                cfg = replace(cfg, max_num_batched_tokens=rng.randint(1, 8 * cfg.block_size))
-        pair = Pair(
-            make_manager(design, cfg), make_real(design, cfg, install), cfg, compare_ids, v1
-        )
-        pair.result = result
-        pair.skip_swa_fork = not fork_after_window_drop
+        cfg = config or _random_config(rng, design, install.version_tuple, pin, hybrid)
+        cfg = _pinned(cfg, pin, config is None, rng, result.num_workloads)
+        pair = _pair(design, cfg, install, compare_ids, fork_after_window_drop, result)
         result.num_workloads += 1
         budget = min(ops_per_workload, num_ops - result.num_ops)
         ops_before = result.num_ops
@@ -162,6 +130,75 @@ def verify(
         if not ok:
             break
     return result
+
+
+def _random_config(
+    rng: random.Random,
+    design: str,
+    version_tuple: tuple[int, ...],
+    pin: str | None,
+    hybrid: bool,
+) -> KVCacheConfig:
+    """One workload's drawn manager configuration: several KV-cache groups (`hybrid`), with
+    the group kinds the loaded release has and kvsim models there, or one group."""
+    if not hybrid:
+        return random_config(rng, design)
+    return random_hybrid_config(
+        rng,
+        chunked_local=version_tuple[:2] >= (0, 11),
+        mamba=_models_mamba(version_tuple),
+        mamba_align=pin is not None and VllmPin(pin).models_mamba_align,
+        full_variants=full_variant_kinds(pin),
+    )
+
+
+def _pinned(
+    cfg: KVCacheConfig, pin: str | None, drawn: bool, rng: random.Random, num_workloads: int
+) -> KVCacheConfig:
+    """`cfg` pinned to the release the loaded vLLM is compared as, where it names no pin;
+    a drawn config (`drawn`) also gets the release's own draws: 0.33.0's Mamba "align" or
+    sliding retention, 0.20.0's small token budget."""
+    if (
+        pin is None
+        and cfg.vllm_pin is None
+        and (cfg.has_chunked_local_group or cfg.has_mamba_group)
+    ):
+        # kvsim models chunked-local and Mamba groups from 0.11.0 on; 4ac7713 (the pin
+        # 0.11.0 is otherwise compared as) is not compared with them.
+        cfg = replace(cfg, vllm_pin=VllmPin.V0_11_0.value)
+    if pin is not None and cfg.vllm_pin is None:
+        cfg = replace(cfg, vllm_pin=pin)
+        if drawn and cfg.enable_prefix_caching and cfg.has_mamba_group:
+            cfg = _with_033_mamba_align(cfg, rng)
+        elif drawn and cfg.enable_prefix_caching:
+            cfg = _with_033_retention(cfg, num_workloads)
+        if drawn and VllmPin(pin).admission_cap is AdmissionCap.EVERY_COUNT:
+            # 0.20.0 caps every count on the token budget: draw one small enough to bite
+            # (a budget above max_model_len caps nothing).
+            cfg = replace(cfg, max_num_batched_tokens=rng.randint(1, 8 * cfg.block_size))
+    return cfg
+
+
+def _pair(
+    design: str,
+    cfg: KVCacheConfig,
+    install,
+    compare_ids: bool,
+    fork_after_window_drop: bool,
+    result: VerifyResult,
+) -> Pair:
+    """kvsim's manager and vLLM's real one built from `cfg`, side by side, recording into
+    `result` (`fork_after_window_drop`: see `verify`)."""
+    pair = Pair(
+        make_manager(design, cfg),
+        make_real(design, cfg, install),
+        cfg,
+        compare_ids,
+        design == "v1-engine",
+    )
+    pair.result = result
+    pair.skip_swa_fork = not fork_after_window_drop
+    return pair
 
 
 def _with_033_mamba_align(cfg: KVCacheConfig, rng: random.Random) -> KVCacheConfig:

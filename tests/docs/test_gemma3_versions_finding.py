@@ -172,10 +172,10 @@ def test_only_0_33_0_runs_sparse_retention_of_the_sliding_groups() -> None:
 def test_sparse_retention_is_the_only_difference_of_the_last_two_rows(monkeypatch) -> None:
     """No request hits the cache (the 120 conversations share no prefix); 0.33.0 run densely
     (retention left unset) is 0.26.0's row, and sparse it is the README's."""
-    import sim.scenario.resolve as resolve_module
+    import sim.scenario.kv_pool as kv_pool_module
 
     result = sim.run(SCENARIO)
     assert int(result.requests["num_prefix_hit_tokens"].sum()) == 0
     assert _row({}) == (5, 575.5, 6.98)
-    monkeypatch.setattr(resolve_module, "with_serve_retention", lambda config, inputs: config)
+    monkeypatch.setattr(kv_pool_module, "with_serve_retention", lambda config, inputs: config)
     assert _row({}) == _row({"scheduler.vllm_version": "0.26.0"}) == (4, 575.1, 7.0)
