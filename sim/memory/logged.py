@@ -5,7 +5,7 @@
 
 (0.33.0 prints both on one line.) The concurrency is the pool's blocks over the blocks the
 startup check charges one `max_model_len` request (the sum over KV-cache groups,
-`sim.scenario.resolve._check_cache_fits`), in every release. The token figure changed at 0.25.1
+`sim.scenario.startup.check_cache_fits`), in every release. The token figure changed at 0.25.1
 (`VllmPin.logs_capacity_from_concurrency`): before, the pool's blocks per group times the block
 size; from then on, int(concurrency x max_model_len), which for a hybrid model counts the
 tokens of context the pool holds at peak rather than a slice of its blocks.
