@@ -428,6 +428,18 @@ def fit_host_staged_algbw(
     return _grid_search(interconnect, "HOST_STAGED_ALGBW_GBPS", grid_GBps, fit, GROUPS)
 
 
+def _fit_score(fit: list[Point], groups: Iterable[str]) -> float:
+    """The median |error| over the metric `groups` of `fit`'s replays."""
+    errors = []
+    for point in fit:
+        done = replay(point)
+        for group in groups:
+            got = done.group(group)
+            if got is not None:
+                errors.append(abs(got[1].error))
+    return statistics.median(errors)
+
+
 def _grid_search(
     module: Any, name: str, grid: tuple[float, ...], fit: list[Point], groups: Iterable[str]
 ) -> tuple[float, dict[float, float]]:
@@ -439,14 +451,7 @@ def _grid_search(
     try:
         for value in grid:
             setattr(module, name, value)
-            errors = []
-            for point in fit:
-                done = replay(point)
-                for group in groups:
-                    got = done.group(group)
-                    if got is not None:
-                        errors.append(abs(got[1].error))
-            scores[value] = statistics.median(errors)
+            scores[value] = _fit_score(fit, groups)
     finally:
         setattr(module, name, saved)
     return min(scores, key=lambda v: (scores[v], v)), scores

@@ -1,0 +1,111 @@
+"""Compare the forms of V1's per-step worker CPU cost on the serving points' fit half.
+
+    python benchmarks/serving_accuracy.py --fit-overhead --forms   # every form (~25 min)
+    python benchmarks/worker_forms.py --form layer_launch          # one form's grid
+
+The forms, their grids and the decision rule are pre-registered in `sim.latency.worker_form`:
+A (FIXED) is `serving_accuracy.fit_v1_worker_step`'s one-parameter grid; B (LAYER_LAUNCH) and
+C (LAYER_LAUNCH_MIXED) search prep P x per-layer launch c. Each form is scored as
+`--fit-overhead` scores A: median |TPOT/ITL error| over `overhead_fit_points` (the fit half's
+dense, non-eager points). The held-out half is not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import serving_accuracy as sa  # noqa: E402
+
+from sim.latency import measured_terms, worker_form  # noqa: E402
+from sim.latency.worker_form import WorkerCpuForm  # noqa: E402
+
+#: (prep P grid, per-layer launch c grid) in seconds, exact decimal literals (the module doc of
+#: `sim.latency.worker_form` says why these ranges).
+FORM_GRIDS: dict[WorkerCpuForm, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    WorkerCpuForm.FIXED: (sa.V1_WORKER_GRID_S, (0.0,)),
+    WorkerCpuForm.LAYER_LAUNCH: (sa.V1_WORKER_GRID_S, (50e-6, 75e-6, 100e-6, 125e-6, 150e-6)),
+    WorkerCpuForm.LAYER_LAUNCH_MIXED: ((1.75e-3, 2e-3, 2.25e-3, 2.5e-3), (50e-6, 100e-6, 150e-6)),
+}
+#: The pre-registered margin: a new form must beat FIXED's fit-half score by this much.
+ADOPT_MARGIN = 0.005
+
+Params = tuple[float, float]
+
+
+@contextmanager
+def worker_params(form: WorkerCpuForm, prep_s: float, launch_s: float) -> Iterator[None]:
+    """Models built inside use this form, P and c (the shipped values are restored after)."""
+    saved = (worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S)
+    saved_launch = worker_form.V1_LAYER_LAUNCH_S
+    worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S = form, prep_s
+    worker_form.V1_LAYER_LAUNCH_S = launch_s
+    try:
+        yield
+    finally:
+        worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S = saved
+        worker_form.V1_LAYER_LAUNCH_S = saved_launch
+
+
+def fit_form(
+    points: list[sa.Point], form: WorkerCpuForm, grids: tuple[tuple[float, ...], ...] | None = None
+) -> tuple[Params, dict[Params, float]]:
+    """The (P, c) of `form` with the smallest fit-half score (ties: the smaller P, then c), and
+    every score. The held-out half is not read."""
+    prep_grid, launch_grid = grids or FORM_GRIDS[form]
+    fit = sa.overhead_fit_points(points)
+    scores: dict[Params, float] = {}
+    for prep_s in prep_grid:
+        for launch_s in launch_grid:
+            with worker_params(form, prep_s, launch_s):
+                scores[(prep_s, launch_s)] = sa._fit_score(fit, ("TPOT/ITL",))
+    return min(scores, key=lambda k: (scores[k], k)), scores
+
+
+def decide(best_scores: dict[WorkerCpuForm, float]) -> WorkerCpuForm:
+    """The pre-registered rule: the new form with the lowest score if it is at least
+    `ADOPT_MARGIN` below FIXED's, else FIXED. Example: {A: 5.92%, B: 5.50%} -> A (0.42 pp)."""
+    base = best_scores[WorkerCpuForm.FIXED]
+    new = [f for f in best_scores if f is not WorkerCpuForm.FIXED]
+    qualified = [f for f in new if best_scores[f] <= base - ADOPT_MARGIN]
+    return min(qualified, key=lambda f: best_scores[f]) if qualified else WorkerCpuForm.FIXED
+
+
+def report(points: list[sa.Point], forms: list[WorkerCpuForm]) -> str:
+    """Every grid point's score, each form's best, and what the rule decides."""
+    lines, best_scores = [], {}
+    for form in forms:
+        best, scores = fit_form(points, form)
+        for (prep_s, launch_s), err in scores.items():
+            lines.append(
+                f"{form.value}: P {1e3 * prep_s:.2f} ms, c {1e6 * launch_s:3.0f} us: "
+                f"median |TPOT/ITL error| {100 * err:.2f}% on the fit half"
+            )
+        best_scores[form] = scores[best]
+        lines.append(
+            f"best {form.value}: P {1e3 * best[0]:.2f} ms, c {1e6 * best[1]:.0f} us, "
+            f"{100 * scores[best]:.2f}%"
+        )
+    if WorkerCpuForm.FIXED in best_scores:
+        lines.append(f"decision (rule: beat fixed by 0.5 pp): {decide(best_scores).value}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--form", action="append", choices=[f.value for f in WorkerCpuForm],
+                        help="a form to fit (repeatable; default: all)")  # fmt: skip
+    args = parser.parse_args(argv)
+    forms = [WorkerCpuForm(f) for f in args.form] if args.form else list(WorkerCpuForm)
+    print(report(sa.load_points(), forms))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
