@@ -391,7 +391,7 @@ class MeasuredStepTime:
     def _launch_term_s(self, gpu_s: float, has_prefill_chunk: bool) -> float:
         """`launch_s`: the CUDA-graph launch, plus under a per-layer worker form the layers'
         launch CPU the GPU's `gpu_s` does not hide (`sim.latency.worker_form`). Example (form
-        B, 28 layers x 100 us, 2.08 ms of GPU): graph launch + 0.72 ms."""
+        B, 28 layers x 100 us, 1.99 ms of GPU): graph launch + 0.81 ms."""
         if self._layer_launch_total_s and worker_form.launches_per_layer(
             self._form, has_prefill_chunk
         ):

@@ -52,10 +52,11 @@ the fit half's dense, non-eager points). A new form is adopted only if its best 
 score is at least 0.5 percentage points below A's; if both qualify, the lower score. The
 held-out half is reported whatever it shows and decides nothing.
 
-Worked example (form B, Qwen3-0.6B on an A100, batch 1, 28 layers, GPU terms 2.08 ms):
-c = 100 us gives L x c = 2.8 ms of launches, 0.72 ms more than the GPU's 2.08 ms, so the step
-is 0.63 ms (Vidur) + P + 2.8 ms; Qwen3-14B (40 layers, ~21 ms of GPU) hides its 4.0 ms of
-launches entirely and pays only P.
+Worked example (form B, Qwen3-0.6B on an A100, batch 1 at 192 tokens, 28 layers): the
+kernels take 1.99 ms (2.08 ms with the CUDA-graph launch); c = 100 us gives L x c = 2.8 ms
+of launches, 0.81 ms more than the kernels, so the step is 0.63 ms (Vidur) + P + 0.09 ms
+(graph launch) + 2.8 ms; Qwen3-14B (40 layers, ~21 ms of kernels) hides its 4.0 ms of
+launches entirely and pays what form A charges.
 
 Left out: eager steps (`--enforce-eager`, or a decode batch above the largest capture size),
 whose launches are per kernel, not per layer; the launch cost's growth with the batch.
@@ -74,6 +75,11 @@ class WorkerCpuForm(enum.Enum):
     LAYER_LAUNCH_MIXED = "layer_launch_mixed"
 
 
+#: The first release whose default `cudagraph_mode` is FULL_AND_PIECEWISE, under which a
+#: decode-only step replays one FULL graph (form C's premise; every pin kvsim has is at or
+#: above it; checked against each pin's own config code by
+#: tests/vllm_real/test_cudagraph_mode_lockstep.py).
+FULL_DECODE_GRAPH_RELEASE = (0, 11)
 #: The form `MeasuredStepTime` uses for V1 steps (the fit sets it while it compares forms).
 V1_WORKER_FORM = WorkerCpuForm.FIXED
 #: Form B/C's CPU time to launch one layer's CUDA-graph piece and attention call (seconds).
@@ -91,7 +97,7 @@ def launches_per_layer(form: WorkerCpuForm, has_prefill_chunk: bool) -> bool:
 def exposed_launch_s(launch_total_s: float, gpu_s: float) -> float:
     """The per-layer launch time the GPU does not hide: max(0, L x c - GPU).
 
-    Example: 28 layers x 100 us = 2.8 ms against 2.08 ms of GPU work -> 0.72 ms;
+    Example: 28 layers x 100 us = 2.8 ms against 1.99 ms of GPU work -> 0.81 ms;
     against 21 ms -> 0.0.
     """
     return launch_total_s - gpu_s if launch_total_s > gpu_s else 0.0
