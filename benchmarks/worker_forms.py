@@ -13,6 +13,8 @@ dense, non-eager points). The held-out half is not read.
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import serving_accuracy as sa  # noqa: E402
 
 from sim.latency import measured_terms, worker_form  # noqa: E402
+from sim.latency.measured import MeasuredStepTime  # noqa: E402
 from sim.latency.worker_form import WorkerCpuForm  # noqa: E402
 
 #: (prep P grid, per-layer launch c grid) in seconds, exact decimal literals (the module doc of
@@ -53,18 +56,67 @@ def worker_params(form: WorkerCpuForm, prep_s: float, launch_s: float) -> Iterat
         worker_form.V1_LAYER_LAUNCH_S = saved_launch
 
 
+#: Per layer count, the least GPU kernel time of a replay's steps: (every step, steps with a
+#: prefill chunk), which form B and form C compare L x c with.
+Floors = tuple[dict[int, float], dict[int, float]]
+
+
+@contextmanager
+def recording_gpu_floors(floors: Floors) -> Iterator[None]:
+    """Record into `floors` the GPU kernel time of every step `MeasuredStepTime` prices inside
+    (through `_launch_term_s`, which every `predict_s` and `breakdown` call passes)."""
+    original = MeasuredStepTime._launch_term_s
+
+    def recording(self: MeasuredStepTime, gpu_s: float, has_prefill_chunk: bool) -> float:
+        for floor, counts in zip(floors, (True, has_prefill_chunk), strict=True):
+            if counts and gpu_s < floor.get(self._L, math.inf):
+                floor[self._L] = gpu_s
+        return original(self, gpu_s, has_prefill_chunk)
+
+    MeasuredStepTime._launch_term_s = recording  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MeasuredStepTime._launch_term_s = original  # type: ignore[method-assign]
+
+
+def _errors(point: sa.Point) -> list[float]:
+    got = sa.replay(point).group("TPOT/ITL")
+    return [] if got is None else [abs(got[1].error)]
+
+
+def hides_every_launch(floors: Floors, form: WorkerCpuForm, launch_s: float) -> bool:
+    """Whether form A's replay, whose steps have these GPU floors, has no step where `form`
+    at c = `launch_s` exposes a launch (L x c > GPU, the float test `exposed_launch_s` makes):
+    then that form's replay takes the same steps at the same times and gives A's result."""
+    floor = floors[0] if form is WorkerCpuForm.LAYER_LAUNCH else floors[1]
+    return all(not (layers * launch_s > gpu_s) for layers, gpu_s in floor.items())
+
+
 def fit_form(
     points: list[sa.Point], form: WorkerCpuForm, grids: tuple[tuple[float, ...], ...] | None = None
 ) -> tuple[Params, dict[Params, float]]:
     """The (P, c) of `form` with the smallest fit-half score (ties: the smaller P, then c), and
-    every score. The held-out half is not read."""
+    every score. A point whose form-A replay at P hides every launch at c keeps A's error
+    (`hides_every_launch`: the same replay, not re-run); the rest are replayed under the form.
+    The held-out half is not read."""
     prep_grid, launch_grid = grids or FORM_GRIDS[form]
     fit = sa.overhead_fit_points(points)
     scores: dict[Params, float] = {}
     for prep_s in prep_grid:
+        fixed: list[tuple[sa.Point, Floors, list[float]]] = []
+        with worker_params(WorkerCpuForm.FIXED, prep_s, 0.0):
+            for point in fit:
+                floors: Floors = ({}, {})
+                with recording_gpu_floors(floors):
+                    fixed.append((point, floors, _errors(point)))
         for launch_s in launch_grid:
+            errors: list[float] = []
             with worker_params(form, prep_s, launch_s):
-                scores[(prep_s, launch_s)] = sa._fit_score(fit, ("TPOT/ITL",))
+                for point, floors, fixed_errors in fixed:
+                    same = launch_s == 0.0 or hides_every_launch(floors, form, launch_s)
+                    errors += fixed_errors if same else _errors(point)
+            scores[(prep_s, launch_s)] = statistics.median(errors)
     return min(scores, key=lambda k: (scores[k], k)), scores
 
 
