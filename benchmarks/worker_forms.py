@@ -2,6 +2,7 @@
 
     python benchmarks/serving_accuracy.py --fit-overhead --forms   # every form (~25 min)
     python benchmarks/worker_forms.py --form layer_launch          # one form's grid
+    python benchmarks/worker_forms.py --form layer_launch --table 2.25 100  # its serving table
 
 The forms, their grids and the decision rule are pre-registered in `sim.latency.worker_form`:
 A (FIXED) is `serving_accuracy.fit_v1_worker_step`'s one-parameter grid; B (LAYER_LAUNCH) and
@@ -153,8 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--form", action="append", choices=[f.value for f in WorkerCpuForm],
                         help="a form to fit (repeatable; default: all)")  # fmt: skip
+    parser.add_argument("--table", nargs=2, metavar=("P_MS", "C_US"),
+                        help="instead of fitting, print serving_accuracy's table of every "
+                        "point (held-out half included) under one --form at P ms and c us")  # fmt: skip
     args = parser.parse_args(argv)
     forms = [WorkerCpuForm(f) for f in args.form] if args.form else list(WorkerCpuForm)
+    if args.table:
+        if len(forms) != 1:
+            raise SystemExit("--table takes one --form")
+        prep_ms, launch_us = args.table  # decimal text -> the float its literal gives
+        with worker_params(forms[0], float(f"{prep_ms}e-3"), float(f"{launch_us}e-6")):
+            return sa.main([])
     print(report(sa.load_points(), forms))
     return 0
 
