@@ -183,9 +183,10 @@ def engine_overhead_s(num_seqs: Num, c: Coefficients) -> Num:
 #: Worked example: Qwen3-0.6B on an A100 at batch 1 (192 tokens of context), synchronous V1:
 #: GPU terms 2.08 ms + engine overhead (0.607 + 0.021 ms from Vidur, + 2.25 ms here) =
 #: 4.96 ms a step, where tenstorrent/tt-inference-server#340 measured a 4.2 ms TPOT (without
-#: this term: 2.71 ms; at the first fit's 1.75 ms: 4.46 ms). What it leaves out: the cost's
-#: growth with the batch beyond Vidur's per-sequence phases, a per-layer launch floor (the two
-#: small-model points it rests on both have 28 layers, so the data cannot tell a per-step cost
-#: from a per-layer one), and eager mode (`--enforce-eager`), where the launches themselves
-#: cost more than this.
+#: this term: 2.71 ms; at the first fit's 1.75 ms: 4.46 ms). Its form was tested against
+#: per-layer launches overlapped with the GPU (`sim.latency.worker_form`, forms B and C,
+#: pre-registered with a 0.5-point rule): neither fits the fit half better (5.92% each, at
+#: c = 50 us, where the launches hide and they replay as this term does), so it stays fixed.
+#: What it leaves out: the cost's growth with the batch beyond Vidur's per-sequence phases,
+#: and eager mode (`--enforce-eager`), where the launches themselves cost more than this.
 V1_WORKER_STEP_S = 2.25e-3

@@ -58,6 +58,11 @@ of launches, 0.81 ms more than the kernels, so the step is 0.63 ms (Vidur) + P +
 (graph launch) + 2.8 ms; Qwen3-14B (40 layers, ~21 ms of kernels) hides its 4.0 ms of
 launches entirely and pays what form A charges.
 
+Result (2026-12-05; `python benchmarks/serving_accuracy.py --fit-overhead --forms`): A 5.92%
+at 2.25 ms; B best 5.92% at P = 2.25 ms, c = 50 us; C best 5.92% at the same (both: the
+launches hide behind every fit point's steps and the replay is A's). No new form is 0.5
+points better, so A stays the default; held out, B and C at their best give A's table.
+
 Left out: eager steps (`--enforce-eager`, or a decode batch above the largest capture size),
 whose launches are per kernel, not per layer; the launch cost's growth with the batch.
 """
