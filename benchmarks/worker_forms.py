@@ -64,8 +64,9 @@ Floors = tuple[dict[int, float], dict[int, float]]
 
 @contextmanager
 def recording_gpu_floors(floors: Floors) -> Iterator[None]:
-    """Record into `floors` the GPU kernel time of every step `MeasuredStepTime` prices inside
-    (through `_launch_term_s`, which every `predict_s` and `breakdown` call passes)."""
+    """Record into `floors` the GPU kernel time of every step a `MeasuredStepTime` built inside
+    prices (through `_launch_term_s`, which `worker_form.RECORD_GPU_FLOORS` makes every
+    `predict_s` and `breakdown` call pass)."""
     original = MeasuredStepTime._launch_term_s
 
     def recording(self: MeasuredStepTime, gpu_s: float, has_prefill_chunk: bool) -> float:
@@ -75,10 +76,12 @@ def recording_gpu_floors(floors: Floors) -> Iterator[None]:
         return original(self, gpu_s, has_prefill_chunk)
 
     MeasuredStepTime._launch_term_s = recording  # type: ignore[method-assign]
+    worker_form.RECORD_GPU_FLOORS = True  # models built inside route every step through it
     try:
         yield
     finally:
         MeasuredStepTime._launch_term_s = original  # type: ignore[method-assign]
+        worker_form.RECORD_GPU_FLOORS = False
 
 
 def _errors(point: sa.Point) -> list[float]:

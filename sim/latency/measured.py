@@ -189,6 +189,9 @@ class MeasuredStepTime:
             worker_form.V1_WORKER_FORM if engine == "v1" else worker_form.WorkerCpuForm.FIXED
         )
         self._layer_launch_total_s = self._L * worker_form.V1_LAYER_LAUNCH_S
+        #: whether `predict_s` prices each step's launch through `_launch_term_s` (else the
+        #: graph launch alone, the same float, without the call)
+        self._launch_per_step = bool(self._layer_launch_total_s) or worker_form.RECORD_GPU_FLOORS
         self._setup_allreduce(c, gpu, tp)
         self._setup_attention(c["decode_attention"], c["prefill_attention"])
         self._body_cache: dict[int, tuple[float, float, float]] = {}
@@ -435,7 +438,9 @@ class MeasuredStepTime:
             total += self._prefill_attention(chunks)
         if shape.allreduce_s:
             total += shape.allreduce_s
-        return total + self._launch_term_s(total, bool(chunks)) + shape.engine_overhead_s
+        if self._launch_per_step:  # a per-layer form, or the form comparison recording
+            return total + self._launch_term_s(total, bool(chunks)) + shape.engine_overhead_s
+        return total + self._launch_s + shape.engine_overhead_s
 
     def _shape_terms(self, num_dec: int, num_tokens: int, num_seqs: int) -> _ShapeTerms:
         """The terms that depend only on the counts, each as `_terms` computes it."""

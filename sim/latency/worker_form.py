@@ -89,6 +89,9 @@ FULL_DECODE_GRAPH_RELEASE = (0, 11)
 V1_WORKER_FORM = WorkerCpuForm.FIXED
 #: Form B/C's CPU time to launch one layer's CUDA-graph piece and attention call (seconds).
 V1_LAYER_LAUNCH_S = 0.0
+#: True while benchmarks/worker_forms.py records the GPU time of every step: a model built
+#: meanwhile passes every step through `MeasuredStepTime._launch_term_s` (same result).
+RECORD_GPU_FLOORS = False
 
 
 def launches_per_layer(form: WorkerCpuForm, has_prefill_chunk: bool) -> bool:

@@ -162,3 +162,17 @@ def test_exposed_launch_is_what_the_gpu_does_not_hide(launch_s, gpu_s, more_s):
     assert exposed >= 0.0
     assert gpu_s + exposed == pytest.approx(max(launch_s, gpu_s), rel=1e-12, abs=1e-18)
     assert wf.exposed_launch_s(launch_s, gpu_s + more_s) <= exposed
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches)
+def test_a_model_built_while_recording_prices_every_step_the_same(batch):
+    """`worker_form.RECORD_GPU_FLOORS` (the form comparison's recorder) only routes the default
+    form's steps through `_launch_term_s`; the step time is the same float."""
+    wf.RECORD_GPU_FLOORS = True
+    try:
+        recording = _model(QWEN3_06B)
+    finally:
+        wf.RECORD_GPU_FLOORS = False
+    assert recording._launch_per_step and not FIXED._launch_per_step
+    assert recording.predict_s(batch) == FIXED.predict_s(batch)
