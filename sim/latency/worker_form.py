@@ -43,7 +43,8 @@ Under async scheduling P and the Vidur overhead overlap the GPU as before
 issues the launches). c = 0 makes B and C equal to A.
 
 Grids (exact decimal values): B: P in 0, 0.25, ..., 2.5 ms x c in 50, 75, 100, 125, 150 us
-(below about 43 us the launches hide behind every fit point's GPU time and B equals A);
+(at small c the launches hide behind every step's kernels and B is A: the 0.6B's 1.99 ms
+batch-1 decode kernels on an A100 hide up to 71 us a layer);
 C: P in 1.75, 2.0, 2.25, 2.5 ms x c in 50, 100, 150 us (C differs from A only on steps with
 a prefill chunk, so its P stays near A's).
 
