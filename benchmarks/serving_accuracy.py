@@ -6,6 +6,7 @@
     python benchmarks/serving_accuracy.py --fit-p2p           # refit the no-P2P all-reduce bandwidth
     python benchmarks/serving_accuracy.py --fit-frontend      # refit the API server's costs
     python benchmarks/serving_accuracy.py --fit-overhead      # refit V1's per-step worker CPU
+    python benchmarks/serving_accuracy.py --fit-overhead --forms  # and compare its forms
 
 The measurements are `sim/data/vllm_serving_measurements.yaml` (each with its source URL). Each
 replayable point goes through the same path as the CLI: its `vllm serve` line becomes a scenario
@@ -368,6 +369,18 @@ def fit_host_staged_algbw(
     return _grid_search(interconnect, "HOST_STAGED_ALGBW_GBPS", grid_GBps, fit, GROUPS)
 
 
+def _fit_score(fit: list[Point], groups: Iterable[str]) -> float:
+    """The median |error| over the metric `groups` of `fit`'s replays."""
+    errors = []
+    for point in fit:
+        done = replay(point)
+        for group in groups:
+            got = done.group(group)
+            if got is not None:
+                errors.append(abs(got[1].error))
+    return statistics.median(errors)
+
+
 def _grid_search(
     module: Any, name: str, grid: tuple[float, ...], fit: list[Point], groups: Iterable[str]
 ) -> tuple[float, dict[float, float]]:
@@ -379,14 +392,7 @@ def _grid_search(
     try:
         for value in grid:
             setattr(module, name, value)
-            errors = []
-            for point in fit:
-                done = replay(point)
-                for group in groups:
-                    got = done.group(group)
-                    if got is not None:
-                        errors.append(abs(got[1].error))
-            scores[value] = statistics.median(errors)
+            scores[value] = _fit_score(fit, groups)
     finally:
         setattr(module, name, saved)
     return min(scores, key=lambda v: (scores[v], v)), scores
@@ -491,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-overhead", action="store_true",
                         help="refit the V1 model runner's per-step CPU time on the fit half's "
                         "dense points, print it and exit")  # fmt: skip
+    parser.add_argument("--forms", action="store_true",
+                        help="with --fit-overhead: fit every form of the term "
+                        "(sim.latency.worker_form; benchmarks/worker_forms.py) and apply the "
+                        "pre-registered rule")  # fmt: skip
     parser.add_argument("--no-api-server", action="store_true",
                         help="replay without the API server (the engine core's view)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -505,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
         for bw, err in scores.items():
             print(f"{bw:5.1f} GB/s: median |error| {100 * err:.1f}% on the fit half")
         print(f"best: {best} GB/s (sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS)")
+        return 0
+    if args.fit_overhead and args.forms:
+        import worker_forms  # benchmarks/, beside this script
+
+        print(worker_forms.report(load_points(), list(worker_forms.WorkerCpuForm)))
         return 0
     if args.fit_overhead:
         best, scores = fit_v1_worker_step(load_points())

@@ -56,6 +56,7 @@ from typing import Any
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 from sim.latency import measured_terms as terms
+from sim.latency import worker_form
 from sim.latency.allreduce import AllReduceCost, Link
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
@@ -101,6 +102,14 @@ def nearest_fitted_gpu(gpu: GpuSpec, fitted: dict[str, dict[str, Any]]) -> str:
         )
 
     return min(sorted(fitted), key=distance)
+
+
+def _left_to_right(values: tuple[float, ...]) -> float:
+    """Their sum added left to right, as `predict_s` adds them (3.12's `sum` compensates)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +184,14 @@ class MeasuredStepTime:
         self._overhead_per_seq_s: float = eng["per_seq_s"]
         self._launch_s: float = eng["graph_launch_s"]
         self._setup_geometry(model, tp, kv_dtype)
+        #: V1: the worker form (`sim.latency.worker_form`) and its per-layer launch CPU, L x c
+        self._form = (
+            worker_form.V1_WORKER_FORM if engine == "v1" else worker_form.WorkerCpuForm.FIXED
+        )
+        self._layer_launch_total_s = self._L * worker_form.V1_LAYER_LAUNCH_S
+        #: whether `predict_s` prices each step's launch through `_launch_term_s` (else the
+        #: graph launch alone, the same float, without the call)
+        self._launch_per_step = bool(self._layer_launch_total_s) or worker_form.RECORD_GPU_FLOORS
         self._setup_allreduce(c, gpu, tp)
         self._setup_attention(c["decode_attention"], c["prefill_attention"])
         self._body_cache: dict[int, tuple[float, float, float]] = {}
@@ -360,16 +377,29 @@ class MeasuredStepTime:
             return (0.0,) * 7 + (self._overhead_fixed_s,)
         gemm, non_gemm, allreduce = self._body(num_tokens)
         num_seqs = num_dec + len(chunks)
-        return (
+        gpu = (
             gemm,
             self._lm_head(num_seqs),
             non_gemm,
             self._decode_attention(batch, num_dec) if num_dec else 0.0,
             self._prefill_attention(chunks) if chunks else 0.0,
             allreduce,
-            self._launch_s,
+        )
+        return (
+            *gpu,
+            self._launch_term_s(_left_to_right(gpu), bool(chunks)),
             self._overhead_fixed_s + self._overhead_per_seq_s * num_seqs,
         )
+
+    def _launch_term_s(self, gpu_s: float, has_prefill_chunk: bool) -> float:
+        """`launch_s`: the CUDA-graph launch, plus under a per-layer worker form the layers'
+        launch CPU the GPU's `gpu_s` does not hide (`sim.latency.worker_form`). Example (form
+        B, 28 layers x 100 us, 1.99 ms of GPU): graph launch + 0.81 ms."""
+        if self._layer_launch_total_s and worker_form.launches_per_layer(
+            self._form, has_prefill_chunk
+        ):
+            return self._launch_s + worker_form.exposed_launch_s(self._layer_launch_total_s, gpu_s)
+        return self._launch_s
 
     def predict_s(self, batch: BatchShape) -> float:
         """The terms of `_terms(batch)` added left to right, the same float, faster.
@@ -408,6 +438,8 @@ class MeasuredStepTime:
             total += self._prefill_attention(chunks)
         if shape.allreduce_s:
             total += shape.allreduce_s
+        if self._launch_per_step:  # a per-layer form, or the form comparison recording
+            return total + self._launch_term_s(total, bool(chunks)) + shape.engine_overhead_s
         return total + self._launch_s + shape.engine_overhead_s
 
     def _shape_terms(self, num_dec: int, num_tokens: int, num_seqs: int) -> _ShapeTerms:

@@ -47,6 +47,7 @@ from sim.scenario.vllm_defaults import (
     DefaultsError,
     Refusal,
     UsageContext,
+    UserFlags,
     device_total_memory_bytes,
     gpu_device_name,
     resolve_defaults,
@@ -346,3 +347,19 @@ def verify_defaults(
         else:
             result.divergences.append(f"  {case.label()}: kvsim {mine!r}, vLLM {theirs!r}")
     return result
+
+
+def real_cudagraph_mode(
+    version: str, model: str = "llama-3.1-8b", gpu: str = "a100-80gb-sxm"
+) -> str:
+    """The `compilation_config.cudagraph_mode` a V1 release's own config code resolves for a
+    default `vllm serve` of `model` on `gpu` (one GPU): what `sim.latency.worker_form`'s form C
+    assumes about decode steps. Example: "0.11.0" -> "FULL_AND_PIECEWISE" (0.11.0
+    `vllm/config/__init__.py` L359-376)."""
+    install = load_vllm(None, version)
+    if install.version_tuple < (0, 10):
+        raise InputError(f"vLLM {version}: the v0 engine has no cudagraph_mode")
+    real = _RealV1(install)
+    case = DefaultsCase(model, gpu, 1, 1, UsageContext.API_SERVER, UserFlags())
+    kwargs = {"model": str(real.model_dir(get_model(model))), "skip_tokenizer_init": True}
+    return str(real.build(case, kwargs).compilation_config.cudagraph_mode.name)
