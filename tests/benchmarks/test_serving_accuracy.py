@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
 from sim.data.split import assign_split, source_key
+from sim.engine.frontend import VLLM_API_SERVER
 from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,8 +256,6 @@ def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
     step either way does not lower the fit half's error."""
     import dataclasses
 
-    from sim.engine.frontend import VLLM_API_SERVER
-
     fit = [p for p in POINTS if p.split == "fit" and not accuracy.why_not_replayable(p)]
     base = accuracy.frontend_score(fit, VLLM_API_SERVER)
     for name, grid in accuracy.FRONTEND_GRIDS.items():
@@ -265,6 +264,77 @@ def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
             if 0 <= j < len(grid):
                 moved = dataclasses.replace(VLLM_API_SERVER, **{name: grid[j]})
                 assert accuracy.frontend_score(fit, moved) >= base - 1e-12, (name, grid[j])
+
+
+def _row(predicted: float, measured: float):
+    from sim.vllm_bench.compare import MetricRow
+
+    return MetricRow("mean_ttft_ms", predicted, measured, None)
+
+
+@given(
+    predicted=st.floats(1e-6, 1e6, allow_nan=False), measured=st.floats(1e-6, 1e6, allow_nan=False)
+)
+def test_the_api_server_fits_log_error_weighs_a_factor_the_same_either_way(predicted, measured):
+    """`log_error`: twice too slow and twice too fast miss by the same, and zero means exact."""
+    got = accuracy.log_error(_row(predicted, measured))
+    assert got == pytest.approx(accuracy.log_error(_row(measured, predicted)), abs=1e-12)
+    assert got >= 0
+    assert accuracy.log_error(_row(2.0, 1.0)) == accuracy.log_error(_row(1.0, 2.0)) == math.log(2)
+    assert accuracy.log_error(_row(measured, measured)) == 0.0
+    assert accuracy.log_error(_row(0.0, measured)) == math.inf
+
+
+def test_the_api_server_fits_objective_weighs_every_point_the_docstring_example(monkeypatch):
+    """`frontend_score`'s worked example: TTFT log errors 0.1 and 0.3, TPOT/ITL 0.05,
+    throughput 0.02 and 0.04 score (0.2 + 0.05 + 0.03) / 3; and every point weighs: moving one
+    point's TTFT miss from 0.3 to 0.5 moves its group's mean by 0.1, where the medians' fit
+    ignored the points beyond the median (its optimum was no API server at all)."""
+    e = math.exp
+    rows = {
+        "a": [("mean_ttft_ms", e(0.1)), ("mean_tpot_ms", e(-0.05)), ("output_throughput", e(0.02))],
+        "b": [("mean_ttft_ms", e(-0.3)), ("output_throughput", e(-0.04))],
+    }
+
+    def fake_replay(point, frontend=None):
+        from sim.vllm_bench.compare import MetricRow
+
+        done = accuracy.Replay(point)
+        done.rows = [MetricRow(k, v, 1.0, None) for k, v in rows[point.id]]
+        return done
+
+    monkeypatch.setattr(accuracy, "replay", fake_replay)
+    points = [accuracy.Point({"id": i}, "fit") for i in rows]
+    score = accuracy.frontend_score(points, VLLM_API_SERVER)
+    assert score == pytest.approx((0.2 + 0.05 + 0.03) / 3, abs=1e-12)
+    rows["b"][0] = ("mean_ttft_ms", e(-0.5))
+    assert accuracy.frontend_score(points, VLLM_API_SERVER) == pytest.approx(
+        (0.3 + 0.05 + 0.03) / 3, abs=1e-12
+    )
+
+
+def test_the_api_server_fit_descends_to_the_grid_optimum_scoring_each_candidate_once(monkeypatch):
+    """`fit_frontend` on a separable bowl over the grids reaches its minimum (every field's
+    grid value nearest its target, the streaming bound kept), confirms it with a pass that
+    changes nothing, and never scores one candidate twice (a replay is deterministic)."""
+    import dataclasses
+
+    target = {"hand_off_s": 0.012, "request_s": 0.0031, "output_token_s": 17e-6,
+              "output_chunk_s": 38e-6}  # fmt: skip
+    calls: list[object] = []
+
+    def bowl(points, frontend):
+        calls.append(frontend)
+        return sum((getattr(frontend, k) - v) ** 2 / v**2 for k, v in target.items())
+
+    monkeypatch.setattr(accuracy, "frontend_score", bowl)
+    start = dataclasses.replace(VLLM_API_SERVER, hand_off_s=0.030, request_s=0.0)
+    best, log = accuracy.fit_frontend([], start=start)
+    assert (best.hand_off_s, best.request_s) == (0.010, 0.004)
+    assert (best.output_token_s, best.output_chunk_s) == (20e-6, 40e-6)
+    assert best.prompt_token_s == start.prompt_token_s
+    assert len(calls) == len(set(calls))
+    assert log[0].startswith("start: ") and log[-1].startswith("pass 2: ")
 
 
 def test_the_v1_worker_fit_reads_only_fit_half_dense_graph_mode_points():
