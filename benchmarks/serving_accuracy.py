@@ -24,10 +24,11 @@ them on the same engine first: their prompts warm its prefix cache
 (`server_python: "3.11"`) runs its release's tokenizer batcher under that Python's
 `asyncio.wait_for` (`sim.engine.microbatch`; 3.12 where the source is silent).
 
-The summary is the median |error| per metric group, on all replayed points and on the
-`held_out` half (each entry's recorded `split`, `sim.data.split.assign_split`'s rule): TTFT
-(mean, else median, else the source's unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT,
-else unnamed TPOT, else median/mean ITL) and throughput (output tok/s, else req/s). No GPU needed; 65-85 s on 2 shared cores (the
+The summary is the median |error| per metric group, on all replayed points and on each half
+(each entry's recorded `split`, `sim.data.split.assign_split`'s rule): TTFT (mean, else
+median, else the source's unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, else unnamed
+TPOT, else median/mean ITL) and throughput (output tok/s, else req/s); then, per half, the
+objective `--fit-frontend` minimises on the fit half (`frontend_score`). No GPU needed; 65-85 s on 2 shared cores (the
 warm servers' earlier runs add about 30 s: 54 s before them, 85 s after, same machine).
 """
 
@@ -329,10 +330,13 @@ def summary(replays: list[Replay]) -> str:
     held = [r for r in done if r.point.split == "held_out"]
     lines = ["| points | " + " | ".join(f"{g} median abs error (n)" for g in GROUPS) + " |",
              "|---|" + "---|" * len(GROUPS)]  # fmt: skip
-    for label, subset in (("all", done), ("held_out", held)):
+    fit = [r for r in done if r.point.split == "fit"]
+    for label, subset in (("all", done), ("fit", fit), ("held_out", held)):
         stats = median_abs_errors(subset)
         cells = [f"{stats[g][1]:.1%} ({stats[g][0]})" if stats[g][0] else "-" for g in GROUPS]
         lines.append(f"| {label} ({len(subset)}) | " + " | ".join(cells) + " |")
+    lines += ["", f"The API server fit's objective (`frontend_score`): fit {log_score(fit):.4f}, "
+              f"held_out {log_score(held):.4f}."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -465,7 +469,12 @@ def frontend_score(points: list[Point], frontend: ApiServer) -> float:
     error is at most -100% below and unbounded above). Example: TTFT log errors 0.1 and 0.3
     (mean 0.2), TPOT/ITL 0.05 (0.05), throughput 0.02 and 0.04 (0.03): score (0.2 + 0.05 +
     0.03) / 3 = 0.0933."""
-    replays = [replay(point, frontend=frontend) for point in points]
+    return log_score([replay(point, frontend=frontend) for point in points])
+
+
+def log_score(replays: list[Replay]) -> float:
+    """`frontend_score` of replays already run: per group the mean `log_error` over the
+    replays that measured it, then the mean over the groups."""
     means = []
     for name in GROUPS:
         errors = [log_error(found[1]) for r in replays if (found := r.group(name)) is not None]
