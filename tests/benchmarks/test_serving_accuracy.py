@@ -241,29 +241,39 @@ def test_accuracy_doc_quotes_the_whole_tables_summary_verbatim():
     assert quoted.group(1) == accuracy.summary(replays)
 
 
+def test_the_api_server_costs_lie_on_the_fit_grids_within_the_streaming_bound():
+    """Each fitted cost of VLLM_API_SERVER is one of its grid's decimal values (so the slow
+    test below can step from it), and a token's streaming work stays within the 78 us that
+    one API server's measured 12,850 tokens/s allows (vllm PR #12287)."""
+    for name, grid in accuracy.FRONTEND_GRIDS.items():
+        assert getattr(VLLM_API_SERVER, name) in grid, name
+    assert (
+        VLLM_API_SERVER.output_token_s + VLLM_API_SERVER.output_chunk_s
+        <= accuracy.MAX_STREAM_TOKEN_S
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the costs were fitted under the parity split before the fused-MoE charge; the "
-    "refit on the current table (--fit-frontend, with the warm servers) converges to no API "
-    "server at all (every fitted cost 0: fit-half score 8.85% against 9.72%), which misses the "
-    "fit half's own light-load TTFTs by -38% to -79%; not adopted (docs/accuracy.md, 'The API "
-    "server')",
-)
 def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
     """sim.engine.frontend.VLLM_API_SERVER's fitted costs score no worse on the fit half than
-    their grid neighbours (`fit_frontend`'s objective, ~2 min): moving any one of them one grid
-    step either way does not lower the fit half's error."""
+    their grid neighbours under `fit_frontend`'s objective (`frontend_score`: the mean over
+    each group's points of |ln(predicted / measured)|, then over the groups): moving any one
+    of them one grid step either way, within the streaming bound, does not lower it (7
+    replays of the fit half, ~5 min on 2 shared cores). The refit of 2026-12-05 scored them
+    0.1245, its neighbours 0.1247 to 0.1305 (docs/accuracy.md, 'The API server')."""
     import dataclasses
 
-    fit = [p for p in POINTS if p.split == "fit" and not accuracy.why_not_replayable(p)]
+    fit = accuracy.frontend_fit_points(POINTS)
     base = accuracy.frontend_score(fit, VLLM_API_SERVER)
     for name, grid in accuracy.FRONTEND_GRIDS.items():
         i = grid.index(getattr(VLLM_API_SERVER, name))
         for j in (i - 1, i + 1):
-            if 0 <= j < len(grid):
-                moved = dataclasses.replace(VLLM_API_SERVER, **{name: grid[j]})
-                assert accuracy.frontend_score(fit, moved) >= base - 1e-12, (name, grid[j])
+            if not 0 <= j < len(grid):
+                continue
+            moved = dataclasses.replace(VLLM_API_SERVER, **{name: grid[j]})
+            if moved.output_token_s + moved.output_chunk_s > accuracy.MAX_STREAM_TOKEN_S:
+                continue  # outside what the fit searches
+            assert accuracy.frontend_score(fit, moved) >= base - 1e-12, (name, grid[j])
 
 
 def _row(predicted: float, measured: float):
