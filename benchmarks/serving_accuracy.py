@@ -335,8 +335,9 @@ def summary(replays: list[Replay]) -> str:
         stats = median_abs_errors(subset)
         cells = [f"{stats[g][1]:.1%} ({stats[g][0]})" if stats[g][0] else "-" for g in GROUPS]
         lines.append(f"| {label} ({len(subset)}) | " + " | ".join(cells) + " |")
-    lines += ["", f"The API server fit's objective (`frontend_score`): fit {log_score(fit):.4f}, "
-              f"held_out {log_score(held):.4f}."]  # fmt: skip
+    scores = {label: log_score(subset) for label, subset in (("fit", fit), ("held_out", held))}
+    shown = ", ".join(f"{k} {v:.4f}" if math.isfinite(v) else f"{k} -" for k, v in scores.items())
+    lines += ["", f"The API server fit's objective (`frontend_score`): {shown}."]
     return "\n".join(lines)
 
 
@@ -474,13 +475,13 @@ def frontend_score(points: list[Point], frontend: ApiServer) -> float:
 
 def log_score(replays: list[Replay]) -> float:
     """`frontend_score` of replays already run: per group the mean `log_error` over the
-    replays that measured it, then the mean over the groups."""
+    replays that measured it, then the mean over the groups (NaN where none measured any)."""
     means = []
     for name in GROUPS:
         errors = [log_error(found[1]) for r in replays if (found := r.group(name)) is not None]
         if errors:
             means.append(statistics.fmean(errors))
-    return statistics.fmean(means)
+    return statistics.fmean(means) if means else math.nan
 
 
 def frontend_fit_points(points: list[Point]) -> list[Point]:
