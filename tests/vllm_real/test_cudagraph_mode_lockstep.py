@@ -11,18 +11,12 @@ per process), as tests/vllm_real/test_vllm_defaults_lockstep.py does.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from sim.latency.worker_form import FULL_DECODE_GRAPH_RELEASE
 from sim.vllm_real.loader import version_tuple
+from tests.harness.repo_process import run_in_repo
 from tests.harness.vllm_install import root_or_skip
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.vllm
 
@@ -35,14 +29,7 @@ def test_a_default_v1_server_replays_decode_as_one_full_graph(version: str) -> N
         "from sim.vllm_real.defaults_lockstep import real_cudagraph_mode\n"
         f"print('mode', real_cudagraph_mode({version!r}))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    proc = run_in_repo("-c", code)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "mode FULL_AND_PIECEWISE" in proc.stdout, out

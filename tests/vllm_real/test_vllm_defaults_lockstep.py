@@ -11,17 +11,12 @@ under a minute; `kvsim verify --defaults` with no count compares the whole grid 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.harness.repo_process import run_in_repo
 from tests.harness.vllm_install import root_or_skip
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.vllm
 
@@ -36,24 +31,16 @@ def test_defaults_identical_to_the_release(version: str) -> None:
     root_or_skip(version)
     if version == "0.5.4":
         root_or_skip("0.11.0")  # 0.5.4's config code runs on 0.11.0's pinned transformers
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sim.cli",
-            "verify",
-            "--defaults",
-            "--vllm-version",
-            version,
-            "--num-configs",
-            str(NUM_CONFIGS),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    proc = run_in_repo(
+        "-m",
+        "sim.cli",
+        "verify",
+        "--defaults",
+        "--vllm-version",
+        version,
+        "--num-configs",
+        str(NUM_CONFIGS),
+    )  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     match = re.search(r"(\d+) of (\d+) configurations identical", out)
