@@ -37,6 +37,7 @@ def _script():
 
 accuracy = _script()
 POINTS = accuracy.load_points()
+source_group = load_script("serving_sources").source_group
 
 
 def test_at_least_25_points_from_5_sources_ids_unique_and_split_in_halves():
@@ -229,15 +230,33 @@ def test_no_p2p_allreduce_bandwidth_is_what_the_fit_half_asks_for_and_not_a_grid
     assert grid[0] < best < grid[-1]
 
 
-def test_accuracy_doc_quotes_the_whole_tables_summary_verbatim():
-    """docs/accuracy.md's serving summary is what the script prints over every point (~11 s)."""
+@pytest.fixture(scope="module")
+def every_replay():
+    """Every point replayed once (~60 s), shared by the docs tests below."""
+    return [accuracy.replay(p) for p in POINTS]
+
+
+def _quoted(marker: str) -> str:
     doc = (ROOT / "docs/accuracy.md").read_text()
-    quoted = re.search(
-        r"<!-- serving-accuracy:begin -->\n(.*?)\n<!-- serving-accuracy:end -->", doc, re.S
-    )
-    assert quoted, "docs/accuracy.md lost its serving summary"
-    replays = [accuracy.replay(p) for p in POINTS]
-    assert quoted.group(1) == accuracy.summary(replays)
+    quoted = re.search(rf"<!-- {marker}:begin -->\n(.*?)\n<!-- {marker}:end -->", doc, re.S)
+    assert quoted, f"docs/accuracy.md lost its {marker} block"
+    return quoted.group(1)
+
+
+def test_accuracy_doc_quotes_the_whole_tables_summary_verbatim(every_replay):
+    """docs/accuracy.md's serving summary is what the script prints over every point."""
+    assert _quoted("serving-accuracy") == accuracy.summary(every_replay)
+
+
+def test_accuracy_doc_quotes_the_per_source_table_verbatim(every_replay):
+    """docs/accuracy.md's per-source table is what the script prints over every point, one
+    row per independent source (tenstorrent's two threads one row) and the median over them."""
+    quoted = _quoted("serving-sources")
+    assert quoted == accuracy.sources_summary(every_replay)
+    rows = [line for line in quoted.splitlines()[2:] if not line.startswith("| median over")]
+    groups = {source_group(p.raw["source"]) for p in POINTS}
+    assert len(rows) == len(groups)
+    assert sum("tenstorrent" in row for row in rows) == 1
 
 
 @pytest.mark.slow
