@@ -430,3 +430,19 @@ def test_kvcached_burst_sent_at_150_a_second_is_admitted_more_slowly_under_pytho
     assert got["3.11"]["ttft_ms"] == pytest.approx(268, abs=5)
     assert got["3.12"]["ttft_ms"] == pytest.approx(135, abs=5)
     assert got["3.11"]["tpot_ms"] == pytest.approx(6.27, abs=0.05)  # measured at rate inf: 5.45
+
+
+def test_gpustack_bursts_produced_every_output_token_and_stay_out_of_the_worker_fit():
+    """GPUStack's gpt-oss-20b bursts ran without --ignore-eos, but their printed totals show
+    every request produced its 4 tokens, so kvsim's fixed-length replay holds for them; the
+    chat template's tokens are an assumption (num_special_tokens), and as an MoE model they
+    are not read by the V1 worker fit."""
+    gpustack = [p for p in POINTS if p.id.startswith("gpustack-gpt-oss-20b-")]
+    assert len(gpustack) == 4
+    fitted = {p.id for p in accuracy.overhead_fit_points(POINTS)}
+    for p in gpustack:
+        w, m = p.workload, p.measured
+        assert m["total_output_tokens"] == w["num_prompts"] * w["output_len"] == m["completed"] * 4
+        assert "num_special_tokens" in p.raw["assumed"] and "chat template" in p.raw["notes"]
+        assert p.raw["model_dtype"] == "mxfp4" and p.id not in fitted
+    assert {p.split for p in gpustack} == {"fit", "held_out"}
