@@ -31,6 +31,8 @@ median, else the source's unnamed TTFT), TPOT/ITL (mean TPOT, else median TPOT, 
 TPOT, else median/mean ITL) and throughput (output tok/s, else req/s); then, per half, the
 objective `--fit-frontend` minimises on the fit half (`frontend_score`). No GPU needed; 65-85 s on 2 shared cores (the
 warm servers' earlier runs add about 30 s: 54 s before them, 85 s after, same machine).
+A second table gives the same medians per independent source, and their median over sources,
+each source weighing once (`serving_sources.py`: a robustness view, not the headline).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from serving_sources import PointErrors, source_table  # benchmarks/ is the script's folder
 
 from sim.data.split import load_split_entries
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
@@ -342,6 +345,16 @@ def summary(replays: list[Replay]) -> str:
     return "\n".join(lines)
 
 
+def sources_summary(replays: list[Replay]) -> str:
+    """The per-source table (`serving_sources.source_table`) of these replays."""
+    points = []
+    for r in replays:
+        found = {g: r.group(g) for g in GROUPS} if not r.skipped else {}
+        errors = {g: abs(f[1].error) for g, f in found.items() if f is not None}
+        points.append(PointErrors(str(r.point.raw["source"]), r.point.split, not r.skipped, errors))
+    return source_table(points, tuple(GROUPS))
+
+
 def not_replayed(replays: list[Replay]) -> list[str]:
     return [f"- {r.point.id}: {r.skipped}" for r in replays if r.skipped]
 
@@ -602,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         print(detail_table(replays))
     print()
     print(summary(replays))
+    print()
+    print(sources_summary(replays))
     print(f"\n{len(replays)} points, {len(skipped)} not replayed, "
           f"{time.perf_counter() - started:.1f} s")  # fmt: skip
     return 0

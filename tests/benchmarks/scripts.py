@@ -11,7 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_script(name: str) -> ModuleType:
-    """benchmarks/NAME.py, registered in sys.modules (its dataclasses look their module up)."""
+    """benchmarks/NAME.py, registered in sys.modules (its dataclasses look their module up),
+    with benchmarks/ on sys.path, as when the script runs, so its helper imports resolve."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.append(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
