@@ -5,7 +5,9 @@ datasheet; this model says what real kernels cost, with every coefficient fitted
 measurements (Vidur's per-operator profiles of A100 and H100, MIT licence; values, provenance
 and validation errors in `sim/data/steptime_coefficients.json`, refit by
 `scripts/fit_steptime.py`). The terms, each a named entry of `breakdown()`, summed per step on
-one tensor-parallel rank (formulas in `sim.latency.measured_terms`):
+one tensor-parallel rank (formulas in `sim.latency.measured_terms`; the four that depend only
+on the token count, gemm_s, lm_head_s, non_gemm_s and allreduce_s, are priced per count in
+`sim.latency.measured_layers`):
 
   gemm_s               per layer: QKV, O, gate+up, down projections on T tokens
                        (MoE: router + two grouped GEMMs over the touched experts, as
@@ -57,12 +59,10 @@ from typing import Any
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 from sim.latency import measured_terms as terms
 from sim.latency import worker_form
-from sim.latency.allreduce import AllReduceCost, Link
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
-from sim.latency.interconnect import host_staged_allreduce
-from sim.latency.moe import FusedMoe
-from sim.latency.quantized import GemmFormat, body_gemm_formats
+from sim.latency.measured_layers import LayerKernels, fitted_allreduce_cost
+from sim.latency.quantized import body_gemm_formats
 
 #: The terms of `breakdown()`, in the order `_terms` returns them.
 TERM_NAMES = (
@@ -174,175 +174,59 @@ class MeasuredStepTime:
         )
         self._peak = gpu.peak_flops(model.dtype)
         self._bw = gpu.bandwidth_Bps
-        self._gemm_c: dict[str, float] = c["gemm"]
-        self._ew = c["elementwise"]
-        eng = co["engine"][engine]
-        #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
-        #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does)
-        worker_s = eng.get("worker_step_s", terms.V1_WORKER_STEP_S) if engine == "v1" else 0.0
-        self._overhead_fixed_s: float = eng["fixed_s"] + worker_s
-        self._overhead_per_seq_s: float = eng["per_seq_s"]
-        self._launch_s: float = eng["graph_launch_s"]
-        self._setup_geometry(model, tp, kv_dtype)
-        #: V1: the worker form (`sim.latency.worker_form`) and its per-layer launch CPU, L x c
-        self._form = (
-            worker_form.V1_WORKER_FORM if engine == "v1" else worker_form.WorkerCpuForm.FIXED
+        self._L = model.num_layers
+        #: None at tp 1; otherwise charges each message by the backend vLLM picks for it
+        self.allreduce_cost = fitted_allreduce_cost(c, gpu, tp, p2p=p2p, release=release)
+        #: gemm_s, non_gemm_s, allreduce_s and lm_head_s by token count (cached)
+        self._kernels = LayerKernels(
+            model, tp, self.gemm_formats, self._peak, self._bw, c, self.allreduce_cost
         )
-        self._layer_launch_total_s = self._L * worker_form.V1_LAYER_LAUNCH_S
-        #: whether `predict_s` prices each step's launch through `_launch_term_s` (else the
-        #: graph launch alone, the same float, without the call)
-        self._launch_per_step = bool(self._layer_launch_total_s) or worker_form.RECORD_GPU_FLOORS
-        self._setup_allreduce(c, gpu, tp)
-        self._setup_attention(c["decode_attention"], c["prefill_attention"])
-        self._body_cache: dict[int, tuple[float, float, float]] = {}
-        self._lm_cache: dict[int, float] = {}
+        self._setup_engine(co["engine"][engine])
+        self._setup_attention(kv_dtype, c["decode_attention"], c["prefill_attention"])
         #: `_ShapeTerms` by decodes (decode-only steps) and by (decodes, tokens, sequences)
         self._decode_shapes: dict[int, _ShapeTerms] = {}
         self._mixed_shapes: dict[tuple[int, int, int], _ShapeTerms] = {}
 
-    def _setup_geometry(self, m: ModelSpec, tp: int, kv_dtype: str | None) -> None:
-        h, d = m.hidden_size, m.head_dim
-        self._L = m.num_layers
-        self._hidden = h
-        self._q_heads = max(1, m.num_attention_heads // tp)
-        self._kv_heads = max(1, m.num_kv_heads // tp)
-        inter = m.intermediate_size // tp
-        self._attn_shapes = ((h, (self._q_heads + 2 * self._kv_heads) * d), (self._q_heads * d, h))
-        self._mlp_shapes = ((h, 2 * inter), (inter, h))
-        self._lm_shape = (h, m.vocab_size // tp)
-        self._num_experts, self._experts_per_token = m.num_experts, m.num_experts_per_token
-        mlp = self.gemm_formats.mlp
-        #: the experts as vLLM's fused-MoE kernel runs them; None for a dense MLP
-        self._moe = (
-            FusedMoe(
-                m.num_experts,
-                m.num_experts_per_token,
-                h,
-                inter,
-                mlp.weight_bytes,
-                mlp.peak_flops,
-                self._bw,
-                self._gemm_c,
-                self._ew,
-            )
-            if m.is_moe
-            else None
-        )
-        args = (h, self._q_heads, self._kv_heads, d, inter)
-        #: bytes per token of each elementwise kind, and calls per layer
-        self._ew_per_layer = (
-            ("norm", 2, terms.elementwise_bytes("norm", 1, *args)),
-            ("rope", 1, terms.elementwise_bytes("rope", 1, *args)),
-            # one SiLU-and-mul call over all T x k routed rows (MoE: `sim.latency.moe`)
-            (
-                "activation",
-                1,
-                m.num_experts_per_token * terms.elementwise_bytes("activation", 1, *args),
-            ),
-            ("residual_add", 2, terms.elementwise_bytes("residual_add", 1, *args)),
-        )
-        self._ew_per_step = (
-            ("embedding", 1, terms.elementwise_bytes("embedding", 1, *args)),
-            ("norm", 1, terms.elementwise_bytes("norm", 1, *args)),
-        )
-        kv_tok = 2 * self._kv_heads * d * dtype_bytes(kv_dtype or m.dtype)
+    def _setup_engine(self, eng: dict[str, Any]) -> None:
+        """The engine's CPU work per step and the launch term's form, from `eng` (`self.engine`'s
+        coefficients)."""
+        #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
+        #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does)
+        v1 = self.engine == "v1"
+        worker_s = eng.get("worker_step_s", terms.V1_WORKER_STEP_S) if v1 else 0.0
+        self._overhead_fixed_s: float = eng["fixed_s"] + worker_s
+        self._overhead_per_seq_s: float = eng["per_seq_s"]
+        self._launch_s: float = eng["graph_launch_s"]
+        #: V1: the worker form (`sim.latency.worker_form`) and its per-layer launch CPU, L x c
+        self._form = worker_form.V1_WORKER_FORM if v1 else worker_form.WorkerCpuForm.FIXED
+        self._layer_launch_total_s = self._L * worker_form.V1_LAYER_LAUNCH_S
+        #: whether `predict_s` prices each step's launch through `_launch_term_s` (else the
+        #: graph launch alone, the same float, without the call)
+        self._launch_per_step = bool(self._layer_launch_total_s) or worker_form.RECORD_GPU_FLOORS
+
+    # -- attention ----------------------------------------------------------------------------
+    def _setup_attention(
+        self, kv_dtype: str | None, c_dec: dict[str, float], c_pre: dict[str, float]
+    ) -> None:
+        """Fold the KV geometry and the attention coefficients into per-step constants
+        (`predict_s` is hot): KV bytes a decode reads per token of context, summed over the
+        full and the sliding layers, and each attention call's floor and rates."""
+        m, L = self.model, self._L
+        kv_tok = 2 * self._kernels.kv_heads * m.head_dim * dtype_bytes(kv_dtype or m.dtype)
         self._kv_read_full = float(kv_tok * m.num_full_layers)
         self._kv_read_slide = float(kv_tok * m.num_sliding_layers)
         self._window = m.sliding_window
-        self._head_dim = d
-
-    def _setup_allreduce(self, c: dict[str, Any], gpu: GpuSpec, tp: int) -> None:
-        self._num_allreduce = 2 * self._L if tp > 1 else 0
-        #: None at tp 1; otherwise charges each message by the backend vLLM picks for it
-        self.allreduce_cost: AllReduceCost | None = None
-        if tp > 1:
-            fitted = c["allreduce"]
-            key = min(sorted(fitted), key=lambda k: (abs(math.log(int(k) / tp)), int(k)))
-            scale = gpu.interconnect_GBps / c["datasheet"]["interconnect_GBps"]
-            nccl = {
-                "latency_s": fitted[key]["latency_s"],
-                "algbw_GBps": fitted[key]["algbw_GBps"] * scale,
-            }
-            self.allreduce_cost = AllReduceCost(
-                tp=tp,
-                link=Link.of(gpu.name, p2p=self.p2p),
-                release=self.release,
-                nccl=nccl,
-                host_staged=host_staged_allreduce(tp),
-                interconnect_GBps=gpu.interconnect_GBps,
-            )
-
-    # -- terms that depend only on the token count (cached: a replay repeats them) ------------
-    def _gemm_s(self, tokens: float, k: int, n: int, fmt: GemmFormat | None = None) -> float:
-        """One GEMM; `fmt` None: 16-bit weights at the model dtype's peak (lm_head, router)."""
-        if fmt is None:
-            flops, nbytes = terms.gemm_flops_bytes(tokens, k, n)
-            peak = self._peak
-        else:
-            flops, nbytes = terms.gemm_flops_bytes(tokens, k, n, fmt.weight_bytes)
-            peak = fmt.peak_flops
-        time_s: float = terms.gemm_time_s(flops, nbytes, peak, self._bw, self._gemm_c)
-        return time_s
-
-    def _body(self, num_tokens: int) -> tuple[float, float, float]:
-        """(GEMM, non-GEMM, all-reduce) seconds of all layers for `num_tokens` tokens."""
-        cached = self._body_cache.get(num_tokens)
-        if cached is not None:
-            return cached
-        t = float(num_tokens)
-        attn, mlp = self.gemm_formats.attention, self.gemm_formats.mlp
-        gemm = sum(self._gemm_s(t, k, n, attn) for k, n in self._attn_shapes)
-        ew = self._ew
-        routing = 0.0
-        if self._moe is not None:
-            # vLLM's fused MoE: two grouped GEMMs a layer over the touched experts, not one
-            # GEMM per expert (`sim.latency.moe`), and top-k + align + moe_sum around them
-            gemm += self._gemm_s(t, self._hidden, self._num_experts)  # router
-            gemm += self._moe.experts_s(t)
-            routing = self._moe.routing_s(t)
-        else:
-            gemm += sum(self._gemm_s(t, k, n, mlp) for k, n in self._mlp_shapes)
-        non_gemm = self._L * (
-            routing
-            + sum(
-                calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
-                for kind, calls, per_tok in self._ew_per_layer
-            )
-        ) + sum(
-            calls * terms.elementwise_time_s(per_tok * t, self._bw, ew[kind])
-            for kind, calls, per_tok in self._ew_per_step
-        )
-        allreduce = 0.0
-        if self.allreduce_cost is not None:
-            allreduce = self._num_allreduce * self.allreduce_cost.time_s(
-                t * self._hidden * terms.BF16_BYTES
-            )
-        result = (self._L * gemm, non_gemm, allreduce)
-        self._body_cache[num_tokens] = result
-        return result
-
-    def _lm_head(self, num_sampled: int) -> float:
-        cached = self._lm_cache.get(num_sampled)
-        if cached is None:
-            cached = self._gemm_s(float(num_sampled), *self._lm_shape)
-            self._lm_cache[num_sampled] = cached
-        return cached
-
-    # -- attention ----------------------------------------------------------------------------
-    def _setup_attention(self, c_dec: dict[str, float], c_pre: dict[str, float]) -> None:
-        """Fold the attention coefficients into per-step constants (`predict_s` is hot)."""
-        L = self._L
+        self._head_dim = m.head_dim
         self._dec_floor_s = L * c_dec["call_floor_s"]
         self._dec_per_seq_s = L * c_dec["per_seq_s"]
         self._dec_s_per_byte = 1.0 / (c_dec["bandwidth_efficiency"] * self._bw)
         # One prefill chunk, one layer: floor + q_tiles * k_tiles * tile_s + chunk * token_s,
         # the same as terms.prefill_attention_time_s on terms.prefill_attention_work.
-        flops_per_tile = 4.0 * self._q_heads * self._head_dim * terms.ATTENTION_TILE**2
+        flops_per_tile = 4.0 * self._kernels.q_heads * self._head_dim * terms.ATTENTION_TILE**2
         self._pre_tile_s = flops_per_tile / (c_pre["compute_efficiency"] * self._peak)
-        q_bytes_per_token = 2.0 * self._q_heads * self._head_dim * terms.BF16_BYTES
+        q_bytes_per_token = 2.0 * self._kernels.q_heads * self._head_dim * terms.BF16_BYTES
         self._pre_token_s = q_bytes_per_token / (c_pre["query_bandwidth_efficiency"] * self._bw)
         self._pre_floor_s = c_pre["call_floor_s"]
-        m = self.model
         self._pre_groups = tuple(
             (n, w)
             for n, w in ((m.num_full_layers, None), (m.num_sliding_layers, self._window))
@@ -375,11 +259,11 @@ class MeasuredStepTime:
         num_tokens = num_dec + sum(chunk for _, chunk in chunks)
         if num_tokens == 0:
             return (0.0,) * 7 + (self._overhead_fixed_s,)
-        gemm, non_gemm, allreduce = self._body(num_tokens)
+        gemm, non_gemm, allreduce = self._kernels.body(num_tokens)
         num_seqs = num_dec + len(chunks)
         gpu = (
             gemm,
-            self._lm_head(num_seqs),
+            self._kernels.lm_head(num_seqs),
             non_gemm,
             self._decode_attention(batch, num_dec) if num_dec else 0.0,
             self._prefill_attention(chunks) if chunks else 0.0,
@@ -444,9 +328,9 @@ class MeasuredStepTime:
 
     def _shape_terms(self, num_dec: int, num_tokens: int, num_seqs: int) -> _ShapeTerms:
         """The terms that depend only on the counts, each as `_terms` computes it."""
-        gemm, non_gemm, allreduce = self._body(num_tokens)
+        gemm, non_gemm, allreduce = self._kernels.body(num_tokens)
         return _ShapeTerms(
-            gemm_lm_non_gemm_s=gemm + self._lm_head(num_seqs) + non_gemm,
+            gemm_lm_non_gemm_s=gemm + self._kernels.lm_head(num_seqs) + non_gemm,
             decode_attention_fixed_s=self._dec_floor_s + self._dec_per_seq_s * num_dec,
             allreduce_s=allreduce,
             engine_overhead_s=self._overhead_fixed_s + self._overhead_per_seq_s * num_seqs,
