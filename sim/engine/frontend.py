@@ -390,7 +390,7 @@ class FrontendLoop:
 #: (`python benchmarks/serving_accuracy.py --fit-frontend`; the held-out half is the test,
 #: docs/accuracy.md), last on 2026-12-05 under its objective of every fit point's
 #: |ln(predicted / measured)| (`frontend_score`): the first pass from these costs changed
-#: nothing (fit half 0.1245; no API server 0.1895). `output_token_s`'s next grid value, 40 us,
+#: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points). `output_token_s`'s next grid value, 40 us,
 #: would exceed the streaming bound with 40 us chunks (vllm PR #12287, see `FRONTEND_GRIDS`).
 VLLM_API_SERVER = ApiServer(
     request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=20e-6,
