@@ -59,6 +59,7 @@ from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
+from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop
 from sim.vllm_bench.compare import MetricRow, compare
 from sim.vllm_bench.importer import import_serve_line
 from sim.vllm_bench.metrics import BenchSettings
@@ -216,10 +217,14 @@ def why_not_replayable(point: Point) -> str:
 
 
 def replay(
-    point: Point, max_prompts: int | None = None, frontend: ApiServer | None = VLLM_API_SERVER
+    point: Point,
+    max_prompts: int | None = None,
+    frontend: ApiServer | None = VLLM_API_SERVER,
+    client_loop: ClientLoop = VLLM_BENCH_CLIENT,
 ) -> Replay:
-    """Simulate the point's benchmark (through `frontend`, the API server; None: none) and
-    compare it with what the source measured."""
+    """Simulate the point's benchmark (through `frontend`, the API server; None: none; and
+    `client_loop`, the client's own loop, `sim.vllm_bench.client_loop`) and compare it with
+    what the source measured."""
     out = Replay(point, release=kvsim_release(str(point.raw.get("vllm_version", ""))))
     out.skipped = why_not_replayable(point)
     if out.skipped:
@@ -229,7 +234,9 @@ def replay(
         scenario = scenario_for(point, out.release)
         options, settings = workload_options(point)
         python = str(point.raw.get("server_python") or DEFAULT_SERVER_PYTHON)
-        settings = dataclasses.replace(settings, frontend=frontend, server_python=python)
+        settings = dataclasses.replace(
+            settings, frontend=frontend, server_python=python, client_loop=client_loop
+        )
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
