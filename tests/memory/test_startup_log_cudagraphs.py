@@ -90,13 +90,28 @@ def test_the_totals_are_the_ones_the_utilization_line_gives():
     )
 
 
-def test_the_catalog_l40s_estimate_would_miss_the_l40s_log_as_the_docs_say():
+def test_the_catalog_l40s_takes_the_logs_total_and_the_old_estimate_would_miss():
+    """The catalog's `l40s` now carries this log's total (its entry's own GPU gives the same
+    pool); the H100-ratio estimate it replaced would miss the log by about +53 %."""
     log = next(x for x in load_logs() if x.id == "eksai-qwen25-72b-l40s-tp4")
+    catalog = get_gpu("l40s")
+    total_bytes, source = visible_memory(catalog)
+    assert source is MemorySource.MEASURED
+    assert catalog.memory_visible_gib == log.gpu_spec.memory_visible_gib
     with_catalog = log.model_copy(update={"gpu": "l40s"})
-    error = predicted_pool_bytes(with_catalog) / observed_pool_bytes(log) - 1
+    assert predicted_pool_bytes(with_catalog) == predicted_pool_bytes(log)
+    unmeasured = catalog.model_copy(update={"memory_visible_gib": None})
+    estimated_bytes, how = visible_memory(unmeasured)
+    assert how is MemorySource.ESTIMATED and estimated_bytes > total_bytes
+    gpu = {**catalog.model_dump(), "memory_visible_gib": None, "name": "l40s-estimated"}
+    with_estimate = log.model_copy(update={"gpu": gpu})
+    error = predicted_pool_bytes(with_estimate) / observed_pool_bytes(log) - 1
     assert error > 0.5
-    estimated = visible_memory(get_gpu("l40s"))[0] / GIB
-    assert f"estimate ({estimated:.2f} GiB) would miss this log by {100 * error:+.1f} %" in _docs()
+    quoted = (
+        f"its H100-ratio estimate ({estimated_bytes / GIB:.2f} GiB) would miss this log by "
+        f"{100 * error:+.1f} %"
+    )
+    assert quoted in _docs(), quoted
 
 
 def test_kvsims_constants_miss_the_0_19_estimates_as_the_docs_say():
