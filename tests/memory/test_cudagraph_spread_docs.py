@@ -153,6 +153,19 @@ def test_what_readmes_0_20_pools_would_be_at_0_19s_estimates(name: str) -> None:
     )
     assert quoted in _docs(), quoted
     assert at[2.73] < at[2.35] < old_blocks < blocks
+    # README's Gemma-3 finding carries the same caveat, and says Gemma-2's pools meet at the
+    # same estimate.
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    logged = [row[3] for row in _rows()]
+    assert f"public logs print {min(logged):.2f}-{max(logged):.2f} GiB for it" in readme
+    if name == "Gemma-3-27B":
+        caveat = (
+            f"0.20.0 would hold {at[2.35]:,} blocks, fewer than 0.19.1 (the two meet at "
+            f"{even_gib:.2f} GiB, as Gemma-2's below do"
+        )
+        assert caveat in readme, caveat
+    else:
+        assert f"the two meet at {even_gib:.2f} GiB, as Gemma-2's below do" in readme
 
 
 #: The decoder arithmetic the docs say every pin shares: two samples per mode, the second
