@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import enum
 
+from sim.errors import InputError
+
 #: Seconds of loop time the uncached parse costs a chat request (vllm PR #20065: 6-8 s per
 #: 1,000 requests; the midpoint). Sourced, not fitted.
 CHAT_TEMPLATE_PARSE_S = 0.007
@@ -66,6 +68,16 @@ BACKEND_ENDPOINTS: dict[str, Endpoint] = {
     "vllm": Endpoint.COMPLETIONS,
     "openai-chat": Endpoint.CHAT,
 }
+
+
+def endpoint_of_backend(backend: str) -> Endpoint:
+    """The endpoint `vllm bench serve --backend backend` sends to ("openai-chat" -> CHAT);
+    a backend kvsim does not replay is an InputError naming the option."""
+    endpoint = BACKEND_ENDPOINTS.get(backend)
+    if endpoint is None:
+        known = ", ".join(BACKEND_ENDPOINTS)
+        raise InputError(f"--backend {backend!r}: kvsim replays {known}")
+    return endpoint
 
 
 def uses_harmony(model_name: str) -> bool:

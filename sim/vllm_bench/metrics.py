@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.chat_template import Endpoint
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
@@ -85,6 +86,9 @@ class BenchSettings:
     #: The server's Python (major.minor): how the release's tokenizer batcher collects a batch
     #: (`sim.engine.microbatch.WaitFor`); vLLM's container image's where a source is silent.
     server_python: str = DEFAULT_SERVER_PYTHON
+    #: The endpoint `--backend` sends to (`sim.engine.chat_template`): chat requests pay the
+    #: chat template's parse on the pins that re-parse it.
+    endpoint: Endpoint = Endpoint.COMPLETIONS
 
     @property
     def selected_metrics(self) -> list[str]:
