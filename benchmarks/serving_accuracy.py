@@ -134,12 +134,12 @@ def load_points(path: Path | None = None) -> list[Point]:
     """Every measurement, sorted by id, on the side of the split its entry records (`split:
     fit | held_out`, chosen by `sim.data.split.assign_split` when the entry was added)."""
     entries = load_split_entries(DATA_FILE, "measurements", path)
-    for entry in entries:
-        check_endpoint(entry, (path or Path(DATA_FILE)).name)
+    for row, entry in enumerate(entries, 1):
+        check_endpoint(entry, (path or Path(DATA_FILE)).name, row)
     return [Point(e, str(e["split"])) for e in sorted(entries, key=lambda e: e["id"])]
 
 
-def check_endpoint(entry: dict[str, Any], file_name: str) -> None:
+def check_endpoint(entry: dict[str, Any], file_name: str, row: int) -> None:
     """An entry's `endpoint` must read completions or chat (the client's `--backend`: openai
     or vllm -> completions, openai-chat -> chat; the default backend where a source is silent,
     with `endpoint` in `assumed`)."""
@@ -147,7 +147,7 @@ def check_endpoint(entry: dict[str, Any], file_name: str) -> None:
     known = [e.value for e in Endpoint]
     if value not in known:
         raise InputError(
-            f"{file_name}: entry {entry.get('id')}: endpoint {value!r}: must be one of "
+            f"{file_name}: entry {row} ({entry.get('id')}): field endpoint {value!r}: must be "
             + ", ".join(known)
         )
 
