@@ -55,8 +55,8 @@ sampled at most; at 2.5 ms steps the chunks cannot keep up, so each waiting chun
 next step's token and the loop settles at one chunk per request per 6.4 ms (~2.6 tokens each).
 
 What this leaves out: the client's own event loop (aiohttp reading the streams), the kernel's
-real connection spreading, chat-template work other than 0.11.0's parse, V0's in-process frontend and 0.25.1's per-prompt
-executor tokenization: one set of costs for every release, fitted (`VLLM_API_SERVER`).
+real connection spreading, chat-template work but 0.11.0's parse, V0's in-process frontend and
+0.25.1's per-prompt executor tokenization: one set of costs for every release, fitted.
 """
 
 from __future__ import annotations
@@ -394,8 +394,9 @@ class FrontendLoop:
 #: (`python benchmarks/serving_accuracy.py --fit-frontend`; the held-out half is the test,
 #: docs/accuracy.md), last on 2026-12-05 under its objective of every fit point's
 #: |ln(predicted / measured)| (`frontend_score`): the first pass from these costs changed
-#: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points). `output_token_s`'s next grid value, 40 us,
-#: would exceed the streaming bound with 40 us chunks (vllm PR #12287, see `FRONTEND_GRIDS`).
+#: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points; 0.1610
+#: with the chat template's parse). `output_token_s`'s next grid value, 40 us, would exceed
+#: the streaming bound with 40 us chunks (vllm PR #12287, see `FRONTEND_GRIDS`).
 VLLM_API_SERVER = ApiServer(
     request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=20e-6,
     hand_off_s=0.025, output_chunk_s=40e-6,
