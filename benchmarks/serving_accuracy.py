@@ -54,6 +54,7 @@ import yaml
 from serving_sources import PointErrors, source_table  # benchmarks/ is the script's folder
 
 from sim.data.split import load_split_entries
+from sim.engine.chat_template import Endpoint
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
@@ -97,6 +98,11 @@ class Point:
         return {k: float(v) for k, v in (self.raw.get("measured") or {}).items()}
 
     @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint the client sent to (`endpoint: completions | chat`, checked on load)."""
+        return Endpoint(self.raw["endpoint"])
+
+    @property
     def model_name(self) -> str:
         model = self.raw["model"]
         return str(model["name"] if isinstance(model, dict) else model)
@@ -129,7 +135,22 @@ def load_points(path: Path | None = None) -> list[Point]:
     """Every measurement, sorted by id, on the side of the split its entry records (`split:
     fit | held_out`, chosen by `sim.data.split.assign_split` when the entry was added)."""
     entries = load_split_entries(DATA_FILE, "measurements", path)
+    for row, entry in enumerate(entries, 1):
+        check_endpoint(entry, (path or Path(DATA_FILE)).name, row)
     return [Point(e, str(e["split"])) for e in sorted(entries, key=lambda e: e["id"])]
+
+
+def check_endpoint(entry: dict[str, Any], file_name: str, row: int) -> None:
+    """An entry's `endpoint` must read completions or chat (the client's `--backend`: openai
+    or vllm -> completions, openai-chat -> chat; the default backend where a source is silent,
+    with `endpoint` in `assumed`)."""
+    value = entry.get("endpoint")
+    known = [e.value for e in Endpoint]
+    if value not in known:
+        raise InputError(
+            f"{file_name}: entry {row} ({entry.get('id')}): field endpoint {value!r}: must be "
+            + ", ".join(known)
+        )
 
 
 def kvsim_release(version: str) -> str:
@@ -235,7 +256,11 @@ def replay(
         options, settings = workload_options(point)
         python = str(point.raw.get("server_python") or DEFAULT_SERVER_PYTHON)
         settings = dataclasses.replace(
-            settings, frontend=frontend, server_python=python, client_loop=client_loop
+            settings,
+            frontend=frontend,
+            server_python=python,
+            client_loop=client_loop,
+            endpoint=point.endpoint,
         )
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"

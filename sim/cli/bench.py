@@ -80,6 +80,9 @@ def bench_serve_command(
     dataset_name: str = typer.Option(
         "random", help="random, sharegpt, sonnet or prefix_repetition"
     ),
+    backend: str = typer.Option(
+        "openai", help="openai or vllm: /v1/completions; openai-chat: /v1/chat/completions."
+    ),
     dataset_path: Path | None = typer.Option(
         None, help="sharegpt: a lengths CSV (python -m sim.workload.sharegpt_vllm)"
     ),
@@ -120,6 +123,7 @@ def bench_serve_command(
     ),
 ) -> None:
     """Simulate `vllm bench serve` against the scenario's server; print vLLM's result block."""
+    from sim.engine.chat_template import endpoint_of_backend
     from sim.engine.frontend import VLLM_API_SERVER
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.scenario.schema import load_scenario, naming
@@ -130,7 +134,8 @@ def bench_serve_command(
     settings = BenchSettings(request_rate, burstiness, max_concurrency, percentile_metrics,
                              metric_percentiles, slos, save_detailed,
                              ready_check_timeout_sec,
-                             VLLM_API_SERVER if api_server else None)  # fmt: skip
+                             VLLM_API_SERVER if api_server else None,
+                             endpoint=endpoint_of_backend(backend))  # fmt: skip
     settings.selected_metrics, settings.percentiles  # noqa: B018 - bad values refused before the run
     workload = WorkloadOptions(
         dataset_name, dataset_path, num_prompts, random_input_len, random_output_len,
@@ -142,7 +147,9 @@ def bench_serve_command(
     model_id = _model_id(scenario_obj.model)
     date = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = (
-        _result_path(settings, model_id, date, result_dir, result_filename) if save_result else None
+        _result_path(settings, backend, model_id, date, result_dir, result_filename)
+        if save_result
+        else None
     )
     if target is not None:
         check_output_file(target)
@@ -151,7 +158,8 @@ def bench_serve_command(
     typer.echo("\n".join(run.lines))
     if target is None:
         return
-    out = result_json(run.result, settings, date=date, model_id=model_id, num_prompts=num_prompts)
+    out = result_json(run.result, settings, date=date, model_id=model_id, num_prompts=num_prompts,
+                      backend=backend)  # fmt: skip
     out["kvsim"] = {
         "note": "predicted by kvsim (a simulation), not measured on a GPU",
         "scenario": scenario_obj.name,
@@ -189,13 +197,15 @@ def _model_id(model: Any) -> str:
     return str(model)
 
 
-def _result_path(settings, model_id: str, date: str, folder: Path | None, name: str | None) -> Path:
-    """vLLM's `compute_result_filename` (serve.py L1594-1635), label = backend "openai"."""
+def _result_path(
+    settings, backend: str, model_id: str, date: str, folder: Path | None, name: str | None
+) -> Path:
+    """vLLM's `compute_result_filename` (serve.py L1594-1635), label = the backend."""
     concurrency = (
         f"-concurrency{settings.max_concurrency}" if settings.max_concurrency is not None else ""
     )
     default = (
-        f"openai-{settings.request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}.json"
+        f"{backend}-{settings.request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}.json"
     )
     path = Path(name or default)
     return folder / path if folder is not None else path

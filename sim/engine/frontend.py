@@ -28,6 +28,8 @@ delay that holds no loop:
   `output_processor.py:L53-83`: "RequestOutputs are merged if the producer gets ahead of the
   consumer"): under load a chunk carries several tokens, and the loop's chunk work per second
   stops growing with the token rate, as the real server's does;
+- `chat_template_s` per chat request in its first turn: the chat template's parse on pin
+  0.11.0 (`sim.engine.chat_template`, sourced, set per run; 0 for completions);
 - `hand_off_s`, a fixed latency between the loop's input work and the scheduler that occupies
   no shared loop (the client's and server's HTTP stacks, the ZMQ hop, the core's wake-up): what
   a lone request waits that no per-item cost explains.
@@ -53,8 +55,8 @@ sampled at most; at 2.5 ms steps the chunks cannot keep up, so each waiting chun
 next step's token and the loop settles at one chunk per request per 6.4 ms (~2.6 tokens each).
 
 What this leaves out: the client's own event loop (aiohttp reading the streams), the kernel's
-real connection spreading, chat templates, V0's in-process frontend and 0.25.1's per-prompt
-executor tokenization: one set of costs for every release, fitted (`VLLM_API_SERVER`).
+real connection spreading, chat-template work but 0.11.0's parse, V0's in-process frontend and
+0.25.1's per-prompt executor tokenization: one set of costs for every release, fitted.
 """
 
 from __future__ import annotations
@@ -85,18 +87,19 @@ class ApiServer:
     output_token_s: float = 0.0
     hand_off_s: float = 0.0
     output_chunk_s: float = 0.0
+    chat_template_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("request_s", "prompt_token_s", "output_batch_s", "output_token_s",
-                     "hand_off_s", "output_chunk_s"):  # fmt: skip
+                     "hand_off_s", "output_chunk_s", "chat_template_s"):  # fmt: skip
             value = getattr(self, name)
             if not value >= 0.0:  # also NaN
                 raise ValueError(f"ApiServer.{name} must be >= 0, got {value}")
 
     def input_s(self, prompt_tokens: int) -> float:
-        """Loop time to take in one request of `prompt_tokens` (example: 20 ms + 1,000 x 5 us
-        = 25 ms)."""
-        return self.request_s + self.prompt_token_s * prompt_tokens
+        """Loop time to take in one request of `prompt_tokens` (example: 20 ms + 7 ms chat
+        template + 1,000 x 5 us = 32 ms)."""
+        return self.request_s + self.chat_template_s + self.prompt_token_s * prompt_tokens
 
     def output_s(self, num_tokens: int) -> float:
         """Loop time for the output handler to process one engine step's `num_tokens` tokens
@@ -186,7 +189,8 @@ class FrontendLoop:
         self._server_of[request.request_id] = self._next_server
         self._next_server = (self._next_server + 1) % self.num_servers
         costs = self.costs
-        free = costs.request_s == costs.prompt_token_s == costs.hand_off_s == 0.0
+        free = costs.request_s == costs.prompt_token_s == costs.hand_off_s == costs.chat_template_s
+        free = free and costs.request_s == 0.0
         if free and not self._batchers:
             self.deliver_to_engine(request)  # free input work: at once, in the caller's turn
             return
@@ -197,13 +201,13 @@ class FrontendLoop:
         return self._loops[self._server_of.get(request.request_id, 0)]
 
     def _input(self, request: Request) -> _Process:
-        """The request's handler: parse it (one turn on the loop), then tokenize it (a second
-        turn: the handler awaits between them, so whatever became ready meanwhile, such as the
-        output handler, runs first; with a batcher, off the loop, and the handler resumes in a
-        turn of its own once its batch is done), then the hand-off."""
+        """The request's handler: parse it and apply its chat template (one turn on the loop),
+        then tokenize it (a second turn: the handler awaits between them, so whatever became
+        ready meanwhile, such as the output handler, runs first; with a batcher, off the loop,
+        and the handler resumes in a turn of its own once its batch is done), then the hand-off."""
         loop = self._loop_of(request)
         tokenize_s = 0.0 if self._batchers else self.costs.prompt_token_s * request.prompt_tokens
-        for cost_s in (self.costs.request_s, tokenize_s):
+        for cost_s in (self.costs.request_s + self.costs.chat_template_s, tokenize_s):
             if cost_s > 0:
                 with loop.request() as turn:
                     yield turn
@@ -390,8 +394,9 @@ class FrontendLoop:
 #: (`python benchmarks/serving_accuracy.py --fit-frontend`; the held-out half is the test,
 #: docs/accuracy.md), last on 2026-12-05 under its objective of every fit point's
 #: |ln(predicted / measured)| (`frontend_score`): the first pass from these costs changed
-#: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points). `output_token_s`'s next grid value, 40 us,
-#: would exceed the streaming bound with 40 us chunks (vllm PR #12287, see `FRONTEND_GRIDS`).
+#: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points; 0.1610
+#: with the chat template's parse, rerun: no move). `output_token_s`'s next grid value,
+#: 40 us, would exceed the streaming bound with 40 us chunks (vllm PR #12287, `FRONTEND_GRIDS`).
 VLLM_API_SERVER = ApiServer(
     request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=20e-6,
     hand_off_s=0.025, output_chunk_s=40e-6,

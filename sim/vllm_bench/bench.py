@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.engine.chat_template import Endpoint, chat_template_s
 from sim.engine.engine import Engine
 from sim.engine.frontend import ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON, microbatch_tokenizer_for
@@ -164,12 +165,17 @@ def simulate(
     step_time_factor: float = 1.0,
     frontend: ApiServer | None = None,
     server_python: str = DEFAULT_SERVER_PYTHON,
+    endpoint: Endpoint = Endpoint.COMPLETIONS,
 ) -> Simulated:
     """`specs` through the engine (and `frontend`, with the pinned release's tokenizer
-    batcher on a `server_python` server, `sim.engine.microbatch`)."""
+    batcher on a `server_python` server, `sim.engine.microbatch`, and the chat template's
+    parse where `endpoint`, the pin and the model call for it, `sim.engine.chat_template`)."""
     tokenizer = None
     if frontend is not None:
-        tokenizer = microbatch_tokenizer_for(str(resolved.inputs["vllm_version"]), server_python)
+        release = str(resolved.inputs["vllm_version"])
+        tokenizer = microbatch_tokenizer_for(release, server_python)
+        template_s = chat_template_s(release, endpoint, model_name(resolved.scenario.model))
+        frontend = replace(frontend, chat_template_s=template_s)
     engine = Engine(
         resolved.engine,
         specs,
@@ -186,6 +192,13 @@ def simulate(
     assert engine.token_times_s is not None
     queue = engine.client.queue_s if engine.client is not None else {}
     return Simulated(result.requests, engine.token_times_s, queue, result.summary, resolved.inputs)
+
+
+def model_name(model: str | dict[str, Any] | None) -> str:
+    """A scenario's model as a name: the catalog name, or a geometry's `name` ("" if none)."""
+    if isinstance(model, dict):
+        return str(model.get("name", ""))
+    return model or ""
 
 
 def with_test_run(specs: Sequence[RequestSpec]) -> tuple[RequestSpec, list[RequestSpec]]:
@@ -220,7 +233,8 @@ def simulate_bench(
     `earlier`: runs the same server took before, oldest first (`sim.vllm_bench.server_history`)."""
     cap = settings.max_concurrency
     server = partial(simulate, resolved, step_time_factor=step_time_factor,
-                     frontend=settings.frontend, server_python=settings.server_python)  # fmt: skip
+                     frontend=settings.frontend, server_python=settings.server_python,
+                     endpoint=settings.endpoint)  # fmt: skip
     if earlier and specs:
         test_run = settings.ready_check_timeout_sec > 0
         laid, first_id, start_s = lay_out_runs([*earlier, specs], test_run)

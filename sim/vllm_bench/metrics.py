@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.chat_template import Endpoint
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
@@ -89,6 +90,9 @@ class BenchSettings:
     #: The client's own loop (`sim.vllm_bench.client_loop`): when it stamps each chunk;
     #: free by default (no sourced per-chunk cost).
     client_loop: ClientLoop = VLLM_BENCH_CLIENT
+    #: The endpoint `--backend` sends to (`sim.engine.chat_template`): chat requests pay the
+    #: chat template's parse on the pins that re-parse it.
+    endpoint: Endpoint = Endpoint.COMPLETIONS
 
     @property
     def selected_metrics(self) -> list[str]:

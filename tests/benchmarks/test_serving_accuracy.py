@@ -136,6 +136,34 @@ def test_an_entry_without_a_split_is_refused_naming_file_entry_and_field(tmp_pat
         accuracy.load_points(path)
 
 
+@pytest.mark.parametrize("value", [None, "chat-completions", "Chat"])
+def test_an_entry_with_a_bad_endpoint_is_refused_naming_file_entry_and_field(tmp_path, value):
+    from sim.errors import InputError
+
+    entries = [dict(e) for e in ENTRIES[:3]]
+    entries[2]["endpoint"] = value
+    if value is None:
+        del entries[2]["endpoint"]
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"measurements": entries}), encoding="utf-8")
+    with pytest.raises(InputError) as refused:
+        accuracy.load_points(path)
+    message = str(refused.value)
+    assert message.startswith(f"m.yaml: entry 3 ({entries[2]['id']}): field endpoint")
+    assert "\n" not in message
+
+
+def test_each_endpoint_is_the_sources_client_or_the_assumed_default():
+    """`endpoint: chat` exactly where the entry's notes give the client's `--backend
+    openai-chat`; everywhere else the source names no chat client, so the entry takes
+    `vllm bench serve`'s default backend (openai: completions) and lists `endpoint` as assumed."""
+    for p in POINTS:
+        stated_chat = "--backend openai-chat" in str(p.raw.get("notes", ""))
+        assert (p.endpoint.value == "chat") == stated_chat, p.id
+        if not stated_chat:
+            assert "endpoint" in p.raw["assumed"], p.id
+
+
 @pytest.mark.parametrize("point", POINTS, ids=[p.id for p in POINTS])
 def test_each_point_names_its_source_model_gpu_workload_and_measurement(point):
     raw = point.raw
@@ -280,7 +308,8 @@ def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
     of them one grid step either way, within the streaming bound, does not lower it (7
     replays of the fit half, ~5 min on 2 shared cores). The refit of 2026-12-05 scored them
     0.1245, its neighbours 0.1247 to 0.1305, and 0.1654 (neighbours 0.1654 to 0.1873) once
-    six more fit points had joined (docs/accuracy.md, 'The API server')."""
+    six more fit points had joined, 0.1610 (neighbours 0.1611 to 0.1830) with the chat
+    template's parse (docs/accuracy.md, 'The API server', 'Chat templates')."""
     import dataclasses
 
     fit = accuracy.frontend_fit_points(POINTS)

@@ -148,6 +148,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
         (["--goodput", "ttft=5"], "KEY:VALUE"),
         (["--burstiness", "0"], "must be positive"),
         (["--max-concurrency", "0"], "greater than 0"),
+        (["--backend", "tgi"], "--backend 'tgi'"),
     ],  # fmt: skip
 )
 def test_bench_serve_bad_options_exit_2(tmp_path: Path, extra: list[str], message: str) -> None:
@@ -155,6 +156,46 @@ def test_bench_serve_bad_options_exit_2(tmp_path: Path, extra: list[str], messag
     result = runner.invoke(app, ["bench", "serve", str(scenario), "--num-prompts", "4", *extra])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def _chat_vs_completions_ttft_ms(tmp_path: Path, line: str, version: str) -> dict[str, float]:
+    scenario = tmp_path / f"s-{version}.yaml"
+    result = runner.invoke(app, ["import-vllm", line, "--gpu", "h100-sxm", "--vllm-version",
+                                 version, "-o", str(scenario)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ttft = {}
+    for backend in ("openai", "openai-chat"):
+        name = f"{version}-{backend}.json"
+        result = runner.invoke(app, ["bench", "serve", str(scenario), "--backend", backend,
+                                     "--num-prompts", "20", "--random-input-len", "128",
+                                     "--random-output-len", "4", "--no-band", "--save-result",
+                                     "--result-dir", str(tmp_path), "--result-filename", name])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        saved = json.loads((tmp_path / name).read_text())
+        assert saved["backend"] == backend
+        ttft[backend] = saved["mean_ttft_ms"]
+    return ttft
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "pays"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "0.11.0", True),
+        ("meta-llama/Llama-3.1-8B-Instruct", "0.19.1", False),
+        ("openai/gpt-oss-20b", "0.11.0", False),
+    ],
+)
+def test_backend_openai_chat_pays_the_template_parse_only_where_vllm_does(
+    tmp_path: Path, model: str, version: str, pays: bool
+) -> None:
+    """`--backend openai-chat`: on pin 0.11.0 a Jinja-template model's burst of 20 waits for 20
+    parses of 7 ms on the loop (the mean TTFT grows by at least the mean wait, 73.5 ms); on
+    0.19.1 (cached) and for gpt-oss (harmony) the chat run is the completions run."""
+    ttft = _chat_vs_completions_ttft_ms(tmp_path, f"vllm serve {model}", version)
+    if pays:
+        assert ttft["openai-chat"] - ttft["openai"] >= 7.0 * (20 + 1) / 2
+    else:
+        assert ttft["openai-chat"] == ttft["openai"]
 
 
 def test_sharegpt_from_a_lengths_file_and_json_refused(tmp_path: Path) -> None:
