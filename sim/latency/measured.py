@@ -189,9 +189,7 @@ class MeasuredStepTime:
         self._kernels = LayerKernels(
             model, tp, self.gemm_formats, self._peak, self._bw, c, self.allreduce_cost
         )
-        #: records the GPU time of every step priced (None: nothing is recorded)
-        self._gpu_floors = gpu_floors
-        self._setup_engine(co["engine"][engine], worker)
+        self._setup_engine(co["engine"][engine], worker, gpu_floors)
         self._setup_attention(kv_dtype, c["decode_attention"], c["prefill_attention"])
         #: `_ShapeTerms` by decodes (decode-only steps) and by (decodes, tokens, sequences)
         self._decode_shapes: dict[int, _ShapeTerms] = {}
@@ -206,9 +204,13 @@ class MeasuredStepTime:
             self.model, self.gpu, **self._options, worker=worker, gpu_floors=gpu_floors
         )
 
-    def _setup_engine(self, eng: dict[str, Any], worker: WorkerForm) -> None:
+    def _setup_engine(
+        self, eng: dict[str, Any], worker: WorkerForm, gpu_floors: GpuFloors | None
+    ) -> None:
         """The engine's CPU work per step and the launch term's form, from `eng` (`self.engine`'s
-        coefficients) and `worker` (V1's worker form; a v0 engine has none)."""
+        coefficients) and `worker` (V1's worker form; a v0 engine has none); `gpu_floors`
+        records every priced step's GPU time (None: nothing is recorded)."""
+        self._gpu_floors = gpu_floors
         #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
         #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does,
         #: and a worker form its own again)
