@@ -60,6 +60,7 @@ from sim.errors import InputError
 from sim.latency import StepTimeModel
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
+from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop
 from sim.vllm_bench.compare import MetricRow, compare
 from sim.vllm_bench.importer import import_serve_line
 from sim.vllm_bench.metrics import BenchSettings
@@ -226,11 +227,12 @@ def replay(
     point: Point,
     max_prompts: int | None = None,
     frontend: ApiServer | None = VLLM_API_SERVER,
+    client_loop: ClientLoop = VLLM_BENCH_CLIENT,
     adapt_step_time: AdaptStepTime | None = None,
 ) -> Replay:
-    """Simulate the point's benchmark (through `frontend`, the API server; None: none; with
-    its step-time model passed through `adapt_step_time`) and compare it with what the source
-    measured."""
+    """Simulate the point's benchmark (through `frontend`, the API server; None: none; and
+    `client_loop`, the client's own loop, `sim.vllm_bench.client_loop`; with its step-time
+    model passed through `adapt_step_time`) and compare it with what the source measured."""
     out = Replay(point, release=kvsim_release(str(point.raw.get("vllm_version", ""))))
     out.skipped = why_not_replayable(point)
     if out.skipped:
@@ -240,7 +242,9 @@ def replay(
         scenario = scenario_for(point, out.release)
         options, settings = workload_options(point)
         python = str(point.raw.get("server_python") or DEFAULT_SERVER_PYTHON)
-        settings = dataclasses.replace(settings, frontend=frontend, server_python=python)
+        settings = dataclasses.replace(
+            settings, frontend=frontend, server_python=python, client_loop=client_loop
+        )
         if max_prompts is not None and options.num_prompts > max_prompts:
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
@@ -618,7 +622,9 @@ def main(argv: list[str] | None = None, adapt_step_time: AdaptStepTime | None = 
         return 0
     frontend = None if args.no_api_server else VLLM_API_SERVER
     points = select(load_points(), args.ids, args.limit)
-    replays = [replay(p, args.max_prompts, frontend, adapt_step_time) for p in points]
+    replays = [
+        replay(p, args.max_prompts, frontend, adapt_step_time=adapt_step_time) for p in points
+    ]
     print(table(replays))
     notes = [f"- {r.point.id}: {r.note}" for r in replays if r.note]
     if notes:

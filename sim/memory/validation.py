@@ -67,6 +67,10 @@ class Logged(_Closed):
     weights_gib: float | None = Field(default=None, gt=0)
     non_torch_gib: float | None = Field(default=None, ge=0)
     activation_gib: float | None = Field(default=None, ge=0)
+    #: "Estimated CUDA graph memory: X GiB total" (0.19+). Only printed through 0.19.x (the
+    #: pool is not reduced by it), so it is kept as a check of `sim.memory.cudagraph`, never
+    #: subtracted from the observed pool.
+    cudagraph_estimate_gib: float | None = Field(default=None, gt=0)
 
 
 class StartupLog(_Closed):

@@ -35,6 +35,7 @@ from sim.scenario.overrides import apply_overrides
 from sim.scenario.resolve import ResolvedRun, resolve
 from sim.scenario.schema import Scenario
 from sim.vllm_bench.arrivals import send_times
+from sim.vllm_bench.client_loop import client_stamped
 from sim.vllm_bench.datasets import (
     DATASETS,
     BenchRequest,
@@ -223,13 +224,22 @@ def simulate_bench(
     if earlier and specs:
         test_run = settings.ready_check_timeout_sec > 0
         laid, first_id, start_s = lay_out_runs([*earlier, specs], test_run)
-        return _run_from(server(laid, cap), first_id, start_s)
+        return _client_view(_run_from(server(laid, cap), first_id, start_s), settings)
     if settings.ready_check_timeout_sec <= 0 or not specs:
-        return server(specs, cap)
+        return _client_view(server(specs, cap), settings)
     test, main = with_test_run(specs)
     start_s = client_end_s(server([test], None), 0)
     main = [replace(s, arrival_s=s.arrival_s + start_s) for s in main]
-    return _run_from(server([test, *main], cap), 1, start_s)
+    return _client_view(_run_from(server([test, *main], cap), 1, start_s), settings)
+
+
+def _client_view(sim: Simulated, settings: BenchSettings) -> Simulated:
+    """The benchmark's token times as its client stamps them (`sim.vllm_bench.client_loop`;
+    unchanged while the loop is free)."""
+    if settings.client_loop.free:
+        return sim
+    stamped = client_stamped(sim.token_times_s, settings.client_loop)
+    return replace(sim, token_times_s=stamped)
 
 
 def client_end_s(sim: Simulated, request_id: int) -> float:

@@ -30,6 +30,7 @@ import numpy as np
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
+from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop
 
 #: `--percentile-metrics` names (serve.py L1848-1857) and the default for generation.
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -85,6 +86,9 @@ class BenchSettings:
     #: The server's Python (major.minor): how the release's tokenizer batcher collects a batch
     #: (`sim.engine.microbatch.WaitFor`); vLLM's container image's where a source is silent.
     server_python: str = DEFAULT_SERVER_PYTHON
+    #: The client's own loop (`sim.vllm_bench.client_loop`): when it stamps each chunk;
+    #: free by default (no sourced per-chunk cost).
+    client_loop: ClientLoop = VLLM_BENCH_CLIENT
 
     @property
     def selected_metrics(self) -> list[str]:
