@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import serving_accuracy as sa  # noqa: E402
 
 from sim.scenario.schema import Scenario  # noqa: E402
-from sim.vllm_bench.calibrate import FIT_METRICS, BenchFile, evaluate, fit_from_bench  # noqa: E402
+from sim.vllm_bench.bench_files import FIT_METRICS, BenchFile  # noqa: E402
+from sim.vllm_bench.calibrate import evaluate, fit_from_bench  # noqa: E402
 
 
 def bench_files(prefix: str) -> tuple[list[BenchFile], Scenario]:

@@ -58,6 +58,7 @@ from sim.engine.chat_template import Endpoint
 from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
+from sim.latency import StepTimeModel
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
 from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop
@@ -237,15 +238,22 @@ def why_not_replayable(point: Point) -> str:
     return ""
 
 
+#: What a replay does to the scenario's step-time model (`run_bench`'s `adapt_step_time`):
+#: e.g. benchmarks/worker_forms.py's worker form (where a replay takes None: the model as the
+#: scenario builds it).
+AdaptStepTime = Callable[[StepTimeModel], StepTimeModel]
+
+
 def replay(
     point: Point,
     max_prompts: int | None = None,
     frontend: ApiServer | None = VLLM_API_SERVER,
     client_loop: ClientLoop = VLLM_BENCH_CLIENT,
+    adapt_step_time: AdaptStepTime | None = None,
 ) -> Replay:
     """Simulate the point's benchmark (through `frontend`, the API server; None: none; and
-    `client_loop`, the client's own loop, `sim.vllm_bench.client_loop`) and compare it with
-    what the source measured."""
+    `client_loop`, the client's own loop, `sim.vllm_bench.client_loop`; with its step-time
+    model passed through `adapt_step_time`) and compare it with what the source measured."""
     out = Replay(point, release=kvsim_release(str(point.raw.get("vllm_version", ""))))
     out.skipped = why_not_replayable(point)
     if out.skipped:
@@ -266,7 +274,8 @@ def replay(
             out.note = f"shortened to {max_prompts} of {options.num_prompts} prompts"
             options = WorkloadOptions(**{**_fields(options), "num_prompts": max_prompts})
         earlier = [int(n) for n in (point.raw.get("server_history") or {}).get("num_prompts", ())]
-        run = run_bench(scenario, Path.cwd(), options, settings, band=False, earlier_runs=earlier)
+        run = run_bench(scenario, Path.cwd(), options, settings, band=False,
+                        earlier_runs=earlier, adapt_step_time=adapt_step_time)  # fmt: skip
     except InputError as error:
         out.skipped = f"kvsim refuses it: {error}"
         return out
@@ -419,11 +428,14 @@ def fit_host_staged_algbw(
     return _grid_search(interconnect, "HOST_STAGED_ALGBW_GBPS", grid_GBps, fit, GROUPS)
 
 
-def _fit_score(fit: list[Point], groups: Iterable[str]) -> float:
-    """The median |error| over the metric `groups` of `fit`'s replays."""
+def _fit_score(
+    fit: list[Point], groups: Iterable[str], adapt_step_time: AdaptStepTime | None = None
+) -> float:
+    """The median |error| over the metric `groups` of `fit`'s replays (`replay`'s
+    `adapt_step_time`)."""
     errors = []
     for point in fit:
-        done = replay(point)
+        done = replay(point, adapt_step_time=adapt_step_time)
         for group in groups:
             got = done.group(group)
             if got is not None:
@@ -586,7 +598,8 @@ def fit_frontend(
     return best, log
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, adapt_step_time: AdaptStepTime | None = None) -> int:
+    """The command line; `adapt_step_time` goes to every replay of the table (`replay`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None, help="only the first N points")
     parser.add_argument("--ids", default=None, help="comma-separated point ids")
@@ -634,7 +647,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     frontend = None if args.no_api_server else VLLM_API_SERVER
     points = select(load_points(), args.ids, args.limit)
-    replays = [replay(p, args.max_prompts, frontend) for p in points]
+    replays = [
+        replay(p, args.max_prompts, frontend, adapt_step_time=adapt_step_time) for p in points
+    ]
     print(table(replays))
     notes = [f"- {r.point.id}: {r.note}" for r in replays if r.note]
     if notes:

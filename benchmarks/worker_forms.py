@@ -8,17 +8,16 @@ The forms, their grids and the decision rule are pre-registered in `sim.latency.
 A (FIXED) is `serving_accuracy.fit_v1_worker_step`'s one-parameter grid; B (LAYER_LAUNCH) and
 C (LAYER_LAUNCH_MIXED) search prep P x per-layer launch c. Each form is scored as
 `--fit-overhead` scores A: median |TPOT/ITL error| over `overhead_fit_points` (the fit half's
-dense, non-eager points). The held-out half is not read.
+dense, non-eager points). The held-out half is not read. Each replay's step-time model is the
+scenario's own rebuilt under the form (`MeasuredStepTime.with_worker_form`, through
+`serving_accuracy.replay`'s `adapt_step_time`); nothing in `sim` is patched.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import serving_accuracy as sa  # noqa: E402
 
-from sim.latency import measured_terms, worker_form  # noqa: E402
+from sim.latency import StepTimeModel  # noqa: E402
 from sim.latency.measured import MeasuredStepTime  # noqa: E402
-from sim.latency.worker_form import WorkerCpuForm  # noqa: E402
+from sim.latency.worker_form import GpuFloors, WorkerCpuForm, WorkerForm  # noqa: E402
 
 #: (prep P grid, per-layer launch c grid) in seconds, exact decimal literals (the module doc of
 #: `sim.latency.worker_form` says why these ranges).
@@ -43,57 +42,31 @@ ADOPT_MARGIN = 0.005
 Params = tuple[float, float]
 
 
-@contextmanager
-def worker_params(form: WorkerCpuForm, prep_s: float, launch_s: float) -> Iterator[None]:
-    """Models built inside use this form, P and c (the shipped values are restored after)."""
-    saved = (worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S)
-    saved_launch = worker_form.V1_LAYER_LAUNCH_S
-    worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S = form, prep_s
-    worker_form.V1_LAYER_LAUNCH_S = launch_s
-    try:
-        yield
-    finally:
-        worker_form.V1_WORKER_FORM, measured_terms.V1_WORKER_STEP_S = saved
-        worker_form.V1_LAYER_LAUNCH_S = saved_launch
+def worker_params(
+    form: WorkerCpuForm, prep_s: float, launch_s: float, gpu_floors: GpuFloors | None = None
+) -> sa.AdaptStepTime:
+    """A replay's `adapt_step_time` under this form, P and c: a measured model is rebuilt with
+    them (and recording its steps' GPU time into `gpu_floors`); another model is kept."""
+    worker = WorkerForm(form, launch_s, prep_s)
+
+    def adapt(model: StepTimeModel) -> StepTimeModel:
+        if isinstance(model, MeasuredStepTime):
+            return model.with_worker_form(worker, gpu_floors)
+        return model
+
+    return adapt
 
 
-#: Per layer count, the least GPU kernel time of a replay's steps: (every step, steps with a
-#: prefill chunk), which form B and form C compare L x c with.
-Floors = tuple[dict[int, float], dict[int, float]]
-
-
-@contextmanager
-def recording_gpu_floors(floors: Floors) -> Iterator[None]:
-    """Record into `floors` the GPU kernel time of every step a `MeasuredStepTime` built inside
-    prices (through `_launch_term_s`, which `worker_form.RECORD_GPU_FLOORS` makes every
-    `predict_s` and `breakdown` call pass)."""
-    original = MeasuredStepTime._launch_term_s
-
-    def recording(self: MeasuredStepTime, gpu_s: float, has_prefill_chunk: bool) -> float:
-        for floor, counts in zip(floors, (True, has_prefill_chunk), strict=True):
-            if counts and gpu_s < floor.get(self._L, math.inf):
-                floor[self._L] = gpu_s
-        return original(self, gpu_s, has_prefill_chunk)
-
-    MeasuredStepTime._launch_term_s = recording  # type: ignore[method-assign]
-    worker_form.RECORD_GPU_FLOORS = True  # models built inside route every step through it
-    try:
-        yield
-    finally:
-        MeasuredStepTime._launch_term_s = original  # type: ignore[method-assign]
-        worker_form.RECORD_GPU_FLOORS = False
-
-
-def _errors(point: sa.Point) -> list[float]:
-    got = sa.replay(point).group("TPOT/ITL")
+def _errors(point: sa.Point, adapt: sa.AdaptStepTime | None) -> list[float]:
+    got = sa.replay(point, adapt_step_time=adapt).group("TPOT/ITL")
     return [] if got is None else [abs(got[1].error)]
 
 
-def hides_every_launch(floors: Floors, form: WorkerCpuForm, launch_s: float) -> bool:
+def hides_every_launch(floors: GpuFloors, form: WorkerCpuForm, launch_s: float) -> bool:
     """Whether form A's replay, whose steps have these GPU floors, has no step where `form`
     at c = `launch_s` exposes a launch (L x c > GPU, the float test `exposed_launch_s` makes):
     then that form's replay takes the same steps at the same times and gives A's result."""
-    floor = floors[0] if form is WorkerCpuForm.LAYER_LAUNCH else floors[1]
+    floor = floors.every_step if form is WorkerCpuForm.LAYER_LAUNCH else floors.prefill_steps
     return all(not (layers * launch_s > gpu_s) for layers, gpu_s in floor.items())
 
 
@@ -108,18 +81,17 @@ def fit_form(
     fit = sa.overhead_fit_points(points)
     scores: dict[Params, float] = {}
     for prep_s in prep_grid:
-        fixed: list[tuple[sa.Point, Floors, list[float]]] = []
-        with worker_params(WorkerCpuForm.FIXED, prep_s, 0.0):
-            for point in fit:
-                floors: Floors = ({}, {})
-                with recording_gpu_floors(floors):
-                    fixed.append((point, floors, _errors(point)))
+        fixed: list[tuple[sa.Point, GpuFloors, list[float]]] = []
+        for point in fit:
+            floors = GpuFloors()
+            recording = worker_params(WorkerCpuForm.FIXED, prep_s, 0.0, floors)
+            fixed.append((point, floors, _errors(point, recording)))
         for launch_s in launch_grid:
             errors: list[float] = []
-            with worker_params(form, prep_s, launch_s):
-                for point, floors, fixed_errors in fixed:
-                    same = launch_s == 0.0 or hides_every_launch(floors, form, launch_s)
-                    errors += fixed_errors if same else _errors(point)
+            adapt = worker_params(form, prep_s, launch_s)
+            for point, floors, fixed_errors in fixed:
+                same = launch_s == 0.0 or hides_every_launch(floors, form, launch_s)
+                errors += fixed_errors if same else _errors(point, adapt)
             scores[(prep_s, launch_s)] = statistics.median(errors)
     return min(scores, key=lambda k: (scores[k], k)), scores
 
@@ -166,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(forms) != 1:
             raise SystemExit("--table takes one --form")
         prep_ms, launch_us = args.table  # decimal text -> the float its literal gives
-        with worker_params(forms[0], float(f"{prep_ms}e-3"), float(f"{launch_us}e-6")):
-            return sa.main([])
+        adapt = worker_params(forms[0], float(f"{prep_ms}e-3"), float(f"{launch_us}e-6"))
+        return sa.main([], adapt_step_time=adapt)
     print(report(sa.load_points(), forms))
     return 0
 

@@ -202,26 +202,29 @@ def _from_bench(
     from sim.cli.main import console
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.scenario.schema import naming
-    from sim.vllm_bench import calibrate as cb
     from sim.vllm_bench.bench import WorkloadOptions
+    from sim.vllm_bench.bench_files import read_bench_file
+    from sim.vllm_bench.calibrate import fit_from_bench
+    from sim.vllm_bench.calibrate_output import coefficients_document, report_lines
+    from sim.vllm_bench.log_pool import apply_server_log
     from sim.vllm_bench.server_log import read_server_log
 
     scenario_obj, scenario = _bench_scenario(scenario, log, gpu)
     check_output_file(out)
     options = WorkloadOptions(**workload)
-    bench_files = [cb.read_bench_file(path, options) for path in files]
+    bench_files = [read_bench_file(path, options) for path in files]
     console.print(f"fitting the measured step time of {scenario} to {len(files)} result(s)",
                   highlight=False)  # fmt: skip
     pool = None
     with naming(scenario):
         if log is not None:
-            scenario_obj, pool = cb.apply_server_log(scenario_obj, scenario.parent,
-                                                     read_server_log(log))  # fmt: skip
+            scenario_obj, pool = apply_server_log(scenario_obj, scenario.parent,
+                                                  read_server_log(log))  # fmt: skip
             console.print(f"KV pool from {log}: {pool['num_gpu_blocks']} blocks (kvsim would "
                           f"derive {pool['kvsim_num_gpu_blocks']})", highlight=False)  # fmt: skip
-        fit = cb.fit_from_bench(scenario_obj, scenario.parent, bench_files, per_term=per_term)
-        doc = cb.coefficients_document(fit, scenario_obj, scenario.parent, scenario, pool)
-    for line in cb.report_lines(fit):
+        fit = fit_from_bench(scenario_obj, scenario.parent, bench_files, per_term=per_term)
+        doc = coefficients_document(fit, scenario_obj, scenario.parent, scenario, pool)
+    for line in report_lines(fit):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     write_text_atomic(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}; use it with: step_time: {{measured: {{coefficients: {out}}}}}",

@@ -149,6 +149,22 @@ def load_coefficients(path: Path) -> Any:
         raise InputError(f"coefficients {path}: cannot read ({error})") from None
 
 
+def _calibrated(
+    config: CalibratedConfig, model: ModelSpec, gpu: GpuSpec, tp: int
+) -> CalibratedStepTime:
+    """The calibrated model of `config`'s profile, refused unless the profile was measured on
+    the scenario's model at its tp."""
+    profile = load_profile(config.profile)
+    if profile.model.name != model.name or profile.tp != tp:
+        raise InputError(
+            f"profile {config.profile} is for {profile.model.name} at tp="
+            f"{profile.tp}, the scenario runs {model.name} at tp={tp}"
+        )
+    return CalibratedStepTime(
+        profile, gpu=gpu, efficiencies=Efficiencies(overhead_s=config.overhead_s)
+    )
+
+
 def make_step_time(
     config: StepTimeConfig | dict[str, Any] | str | None,
     model: ModelSpec | str | dict[str, Any],
@@ -188,14 +204,7 @@ def make_step_time(
     if config.linear is not None:
         return LinearStepTime(**config.linear.model_dump())
     if config.calibrated is not None:
-        profile = load_profile(config.calibrated.profile)
-        if profile.model.name != model.name or profile.tp != tp:
-            raise InputError(
-                f"profile {config.calibrated.profile} is for {profile.model.name} at tp="
-                f"{profile.tp}, the scenario runs {model.name} at tp={tp}"
-            )
-        eff = Efficiencies(overhead_s=config.calibrated.overhead_s)
-        return CalibratedStepTime(profile, gpu=gpu, efficiencies=eff)
+        return _calibrated(config.calibrated, model, gpu, tp)
     if config.measured is not None:
         coefficients = None
         if config.measured.coefficients is not None:

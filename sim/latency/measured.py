@@ -63,6 +63,7 @@ from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.measured_layers import LayerKernels, fitted_allreduce_cost
 from sim.latency.quantized import body_gemm_formats
+from sim.latency.worker_form import SHIPPED_WORKER_FORM, GpuFloors, WorkerForm
 
 #: The terms of `breakdown()`, in the order `_terms` returns them.
 TERM_NAMES = (
@@ -145,6 +146,8 @@ class MeasuredStepTime:
         p2p: bool = True,
         release: str | None = None,
         weight_dtype: str | None = None,
+        worker: WorkerForm = SHIPPED_WORKER_FORM,
+        gpu_floors: GpuFloors | None = None,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -152,6 +155,11 @@ class MeasuredStepTime:
             raise ValueError(f"engine must be one of {ENGINE_GENERATIONS}, got {engine!r}")
         co = coefficients or shipped_coefficients()
         self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
+        #: what `with_worker_form` rebuilds the model from
+        self._options: dict[str, Any] = dict(
+            tp=tp, engine=engine, kv_dtype=kv_dtype, coefficients=co, p2p=p2p, release=release,
+            weight_dtype=weight_dtype,
+        )  # fmt: skip
         self.fitted_gpu = nearest_fitted_gpu(gpu, co["gpus"])
         #: False: the GPUs lack peer access and all-reduce goes through host memory
         #: (`sim.latency.interconnect`), a term no fit has seen
@@ -181,28 +189,45 @@ class MeasuredStepTime:
         self._kernels = LayerKernels(
             model, tp, self.gemm_formats, self._peak, self._bw, c, self.allreduce_cost
         )
-        self._setup_engine(co["engine"][engine])
+        self._setup_engine(co["engine"][engine], worker, gpu_floors)
         self._setup_attention(kv_dtype, c["decode_attention"], c["prefill_attention"])
         #: `_ShapeTerms` by decodes (decode-only steps) and by (decodes, tokens, sequences)
         self._decode_shapes: dict[int, _ShapeTerms] = {}
         self._mixed_shapes: dict[tuple[int, int, int], _ShapeTerms] = {}
 
-    def _setup_engine(self, eng: dict[str, Any]) -> None:
+    def with_worker_form(
+        self, worker: WorkerForm, gpu_floors: GpuFloors | None = None
+    ) -> MeasuredStepTime:
+        """The same model, GPU, coefficients and options under another worker form (and
+        recording into `gpu_floors`): what benchmarks/worker_forms.py replays each form with."""
+        return MeasuredStepTime(
+            self.model, self.gpu, **self._options, worker=worker, gpu_floors=gpu_floors
+        )
+
+    def _setup_engine(
+        self, eng: dict[str, Any], worker: WorkerForm, gpu_floors: GpuFloors | None
+    ) -> None:
         """The engine's CPU work per step and the launch term's form, from `eng` (`self.engine`'s
-        coefficients)."""
+        coefficients) and `worker` (V1's worker form; a v0 engine has none); `gpu_floors`
+        records every priced step's GPU time (None: nothing is recorded)."""
+        self._gpu_floors = gpu_floors
         #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
-        #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does)
+        #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does,
+        #: and a worker form its own again)
         v1 = self.engine == "v1"
-        worker_s = eng.get("worker_step_s", terms.V1_WORKER_STEP_S) if v1 else 0.0
+        worker_s = 0.0
+        if v1:
+            own_s = worker.worker_step_s
+            worker_s = eng.get("worker_step_s", terms.V1_WORKER_STEP_S) if own_s is None else own_s
         self._overhead_fixed_s: float = eng["fixed_s"] + worker_s
         self._overhead_per_seq_s: float = eng["per_seq_s"]
         self._launch_s: float = eng["graph_launch_s"]
         #: V1: the worker form (`sim.latency.worker_form`) and its per-layer launch CPU, L x c
-        self._form = worker_form.V1_WORKER_FORM if v1 else worker_form.WorkerCpuForm.FIXED
-        self._layer_launch_total_s = self._L * worker_form.V1_LAYER_LAUNCH_S
+        self._form = worker.form if v1 else worker_form.WorkerCpuForm.FIXED
+        self._layer_launch_total_s = self._L * (worker.layer_launch_s if v1 else 0.0)
         #: whether `predict_s` prices each step's launch through `_launch_term_s` (else the
         #: graph launch alone, the same float, without the call)
-        self._launch_per_step = bool(self._layer_launch_total_s) or worker_form.RECORD_GPU_FLOORS
+        self._launch_per_step = bool(self._layer_launch_total_s) or self._gpu_floors is not None
 
     # -- attention ----------------------------------------------------------------------------
     def _setup_attention(
@@ -278,7 +303,10 @@ class MeasuredStepTime:
     def _launch_term_s(self, gpu_s: float, has_prefill_chunk: bool) -> float:
         """`launch_s`: the CUDA-graph launch, plus under a per-layer worker form the layers'
         launch CPU the GPU's `gpu_s` does not hide (`sim.latency.worker_form`). Example (form
-        B, 28 layers x 100 us, 1.99 ms of GPU): graph launch + 0.81 ms."""
+        B, 28 layers x 100 us, 1.99 ms of GPU): graph launch + 0.81 ms. Records `gpu_s` in
+        the model's `GpuFloors`, if it has one."""
+        if self._gpu_floors is not None:
+            self._gpu_floors.record(self._L, gpu_s, has_prefill_chunk)
         if self._layer_launch_total_s and worker_form.launches_per_layer(
             self._form, has_prefill_chunk
         ):
@@ -322,7 +350,7 @@ class MeasuredStepTime:
             total += self._prefill_attention(chunks)
         if shape.allreduce_s:
             total += shape.allreduce_s
-        if self._launch_per_step:  # a per-layer form, or the form comparison recording
+        if self._launch_per_step:  # a per-layer form, or a model recording its GPU floors
             return total + self._launch_term_s(total, bool(chunks)) + shape.engine_overhead_s
         return total + self._launch_s + shape.engine_overhead_s
 

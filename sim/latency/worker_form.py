@@ -2,7 +2,10 @@
 
 `sim.latency.measured_terms.V1_WORKER_STEP_S` adds a fixed CPU time to every synchronous V1
 step. This module holds the alternatives compared with it and the arithmetic they share with
-`MeasuredStepTime`; `V1_WORKER_FORM` picks the one the model uses.
+`MeasuredStepTime`; a `WorkerForm` passed to its constructor picks the one a model uses (the
+default, `SHIPPED_WORKER_FORM`, is form A), and an optional `GpuFloors` passed beside it
+records the GPU time of every step it prices (what benchmarks/worker_forms.py compares the
+launches with).
 
 What the code does. vLLM V1 compiles the model with the attention ops as splitting ops
 (0.10.1.1 `vllm/config/compilation.py` `_attention_ops` L335, `set_splitting_ops_for_v1`
@@ -34,7 +37,7 @@ A. FIXED (the shipped form): sync step = GPU + Vidur overhead + P. One parameter
    P = `V1_WORKER_STEP_S`; fit-half score 5.92% at 2.25 ms (`--fit-overhead`).
 B. LAYER_LAUNCH (the 0.8-0.10 servers' PIECEWISE decode): sync step = Vidur overhead + P +
    graph launch + max(GPU, L x c) on every V1 step; P = `V1_WORKER_STEP_S` (input prep and
-   output sync), c = `V1_LAYER_LAUNCH_S` (one layer's piece and attention launch, CPU).
+   output sync), c = `WorkerForm.layer_launch_s` (one layer's piece and attention launch, CPU).
 C. LAYER_LAUNCH_MIXED (what the pinned code does): as B, but only a step with a prefill chunk
    launches per layer; a decode-only step is one FULL graph, as in A.
 
@@ -71,6 +74,8 @@ whose launches are per kernel, not per layer; the launch cost's growth with the 
 from __future__ import annotations
 
 import enum
+import math
+from dataclasses import dataclass, field
 
 
 class WorkerCpuForm(enum.Enum):
@@ -86,13 +91,43 @@ class WorkerCpuForm(enum.Enum):
 #: above it; checked against each pin's own config code by
 #: tests/vllm_real/test_cudagraph_mode_lockstep.py).
 FULL_DECODE_GRAPH_RELEASE = (0, 11)
-#: The form `MeasuredStepTime` uses for V1 steps (the fit sets it while it compares forms).
-V1_WORKER_FORM = WorkerCpuForm.FIXED
-#: Form B/C's CPU time to launch one layer's CUDA-graph piece and attention call (seconds).
-V1_LAYER_LAUNCH_S = 0.0
-#: True while benchmarks/worker_forms.py records the GPU time of every step: a model built
-#: meanwhile passes every step through `MeasuredStepTime._launch_term_s` (same result).
-RECORD_GPU_FLOORS = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerForm:
+    """The form of a V1 model's per-step worker CPU cost and its parameters.
+
+    `layer_launch_s` is forms B and C's c, the CPU time to launch one layer's CUDA-graph piece
+    and attention call (0.0 makes them form A); `worker_step_s`, when set, is P, the model
+    runner's fixed per-step CPU time, in place of the coefficients' `worker_step_s` or
+    `measured_terms.V1_WORKER_STEP_S` (None: theirs). Example: WorkerForm(LAYER_LAUNCH,
+    100e-6) on a 28-layer model charges up to 28 x 100 us = 2.8 ms of launches a step.
+    """
+
+    form: WorkerCpuForm = WorkerCpuForm.FIXED
+    layer_launch_s: float = 0.0
+    worker_step_s: float | None = None
+
+
+#: The form `MeasuredStepTime` uses unless told otherwise: A, the fixed term (module doc).
+SHIPPED_WORKER_FORM = WorkerForm()
+
+
+@dataclass(slots=True)
+class GpuFloors:
+    """Per layer count, the least GPU kernel time of the steps a model priced (seconds): over
+    every step, and over the steps with a prefill chunk (what forms B and C compare L x c
+    with). A `MeasuredStepTime` given one records every step it prices into it."""
+
+    every_step: dict[int, float] = field(default_factory=dict)
+    prefill_steps: dict[int, float] = field(default_factory=dict)
+
+    def record(self, num_layers: int, gpu_s: float, has_prefill_chunk: bool) -> None:
+        """Lower the floors of `num_layers` to `gpu_s` where it is below them."""
+        if gpu_s < self.every_step.get(num_layers, math.inf):
+            self.every_step[num_layers] = gpu_s
+        if has_prefill_chunk and gpu_s < self.prefill_steps.get(num_layers, math.inf):
+            self.prefill_steps[num_layers] = gpu_s
 
 
 def launches_per_layer(form: WorkerCpuForm, has_prefill_chunk: bool) -> bool:

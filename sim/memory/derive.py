@@ -220,27 +220,16 @@ def derive_num_gpu_blocks(
         total, total_source = int(total_memory_bytes), MemorySource.GIVEN
     weights = weight_bytes(model, fmt, tp, gpu.compute_capability)
     if peak_activation_bytes is None:
+        sampler = sampler_paths(engine, release_of(vllm_release),
+                                min(max_num_batched_tokens, max_num_seqs), flashinfer_sampler)  # fmt: skip
         activation = estimate_peak_activation_bytes(
-            model,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            tp=tp,
-            sampler=sampler_paths(
-                engine,
-                release_of(vllm_release),
-                min(max_num_batched_tokens, max_num_seqs),
-                flashinfer_sampler,
-            ),
-        )
+            model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            tp=tp, sampler=sampler,
+        )  # fmt: skip
         activation_source = ActivationSource.ESTIMATED
     else:
         activation, activation_source = int(peak_activation_bytes), ActivationSource.MEASURED
-    if non_torch_bytes is None:
-        non_torch, non_torch_source = estimate_non_torch_bytes(engine, tp), "estimated"
-    elif non_torch_bytes < 0:
-        raise ValueError(f"non_torch_bytes must be >= 0, got {non_torch_bytes}")
-    else:
-        non_torch, non_torch_source = int(non_torch_bytes), "given"
+    non_torch, non_torch_source = _non_torch(engine, tp, non_torch_bytes)
     kv_dtype = kv_dtype or model.dtype
     one_block = block_bytes(
         model, block_size=block_size, kv_dtype=kv_dtype, tp=tp, kv_layout=kv_layout
@@ -248,13 +237,10 @@ def derive_num_gpu_blocks(
     cudagraphs = 0
     if engine is VllmEngine.V1:  # 0.20.0 gpu_worker.py:L420-425
         cudagraphs = cudagraph_estimate_bytes(
-            release=release_of(vllm_release),
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enforce_eager=enforce_eager,
-            env_override=estimate_cudagraphs,
-            compute_capability=gpu.compute_capability,
-        )
+            release=release_of(vllm_release), max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+            env_override=estimate_cudagraphs, compute_capability=gpu.compute_capability,
+        )  # fmt: skip
     # vLLM computes this in floating point then floors (int(...) in worker.py; // in V1).
     available = int(total * gpu_memory_utilization) - weights - activation - non_torch
     available -= cudagraphs
@@ -283,6 +269,16 @@ def derive_num_gpu_blocks(
         available_kv_bytes=available,
         cudagraph_bytes=cudagraphs,
     )
+
+
+def _non_torch(engine: VllmEngine, tp: int, given_bytes: int | None) -> tuple[int, str]:
+    """The non-torch memory (NCCL buffers, CUDA context) and where it came from: `given_bytes`
+    as given, None estimated (`sim.memory.terms.estimate_non_torch_bytes`)."""
+    if given_bytes is None:
+        return estimate_non_torch_bytes(engine, tp), "estimated"
+    if given_bytes < 0:
+        raise ValueError(f"non_torch_bytes must be >= 0, got {given_bytes}")
+    return int(given_bytes), "given"
 
 
 def _block_geometry(

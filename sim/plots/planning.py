@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from sim.plots.common import (
@@ -201,40 +202,61 @@ def capacity_band(
     fig, axes = figure(1, 1, width=9.0, height=2.4 + 0.6 * len(rows))
     ax = axes[0, 0]
     for i, row in rows.iterrows():
-        first = i == 0
-        ax.plot(
-            [row["capacity_slow_step_ci_low"], row["capacity_fast_step_ci_high"]],
-            [i, i],
-            color="C0",
-            linewidth=10,
-            alpha=0.2,
-            solid_capstyle="butt",
-            label="step-time band x seed interval" if first else None,
-        )
-        centre = row["capacity_rate_req_per_s"]
-        ax.errorbar(
-            centre,
-            i,
-            xerr=[[centre - row["capacity_ci_low"]], [row["capacity_ci_high"] - centre]],
-            fmt="o",
-            color="C0",
-            capsize=4,
-            label="central step time, 95% seed interval" if first else None,
-        )
-        ax.plot(
-            [row["capacity_slow_step_req_per_s"], row["capacity_fast_step_req_per_s"]],
-            [i, i],
-            linestyle="none",
-            marker="|",
-            markersize=16,
-            color="C3",
-            label="at the slow / fast step time" if first else None,
-        )
+        _capacity_row(ax, i, row, first=i == 0)
     ax.set_yticks(range(len(rows)), [short(c) if c else "scenario" for c in rows["config"]])
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_xlabel("capacity per replica (requests/s)")
-    # One wrapped line per band source (they can be long: a fit's file and why it extrapolates).
-    sources = [
+    sources = _band_sources(rows)
+    ax.set_title(
+        "\n".join(["Capacity with its seed interval and step-time band", *sources]),
+        fontsize="medium",
+    )
+    fig.legend(fontsize="small", loc="outside lower center", ncols=3)
+    ax.grid(alpha=0.3, axis="x")
+    if probes is None:
+        probes = table.attrs.get("probes")
+    text = subject_of(subject) or (table_subject(probes) if probes is not None else "")
+    name_figure(fig, text)
+    return fig
+
+
+def _capacity_row(ax: Axes, i: int, row: pd.Series, first: bool) -> None:
+    """Row `i` of `capacity_band`: the shaded span, the central answer with its seed interval,
+    the slow- and fast-step ticks (labelled for the legend on the `first` row only)."""
+    ax.plot(
+        [row["capacity_slow_step_ci_low"], row["capacity_fast_step_ci_high"]],
+        [i, i],
+        color="C0",
+        linewidth=10,
+        alpha=0.2,
+        solid_capstyle="butt",
+        label="step-time band x seed interval" if first else None,
+    )
+    centre = row["capacity_rate_req_per_s"]
+    ax.errorbar(
+        centre,
+        i,
+        xerr=[[centre - row["capacity_ci_low"]], [row["capacity_ci_high"] - centre]],
+        fmt="o",
+        color="C0",
+        capsize=4,
+        label="central step time, 95% seed interval" if first else None,
+    )
+    ax.plot(
+        [row["capacity_slow_step_req_per_s"], row["capacity_fast_step_req_per_s"]],
+        [i, i],
+        linestyle="none",
+        marker="|",
+        markersize=16,
+        color="C3",
+        label="at the slow / fast step time" if first else None,
+    )
+
+
+def _band_sources(rows: pd.DataFrame) -> list[str]:
+    """One wrapped line per band source (they can be long: a fit's file and why it
+    extrapolates)."""
+    return [
         textwrap.fill(f"band x{low:.3g}-x{high:.3g}: {source}", 90)
         for low, high, source in sorted(
             set(
@@ -247,17 +269,6 @@ def capacity_band(
             )
         )
     ]
-    ax.set_title(
-        "\n".join(["Capacity with its seed interval and step-time band", *sources]),
-        fontsize="medium",
-    )
-    fig.legend(fontsize="small", loc="outside lower center", ncols=3)
-    ax.grid(alpha=0.3, axis="x")
-    if probes is None:
-        probes = table.attrs.get("probes")
-    text = subject_of(subject) or (table_subject(probes) if probes is not None else "")
-    name_figure(fig, text)
-    return fig
 
 
 def _parse_limits(text: str) -> dict[str, float]:

@@ -16,7 +16,7 @@ from send to each streamed chunk; kvsim from arrival to each sampled token).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -30,7 +30,7 @@ from sim.engine.frontend import ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON, microbatch_tokenizer_for
 from sim.errors import InputError
 from sim.kv.types import Segment
-from sim.latency import band_of, scaled
+from sim.latency import StepTimeModel, band_of, scaled
 from sim.output.results import build_result
 from sim.scenario.overrides import apply_overrides
 from sim.scenario.resolve import ResolvedRun, resolve
@@ -331,10 +331,13 @@ def run_bench(
     *,
     band: bool = True,
     earlier_runs: Sequence[int] = (),
+    adapt_step_time: Callable[[StepTimeModel], StepTimeModel] | None = None,
 ) -> BenchRun:
     """Simulate the benchmark (and, with `band`, again at the step-time band's two ends).
     `earlier_runs`: the `--num-prompts` of the runs the same server took before this one,
-    oldest first, with the same dataset options (`sim.vllm_bench.server_history`)."""
+    oldest first, with the same dataset options (`sim.vllm_bench.server_history`).
+    `adapt_step_time`: the scenario's step-time model is replaced by what it returns for it
+    (e.g. another worker form of the same model, `MeasuredStepTime.with_worker_form`)."""
     requests = sample_requests(workload)
     if settings.max_concurrency is not None and settings.max_concurrency < 1:
         raise InputError(f"--max-concurrency {settings.max_concurrency}: must be greater than 0")
@@ -344,6 +347,8 @@ def run_bench(
         for n in earlier_runs
     ]
     resolved = prepared(scenario, base_dir)
+    if adapt_step_time is not None:
+        resolved = replace(resolved, step_time=adapt_step_time(resolved.step_time))
     nominal = simulate_bench(resolved, specs, settings, earlier=earlier)
     result, lines = benchmark_result(*outcomes(nominal, requests), settings)
     ends: dict[str, Any] = {}

@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from sim.latency.worker_form import WorkerCpuForm
+from sim.latency.worker_form import GpuFloors, WorkerCpuForm
 from tests.benchmarks.scripts import load_script
 
 forms = load_script("worker_forms")
@@ -39,12 +39,12 @@ def test_every_pre_registered_grid_value_is_its_decimal_literal():
 def test_launches_hide_where_every_step_of_the_replay_outlasts_them():
     """28 layers whose fastest step has 2 ms of kernels hide 28 x 50 us = 1.4 ms, not
     28 x 100 us = 2.8 ms; form C looks only at steps with a prefill chunk (none here)."""
-    floors = ({28: 2e-3}, {})
+    floors = GpuFloors(every_step={28: 2e-3})
     assert forms.hides_every_launch(floors, B, 50e-6)
     assert not forms.hides_every_launch(floors, B, 100e-6)
     assert forms.hides_every_launch(floors, C, 100e-6)
     # at equality nothing is exposed (exposed_launch_s's strict >)
-    assert forms.hides_every_launch(({4: 4 * 25e-6}, {}), B, 25e-6)
+    assert forms.hides_every_launch(GpuFloors(every_step={4: 4 * 25e-6}), B, 25e-6)
 
 
 @pytest.mark.slow
@@ -57,12 +57,10 @@ def test_the_shortcut_scores_what_a_full_replay_scores(form):
     points = [p for p in sa.load_points() if p.id in ids]
     _, scores = forms.fit_form(points, form, ((2.25e-3,), (50e-6, 150e-6)))
     for (prep_s, launch_s), score in scores.items():
-        with forms.worker_params(form, prep_s, launch_s):
-            assert score == sa._fit_score(sa.overhead_fit_points(points), ("TPOT/ITL",))
-    with forms.worker_params(A, 2.25e-3, 0.0):
-        floors_14b: tuple[dict[int, float], dict[int, float]] = ({}, {})
-        with forms.recording_gpu_floors(floors_14b):
-            sa.replay(points[1])
+        adapt = forms.worker_params(form, prep_s, launch_s)
+        assert score == sa._fit_score(sa.overhead_fit_points(points), ("TPOT/ITL",), adapt)
+    floors_14b = GpuFloors()
+    sa.replay(points[1], adapt_step_time=forms.worker_params(A, 2.25e-3, 0.0, floors_14b))
     assert forms.hides_every_launch(floors_14b, form, 150e-6)
     if form is B:  # a decode step of the 0.6B model exposes 150 us launches: it is replayed
         assert scores[(2.25e-3, 150e-6)] > scores[(2.25e-3, 50e-6)]
@@ -76,10 +74,10 @@ def test_no_per_layer_form_beats_the_fixed_term_on_the_fit_half():
     sa = forms.sa
     points = sa.load_points()
     errors: list[float] = []
-    floors: tuple[dict[int, float], dict[int, float]] = ({}, {})
-    with forms.worker_params(A, 2.25e-3, 0.0), forms.recording_gpu_floors(floors):
-        for point in sa.overhead_fit_points(points):
-            errors += forms._errors(point)
+    floors = GpuFloors()
+    recording = forms.worker_params(A, 2.25e-3, 0.0, floors)
+    for point in sa.overhead_fit_points(points):
+        errors += forms._errors(point, recording)
     fixed_score = statistics.median(errors)
     assert round(fixed_score, 4) == 0.0592
     assert forms.hides_every_launch(floors, B, 50e-6) and forms.hides_every_launch(floors, C, 50e-6)

@@ -8,8 +8,7 @@ step with a prefill chunk. c = 0 gives the shipped form A back, float for float.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import copy
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,9 @@ from hypothesis import strategies as st
 from sim.catalog import get_gpu, get_model
 from sim.latency import BatchShape, MeasuredStepTime
 from sim.latency import worker_form as wf
-from sim.latency.worker_form import WorkerCpuForm
+from sim.latency.measured import shipped_coefficients
+from sim.latency.measured_terms import V1_WORKER_STEP_S
+from sim.latency.worker_form import GpuFloors, WorkerCpuForm, WorkerForm
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASUREMENTS = ROOT / "sim/data/vllm_serving_measurements.yaml"
@@ -40,21 +41,11 @@ QWEN3_06B = _geometry("tt340-qwen3-0.6b-a100-in128-out128")  # 28 layers
 QWEN3_14B = _geometry("tt340-qwen3-14b-a100-in128-out128")  # 40 layers
 
 
-@contextmanager
-def _form(form: WorkerCpuForm, launch_s: float) -> Iterator[None]:
-    saved = wf.V1_WORKER_FORM, wf.V1_LAYER_LAUNCH_S
-    wf.V1_WORKER_FORM, wf.V1_LAYER_LAUNCH_S = form, launch_s
-    try:
-        yield
-    finally:
-        wf.V1_WORKER_FORM, wf.V1_LAYER_LAUNCH_S = saved
-
-
 def _model(
     geometry: dict, form: WorkerCpuForm = WorkerCpuForm.FIXED, launch_s: float = 0.0
 ) -> MeasuredStepTime:
-    with _form(form, launch_s):
-        return MeasuredStepTime(get_model(geometry), get_gpu("a100-80gb-sxm"))
+    worker = WorkerForm(form, launch_s)
+    return MeasuredStepTime(get_model(geometry), get_gpu("a100-80gb-sxm"), worker=worker)
 
 
 def _gpu_s(model: MeasuredStepTime, batch: BatchShape) -> float:
@@ -63,7 +54,7 @@ def _gpu_s(model: MeasuredStepTime, batch: BatchShape) -> float:
 
 
 def test_the_default_form_is_the_fixed_term_and_charges_no_layer_launch():
-    assert wf.V1_WORKER_FORM is WorkerCpuForm.FIXED
+    assert WorkerForm(WorkerCpuForm.FIXED, 0.0, None) == wf.SHIPPED_WORKER_FORM
     fixed = _model(QWEN3_06B)
     assert fixed.breakdown(BATCH_1)["launch_s"] == fixed._launch_s
 
@@ -98,9 +89,37 @@ def test_form_c_launches_per_layer_only_on_steps_with_a_prefill_chunk():
 
 
 def test_v0_never_takes_a_worker_form():
-    with _form(WorkerCpuForm.LAYER_LAUNCH, LAUNCH_S):
-        v0 = MeasuredStepTime(get_model(QWEN3_06B), get_gpu("a100-80gb-sxm"), engine="v0")
+    worker = WorkerForm(WorkerCpuForm.LAYER_LAUNCH, LAUNCH_S, worker_step_s=1e-3)
+    v0 = MeasuredStepTime(get_model(QWEN3_06B), get_gpu("a100-80gb-sxm"), engine="v0",
+                          worker=worker)  # fmt: skip
+    plain = MeasuredStepTime(get_model(QWEN3_06B), get_gpu("a100-80gb-sxm"), engine="v0")
     assert v0.breakdown(BATCH_1)["launch_s"] == v0._launch_s
+    assert v0.predict_s(BATCH_1) == plain.predict_s(BATCH_1)
+
+
+def test_a_forms_prep_time_replaces_the_coefficients_and_the_shipped_one():
+    """WorkerForm.worker_step_s is P: the step's fixed overhead moves by P - 2.25 ms, as a
+    coefficients file's own `worker_step_s` moves it; None keeps the shipped 2.25 ms."""
+    gpu = get_gpu("a100-80gb-sxm")
+    co = copy.deepcopy(shipped_coefficients())
+    co["engine"]["v1"]["worker_step_s"] = 1.5e-3
+    from_file = MeasuredStepTime(get_model(QWEN3_06B), gpu, coefficients=co)
+    from_form = _model(QWEN3_06B).with_worker_form(WorkerForm(worker_step_s=1.5e-3))
+    assert from_form.predict_s(BATCH_1) == from_file.predict_s(BATCH_1)
+    shipped = _model(QWEN3_06B)
+    moved_s = shipped.engine_overhead_s(BATCH_1) - from_form.engine_overhead_s(BATCH_1)
+    assert moved_s == pytest.approx(V1_WORKER_STEP_S - 1.5e-3, rel=1e-9)
+    overridden = MeasuredStepTime(get_model(QWEN3_06B), gpu, coefficients=co,
+                                  worker=WorkerForm(worker_step_s=2e-3))  # fmt: skip
+    assert overridden.engine_overhead_s(BATCH_1) > from_file.engine_overhead_s(BATCH_1)
+
+
+def test_with_worker_form_is_the_model_built_with_that_form():
+    layered = WorkerForm(WorkerCpuForm.LAYER_LAUNCH, LAUNCH_S)
+    rebuilt = _model(QWEN3_06B).with_worker_form(layered)
+    built = _model(QWEN3_06B, WorkerCpuForm.LAYER_LAUNCH, LAUNCH_S)
+    for batch in (BATCH_1, BatchShape((192, 4000), ((0, 8),)), BatchShape((), ((100, 512),))):
+        assert rebuilt.breakdown(batch) == built.breakdown(batch)
 
 
 #: Qwen3-0.6B (28 layers) under every form and c: its 1.99 ms batch-1 decode kernels are
@@ -166,13 +185,30 @@ def test_exposed_launch_is_what_the_gpu_does_not_hide(launch_s, gpu_s, more_s):
 
 @settings(max_examples=40, deadline=None)
 @given(batch=batches)
-def test_a_model_built_while_recording_prices_every_step_the_same(batch):
-    """`worker_form.RECORD_GPU_FLOORS` (the form comparison's recorder) only routes the default
-    form's steps through `_launch_term_s`; the step time is the same float."""
-    wf.RECORD_GPU_FLOORS = True
-    try:
-        recording = _model(QWEN3_06B)
-    finally:
-        wf.RECORD_GPU_FLOORS = False
+def test_a_model_recording_its_gpu_floors_prices_every_step_the_same(batch):
+    """A `GpuFloors` recorder (the form comparison's) only routes the default form's steps
+    through `_launch_term_s`; the step time is the same float, and the floor is that step's
+    GPU work (a lone step: its own)."""
+    floors = GpuFloors()
+    recording = FIXED.with_worker_form(wf.SHIPPED_WORKER_FORM, floors)
     assert recording._launch_per_step and not FIXED._launch_per_step
     assert recording.predict_s(batch) == FIXED.predict_s(batch)
+    if batch.num_tokens:
+        assert floors.every_step[28] == pytest.approx(_gpu_s(FIXED, batch), rel=1e-12)
+        assert (28 in floors.prefill_steps) == bool(batch.prefill_chunks)
+
+
+def test_the_floors_are_the_least_gpu_time_per_layer_count_and_step_kind():
+    """Two models (28 and 40 layers) share one recorder: each layer count keeps its fastest
+    step, and the prefill floor only steps with a chunk (a decode is faster than any of them)."""
+    floors = GpuFloors()
+    small = _model(QWEN3_06B).with_worker_form(wf.SHIPPED_WORKER_FORM, floors)
+    large = _model(QWEN3_14B).with_worker_form(wf.SHIPPED_WORKER_FORM, floors)
+    chunk, long_decode = BatchShape((192,), ((0, 512),)), BatchShape((192, 8000), ())
+    for model in (small, large):
+        for batch in (long_decode, chunk, BATCH_1):
+            model.predict_s(batch)
+    every = {28: _gpu_s(small, BATCH_1), 40: _gpu_s(large, BATCH_1)}
+    assert floors.every_step == pytest.approx(every, rel=1e-12)
+    prefill = {28: _gpu_s(small, chunk), 40: _gpu_s(large, chunk)}
+    assert floors.prefill_steps == pytest.approx(prefill, rel=1e-12)

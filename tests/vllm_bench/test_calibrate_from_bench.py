@@ -15,13 +15,10 @@ from sim.catalog import get_gpu
 from sim.latency.measured import MeasuredStepTime, shipped_coefficients
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
-from sim.vllm_bench.calibrate import (
-    Factors,
-    coefficients_document,
-    fit_from_bench,
-    read_bench_file,
-    scaled_coefficients,
-)
+from sim.vllm_bench.bench_files import read_bench_file
+from sim.vllm_bench.calibrate import fit_from_bench
+from sim.vllm_bench.calibrate_output import coefficients_document
+from sim.vllm_bench.coefficient_scaling import Factors, scaled_coefficients
 from sim.vllm_bench.metrics import BenchSettings, result_json
 
 WORKLOAD = WorkloadOptions(num_prompts=30, random_input_len=256, random_output_len=32)

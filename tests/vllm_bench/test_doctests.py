@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["sim.vllm_bench.serve_line", "sim.vllm_bench.importer", "sim.vllm_bench.models",
-           "sim.vllm_bench.datasets", "sim.vllm_bench.arrivals"]  # fmt: skip
+           "sim.vllm_bench.datasets", "sim.vllm_bench.arrivals", "sim.vllm_bench.log_pool"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MODULES)
