@@ -204,13 +204,21 @@ class MeasuredStepTime:
             self.model, self.gpu, **self._options, worker=worker, gpu_floors=gpu_floors
         )
 
+    def with_coefficients(self, coefficients: dict[str, Any]) -> MeasuredStepTime:
+        """The same model, GPU, options and worker form with other coefficients: what
+        `kvsim calibrate --from-bench` replays each candidate scaling with."""
+        options = {**self._options, "coefficients": coefficients}
+        return MeasuredStepTime(
+            self.model, self.gpu, **options, worker=self._worker, gpu_floors=self._gpu_floors
+        )
+
     def _setup_engine(
         self, eng: dict[str, Any], worker: WorkerForm, gpu_floors: GpuFloors | None
     ) -> None:
         """The engine's CPU work per step and the launch term's form, from `eng` (`self.engine`'s
         coefficients) and `worker` (V1's worker form; a v0 engine has none); `gpu_floors`
         records every priced step's GPU time (None: nothing is recorded)."""
-        self._gpu_floors = gpu_floors
+        self._gpu_floors, self._worker = gpu_floors, worker
         #: V1: plus the model runner's per-step CPU work (`terms.V1_WORKER_STEP_S`; a
         #: coefficients file may carry its own, `worker_step_s`, as calibrate's scaling does,
         #: and a worker form its own again)

@@ -30,14 +30,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from sim.errors import InputError
 from sim.latency.measured import MeasuredStepTime
 from sim.latency.measured_fit import nelder_mead
-from sim.scenario.configs import kv_dtype_of
 from sim.scenario.schema import Scenario
 from sim.vllm_bench.arrivals import send_times
 from sim.vllm_bench.bench import (
@@ -92,11 +90,6 @@ class Replayer:
             )
         self.scenario, self.files = scenario, files
         self.base_coefficients = base_coefficients(scenario, base_dir)
-        base = self.resolved.step_time
-        self._model_args: dict[str, Any] = dict(
-            tp=base.tp, engine=base.engine, p2p=base.p2p, release=base.release,
-            kv_dtype=kv_dtype_of(scenario.cache),
-        )  # fmt: skip
         self._inputs = []
         for f in files:
             requests = sample_requests(f.workload)
@@ -109,8 +102,10 @@ class Replayer:
         base = self.resolved.step_time
         assert isinstance(base, MeasuredStepTime)
         coefficients = scaled_coefficients(self.base_coefficients, base.gpu, factors)
-        model = MeasuredStepTime(base.model, base.gpu, coefficients=coefficients,
-                                 **self._model_args)  # fmt: skip
+        # The scenario's own model with only the coefficients swapped: its weight dtype, KV
+        # dtype, release and worker form stay (rebuilding it from a list of options dropped the
+        # weight dtype, so a quantized scenario was calibrated as bf16).
+        model = base.with_coefficients(coefficients)
         run = dataclasses.replace(self.resolved, step_time=model)
         out = []
         for f, (requests, specs) in zip(self.files, self._inputs, strict=True):

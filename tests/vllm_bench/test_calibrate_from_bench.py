@@ -16,7 +16,7 @@ from sim.latency.measured import MeasuredStepTime, shipped_coefficients
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
 from sim.vllm_bench.bench_files import read_bench_file
-from sim.vllm_bench.calibrate import fit_from_bench
+from sim.vllm_bench.calibrate import Replayer, fit_from_bench
 from sim.vllm_bench.calibrate_output import coefficients_document
 from sim.vllm_bench.coefficient_scaling import Factors, scaled_coefficients
 from sim.vllm_bench.metrics import BenchSettings, result_json
@@ -293,3 +293,28 @@ def test_from_log_without_a_scenario_imports_the_server_the_log_started(measured
     pool = provenance["pool_from_log"]
     assert pool["num_gpu_blocks"] == 10_000
     assert (pool["vllm_version_logged"], pool["vllm_version_modelled"]) == ("0.11.0", "0.11.0")
+
+
+@pytest.mark.parametrize("model_dtype", ["auto", "fp8"])
+def test_calibrate_replays_a_quantized_scenario_with_its_weight_dtype(model_dtype, tmp_path):
+    """Regression (calibrate_replay_dropped_weight_dtype): `Replayer` rebuilt the step-time
+    model from a list of options without the weight dtype, so an fp8 scenario was calibrated
+    as bf16. At unit factors its replay must be the scenario's own `kvsim bench serve` run,
+    and fp8 weights must make that run faster than bf16's (so the test sees the dtype)."""
+    data = _scenario_dict()
+    data["model_dtype"] = model_dtype
+    scenario = scenario_from_dict(data, str(tmp_path / "s.yaml"))
+    settings = BenchSettings(request_rate=math.inf, max_concurrency=1)
+    run = run_bench(scenario, tmp_path, WORKLOAD, settings, band=False)
+    doc = result_json(run.result, settings, date="d", model_id="m", num_prompts=30)
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    replayer = Replayer(scenario, tmp_path, [read_bench_file(path, WORKLOAD)])
+    [replayed] = replayer.replay(Factors.single(1.0, 1.0))
+    assert replayed, "nothing compared"
+    for metric, value in replayed.items():
+        assert value == pytest.approx(float(run.result[metric]), rel=1e-9), metric
+    if model_dtype == "fp8":
+        bf16 = scenario_from_dict(_scenario_dict(), str(tmp_path / "b.yaml"))
+        slower = run_bench(bf16, tmp_path, WORKLOAD, settings, band=False).result
+        assert float(run.result["mean_tpot_ms"]) < float(slower["mean_tpot_ms"])
