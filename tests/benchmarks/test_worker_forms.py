@@ -69,7 +69,8 @@ def test_the_shortcut_scores_what_a_full_replay_scores(form):
 @pytest.mark.slow
 def test_no_per_layer_form_beats_the_fixed_term_on_the_fit_half():
     """docs/accuracy.md's negative result (~10 min): forms B and C, over their pre-registered
-    grids, score at best the fixed term's 5.92% (at 2.25 ms, c = 50 us), so the rule keeps A;
+    grids, score at best the fixed term's 6.52% on the 22 fit points (5.92% on the 18 before
+    tt340's Qwen3-1.7B rows; both at 2.25 ms, c = 50 us), so the rule keeps A;
     there every fit point's form-A replay hides the launches, so B and C replay as A does."""
     sa = forms.sa
     points = sa.load_points()
@@ -79,7 +80,7 @@ def test_no_per_layer_form_beats_the_fixed_term_on_the_fit_half():
     for point in sa.overhead_fit_points(points):
         errors += forms._errors(point, recording)
     fixed_score = statistics.median(errors)
-    assert round(fixed_score, 4) == 0.0592
+    assert round(fixed_score, 4) == 0.0652
     assert forms.hides_every_launch(floors, B, 50e-6) and forms.hides_every_launch(floors, C, 50e-6)
     assert not forms.hides_every_launch(floors, B, 75e-6)
     best = {A: fixed_score}
