@@ -192,9 +192,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def _model_id(model: Any) -> str:
-    if isinstance(model, dict):
-        return str(model.get("name", "model"))
-    return str(model)
+    from sim.vllm_bench.bench import model_name
+
+    return model_name(model) or "model"
 
 
 def _result_path(

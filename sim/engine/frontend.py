@@ -189,8 +189,8 @@ class FrontendLoop:
         self._server_of[request.request_id] = self._next_server
         self._next_server = (self._next_server + 1) % self.num_servers
         costs = self.costs
-        free = costs.request_s == costs.prompt_token_s == costs.hand_off_s == costs.chat_template_s
-        free = free and costs.request_s == 0.0
+        free = not any((costs.request_s, costs.chat_template_s, costs.prompt_token_s,
+                        costs.hand_off_s))  # fmt: skip
         if free and not self._batchers:
             self.deliver_to_engine(request)  # free input work: at once, in the caller's turn
             return

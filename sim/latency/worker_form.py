@@ -34,7 +34,7 @@ The forms (pre-registered 2026-12-05, before any fit of forms B or C was run; at
 fitted parameters each):
 
 A. FIXED (the shipped form): sync step = GPU + Vidur overhead + P. One parameter,
-   P = `V1_WORKER_STEP_S`; fit-half score 5.92% at 2.25 ms (`--fit-overhead`).
+   P = `V1_WORKER_STEP_S`; fit-half score 6.52% at 2.25 ms on 22 points (`--fit-overhead`).
 B. LAYER_LAUNCH (the 0.8-0.10 servers' PIECEWISE decode): sync step = Vidur overhead + P +
    graph launch + max(GPU, L x c) on every V1 step; P = `V1_WORKER_STEP_S` (input prep and
    output sync), c = `WorkerForm.layer_launch_s` (one layer's piece and attention launch, CPU).
