@@ -510,6 +510,20 @@ def test_tt340_prompts_are_one_token_shorter_than_their_isl():
         assert "benchmark_utils.py#L216-L268" in p.raw["notes"], p.id
 
 
+def test_vllm20469_kv_pool_holds_the_stated_26_requests_of_16384_tokens():
+    """vllm #20469's description states that the server reported a maximum concurrency of 26
+    for its launch (Qwen3-14B-AWQ, one A100 80GB, --gpu-memory-utilization 0.95,
+    --max-model-len 16384, --enforce-eager): the replay's derived KV pool must hold 26, and not
+    27, requests of 16,384 tokens (vLLM prints the pool's tokens over max_model_len)."""
+    from sim.vllm_bench.bench import prepared
+
+    point = next(p for p in POINTS if p.id.startswith("vllm20469-"))
+    assert "maximum concurrency of 26" in point.raw["notes"]
+    scenario = accuracy.scenario_for(point, accuracy.kvsim_release(point.raw["vllm_version"]))
+    kv_tokens = prepared(scenario, ROOT).inputs["memory"]["num_kv_tokens"]
+    assert kv_tokens // 16384 == 26
+
+
 def test_tt143_ttfts_are_kept_out_as_warm_not_cold_prefills():
     """tenstorrent #143's TTFTs (the tool of #340, whose client first sends trace-capture
     requests) are not cold prefills: 2,048 tokens in 149.5 ms, where 4,096 take 505.1 ms and
