@@ -155,13 +155,18 @@ def test_an_entry_with_a_bad_endpoint_is_refused_naming_file_entry_and_field(tmp
 
 def test_each_endpoint_is_the_sources_client_or_the_assumed_default():
     """`endpoint: chat` exactly where the entry's notes give the client's `--backend
-    openai-chat`; everywhere else the source names no chat client, so the entry takes
-    `vllm bench serve`'s default backend (openai: completions) and lists `endpoint` as assumed."""
+    openai-chat`; `completions`, stated, where they give `--backend vllm` or `--backend openai`
+    (vllm #20469's command, tenstorrent's client code); everywhere else the source names no
+    client backend, so the entry takes `vllm bench serve`'s default backend (openai:
+    completions) and lists `endpoint` as assumed."""
     for p in POINTS:
-        stated_chat = "--backend openai-chat" in str(p.raw.get("notes", ""))
+        notes = str(p.raw.get("notes", ""))
+        stated_chat = "--backend openai-chat" in notes
+        stated_completions = re.search(r"--backend (vllm|openai)(?![\w-])", notes) is not None
+        assert not (stated_chat and stated_completions), p.id
         assert (p.endpoint.value == "chat") == stated_chat, p.id
-        if not stated_chat:
-            assert "endpoint" in p.raw["assumed"], p.id
+        stated = stated_chat or stated_completions
+        assert ("endpoint" in p.raw["assumed"]) == (not stated), p.id
 
 
 @pytest.mark.parametrize("point", POINTS, ids=[p.id for p in POINTS])
@@ -485,6 +490,38 @@ def test_tt143_replays_under_the_fewest_launch_flags_its_table_needs():
     bare = dict(TT143[0].raw, serve_flags_assumed=None)
     refused = accuracy.replay(accuracy.Point(bare, TT143[0].split))
     assert "no memory left for KV-cache blocks" in refused.skipped
+
+
+def test_tt340_prompts_are_one_token_shorter_than_their_isl():
+    """tenstorrent #340's client (the `cleaned-random` dataset of tstescoTT/vllm's
+    benchmarking-script-fixes branch, benchmark_utils.py L237-251) builds each prompt from
+    ISL - 1 token ids and truncates its re-encoding to that length, so a row of ISL 128 sends
+    127-token Qwen prompts (no BOS): the replay's input_len is the ISL the id names minus one, at
+    a fixed length, with the client's --backend vllm and --ignore-eos no longer assumed."""
+    tt340 = [p for p in POINTS if p.id.startswith("tt340-")]
+    assert len(tt340) == 21
+    for p in tt340:
+        isl = int(re.search(r"-in(\d+)-out", p.id).group(1))
+        workload = p.raw["workload"]
+        assert workload["input_len"] == isl - 1, p.id
+        assert workload["random_range_ratio"] == 0.0 and workload["num_special_tokens"] == 0, p.id
+        assert workload["ignore_eos"] is True and p.endpoint.value == "completions", p.id
+        assert not {"endpoint", "ignore_eos", "random_range_ratio"} & set(p.raw["assumed"]), p.id
+        assert "benchmark_utils.py#L216-L268" in p.raw["notes"], p.id
+
+
+def test_vllm20469_kv_pool_holds_the_stated_26_requests_of_16384_tokens():
+    """vllm #20469's description states that the server reported a maximum concurrency of 26
+    for its launch (Qwen3-14B-AWQ, one A100 80GB, --gpu-memory-utilization 0.95,
+    --max-model-len 16384, --enforce-eager): the replay's derived KV pool must hold 26, and not
+    27, requests of 16,384 tokens (vLLM prints the pool's tokens over max_model_len)."""
+    from sim.vllm_bench.bench import prepared
+
+    point = next(p for p in POINTS if p.id.startswith("vllm20469-"))
+    assert "maximum concurrency of 26" in point.raw["notes"]
+    scenario = accuracy.scenario_for(point, accuracy.kvsim_release(point.raw["vllm_version"]))
+    kv_tokens = prepared(scenario, ROOT).inputs["memory"]["num_kv_tokens"]
+    assert kv_tokens // 16384 == 26
 
 
 def test_tt143_ttfts_are_kept_out_as_warm_not_cold_prefills():
