@@ -61,6 +61,7 @@ from sim.latency import measured_terms as terms
 from sim.latency import worker_form
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
+from sim.latency.interconnect import HOST_STAGED_ALGBW_GBPS
 from sim.latency.measured_layers import LayerKernels, fitted_allreduce_cost
 from sim.latency.quantized import body_gemm_formats
 from sim.latency.worker_form import SHIPPED_WORKER_FORM, GpuFloors, WorkerForm
@@ -148,6 +149,7 @@ class MeasuredStepTime:
         weight_dtype: str | None = None,
         worker: WorkerForm = SHIPPED_WORKER_FORM,
         gpu_floors: GpuFloors | None = None,
+        host_staged_algbw_GBps: float = HOST_STAGED_ALGBW_GBPS,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -155,10 +157,10 @@ class MeasuredStepTime:
             raise ValueError(f"engine must be one of {ENGINE_GENERATIONS}, got {engine!r}")
         co = coefficients or shipped_coefficients()
         self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
-        #: what `with_worker_form` rebuilds the model from
+        #: what `_rebuilt` (the `with_*` methods) builds the model again from
         self._options: dict[str, Any] = dict(
             tp=tp, engine=engine, kv_dtype=kv_dtype, coefficients=co, p2p=p2p, release=release,
-            weight_dtype=weight_dtype,
+            weight_dtype=weight_dtype, host_staged_algbw_GBps=host_staged_algbw_GBps,
         )  # fmt: skip
         self.fitted_gpu = nearest_fitted_gpu(gpu, co["gpus"])
         #: False: the GPUs lack peer access and all-reduce goes through host memory
@@ -184,7 +186,9 @@ class MeasuredStepTime:
         self._bw = gpu.bandwidth_Bps
         self._L = model.num_layers
         #: None at tp 1; otherwise charges each message by the backend vLLM picks for it
-        self.allreduce_cost = fitted_allreduce_cost(c, gpu, tp, p2p=p2p, release=release)
+        self.allreduce_cost = fitted_allreduce_cost(
+            c, gpu, tp, p2p=p2p, release=release, host_staged_algbw_GBps=host_staged_algbw_GBps
+        )
         #: gemm_s, non_gemm_s, allreduce_s and lm_head_s by token count (cached)
         self._kernels = LayerKernels(
             model, tp, self.gemm_formats, self._peak, self._bw, c, self.allreduce_cost
@@ -200,17 +204,23 @@ class MeasuredStepTime:
     ) -> MeasuredStepTime:
         """The same model, GPU, coefficients and options under another worker form (and
         recording into `gpu_floors`): what benchmarks/worker_forms.py replays each form with."""
-        return MeasuredStepTime(
-            self.model, self.gpu, **self._options, worker=worker, gpu_floors=gpu_floors
-        )
+        return self._rebuilt(worker=worker, gpu_floors=gpu_floors)
 
     def with_coefficients(self, coefficients: dict[str, Any]) -> MeasuredStepTime:
         """The same model, GPU, options and worker form with other coefficients: what
         `kvsim calibrate --from-bench` replays each candidate scaling with."""
-        options = {**self._options, "coefficients": coefficients}
-        return MeasuredStepTime(
-            self.model, self.gpu, **options, worker=self._worker, gpu_floors=self._gpu_floors
-        )
+        return self._rebuilt(coefficients=coefficients)
+
+    def with_host_staged_algbw(self, tp2_algbw_GBps: float) -> MeasuredStepTime:
+        """The same model with the all-reduce through host memory (no peer access,
+        `sim.latency.interconnect`) at another TP-2 bandwidth: what
+        benchmarks/serving_accuracy.py `fit_host_staged_algbw` replays each candidate with."""
+        return self._rebuilt(host_staged_algbw_GBps=tp2_algbw_GBps)
+
+    def _rebuilt(self, **changes: Any) -> MeasuredStepTime:
+        """This model built again from its own arguments, `changes` replacing some of them."""
+        kept = {**self._options, "worker": self._worker, "gpu_floors": self._gpu_floors}
+        return MeasuredStepTime(self.model, self.gpu, **{**kept, **changes})
 
     def _setup_engine(
         self, eng: dict[str, Any], worker: WorkerForm, gpu_floors: GpuFloors | None

@@ -433,6 +433,51 @@ def test_the_v1_worker_grid_holds_its_decimal_values_regression():
     )
 
 
+def test_a_fit_candidate_reaches_the_measured_model_and_patches_no_module():
+    """`StepTimeCandidate` (what `_grid_search` hands each replay): the shipped value gives the
+    shipped model's step time, another value moves it, a non-measured model is kept, and the
+    modules' constants are never written (the fits used to set them and restore them)."""
+    from sim.catalog import get_gpu, get_model
+    from sim.latency import interconnect, measured_terms
+    from sim.latency.batch import BatchShape
+    from sim.latency.linear import LinearStepTime
+    from sim.latency.measured import MeasuredStepTime
+
+    model, gpu = get_model("qwen2.5-7b"), get_gpu("a100-80gb-sxm")
+    prefill = BatchShape(decode_context_tokens=(), prefill_chunks=((0, 2048),))
+    no_p2p = MeasuredStepTime(model, gpu, tp=2, p2p=False)
+    v1 = MeasuredStepTime(model, gpu)
+    constants = (interconnect.HOST_STAGED_ALGBW_GBPS, measured_terms.V1_WORKER_STEP_S)
+    for shipped, other, step_time in (
+        (accuracy.StepTimeCandidate(host_staged_algbw_GBps=constants[0]),
+         accuracy.StepTimeCandidate(host_staged_algbw_GBps=3.0), no_p2p),
+        (accuracy.StepTimeCandidate(v1_worker_step_s=constants[1]),
+         accuracy.StepTimeCandidate(v1_worker_step_s=0.0), v1),
+    ):  # fmt: skip
+        assert shipped(step_time).breakdown(prefill) == step_time.breakdown(prefill)
+        assert other(step_time).predict_s(prefill) != step_time.predict_s(prefill)
+    linear = LinearStepTime(fixed_s=1e-3)
+    assert accuracy.StepTimeCandidate(v1_worker_step_s=0.0)(linear) is linear
+    assert constants == (interconnect.HOST_STAGED_ALGBW_GBPS, measured_terms.V1_WORKER_STEP_S)
+
+
+def test_a_v1_worker_candidate_moves_a_replay_only_off_the_shipped_value():
+    """End to end through `replay`'s `adapt_step_time`: the shipped P replays the point as the
+    table does, P = 0 lowers its predicted TPOT (a seam that dropped the candidate would not)."""
+    point = next(p for p in POINTS if p.id == SMALL[0])
+    from sim.latency.measured_terms import V1_WORKER_STEP_S
+
+    table_rows = accuracy.replay(point).rows
+    shipped = accuracy.replay(point, adapt_step_time=accuracy.StepTimeCandidate(
+        v1_worker_step_s=V1_WORKER_STEP_S)).rows  # fmt: skip
+    assert shipped == table_rows
+    none = accuracy.replay(point, adapt_step_time=accuracy.StepTimeCandidate(v1_worker_step_s=0.0))
+    tpot = [row for row in none.rows if row.metric == "mean_tpot_ms"]
+    assert tpot and tpot[0].predicted < next(
+        row.predicted for row in table_rows if row.metric == "mean_tpot_ms"
+    )
+
+
 @pytest.mark.slow
 def test_the_v1_worker_step_is_what_the_fit_half_asks_for_and_not_a_grid_edge():
     """sim.latency.measured_terms.V1_WORKER_STEP_S is the fit half's choice (~4 min): refitting
