@@ -54,8 +54,8 @@ import yaml
 from serving_sources import PointErrors, source_table  # benchmarks/ is the script's folder
 
 from sim.data.split import load_split_entries
+from sim.engine.api_server import VLLM_API_SERVER, ApiServer
 from sim.engine.chat_template import Endpoint
-from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 from sim.latency import StepTimeModel
@@ -644,7 +644,7 @@ def main(argv: list[str] | None = None, adapt_step_time: AdaptStepTime | None = 
     started = time.perf_counter()
     if args.fit_frontend:
         costs, _ = fit_frontend(load_points(), echo=lambda line: print(line, flush=True))
-        print(f"best: {costs} (sim.engine.frontend.VLLM_API_SERVER)")
+        print(f"best: {costs} (sim.engine.api_server.VLLM_API_SERVER)")
         return 0
     if args.fit_p2p:
         best, scores = fit_host_staged_algbw(load_points())

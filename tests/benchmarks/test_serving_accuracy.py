@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
 from sim.data.split import assign_split, source_key
-from sim.engine.frontend import VLLM_API_SERVER
+from sim.engine.api_server import VLLM_API_SERVER
 from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,7 +302,7 @@ def test_the_api_server_costs_lie_on_the_fit_grids_within_the_streaming_bound():
 
 @pytest.mark.slow
 def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
-    """sim.engine.frontend.VLLM_API_SERVER's fitted costs score no worse on the fit half than
+    """sim.engine.api_server.VLLM_API_SERVER's fitted costs score no worse on the fit half than
     their grid neighbours under `fit_frontend`'s objective (`frontend_score`: the mean over
     each group's points of |ln(predicted / measured)|, then over the groups): moving any one
     of them one grid step either way, within the streaming bound, does not lower it (7
