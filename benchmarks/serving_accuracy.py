@@ -54,11 +54,13 @@ import yaml
 from serving_sources import PointErrors, source_table  # benchmarks/ is the script's folder
 
 from sim.data.split import load_split_entries
+from sim.engine.api_server import VLLM_API_SERVER, ApiServer
 from sim.engine.chat_template import Endpoint
-from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 from sim.latency import StepTimeModel
+from sim.latency.measured import MeasuredStepTime
+from sim.latency.worker_form import WorkerForm
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench
 from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop
@@ -415,6 +417,34 @@ def select(points: list[Point], ids: str | None, limit: int | None) -> list[Poin
 HOST_STAGED_GRID_GBPS = (5.5, 6.0, 6.5, 7.0, 7.5)
 
 
+@dataclass(frozen=True, slots=True)
+class StepTimeCandidate:
+    """A fit's candidate for one of the measured step-time model's fitted constants, given to
+    every replay of the fit as its `adapt_step_time` (None: the shipped value; nothing in
+    `sim` is patched). A measured model is rebuilt with it; another model is kept (only the
+    measured model has these terms, and a `p2p: false` scenario requires it).
+
+    `host_staged_algbw_GBps`: the all-reduce bandwidth at TP 2 without peer access
+    (`sim.latency.interconnect.HOST_STAGED_ALGBW_GBPS`); `v1_worker_step_s`: the V1 model
+    runner's per-step CPU time, P of the shipped worker form A
+    (`sim.latency.measured_terms.V1_WORKER_STEP_S`, `sim.latency.worker_form`). Example:
+    StepTimeCandidate(host_staged_algbw_GBps=7.0) replays a TP-2 point without peer access
+    with its all-reduces at 7 GB/s instead of 6.5.
+    """
+
+    host_staged_algbw_GBps: float | None = None
+    v1_worker_step_s: float | None = None
+
+    def __call__(self, model: StepTimeModel) -> StepTimeModel:
+        if not isinstance(model, MeasuredStepTime):
+            return model
+        if self.host_staged_algbw_GBps is not None:
+            model = model.with_host_staged_algbw(self.host_staged_algbw_GBps)
+        if self.v1_worker_step_s is not None:
+            model = model.with_worker_form(WorkerForm(worker_step_s=self.v1_worker_step_s))
+        return model
+
+
 def fit_host_staged_algbw(
     points: list[Point], grid_GBps: tuple[float, ...] = HOST_STAGED_GRID_GBPS
 ) -> tuple[float, dict[float, float]]:
@@ -422,10 +452,9 @@ def fit_host_staged_algbw(
     half of the `p2p: false` points asks for: the grid value with the smallest median |error|
     over their TTFT, TPOT/ITL and throughput. Returns (best, median |error| per value).
     The held-out half is not read."""
-    from sim.latency import interconnect
-
     fit = [p for p in points if p.raw.get("p2p") is False and p.split == "fit"]
-    return _grid_search(interconnect, "HOST_STAGED_ALGBW_GBPS", grid_GBps, fit, GROUPS)
+    candidates = {bw: StepTimeCandidate(host_staged_algbw_GBps=bw) for bw in grid_GBps}
+    return _grid_search(candidates, fit, GROUPS)
 
 
 def _fit_score(
@@ -444,19 +473,11 @@ def _fit_score(
 
 
 def _grid_search(
-    module: Any, name: str, grid: tuple[float, ...], fit: list[Point], groups: Iterable[str]
+    candidates: dict[float, StepTimeCandidate], fit: list[Point], groups: Iterable[str]
 ) -> tuple[float, dict[float, float]]:
-    """Set `module.name` to each grid value in turn (restored after), replay `fit`, and score
-    each value by the median |error| over the metric `groups`; the best value (ties: the
-    smaller) and every score."""
-    saved = getattr(module, name)
-    scores: dict[float, float] = {}
-    try:
-        for value in grid:
-            setattr(module, name, value)
-            scores[value] = _fit_score(fit, groups)
-    finally:
-        setattr(module, name, saved)
+    """Replay `fit` under each grid value's candidate in turn and score the value by the median
+    |error| over the metric `groups`; the best value (ties: the smaller) and every score."""
+    scores = {value: _fit_score(fit, groups, candidate) for value, candidate in candidates.items()}
     return min(scores, key=lambda v: (scores[v], v)), scores
 
 
@@ -490,10 +511,9 @@ def fit_v1_worker_step(
     that the fit half asks for: the grid value with the smallest median |TPOT/ITL error| over
     `overhead_fit_points` (ties: the smaller value). Returns (best, median |error| per value).
     The held-out half is not read."""
-    from sim.latency import measured_terms
-
     fit = overhead_fit_points(points)
-    return _grid_search(measured_terms, "V1_WORKER_STEP_S", grid_s, fit, ("TPOT/ITL",))
+    candidates = {value: StepTimeCandidate(v1_worker_step_s=value) for value in grid_s}
+    return _grid_search(candidates, fit, ("TPOT/ITL",))
 
 
 #: The grids `fit_frontend` searches, one `ApiServer` field at a time (seconds). Streaming is
@@ -624,7 +644,7 @@ def main(argv: list[str] | None = None, adapt_step_time: AdaptStepTime | None = 
     started = time.perf_counter()
     if args.fit_frontend:
         costs, _ = fit_frontend(load_points(), echo=lambda line: print(line, flush=True))
-        print(f"best: {costs} (sim.engine.frontend.VLLM_API_SERVER)")
+        print(f"best: {costs} (sim.engine.api_server.VLLM_API_SERVER)")
         return 0
     if args.fit_p2p:
         best, scores = fit_host_staged_algbw(load_points())

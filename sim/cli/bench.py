@@ -123,8 +123,8 @@ def bench_serve_command(
     ),
 ) -> None:
     """Simulate `vllm bench serve` against the scenario's server; print vLLM's result block."""
+    from sim.engine.api_server import VLLM_API_SERVER
     from sim.engine.chat_template import endpoint_of_backend
-    from sim.engine.frontend import VLLM_API_SERVER
     from sim.files.outdir import check_output_file, write_text_atomic
     from sim.scenario.schema import load_scenario, naming
     from sim.vllm_bench.bench import WorkloadOptions, metric_band, run_bench

@@ -24,6 +24,8 @@ import typer
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from sim.catalog import GpuSpec, ModelSpec
+    from sim.latency import StepTimeModel
     from sim.latency.batch import BatchShape
 
 _DECODE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
@@ -175,34 +177,15 @@ def step_report(
     does for a scenario pinning it.
     """
     from sim.catalog import get_gpu, get_model
-    from sim.kv.pins import resolve_pin
-    from sim.latency import band_of, make_step_time
-    from sim.latency.batch import BatchShape
+    from sim.latency import band_of
 
     if tp < 1:
         raise _bad_input(f"--tp {tp}: must be at least 1")
     # each lookup names the option it came from
     model = _named("--model", model_name, get_model)
     gpu = _named("--gpu", gpu_name, get_gpu)
-    limit = model.max_position_embeddings
-    decode_contexts = parse_decodes(decodes, max_context=limit)
-    chunks = parse_prefills(prefills, max_context=limit, already=len(decode_contexts))
-    batch = BatchShape(decode_contexts, chunks)
-    if batch.num_tokens == 0:
-        raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
-    try:
-        release = resolve_pin("v1-engine", vllm_version).value
-    except ValueError as error:
-        raise _bad_input(f"--vllm-version: {error}") from None
-    try:
-        config = _step_time_config(step_time)
-        predictor = make_step_time(config, model, gpu, tp=tp, release=release)
-    except (ValueError, OSError) as error:
-        raise _bad_input(str(error).splitlines()[0]) from None
-    from sim.scenario.startup import check_tensor_parallel
-
-    # vLLM starts no engine whose heads `tp` cannot split: no step of one to predict.
-    check_tensor_parallel(model, tp, None, where="--tp")
+    batch = _step_batch(model, decodes, prefills)
+    release, predictor = _step_predictor(model, gpu, tp, step_time, vllm_version)
     step_s = predictor.predict_s(batch)
     band = band_of(predictor)
     terms, details = breakdown_terms(predictor, batch)
@@ -228,6 +211,45 @@ def step_report(
         "breakdown_s": terms,
         "details": details,
     }
+
+
+def _step_batch(model: ModelSpec, decodes: list[str], prefills: list[str]) -> BatchShape:
+    """The step `--decode` and `--prefill` describe, every context within the model's
+    positions; an empty step is refused."""
+    from sim.latency.batch import BatchShape
+
+    limit = model.max_position_embeddings
+    decode_contexts = parse_decodes(decodes, max_context=limit)
+    chunks = parse_prefills(prefills, max_context=limit, already=len(decode_contexts))
+    batch = BatchShape(decode_contexts, chunks)
+    if batch.num_tokens == 0:
+        raise _bad_input("give at least one --decode or --prefill, e.g. --decode 64x4096")
+    return batch
+
+
+def _step_predictor(
+    model: ModelSpec, gpu: GpuSpec, tp: int, step_time: str | None, vllm_version: str | None
+) -> tuple[str, StepTimeModel]:
+    """(the V1-engine pin `--vllm-version` resolves to, the step-time model `--step-time`
+    names for it); a `tp` the model's heads cannot split is refused, as vLLM starts no such
+    engine."""
+    from sim.kv.pins import resolve_pin
+    from sim.latency import make_step_time
+
+    try:
+        release = resolve_pin("v1-engine", vllm_version).value
+    except ValueError as error:
+        raise _bad_input(f"--vllm-version: {error}") from None
+    try:
+        config = _step_time_config(step_time)
+        predictor = make_step_time(config, model, gpu, tp=tp, release=release)
+    except (ValueError, OSError) as error:
+        raise _bad_input(str(error).splitlines()[0]) from None
+    from sim.scenario.startup import check_tensor_parallel
+
+    # vLLM starts no engine whose heads `tp` cannot split: no step of one to predict.
+    check_tensor_parallel(model, tp, None, where="--tp")
+    return release, predictor
 
 
 def _step_time_config(name: str | None) -> Any:

@@ -18,9 +18,14 @@ The lead registers `verify_command` (or the `verify_app` sub-app) on the main CL
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from sim.vllm_real.loader import VllmInstall
 
 verify_app = typer.Typer(help="Compare kvsim's block-manager models with vLLM's real code.")
 
@@ -228,56 +233,27 @@ def _verify_scheduler(
     hybrid: bool = False,
     mamba_caching: bool = False,
 ) -> None:
-    from sim.errors import InputError
-    from sim.kv.config import Design
-    from sim.kv.pins import resolve_pin
-    from sim.vllm_real.loader import load_vllm, version_tuple
-    from sim.vllm_real.lockstep import v1_pin_for
-    from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0, verify_scheduler
+    """`--scheduler`: kvsim's V1 scheduler against the installed vLLM's, pin by pin (a v0
+    design: `_verify_v0_scheduler`); exit 1 when any pin diverges."""
+    from sim.vllm_real.loader import version_tuple
+    from sim.vllm_real.sched_lockstep import verify_scheduler
 
     v0_release = vllm_version is not None and version_tuple(vllm_version) < (0, 10)
     if design == "v0-v1" or (design == "v0-v2" and v0_release):
         v1_only = {"--trace": trace is not None, "--pin": bool(pins), "--async": async_scheduling,
                    "--hybrid": hybrid, "--mamba-caching": mamba_caching}  # fmt: skip
-        for name, given in v1_only.items():
-            if given:
-                raise InputError(f"{name} is for the V1 scheduler; --design {design} has none")
+        _refuse_given(v1_only, f"is for the V1 scheduler; --design {design} has none")
         _verify_v0_scheduler(design, vllm_root, vllm_version, num_workloads, seed, fast_path)
         return
-    if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
-        raise InputError(
-            f"--scheduler compares the V1 engine, or with --design v0-v1 / v0-v2 --vllm-version "
-            f"0.5.4 the v0 scheduler; --design {design!r} has no vLLM scheduler"
-        )
-    if num_workloads <= 0:
-        raise InputError(f"--num-workloads must be positive, got {num_workloads}")
-    for one in pins or ():
-        try:
-            resolve_pin(Design.V1_ENGINE, one)
-        except ValueError as exc:  # an unknown pin is bad input
-            raise InputError(f"--pin: {exc}") from None
-    for name, given in (("--hybrid", hybrid), ("--mamba-caching", mamba_caching)):
-        if given and trace is not None:
-            raise InputError(f"{name} draws random workloads; with --trace it would do nothing")
-    if hybrid and mamba_caching:
-        raise InputError("--mamba-caching draws its own hybrids; with --hybrid give one of them")
+    _check_v1_scheduler_options(design, num_workloads, pins, trace, hybrid, mamba_caching)
     workloads = None
     if trace is not None:  # a missing or malformed trace is bad input (WorkloadError)
         from sim.vllm_real.sched_traces import trace_windows
 
         workloads = trace_windows(num_workloads, seed, trace)
-    # A missing or pre-V1 install is bad input (VllmNotAvailableError / InputError: exit 2).
-    install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.11.0"))
-    if install.version_tuple < (0, 10):
-        raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
+    install = _v1_install(vllm_root, vllm_version)
     diverged = False
-    loaded_pin = v1_pin_for(install.version_tuple)
-    for one in pins or ((loaded_pin,) if loaded_pin else PINS_MATCHING_0_11_0):
-        if mamba_caching and not resolve_pin(Design.V1_ENGINE, one).models_mamba_align:
-            raise InputError(
-                f"--mamba-caching: pin {one} has no Mamba prefix caching kvsim models "
-                "(0.19.1, 0.20.0, 0.25.1, 0.26.0 and 0.33.0 have)"
-            )
+    for one in _pins_to_verify(pins, install, mamba_caching):
         result = verify_scheduler(
             num_workloads,
             seed,
@@ -293,6 +269,82 @@ def _verify_scheduler(
         diverged = diverged or not result.identical
     if diverged:
         raise typer.Exit(1)
+
+
+def _refuse_given(options: dict[str, bool], why: str) -> None:
+    """Refuse the first of `options` given (True), naming it: "--pin {why}"."""
+    from sim.errors import InputError
+
+    for name, given in options.items():
+        if given:
+            raise InputError(f"{name} {why}")
+
+
+def _check_v1_scheduler_options(
+    design: str,
+    num_workloads: int,
+    pins: list[str] | None,
+    trace: Path | None,
+    hybrid: bool,
+    mamba_caching: bool,
+) -> None:
+    """Refuse, before the vLLM install is looked for, a design without a V1 scheduler, an
+    unknown pin, or options that exclude each other (`--trace` with a drawn workload kind)."""
+    from sim.errors import InputError
+    from sim.kv.config import Design
+    from sim.kv.pins import resolve_pin
+
+    if design not in ("v0-v2", "v1-engine"):  # v0-v2 is the managers' default, not a choice
+        raise InputError(
+            f"--scheduler compares the V1 engine, or with --design v0-v1 / v0-v2 --vllm-version "
+            f"0.5.4 the v0 scheduler; --design {design!r} has no vLLM scheduler"
+        )
+    if num_workloads <= 0:
+        raise InputError(f"--num-workloads must be positive, got {num_workloads}")
+    for one in pins or ():
+        try:
+            resolve_pin(Design.V1_ENGINE, one)
+        except ValueError as exc:  # an unknown pin is bad input
+            raise InputError(f"--pin: {exc}") from None
+    if trace is not None:
+        _refuse_given({"--hybrid": hybrid, "--mamba-caching": mamba_caching},
+                      "draws random workloads; with --trace it would do nothing")  # fmt: skip
+    if hybrid and mamba_caching:
+        raise InputError("--mamba-caching draws its own hybrids; with --hybrid give one of them")
+
+
+def _v1_install(vllm_root: Path | None, vllm_version: str | None) -> VllmInstall:
+    """The vLLM install to compare with (0.11.0 by default). A missing or pre-V1 install is bad
+    input (VllmNotAvailableError / InputError: exit 2)."""
+    from sim.errors import InputError
+    from sim.vllm_real.loader import load_vllm
+
+    install = load_vllm(vllm_root, None if vllm_root else (vllm_version or "0.11.0"))
+    if install.version_tuple < (0, 10):
+        raise InputError(f"--scheduler needs vLLM >= 0.10 (the V1 engine), got {install.version}")
+    return install
+
+
+def _pins_to_verify(
+    pins: list[str] | None, install: VllmInstall, mamba_caching: bool
+) -> Iterator[str]:
+    """The pins to compare, one at a time: those given, else the install's own, else every pin
+    matching 0.11.0. With `--mamba-caching`, a pin that models no Mamba prefix caching is
+    refused when its turn comes (the pins before it have run)."""
+    from sim.errors import InputError
+    from sim.kv.config import Design
+    from sim.kv.pins import resolve_pin
+    from sim.vllm_real.lockstep import v1_pin_for
+    from sim.vllm_real.sched_lockstep import PINS_MATCHING_0_11_0
+
+    loaded_pin = v1_pin_for(install.version_tuple)
+    for one in pins or ((loaded_pin,) if loaded_pin else PINS_MATCHING_0_11_0):
+        if mamba_caching and not resolve_pin(Design.V1_ENGINE, one).models_mamba_align:
+            raise InputError(
+                f"--mamba-caching: pin {one} has no Mamba prefix caching kvsim models "
+                "(0.19.1, 0.20.0, 0.25.1, 0.26.0 and 0.33.0 have)"
+            )
+        yield one
 
 
 def _verify_v0_scheduler(

@@ -35,9 +35,10 @@ import simpy
 
 from sim.audit import ViolationPolicy
 from sim.audit.liveness import Stall, diagnose
+from sim.engine.api_server import ApiServer
 from sim.engine.arrivals import EngineArrivals
 from sim.engine.client import ClientCap
-from sim.engine.frontend import ApiServer, FrontendLoop
+from sim.engine.frontend import FrontendLoop
 from sim.engine.microbatch import MicrobatchTokenizer
 from sim.engine.replica import (  # re-exported: the engine's parts live in sim.engine.replica
     Clock as Clock,

@@ -183,11 +183,7 @@ class ReplicaStepLoop:
         replica, hooks, env = self.replica, self.hooks, self.env
         scheduler = replica.scheduler
         asynchronous = scheduler.config.async_scheduling  # V1 only (the schema refuses v0)
-        early_return = None
-        if asynchronous:
-            assert isinstance(scheduler, V1Scheduler)
-            early_return = early_return_for(scheduler.release_policies.release)
-            self.gpu_free_s = self.row_end_s = env.now
+        early_return = self._start_async() if asynchronous else None
         empty_streak = 0
         while not hooks.stopped():
             has_requests = scheduler.has_unfinished()
@@ -195,16 +191,8 @@ class ReplicaStepLoop:
                 assert isinstance(scheduler, V1Scheduler)
                 has_requests = scheduler.has_requests()
             if not has_requests:
-                if self.batch_queue:  # async: nothing to schedule, a batch still to apply
-                    if not self._after_step((yield from self._apply_oldest())):
-                        return
-                    continue
-                if not hooks.may_get_work(replica):
-                    hooks.retire(replica)
+                if not (yield from self._without_requests()):
                     return
-                yield hooks.idle(replica)
-                if replica.connector_hooks is not None:
-                    replica.connector_hooks.poll(env.now)  # frees blocks kept for stores/sends
                 continue
             hooks.begin_step(replica)
             plan = scheduler.schedule(env.now)
@@ -214,11 +202,7 @@ class ReplicaStepLoop:
                 hooks.ended(replica, ended)
             stop = hooks.stop_in(replica, plan)
             if stop is not None:
-                # The engine dies (or the policy ends the run) in this call: its row has no
-                # batch (none ran) but keeps the preemptions made, which the requests count.
-                hooks.record_step(replica, plan, BatchShape((), ()), env.now, 0.0)
-                replica.num_steps += 1
-                hooks.stop(stop)
+                self._stop_in_call(plan, stop)
                 return
             if plan.is_empty and not self._gpu_has_work():
                 if not scheduler.has_unfinished():
@@ -228,14 +212,9 @@ class ReplicaStepLoop:
                     if self._empty_step(plan, empty_streak):
                         continue
                     return
-                if hooks.may_get_work(replica):
-                    # Waiting for an arrival, or for a KV transfer that lets a parked request
-                    # (or freed blocks) make progress: not a stall.
-                    yield hooks.idle(replica)
-                    continue
-                hooks.stall(replica)
-                hooks.retire(replica)
-                return
+                if not (yield from self._idle_or_stall()):
+                    return
+                continue
             empty_streak = 0
             if early_return is None:
                 yield from self._step(plan)
@@ -243,6 +222,48 @@ class ReplicaStepLoop:
                     return
             elif not self._after_step((yield from self._step_async(plan, early_return))):
                 return
+
+    def _start_async(self) -> EarlyReturn:
+        """Async scheduling: the release's early-return rule for the batch queue, and the GPU
+        (and the next row) free from now."""
+        scheduler = self.replica.scheduler
+        assert isinstance(scheduler, V1Scheduler)
+        self.gpu_free_s = self.row_end_s = self.env.now
+        return early_return_for(scheduler.release_policies.release)
+
+    def _without_requests(self) -> Generator[simpy.Event, Any, bool]:
+        """Nothing to schedule: apply a batch still in the queue (async), else wait for work to
+        come; False (the loop ends) when none can, or when the applied batch ends the run."""
+        replica, hooks = self.replica, self.hooks
+        if self.batch_queue:  # async: nothing to schedule, a batch still to apply
+            return self._after_step((yield from self._apply_oldest()))
+        if not hooks.may_get_work(replica):
+            hooks.retire(replica)
+            return False
+        yield hooks.idle(replica)
+        if replica.connector_hooks is not None:
+            replica.connector_hooks.poll(self.env.now)  # frees blocks kept for stores/sends
+        return True
+
+    def _stop_in_call(self, plan: StepPlan, stop: str) -> None:
+        """The engine dies (or the policy ends the run) in this scheduler call: its row has no
+        batch (none ran) but keeps the preemptions made, which the requests count."""
+        replica = self.replica
+        self.hooks.record_step(replica, plan, BatchShape((), ()), self.env.now, 0.0)
+        replica.num_steps += 1
+        self.hooks.stop(stop)
+
+    def _idle_or_stall(self) -> Generator[simpy.Event, Any, bool]:
+        """An empty plan that changed nothing: wait if work may still come (an arrival, or a KV
+        transfer that lets a parked request, or freed blocks, make progress: not a stall);
+        else report the stall and end the loop (False)."""
+        replica, hooks = self.replica, self.hooks
+        if hooks.may_get_work(replica):
+            yield hooks.idle(replica)
+            return True
+        hooks.stall(replica)
+        hooks.retire(replica)
+        return False
 
     def _after_step(self, plan: StepPlan | None) -> bool:
         """After a plan was applied (None: none was): a failed update, the time limit. False:

@@ -40,8 +40,12 @@ HOST_STAGED_LATENCY_S = 39e-6
 HOST_STAGED_ALGBW_GBPS = 6.5
 
 
-def host_staged_allreduce(tp: int) -> dict[str, float]:
-    """`measured_terms.allreduce_time_s` coefficients of NCCL's SHM ring over `tp` ranks.
+def host_staged_allreduce(
+    tp: int, tp2_algbw_GBps: float = HOST_STAGED_ALGBW_GBPS
+) -> dict[str, float]:
+    """`measured_terms.allreduce_time_s` coefficients of NCCL's SHM ring over `tp` ranks, with
+    `tp2_algbw_GBps` the bandwidth at TP 2 (the fitted one unless a fit passes a candidate:
+    benchmarks/serving_accuracy.py `fit_host_staged_algbw`).
 
     Example: tp 2 -> 39 us + bytes / 6.5 GB/s (an 8,192-token prefill of a 3,584-wide model
     all-reduces 58.7 MB: 9.07 ms); tp 4 -> 117 us + bytes / 4.33 GB/s.
@@ -49,7 +53,7 @@ def host_staged_allreduce(tp: int) -> dict[str, float]:
     if tp < 2:
         raise ValueError(f"an all-reduce needs tp >= 2, got {tp}")
     steps_ratio = tp - 1  # 2 (n - 1) ring steps against TP 2's two
-    busbw_GBps = HOST_STAGED_ALGBW_GBPS  # at TP 2 the algorithm and bus bandwidths coincide
+    busbw_GBps = tp2_algbw_GBps  # at TP 2 the algorithm and bus bandwidths coincide
     return {
         "latency_s": HOST_STAGED_LATENCY_S * steps_ratio,
         "algbw_GBps": busbw_GBps * tp / (2 * (tp - 1)),

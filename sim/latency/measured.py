@@ -7,7 +7,8 @@ and validation errors in `sim/data/steptime_coefficients.json`, refit by
 `scripts/fit_steptime.py`). The terms, each a named entry of `breakdown()`, summed per step on
 one tensor-parallel rank (formulas in `sim.latency.measured_terms`; the four that depend only
 on the token count, gemm_s, lm_head_s, non_gemm_s and allreduce_s, are priced per count in
-`sim.latency.measured_layers`):
+`sim.latency.measured_layers`, the two attention terms per step in
+`sim.latency.measured_attention`):
 
   gemm_s               per layer: QKV, O, gate+up, down projections on T tokens
                        (MoE: router + two grouped GEMMs over the touched experts, as
@@ -56,11 +57,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
+from sim.catalog import GpuSpec, ModelSpec
 from sim.latency import measured_terms as terms
 from sim.latency import worker_form
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
+from sim.latency.interconnect import HOST_STAGED_ALGBW_GBPS
+from sim.latency.measured_attention import AttentionKernels
 from sim.latency.measured_layers import LayerKernels, fitted_allreduce_cost
 from sim.latency.quantized import body_gemm_formats
 from sim.latency.worker_form import SHIPPED_WORKER_FORM, GpuFloors, WorkerForm
@@ -148,6 +151,7 @@ class MeasuredStepTime:
         weight_dtype: str | None = None,
         worker: WorkerForm = SHIPPED_WORKER_FORM,
         gpu_floors: GpuFloors | None = None,
+        host_staged_algbw_GBps: float = HOST_STAGED_ALGBW_GBPS,
     ) -> None:
         if tp <= 0:
             raise ValueError(f"tp must be positive, got {tp}")
@@ -155,10 +159,10 @@ class MeasuredStepTime:
             raise ValueError(f"engine must be one of {ENGINE_GENERATIONS}, got {engine!r}")
         co = coefficients or shipped_coefficients()
         self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
-        #: what `with_worker_form` rebuilds the model from
+        #: what `_rebuilt` (the `with_*` methods) builds the model again from
         self._options: dict[str, Any] = dict(
             tp=tp, engine=engine, kv_dtype=kv_dtype, coefficients=co, p2p=p2p, release=release,
-            weight_dtype=weight_dtype,
+            weight_dtype=weight_dtype, host_staged_algbw_GBps=host_staged_algbw_GBps,
         )  # fmt: skip
         self.fitted_gpu = nearest_fitted_gpu(gpu, co["gpus"])
         #: False: the GPUs lack peer access and all-reduce goes through host memory
@@ -184,13 +188,19 @@ class MeasuredStepTime:
         self._bw = gpu.bandwidth_Bps
         self._L = model.num_layers
         #: None at tp 1; otherwise charges each message by the backend vLLM picks for it
-        self.allreduce_cost = fitted_allreduce_cost(c, gpu, tp, p2p=p2p, release=release)
+        self.allreduce_cost = fitted_allreduce_cost(
+            c, gpu, tp, p2p=p2p, release=release, host_staged_algbw_GBps=host_staged_algbw_GBps
+        )
         #: gemm_s, non_gemm_s, allreduce_s and lm_head_s by token count (cached)
         self._kernels = LayerKernels(
             model, tp, self.gemm_formats, self._peak, self._bw, c, self.allreduce_cost
         )
         self._setup_engine(co["engine"][engine], worker, gpu_floors)
-        self._setup_attention(kv_dtype, c["decode_attention"], c["prefill_attention"])
+        #: decode_attention_s and prefill_attention_s, per step
+        self._attention = AttentionKernels(
+            model, self._kernels.q_heads, self._kernels.kv_heads, kv_dtype,
+            c["decode_attention"], c["prefill_attention"], self._peak, self._bw,
+        )  # fmt: skip
         #: `_ShapeTerms` by decodes (decode-only steps) and by (decodes, tokens, sequences)
         self._decode_shapes: dict[int, _ShapeTerms] = {}
         self._mixed_shapes: dict[tuple[int, int, int], _ShapeTerms] = {}
@@ -200,17 +210,23 @@ class MeasuredStepTime:
     ) -> MeasuredStepTime:
         """The same model, GPU, coefficients and options under another worker form (and
         recording into `gpu_floors`): what benchmarks/worker_forms.py replays each form with."""
-        return MeasuredStepTime(
-            self.model, self.gpu, **self._options, worker=worker, gpu_floors=gpu_floors
-        )
+        return self._rebuilt(worker=worker, gpu_floors=gpu_floors)
 
     def with_coefficients(self, coefficients: dict[str, Any]) -> MeasuredStepTime:
         """The same model, GPU, options and worker form with other coefficients: what
         `kvsim calibrate --from-bench` replays each candidate scaling with."""
-        options = {**self._options, "coefficients": coefficients}
-        return MeasuredStepTime(
-            self.model, self.gpu, **options, worker=self._worker, gpu_floors=self._gpu_floors
-        )
+        return self._rebuilt(coefficients=coefficients)
+
+    def with_host_staged_algbw(self, tp2_algbw_GBps: float) -> MeasuredStepTime:
+        """The same model with the all-reduce through host memory (no peer access,
+        `sim.latency.interconnect`) at another TP-2 bandwidth: what
+        benchmarks/serving_accuracy.py `fit_host_staged_algbw` replays each candidate with."""
+        return self._rebuilt(host_staged_algbw_GBps=tp2_algbw_GBps)
+
+    def _rebuilt(self, **changes: Any) -> MeasuredStepTime:
+        """This model built again from its own arguments, `changes` replacing some of them."""
+        kept = {**self._options, "worker": self._worker, "gpu_floors": self._gpu_floors}
+        return MeasuredStepTime(self.model, self.gpu, **{**kept, **changes})
 
     def _setup_engine(
         self, eng: dict[str, Any], worker: WorkerForm, gpu_floors: GpuFloors | None
@@ -237,54 +253,6 @@ class MeasuredStepTime:
         #: graph launch alone, the same float, without the call)
         self._launch_per_step = bool(self._layer_launch_total_s) or self._gpu_floors is not None
 
-    # -- attention ----------------------------------------------------------------------------
-    def _setup_attention(
-        self, kv_dtype: str | None, c_dec: dict[str, float], c_pre: dict[str, float]
-    ) -> None:
-        """Fold the KV geometry and the attention coefficients into per-step constants
-        (`predict_s` is hot): KV bytes a decode reads per token of context, summed over the
-        full and the sliding layers, and each attention call's floor and rates."""
-        m, L = self.model, self._L
-        kv_tok = 2 * self._kernels.kv_heads * m.head_dim * dtype_bytes(kv_dtype or m.dtype)
-        self._kv_read_full = float(kv_tok * m.num_full_layers)
-        self._kv_read_slide = float(kv_tok * m.num_sliding_layers)
-        self._window = m.sliding_window
-        self._head_dim = m.head_dim
-        self._dec_floor_s = L * c_dec["call_floor_s"]
-        self._dec_per_seq_s = L * c_dec["per_seq_s"]
-        self._dec_s_per_byte = 1.0 / (c_dec["bandwidth_efficiency"] * self._bw)
-        # One prefill chunk, one layer: floor + q_tiles * k_tiles * tile_s + chunk * token_s,
-        # the same as terms.prefill_attention_time_s on terms.prefill_attention_work.
-        flops_per_tile = 4.0 * self._kernels.q_heads * self._head_dim * terms.ATTENTION_TILE**2
-        self._pre_tile_s = flops_per_tile / (c_pre["compute_efficiency"] * self._peak)
-        q_bytes_per_token = 2.0 * self._kernels.q_heads * self._head_dim * terms.BF16_BYTES
-        self._pre_token_s = q_bytes_per_token / (c_pre["query_bandwidth_efficiency"] * self._bw)
-        self._pre_floor_s = c_pre["call_floor_s"]
-        self._pre_groups = tuple(
-            (n, w)
-            for n, w in ((m.num_full_layers, None), (m.num_sliding_layers, self._window))
-            if n
-        )
-
-    def _decode_attention(self, batch: BatchShape, num_dec: int) -> float:
-        kv_bytes = self._kv_read_full * batch.decode_context_sum
-        if self._kv_read_slide:
-            assert self._window is not None
-            kv_bytes += self._kv_read_slide * batch.decode_windowed_context_sum(self._window)
-        return self._dec_floor_s + self._dec_per_seq_s * num_dec + kv_bytes * self._dec_s_per_byte
-
-    def _prefill_attention(self, chunks: tuple[tuple[int, int], ...]) -> float:
-        tile = terms.ATTENTION_TILE
-        tile_s, token_s = self._pre_tile_s, self._pre_token_s
-        total = 0.0
-        for num_layers, window in self._pre_groups:
-            per_layer = self._pre_floor_s
-            for prior, chunk in chunks:
-                keys = (prior if window is None or prior < window else window) + chunk
-                per_layer += (-(-chunk // tile)) * (-(-keys // tile)) * tile_s + chunk * token_s
-            total += num_layers * per_layer
-        return total
-
     # -- the interface ------------------------------------------------------------------------
     def _terms(self, batch: BatchShape) -> tuple[float, ...]:
         num_dec = batch.num_decode_seqs
@@ -298,8 +266,8 @@ class MeasuredStepTime:
             gemm,
             self._kernels.lm_head(num_seqs),
             non_gemm,
-            self._decode_attention(batch, num_dec) if num_dec else 0.0,
-            self._prefill_attention(chunks) if chunks else 0.0,
+            self._attention.decode_s(batch, num_dec) if num_dec else 0.0,
+            self._attention.prefill_s(chunks) if chunks else 0.0,
             allreduce,
         )
         return (
@@ -349,13 +317,9 @@ class MeasuredStepTime:
             return self._overhead_fixed_s
         total = shape.gemm_lm_non_gemm_s
         if num_dec:
-            kv_bytes = self._kv_read_full * batch.decode_context_sum
-            if self._kv_read_slide:
-                assert self._window is not None
-                kv_bytes += self._kv_read_slide * batch.decode_windowed_context_sum(self._window)
-            total += shape.decode_attention_fixed_s + kv_bytes * self._dec_s_per_byte
+            total += shape.decode_attention_fixed_s + self._attention.decode_kv_s(batch)
         if chunks:
-            total += self._prefill_attention(chunks)
+            total += self._attention.prefill_s(chunks)
         if shape.allreduce_s:
             total += shape.allreduce_s
         if self._launch_per_step:  # a per-layer form, or a model recording its GPU floors
@@ -367,7 +331,7 @@ class MeasuredStepTime:
         gemm, non_gemm, allreduce = self._kernels.body(num_tokens)
         return _ShapeTerms(
             gemm_lm_non_gemm_s=gemm + self._kernels.lm_head(num_seqs) + non_gemm,
-            decode_attention_fixed_s=self._dec_floor_s + self._dec_per_seq_s * num_dec,
+            decode_attention_fixed_s=self._attention.decode_fixed_s(num_dec),
             allreduce_s=allreduce,
             engine_overhead_s=self._overhead_fixed_s + self._overhead_per_seq_s * num_seqs,
         )
@@ -408,4 +372,4 @@ class MeasuredStepTime:
     @property
     def decode_window(self) -> int | None:
         """The attention window of the sliding-window layers (decode context sums cap at it)."""
-        return self._window
+        return self._attention.window

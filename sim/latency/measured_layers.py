@@ -31,7 +31,7 @@ from typing import Any
 from sim.catalog import GpuSpec, ModelSpec
 from sim.latency import measured_terms as terms
 from sim.latency.allreduce import AllReduceCost, Link
-from sim.latency.interconnect import host_staged_allreduce
+from sim.latency.interconnect import HOST_STAGED_ALGBW_GBPS, host_staged_allreduce
 from sim.latency.moe import FusedMoe
 from sim.latency.quantized import BodyGemmFormats, GemmFormat
 
@@ -40,9 +40,17 @@ ElementwiseCalls = tuple[tuple[str, int, float], ...]
 
 
 def fitted_allreduce_cost(
-    c: dict[str, Any], gpu: GpuSpec, tp: int, *, p2p: bool, release: str | None
+    c: dict[str, Any],
+    gpu: GpuSpec,
+    tp: int,
+    *,
+    p2p: bool,
+    release: str | None,
+    host_staged_algbw_GBps: float = HOST_STAGED_ALGBW_GBPS,
 ) -> AllReduceCost | None:
-    """The all-reduce pricing of a step at `tp` (None at tp 1), from one fitted GPU's `c`.
+    """The all-reduce pricing of a step at `tp` (None at tp 1), from one fitted GPU's `c` (and,
+    without peer access, NCCL through host memory at `host_staged_algbw_GBps` at TP 2,
+    `sim.latency.interconnect`).
 
     NCCL's fit is taken at the nearest fitted TP size (log distance, the smaller on a tie) and
     its bandwidth scaled by `gpu`'s interconnect over the fitted GPU's. Example: an L4 (PCIe,
@@ -63,7 +71,7 @@ def fitted_allreduce_cost(
         link=Link.of(gpu.name, p2p=p2p),
         release=release,
         nccl=nccl,
-        host_staged=host_staged_allreduce(tp),
+        host_staged=host_staged_allreduce(tp, host_staged_algbw_GBps),
         interconnect_GBps=gpu.interconnect_GBps,
     )
 

@@ -100,10 +100,7 @@ def capacity_search(
     `on_total(n)` is called once with the number of searches, after every input is checked and
     before any search starts (the CLI checks and makes its output folder there).
     """
-    if not 0 < tolerance < 1:
-        raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
-    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
-        raise SloError(f"--target-rate {target_rate:g}: must be a positive, finite number")
+    _check_search_options(tolerance, target_rate)
     slo_list = as_slos(slos)
     base, base_path = _one_replica_base(scenario, overrides, base_dir)
     start = start_scale if start_scale is not None else base.workload.rate_scale
@@ -124,14 +121,39 @@ def capacity_search(
     )
     _check_arrival_rate(base.name, results)
     probes = pd.DataFrame.from_records([p for res in results for p in res["probes"]])
-    rows = []
-    for c, config in enumerate(configs):
-        row = _capacity_row(results, c, config, tolerance, slo_list)
-        row.update(band_columns(results, c, bands[c], band_ends))
-        if target_rate is not None:
-            row.update(_replicas_columns(target_rate, row))
-        rows.append(row)
+    rows = [
+        _config_row(results, c, config, tolerance, slo_list, bands[c], band_ends, target_rate)
+        for c, config in enumerate(configs)
+    ]
     return pd.DataFrame.from_records(rows), probes
+
+
+def _check_search_options(tolerance: float, target_rate: float | None) -> None:
+    """Refuse a tolerance outside (0, 1) or a target rate that is not a positive, finite
+    number, before anything is read."""
+    if not 0 < tolerance < 1:
+        raise SloError(f"--tolerance {tolerance}: must be in (0, 1) (relative)")
+    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
+        raise SloError(f"--target-rate {target_rate:g}: must be a positive, finite number")
+
+
+def _config_row(
+    results: list[dict],
+    c: int,
+    config: dict[str, Any],
+    tolerance: float,
+    slo_list: list[Slo],
+    band: StepTimeBand,
+    band_ends: bool,
+    target_rate: float | None,
+) -> dict[str, Any]:
+    """The capacity table's row of configuration `c`: its capacity over the replicates, the
+    band's columns and, given a target rate, the replicas it needs."""
+    row = _capacity_row(results, c, config, tolerance, slo_list)
+    row.update(band_columns(results, c, band, band_ends))
+    if target_rate is not None:
+        row.update(_replicas_columns(target_rate, row))
+    return row
 
 
 def _one_replica_base(scenario, overrides: dict[str, Any] | None, base_dir: str | Path | None):

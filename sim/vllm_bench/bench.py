@@ -24,9 +24,9 @@ from typing import Any
 
 import pandas as pd
 
+from sim.engine.api_server import ApiServer
 from sim.engine.chat_template import Endpoint, chat_template_s
 from sim.engine.engine import Engine
-from sim.engine.frontend import ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON, microbatch_tokenizer_for
 from sim.errors import InputError
 from sim.kv.types import Segment

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.api_server import VLLM_API_SERVER, ApiServer
 from sim.engine.chat_template import Endpoint
-from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import DEFAULT_SERVER_PYTHON
 from sim.errors import InputError
 from sim.vllm_bench.client_loop import VLLM_BENCH_CLIENT, ClientLoop

@@ -69,14 +69,30 @@ class RealKVCacheManager:
         self.config = config
         self.block_size = config.block_size
         self.watermark_blocks = 0
+        self.num_groups = len(config.group_specs)
+        self.real = self._real_manager(iface, mgr_mod)
+        self._kv_blocks_cls = mgr_mod.KVCacheBlocks
+        hash_fn = sha256_fn(self.install)
+        if not hasattr(self._kcu, "NONE_HASH"):
+            # vLLM's engine does this once at startup; the seed is process-wide.
+            self._kcu.init_none_hash(hash_fn)
+        self._hasher = self._kcu.get_request_block_hasher(config.block_size, hash_fn)
+        self._requests: dict[int, Any] = {}
+        #: The last lookup's shared-prefix junction (0.33.0's third value of
+        #: `get_computed_blocks`, which the scheduler keeps on the request; 0 before).
+        self.last_shared_prefix_boundary = 0
+        self._last_hit_tokens = 0
 
-        groups = config.group_specs
-        self.num_groups = len(groups)
+    def _real_manager(self, iface: Any, mgr_mod: Any) -> Any:
+        """vLLM's `KVCacheManager` over `self.config`'s pool and groups, given the arguments
+        the installed release's constructor accepts (`iface` and `mgr_mod`: its
+        `v1.kv_cache_interface` and `v1.core.kv_cache_manager` modules)."""
+        config = self.config
         kv_config = real_kv_cache_config(
             iface,
             config.block_size,
             config.num_gpu_blocks,
-            groups,
+            config.group_specs,
             config.max_model_len,
             mamba_cache_mode=real_mamba_cache_mode(config),
             mamba_prefill_checkpoint_blocks=config.mamba_prefill_checkpoint_blocks,
@@ -97,23 +113,12 @@ class RealKVCacheManager:
             "hash_block_size": scheduler_block_size,
             "max_num_batched_tokens": config.max_num_batched_tokens,
         }
-        self.real = mgr_mod.KVCacheManager(
+        return mgr_mod.KVCacheManager(
             kv_config,
             max_model_len=config.max_model_len or _UNBOUNDED_MODEL_LEN,
             enable_caching=config.enable_prefix_caching,
             **accepted_kwargs(mgr_mod.KVCacheManager, optional),
         )
-        self._kv_blocks_cls = mgr_mod.KVCacheBlocks
-        hash_fn = sha256_fn(self.install)
-        if not hasattr(self._kcu, "NONE_HASH"):
-            # vLLM's engine does this once at startup; the seed is process-wide.
-            self._kcu.init_none_hash(hash_fn)
-        self._hasher = self._kcu.get_request_block_hasher(config.block_size, hash_fn)
-        self._requests: dict[int, Any] = {}
-        #: The last lookup's shared-prefix junction (0.33.0's third value of
-        #: `get_computed_blocks`, which the scheduler keeps on the request; 0 before).
-        self.last_shared_prefix_boundary = 0
-        self._last_hit_tokens = 0
 
     # ------------------------------------------------------------------ kvsim -> vLLM objects
     def _request(self, seq: Sequence):

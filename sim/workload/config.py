@@ -232,10 +232,23 @@ class WorkloadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadConfig:
+        rules = self._file_and_synthetic_rules() + self._inline_rules() + self._sessions_rules()
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
+        if self.time_range_s is not None:
+            start, end = self.time_range_s
+            if not 0 <= start < end:
+                raise ValueError(f"time_range_s must satisfy 0 <= start < end, got {start}, {end}")
+        return self
+
+    def _file_and_synthetic_rules(self) -> list[tuple[bool, str]]:
+        """(broken, message) for a trace file's and a synthetic workload's fields, checked in
+        this order (the first broken one is the error)."""
         lengths_file = self.kind == "trace" and self.format == "lengths"
         # With format auto the file decides; `load_workload` checks arrival/num_requests then.
         timed_file = self.kind == "trace" and self.format not in ("lengths", "auto")
-        rules = [
+        return [
             (self.kind == "trace" and self.path is None, "a trace workload needs 'path'"),
             (self.kind != "trace" and self.path is not None, "'path' is only for kind: trace"),
             (self.kind == "synthetic" and self.arrival is None, "synthetic needs 'arrival'"),
@@ -260,12 +273,22 @@ class WorkloadConfig(BaseModel):
                 timed_file and self.num_requests is not None,
                 "use 'first_n' to cut a trace ('num_requests' is for synthetic / lengths files)",
             ),
+        ]
+
+    def _inline_rules(self) -> list[tuple[bool, str]]:
+        """(broken, message) for an inline workload's fields, after the file's and synthetic's."""
+        return [
             (self.kind == "inline" and not self.requests, "inline needs a non-empty 'requests'"),
             (
                 self.kind != "inline" and self.requests is not None,
                 "'requests' is only for kind: inline",
             ),
             (self.kind == "inline" and self.arrival is not None, "inline takes no 'arrival'"),
+        ]
+
+    def _sessions_rules(self) -> list[tuple[bool, str]]:
+        """(broken, message) for a sessions workload's fields, checked last."""
+        return [
             (self.kind == "sessions" and self.sessions is None, "sessions needs 'sessions'"),
             (
                 self.kind != "sessions" and self.sessions is not None,
@@ -285,14 +308,6 @@ class WorkloadConfig(BaseModel):
                 "not 'first_n' / 'time_range_s'",
             ),
         ]
-        for broken, message in rules:
-            if broken:
-                raise ValueError(message)
-        if self.time_range_s is not None:
-            start, end = self.time_range_s
-            if not 0 <= start < end:
-                raise ValueError(f"time_range_s must satisfy 0 <= start < end, got {start}, {end}")
-        return self
 
     @property
     def _closed_loop(self) -> bool:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from sim.catalog import get_gpu, get_model
 from sim.data.split import assign_split, source_key
-from sim.engine.frontend import VLLM_API_SERVER
+from sim.engine.api_server import VLLM_API_SERVER
 from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,7 +307,7 @@ def test_the_api_server_costs_lie_on_the_fit_grids_within_the_streaming_bound():
 
 @pytest.mark.slow
 def test_the_api_server_costs_are_a_local_optimum_of_the_fit_half():
-    """sim.engine.frontend.VLLM_API_SERVER's fitted costs score no worse on the fit half than
+    """sim.engine.api_server.VLLM_API_SERVER's fitted costs score no worse on the fit half than
     their grid neighbours under `fit_frontend`'s objective (`frontend_score`: the mean over
     each group's points of |ln(predicted / measured)|, then over the groups): moving any one
     of them one grid step either way, within the streaming bound, does not lower it (7
@@ -435,6 +435,51 @@ def test_the_v1_worker_grid_holds_its_decimal_values_regression():
         2e-3,
         2.25e-3,
         2.5e-3,
+    )
+
+
+def test_a_fit_candidate_reaches_the_measured_model_and_patches_no_module():
+    """`StepTimeCandidate` (what `_grid_search` hands each replay): the shipped value gives the
+    shipped model's step time, another value moves it, a non-measured model is kept, and the
+    modules' constants are never written (the fits used to set them and restore them)."""
+    from sim.catalog import get_gpu, get_model
+    from sim.latency import interconnect, measured_terms
+    from sim.latency.batch import BatchShape
+    from sim.latency.linear import LinearStepTime
+    from sim.latency.measured import MeasuredStepTime
+
+    model, gpu = get_model("qwen2.5-7b"), get_gpu("a100-80gb-sxm")
+    prefill = BatchShape(decode_context_tokens=(), prefill_chunks=((0, 2048),))
+    no_p2p = MeasuredStepTime(model, gpu, tp=2, p2p=False)
+    v1 = MeasuredStepTime(model, gpu)
+    constants = (interconnect.HOST_STAGED_ALGBW_GBPS, measured_terms.V1_WORKER_STEP_S)
+    for shipped, other, step_time in (
+        (accuracy.StepTimeCandidate(host_staged_algbw_GBps=constants[0]),
+         accuracy.StepTimeCandidate(host_staged_algbw_GBps=3.0), no_p2p),
+        (accuracy.StepTimeCandidate(v1_worker_step_s=constants[1]),
+         accuracy.StepTimeCandidate(v1_worker_step_s=0.0), v1),
+    ):  # fmt: skip
+        assert shipped(step_time).breakdown(prefill) == step_time.breakdown(prefill)
+        assert other(step_time).predict_s(prefill) != step_time.predict_s(prefill)
+    linear = LinearStepTime(fixed_s=1e-3)
+    assert accuracy.StepTimeCandidate(v1_worker_step_s=0.0)(linear) is linear
+    assert constants == (interconnect.HOST_STAGED_ALGBW_GBPS, measured_terms.V1_WORKER_STEP_S)
+
+
+def test_a_v1_worker_candidate_moves_a_replay_only_off_the_shipped_value():
+    """End to end through `replay`'s `adapt_step_time`: the shipped P replays the point as the
+    table does, P = 0 lowers its predicted TPOT (a seam that dropped the candidate would not)."""
+    point = next(p for p in POINTS if p.id == SMALL[0])
+    from sim.latency.measured_terms import V1_WORKER_STEP_S
+
+    table_rows = accuracy.replay(point).rows
+    shipped = accuracy.replay(point, adapt_step_time=accuracy.StepTimeCandidate(
+        v1_worker_step_s=V1_WORKER_STEP_S)).rows  # fmt: skip
+    assert shipped == table_rows
+    none = accuracy.replay(point, adapt_step_time=accuracy.StepTimeCandidate(v1_worker_step_s=0.0))
+    tpot = [row for row in none.rows if row.metric == "mean_tpot_ms"]
+    assert tpot and tpot[0].predicted < next(
+        row.predicted for row in table_rows if row.metric == "mean_tpot_ms"
     )
 
 

@@ -217,7 +217,7 @@ def test_no_api_server_gives_the_engine_cores_view_and_the_file_says_which(tmp_p
     """With the API server (the default) a lone request's TTFT carries its intake, hand-off and first token's streaming
     (`sim.engine.frontend`); `--no-api-server` drops them, and the kvsim block records the costs
     used (null without)."""
-    from sim.engine.frontend import VLLM_API_SERVER
+    from sim.engine.api_server import VLLM_API_SERVER
 
     scenario = _imported(tmp_path)
     ttft = {}

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.engine.api_server import ApiServer
 from sim.engine.chat_template import (
     CHAT_TEMPLATE_PARSE_S,
     REPARSING_RELEASES,
@@ -18,7 +19,6 @@ from sim.engine.chat_template import (
     chat_template_s,
     endpoint_of_backend,
 )
-from sim.engine.frontend import ApiServer
 from sim.errors import InputError
 from sim.vllm_bench.flags import RELEASES
 from sim.workload.request import RequestSpec

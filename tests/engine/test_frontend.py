@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engine.api_server import VLLM_API_SERVER, ApiServer
 from sim.engine.engine import Engine
-from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.output.results import requests_frame
 from sim.scenario.resolve import resolve
 from sim.scenario.schema import scenario_from_dict

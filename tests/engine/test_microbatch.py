@@ -11,8 +11,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engine.api_server import VLLM_API_SERVER, ApiServer
 from sim.engine.engine import Engine
-from sim.engine.frontend import VLLM_API_SERVER, ApiServer
 from sim.engine.microbatch import (
     MicrobatchTokenizer,
     TokenizerBatcher,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from sim.engine.frontend import VLLM_API_SERVER
+from sim.engine.api_server import VLLM_API_SERVER
 from sim.kv.types import Segment
 from sim.scenario.schema import scenario_from_dict
 from sim.vllm_bench.bench import WorkloadOptions, run_bench, with_test_run
