@@ -61,3 +61,21 @@ def test_a_duplicate_id_is_refused_naming_file_entry_and_field(tmp_path):
     path.write_text("logs:\n  - {id: a, split: fit}\n  - {id: b}\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"m.yaml: entry 2 \(b\): field split must be"):
         load_split_entries("unused.yaml", "logs", path)
+
+
+def test_an_id_that_reads_as_a_number_is_refused_in_one_line(tmp_path):
+    """Regression: `id: 0e0` reads as a float (kvsim's loaders take 1e5 as a number), and the
+    serving table's sort by id then failed with a TypeError instead of naming the field."""
+    path = tmp_path / "m.yaml"
+    path.write_text("logs:\n  - {id: a, split: fit}\n  - {id: 0e0, split: held_out}\n", "utf-8")
+    with pytest.raises(InputError, match=r"m.yaml: entry 2: field id must be a string, got 0.0$"):
+        load_split_entries("unused.yaml", "logs", path)
+
+
+def test_a_key_given_twice_in_one_entry_is_refused_naming_the_file(tmp_path):
+    """The data files load with kvsim's strict YAML loader: a repeated key is an error, not a
+    silent choice of the last value."""
+    path = tmp_path / "m.yaml"
+    path.write_text("logs:\n  - {id: a, split: fit, split: held_out}\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"m.yaml: .*duplicate key 'split'"):
+        load_split_entries("unused.yaml", "logs", path)

@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import yaml
 
 from sim.errors import InputError
+from sim.files.strict_yaml import load_yaml
 
 #: The two sides, in the order the YAML files and tables name them.
 SPLITS = ("fit", "held_out")
@@ -99,10 +100,19 @@ def load_split_entries(data_file: str, key: str, path: Path | None = None) -> li
         if path is not None
         else resources.files("sim.data").joinpath(data_file).read_text(encoding="utf-8")
     )
-    entries: list[dict[str, Any]] = yaml.safe_load(text)[key]
+    # libyaml's parser (`load_yaml`): the serving file is ~2,000 lines and loaded per test,
+    # and a key given twice in one entry is refused instead of silently keeping the last.
+    try:
+        entries: list[dict[str, Any]] = load_yaml(text)[key]
+    except yaml.YAMLError as error:  # a syntax error, or a key given twice in one entry
+        raise InputError(f"{name}: {' '.join(str(error).split())}") from None
     seen: set[str] = set()
     for row, entry in enumerate(entries, 1):
         check_split(name, row, entry, "sim.data.split.assign_split")
+        if not isinstance(entry.get("id"), str):  # `id: 1e5` reads as a number: quote it
+            raise InputError(
+                f"{name}: entry {row}: field id must be a string, got {entry.get('id')!r}"
+            )
         if entry.get("id") in seen:
             raise InputError(f"{name}: entry {row} ({entry.get('id')}): field id is a duplicate")
         seen.add(str(entry.get("id")))
