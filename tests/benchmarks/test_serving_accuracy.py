@@ -155,12 +155,16 @@ def test_an_entry_with_a_bad_endpoint_is_refused_naming_file_entry_and_field(tmp
 
 def test_each_endpoint_is_the_sources_client_or_the_assumed_default():
     """`endpoint: chat` exactly where the entry's notes give the client's `--backend
-    openai-chat`; everywhere else the source names no chat client, so the entry takes
-    `vllm bench serve`'s default backend (openai: completions) and lists `endpoint` as assumed."""
+    openai-chat`; where they give a completions backend (`--backend openai` or `vllm`) the
+    entry reads completions as stated; everywhere else the source names no client backend, so
+    the entry takes `vllm bench serve`'s default (openai: completions) and lists `endpoint` as
+    assumed."""
     for p in POINTS:
-        stated_chat = "--backend openai-chat" in str(p.raw.get("notes", ""))
+        notes = str(p.raw.get("notes", ""))
+        stated_chat = "--backend openai-chat" in notes
+        stated_completions = re.search(r"--backend (openai|vllm)(?![-\w])", notes) is not None
         assert (p.endpoint.value == "chat") == stated_chat, p.id
-        if not stated_chat:
+        if not stated_chat and not stated_completions:
             assert "endpoint" in p.raw["assumed"], p.id
 
 
