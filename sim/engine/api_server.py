@@ -63,7 +63,8 @@ class ApiServer:
 #: docs/accuracy.md), last on 2026-12-05 under its objective of every fit point's
 #: |ln(predicted / measured)| (`frontend_score`): the first pass from these costs changed
 #: nothing (fit half 0.1245 on 22 points, no API server 0.1895; 0.1654 on 28 points; 0.1610
-#: with the chat template's parse, rerun: no move). `output_token_s`'s next grid value,
+#: with the chat template's parse, rerun: no move; 0.1965 on 32 points with cssnoeasy's runs,
+#: not refitted, still a local optimum by the slow test). `output_token_s`'s next grid value,
 #: 40 us, would exceed the streaming bound with 40 us chunks (vllm PR #12287, `FRONTEND_GRIDS`).
 VLLM_API_SERVER = ApiServer(
     request_s=0.002, prompt_token_s=1.2e-6, output_batch_s=0.0, output_token_s=20e-6,
