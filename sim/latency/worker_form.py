@@ -68,7 +68,9 @@ launches hide behind every fit point's steps and the replay is A's). No new form
 points better, so A stays the default; held out, B and C at their best give A's table.
 
 Left out: eager steps (`--enforce-eager`, or a decode batch above the largest capture size),
-whose launches are per kernel, not per layer; the launch cost's growth with the batch.
+whose launches are per kernel, not per layer (form B's arithmetic on every eager step, fitted
+on one public figure, missed the held-out eager point by +48%: docs/accuracy.md, "Eager mode");
+the launch cost's growth with the batch.
 """
 
 from __future__ import annotations
