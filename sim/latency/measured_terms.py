@@ -169,7 +169,8 @@ def engine_overhead_s(num_seqs: Num, c: Coefficients) -> Num:
 #:
 #: FITTED, not measured: 2.25 ms is the value on a 0.25 ms grid (0-2.5 ms) with the smallest
 #: median |TPOT/ITL error| on the fit half of the dense serving points, 6.52% on the 22 fit
-#: points since tt340's Qwen3-1.7B rows joined (14.65% without the term, 7.34% at 1.75 ms,
+#: points since tt340's Qwen3-1.7B rows joined (14.66% without the term since the
+#: 2026-12-06 audit's ISL - 1 prompts, 14.65% before, 7.34% at 1.75 ms,
 #: 6.66% at 2.0 ms, 8.03% at 2.5 ms); 5.92% on the 18 before them (14.75%, 6.78%, 6.46%,
 #: 6.34%; at the refit 14.62%, 6.73%, 6.40%, 6.25%; `python
 #: benchmarks/serving_accuracy.py --fit-overhead`, 18 replayed points of 6 sources; the MoE
