@@ -47,3 +47,18 @@ def test_rerunning_the_script_reproduces_the_committed_json() -> None:
     committed = json.loads(COMMITTED.read_text())
     committed.pop("date")
     assert script.document(script.acc.load_points()) == committed
+
+
+def test_the_docs_quote_the_committed_band_and_check() -> None:
+    doc = json.loads(COMMITTED.read_text())
+    check = doc["held_out_check"]
+    text = (ROOT / "docs" / "accuracy.md").read_text()
+    quoted = [
+        f"x{doc['low_factor']:.3f}-x{doc['high_factor']:.3f}",
+        f"The {doc['n']} fit ratios' p10 is {doc['low_factor']:.3f}",
+        f"**{check['covered_widened_band']} of {check['n']} "
+        f"({check['coverage_widened_band']:.1%})**",
+        f"**{check['covered_op_band']} of {check['n']} ({check['coverage_op_band']:.1%})**",
+    ]
+    for phrase in quoted:
+        assert phrase in " ".join(text.split()), phrase
