@@ -33,7 +33,8 @@ A GPU outside the fitted data (A100 80GB SXM, H100 SXM) takes the efficiencies a
 the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own datasheet, the
 all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (the fused-MoE
 kernel's own terms rest on one A100 config, `sim.latency.moe`), are flagged `extrapolated` and get
-the wider band.
+the wider op-level band (`op_band`). With the shipped coefficients, `band` widens the op-level
+band to contain the end-to-end band of the public serving points (`sim.latency.serving_band`).
 
 Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
 Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 24.7 ms:
