@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import serving_accuracy as acc  # benchmarks/, beside this script
 
 from sim.latency import band_of, serving_band
@@ -129,8 +130,6 @@ def document(points: list[acc.Point]) -> dict[str, Any]:
         held = [point_row(p) for p in band_points(points, "held_out")]
     low, high = quantile_factors([r["ratio"] for r in fit])
     serving = ServingBand(low, high, len(fit))
-    import numpy as np
-
     raw = [float(q) for q in np.quantile([r["ratio"] for r in fit], SERVING_BAND_QUANTILES)]
     return {
         "low_factor": low,
