@@ -33,7 +33,8 @@ A GPU outside the fitted data (A100 80GB SXM, H100 SXM) takes the efficiencies a
 the nearest fitted GPU (by datasheet FLOP/s and bandwidth) applied to its own datasheet, the
 all-reduce bandwidth scaled by its interconnect ratio; such a GPU, and an MoE model (the fused-MoE
 kernel's own terms rest on one A100 config, `sim.latency.moe`), are flagged `extrapolated` and get
-the wider band.
+the wider op-level band (`op_band`). With the shipped coefficients, `band` widens the op-level
+band to contain the end-to-end band of the public serving points (`sim.latency.serving_band`).
 
 Worked example (shipped coefficients of 2026-12; `breakdown()` gives the current ones):
 Llama-3.1-8B on an H100 SXM, 64 decodes at 4,096 context, V1 engine = 24.7 ms:
@@ -59,7 +60,7 @@ from typing import Any
 
 from sim.catalog import GpuSpec, ModelSpec
 from sim.latency import measured_terms as terms
-from sim.latency import worker_form
+from sim.latency import serving_band, worker_form
 from sim.latency.band import StepTimeBand
 from sim.latency.batch import BatchShape
 from sim.latency.interconnect import HOST_STAGED_ALGBW_GBPS
@@ -158,6 +159,9 @@ class MeasuredStepTime:
         if engine not in ENGINE_GENERATIONS:
             raise ValueError(f"engine must be one of {ENGINE_GENERATIONS}, got {engine!r}")
         co = coefficients or shipped_coefficients()
+        #: the shipped coefficients: the band is widened to the end-to-end one
+        #: (`sim.latency.serving_band`); a file of the user's own keeps its `band`
+        self._shipped = co is shipped_coefficients()
         self.model, self.gpu, self.tp, self.engine = model, gpu, tp, engine
         #: what `_rebuilt` (the `with_*` methods) builds the model again from
         self._options: dict[str, Any] = dict(
@@ -350,7 +354,23 @@ class MeasuredStepTime:
         return dict(zip(TERM_NAMES, self._terms(batch), strict=True))
 
     def band(self) -> StepTimeBand:
-        """Validation band: the fitted GPU's, or the wider cross-GPU one when extrapolated."""
+        """The band predictions carry: with the shipped coefficients, the op-level band
+        (`op_band`) widened to contain the end-to-end band of the public serving points
+        (`sim.latency.serving_band`, `sim/data/serving_band.json`); with a coefficients file of
+        the user's own, that file's band as it is."""
+        op = self.op_band()
+        if not self.band_widened:
+            return op
+        return serving_band.widened(op, serving_band.shipped_serving_band())
+
+    @property
+    def band_widened(self) -> bool:
+        """Whether `band` widens the op band: the shipped coefficients (which carry one)."""
+        return self._shipped and self._band is not None
+
+    def op_band(self) -> StepTimeBand:
+        """Validation band of the per-operator fit: the fitted GPU's, or the wider cross-GPU
+        one when extrapolated (`band` in the coefficients)."""
         source = f"measured fit on {self.fitted_gpu} (sim/data/steptime_coefficients.json)"
         if self.extrapolated:
             why = (
