@@ -71,7 +71,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         #: Where freed blocks re-enter the queue: the release's rule (`free_order.py`).
         self.free_order = free_order if free_order is not None else AppendInFreeOrder()
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_gpu_blocks)]
+        self.blocks = list(map(KVCacheBlock, range(num_gpu_blocks)))  # faster than a loop
         #: Without caching no block leaves the middle of the queue: a deque of ids does.
         self.free_block_queue: FreeQueue = (
             FreeBlockQueue(range(num_gpu_blocks))
