@@ -145,9 +145,16 @@ def fit_from_bench(
     held = files[1::2] if len(files) >= 3 else []
     fit = [f for f in files if f not in held]
     fitter = Replayer(scenario, base_dir, fit)
+    #: Loss per factors already replayed: the simplex keeps landing on the same factors once it
+    #: is smaller than their 4-decimal rounding (half of a one-file fit's points), and a replay
+    #: is deterministic, so each is replayed once.
+    losses: dict[Factors, float] = {}
 
     def objective(x: np.ndarray) -> float:
-        return _loss(fitter.replay(_factors(x, per_term)), fit)
+        factors = _factors(x, per_term)
+        if factors not in losses:
+            losses[factors] = _loss(fitter.replay(factors), fit)
+        return losses[factors]
 
     start = np.zeros(3 if per_term else 2)
     best = nelder_mead(objective, start, iters=iters * (2 if per_term else 1), step=0.4)

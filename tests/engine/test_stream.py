@@ -35,7 +35,7 @@ from sim.output.records import (
     RequestRows,
 )
 from sim.output.results import build_result, write_result
-from sim.output.stats import chunked_mean, exact_percentiles
+from sim.output.stats import IN_MEMORY_MAX, chunked_mean, exact_percentiles
 from sim.scenario.schema import scenario_from_dict
 from sim.scheduler import Request
 from sim.workload.config import ArrivalConfig, LengthsConfig
@@ -281,11 +281,14 @@ finite = st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False)
     ),
     chunk=st.integers(1, 8),
     qs=st.lists(st.floats(0, 100), min_size=1, max_size=3),
+    in_memory_max=st.sampled_from([0, 20, IN_MEMORY_MAX]),
 )
-def test_exact_percentiles_equal_numpy(values, chunk, qs):
+def test_exact_percentiles_equal_numpy(values, chunk, qs, in_memory_max):
+    """Both ways: the histogram's two passes (`in_memory_max` 0, or below the count) and the
+    sort of every value."""
     array = np.array(values, dtype=np.float64)
     chunks = lambda: (array[i : i + chunk] for i in range(0, len(array), chunk))  # noqa: E731
-    got = exact_percentiles(chunks, qs)
+    got = exact_percentiles(chunks, qs, in_memory_max)
     if not len(array):
         assert all(np.isnan(got))
         return

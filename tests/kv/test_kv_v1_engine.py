@@ -325,8 +325,10 @@ def _check_invariants(m: KVCacheManager) -> None:
     for block in pool.blocks[1:]:
         assert block.ref_cnt == references.get(block.block_id, 0), block
         assert (block.ref_cnt == 0) == (block.block_id in queue), block
+    # The blocks not built yet (`BlockPool.block`) were never handed out: all free.
+    assert all(i in queue for i in range(len(pool.blocks), pool.num_gpu_blocks))
     assert stats.num_held == 1 + len(references)
-    assert stats.num_evictable == sum(1 for i in queue if pool.blocks[i].block_hash is not None)
+    assert stats.num_evictable == sum(1 for i in queue if pool.block(i).block_hash is not None)
     cached = {(h, i) for h, by_id in pool.cached_block_hash_to_block.items() for i in by_id}
     assert cached == {(b.block_hash, b.block_id) for b in pool.blocks if b.block_hash is not None}
     for seq_id in m.single_type_manager.req_to_blocks:

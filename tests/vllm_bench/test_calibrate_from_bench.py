@@ -318,3 +318,34 @@ def test_calibrate_replays_a_quantized_scenario_with_its_weight_dtype(model_dtyp
         bf16 = scenario_from_dict(_scenario_dict(), str(tmp_path / "b.yaml"))
         slower = run_bench(bf16, tmp_path, WORKLOAD, settings, band=False).result
         assert float(run.result["mean_tpot_ms"]) < float(slower["mean_tpot_ms"])
+
+
+def test_the_fit_replays_each_rounded_factors_once(monkeypatch):
+    """Nelder-Mead keeps revisiting factors that round alike (`_factors`: 4 decimals) once its
+    simplex is that small: a one-file fit asked for 128 replays of 64 factors. Replays are
+    deterministic, so `fit_from_bench` replays each factors once and reuses its loss. A stub
+    replayer (TTFT follows the GPU factor, TPOT the overhead) counts the fit's replays."""
+    import collections
+
+    import sim.vllm_bench.calibrate as calibrate
+
+    replayed: collections.Counter[Factors] = collections.Counter()
+
+    class Stub:
+        def __init__(self, scenario, base_dir, files) -> None:
+            self.files = files
+
+        def replay(self, factors: Factors) -> list[dict[str, float]]:
+            replayed[factors] += 1
+            ttft, tpot = 40.0 * factors.compute_scale, 10.0 * factors.overhead_scale
+            return [{"mean_ttft_ms": ttft, "mean_tpot_ms": tpot} for _ in self.files]
+
+    monkeypatch.setattr(calibrate, "Replayer", Stub)
+    measured = {"mean_ttft_ms": 40.0 * TRUE_GPU, "mean_tpot_ms": 10.0 * TRUE_OVERHEAD}
+    one = BenchSettings(request_rate=2.0)
+    bench = calibrate.BenchFile(Path("a.json"), measured, one, WORKLOAD)
+    fit = fit_from_bench(scenario_from_dict(_scenario_dict(), "s.yaml"), Path("."), [bench])
+    assert fit.gpu_scale == pytest.approx(TRUE_GPU, rel=1e-3)
+    assert fit.overhead_scale == pytest.approx(TRUE_OVERHEAD, rel=1e-3)
+    del replayed[fit.factors]  # `evaluate` replays the fitted factors once more, on every file
+    assert replayed and max(replayed.values()) == 1, replayed.most_common(3)

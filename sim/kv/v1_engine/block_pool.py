@@ -71,7 +71,12 @@ class BlockPool:
         self.enable_caching = enable_caching
         #: Where freed blocks re-enter the queue: the release's rule (`free_order.py`).
         self.free_order = free_order if free_order is not None else AppendInFreeOrder()
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_gpu_blocks)]
+        #: Blocks 0..len-1, built as the free queue first hands an id out (`block`), not all
+        #: up front: an H200's pool is ~5*10^4 blocks, each a GC-tracked object, and a pool
+        #: dies with its engine only at a full collection (the engine's objects refer to each
+        #: other), which then walked every one of them: more than a short run took. Built: up
+        #: to the highest id the queue has handed out (its never-used ids leave in id order).
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(NULL_BLOCK_ID)]
         #: Without caching no block leaves the middle of the queue: a deque of ids does.
         self.free_block_queue: FreeQueue = (
             FreeBlockQueue(range(num_gpu_blocks))
@@ -97,6 +102,22 @@ class BlockPool:
         self.num_reserved_blocks = 1
         #: Where KV cache events go (`sim.kv_events.KVEventStream`); None: none are emitted.
         self.event_sink: KVEventSink | None = None
+
+    def block(self, block_id: int) -> KVCacheBlock:
+        """Block `block_id` (0 <= id < num_gpu_blocks), built if no one has had it yet.
+
+        kvsim's own (upstream builds every `KVCacheBlock` in `BlockPool.__init__`).
+        """
+        if block_id >= len(self.blocks):
+            if block_id >= self.num_gpu_blocks:
+                raise IndexError(f"block {block_id} outside 0..{self.num_gpu_blocks - 1}")
+            self._build_blocks_to(block_id)
+        return self.blocks[block_id]
+
+    def _build_blocks_to(self, block_id: int) -> None:
+        """Build the blocks up to `block_id`: fresh (refcount 0, no hash), as upstream's start."""
+        blocks = self.blocks
+        blocks.extend(map(KVCacheBlock, range(len(blocks), block_id + 1)))
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
@@ -129,7 +150,7 @@ class BlockPool:
                 f"cannot reserve {num_blocks} blocks: only {len(self.free_block_queue)} free"
             )
         block_ids = self.free_block_queue.popleft_n(num_blocks)
-        reserved = [self.blocks[block_id] for block_id in block_ids]
+        reserved = [self.block(block_id) for block_id in block_ids]
         for block in reserved:
             block.ref_cnt = 1
         self.num_held_blocks += num_blocks
@@ -164,6 +185,8 @@ class BlockPool:
             # A decode crossing into a new block (most calls): the loop below for one block,
             # without `popleft_n`'s frame or a list built and thrown away.
             block_id = queue.popleft()
+            if block_id >= len(self.blocks):
+                self._build_blocks_to(block_id)
             block = self.blocks[block_id]
             assert block.ref_cnt == 0, f"free block {block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
@@ -177,6 +200,8 @@ class BlockPool:
             return [block_id]
         block_ids = queue.popleft_n(num_blocks)
         blocks = self.blocks
+        if block_ids and max(block_ids) >= len(blocks):
+            self._build_blocks_to(max(block_ids))
         new_blocks = [blocks[i] for i in block_ids]
         for block in new_blocks:
             assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import islice
+from itertools import islice, repeat
 from typing import Protocol
 
 
@@ -34,7 +34,9 @@ class FreeBlockQueue(OrderedDict[int, None]):
     __slots__ = ()
 
     def __init__(self, block_ids: Iterable[int]) -> None:
-        super().__init__(dict.fromkeys(block_ids))
+        # (id, None) pairs straight in: half the time of filling a dict first and copying it
+        # (a V1 pool on an H200 is ~5*10^4 blocks, built once per simulated run).
+        super().__init__(zip(block_ids, repeat(None)))
 
     def popleft(self) -> int:
         """Pop one id from the head (a decode crossing into a new block).

@@ -411,7 +411,7 @@ class KVCacheManager(DecodeShortcuts, PoolQueries):
         for block_id in block_ids:
             if not 0 <= block_id < num_gpu_blocks:
                 raise ValueError(f"hit block id {block_id} outside 0..{num_gpu_blocks - 1}")
-        blocks = [self.block_pool.blocks[block_id] for block_id in block_ids]
+        blocks = [self.block_pool.block(block_id) for block_id in block_ids]
         return self.coordinator.split_hits(blocks, num_new_computed_tokens)
 
     def num_blocks_to_admit(
