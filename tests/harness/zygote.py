@@ -1,0 +1,217 @@
+"""Running `python -c SCRIPT ...` / `python -m MODULE ...` for the lockstep tier without paying
+for vLLM's imports on every check.
+
+Each lockstep check used to start a fresh interpreter, and ~8 s of its ~15 s went to importing
+the release (`vllm.config`, `vllm.model_executor.models`, torch). A *zygote* is one long-lived
+helper process per (vLLM release, environment) per pytest worker: it starts in the environment
+the check's own interpreter would have had, loads the release through
+`sim.vllm_real.loader.load_vllm` and imports the heavy vLLM modules (`zygote_server.PRELOAD`), then, for each
+request, `os.fork()`s a child that runs the script exactly as `python ARGV` would (`__main__`,
+`sys.argv`, `sys.path[0]`, the request's environment, fds 0/1/2 on /dev/null and two files)
+and exits through the interpreter's own shutdown (atexit, non-daemon threads, flushes). Every
+check still runs in its own process, so a mutation that patches a class in one check cannot be
+seen by the next, as with a fresh interpreter.
+
+What differs from a fresh interpreter, on purpose and nothing else: the release's vLLM modules
+in `PRELOAD` (and what they import: torch, transformers, pydantic) are already imported, the
+release's `_deps` folder is already on `sys.path`, and `sim.vllm_real.loader` has already
+loaded the release (a later `load_vllm` of the same release returns it). No `sim` module but the
+loader's own chain (`sim`, `sim.native`, `sim.errors`, `sim.files.inputs`) is pre-imported, so a
+script that patches a kvsim class or function does so in the same import order as before. Log
+lines vLLM prints while importing (e.g. "Failed to import Triton kernels") go to the zygote's
+log, not the check's output. A script whose behaviour depends on what is *not* imported yet, or
+that loads another release first, must keep a fresh interpreter (`fresh=True`).
+
+`KVSIM_ZYGOTE=0` in the environment turns all of this off: every request is a plain
+`subprocess.run` (to compare timings, or to rule the zygote out when a check fails).
+
+Example::
+
+    out = run_python(["-c", "import sys; print(sys.argv)", "a"], vllm_version="0.19.1",
+                     env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    out.returncode, out.stdout   # (0, "['-c', 'a']\\n")
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import locale
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The repository root: where a zygote starts (its `-c` server finds `tests.harness` there).
+ROOT = Path(__file__).resolve().parents[2]
+#: `KVSIM_ZYGOTE=0`: plain subprocesses for every request.
+ENV_SWITCH = "KVSIM_ZYGOTE"
+#: Live zygotes per pytest worker; the least recently used is stopped beyond it (each holds
+#: ~0.5 GB: torch plus one release's vLLM modules). 8 covers one test file's releases in both
+#: the compiled-core and sources environments without restarts.
+MAX_ZYGOTES = 8
+#: Environment variables that change per test but cannot change what a preload imports.
+VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+def run_python(
+    argv: Sequence[str],
+    *,
+    vllm_version: str,
+    env: Mapping[str, str],
+    cwd: str | Path,
+    timeout: float | None = None,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGV` (argv as after the interpreter: `-c CODE ARGS`, `-m MODULE ARGS` or
+    `SCRIPT ARGS`) with `env` and `cwd`, output captured as text, the exit status left to the
+    caller; run in a fork of the zygote for (`vllm_version`, `env`) unless `fresh` or
+    `KVSIM_ZYGOTE=0`. A run past `timeout` seconds is killed and raises
+    `subprocess.TimeoutExpired`, as `subprocess.run` does."""
+    if fresh or os.environ.get(ENV_SWITCH) == "0":
+        return subprocess.run(
+            [sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=dict(env),
+            timeout=timeout,
+            check=False,
+        )
+    return _POOL.get(vllm_version, env).run(list(argv), dict(env), str(cwd), timeout)
+
+
+@dataclass
+class _Zygote:
+    """The client side of one zygote: its process, request pipe and log."""
+
+    key: tuple[str, frozenset[tuple[str, str]]]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    last_used_s: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def start(cls, vllm_version: str, env: dict[str, str]) -> _Zygote:
+        fd, log = tempfile.mkstemp(prefix=f"kvsim-zygote-{vllm_version}-", suffix=".log")
+        with os.fdopen(fd, "wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _SERVER_MAIN, vllm_version],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches pytest, not it
+            )
+        zygote = cls(_key(vllm_version, env), proc, Path(log))
+        ready = zygote._read_line(timeout=600.0)
+        if ready.get("ready") is not True:
+            zygote.stop()
+            raise RuntimeError(f"zygote for vLLM {vllm_version} did not start: {ready}")
+        return zygote
+
+    def run(
+        self, argv: list[str], env: dict[str, str], cwd: str, timeout: float | None
+    ) -> subprocess.CompletedProcess[str]:
+        self.last_used_s = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="kvsim-zygote-run-") as tmp:
+            out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": argv, "env": env, "cwd": cwd, "timeout": timeout}
+            request |= {"stdout": str(out_path), "stderr": str(err_path)}
+            self._write_line(request)
+            # The zygote enforces `timeout`; the margin only guards against a hung zygote.
+            reply = self._read_line(None if timeout is None else timeout + 120.0)
+            stdout, stderr = _read_text(out_path), _read_text(err_path)
+        command = [sys.executable, *argv]
+        if reply.get("timed_out"):
+            raise subprocess.TimeoutExpired(command, timeout or 0.0, stdout, stderr)
+        return subprocess.CompletedProcess(command, int(reply["returncode"]), stdout, stderr)
+
+    def _write_line(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._died("a request")
+
+    def _read_line(self, timeout: float | None) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"zygote {self.key[0]} gave no answer in {timeout} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            self._died("its answer")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def _died(self, waiting_for: str) -> None:
+        self.stop()
+        log = self.log_path.read_text(errors="replace")[-4000:]
+        raise RuntimeError(
+            f"zygote for vLLM {self.key[0]} died before {waiting_for} "
+            f"(exit {self.proc.returncode}); its log {self.log_path} ends:\n{log}"
+        )
+
+    def stop(self) -> None:
+        """Close its request pipe (it exits on end of input); kill it if that does not do."""
+        _POOL.forget(self)
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+class _Pool:
+    """The live zygotes of this process, by (release, environment); least recently used
+    stopped beyond `MAX_ZYGOTES`, all stopped at exit."""
+
+    def __init__(self) -> None:
+        self.zygotes: dict[tuple[str, frozenset[tuple[str, str]]], _Zygote] = {}
+        atexit.register(self.stop_all)
+
+    def get(self, vllm_version: str, env: Mapping[str, str]) -> _Zygote:
+        key = _key(vllm_version, env)
+        zygote = self.zygotes.get(key)
+        if zygote is not None and zygote.proc.poll() is None:
+            return zygote
+        while len(self.zygotes) >= MAX_ZYGOTES:
+            min(self.zygotes.values(), key=lambda z: z.last_used_s).stop()
+        zygote = _Zygote.start(vllm_version, dict(env))
+        self.zygotes[key] = zygote
+        return zygote
+
+    def forget(self, zygote: _Zygote) -> None:
+        if self.zygotes.get(zygote.key) is zygote:
+            del self.zygotes[zygote.key]
+
+    def stop_all(self) -> None:
+        for zygote in list(self.zygotes.values()):
+            zygote.stop()
+
+
+_POOL = _Pool()
+
+
+def _key(vllm_version: str, env: Mapping[str, str]) -> tuple[str, frozenset[tuple[str, str]]]:
+    return vllm_version, frozenset((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
+
+
+def _read_text(path: Path) -> str:
+    """A captured stream as `subprocess.run(text=True)` decodes it (locale encoding,
+    universal newlines)."""
+    with open(path, encoding=locale.getpreferredencoding(False), newline=None) as handle:
+        return handle.read()
+
+
+_SERVER_MAIN = "import sys; from tests.harness.zygote_server import serve; serve(sys.argv[1])"
