@@ -58,6 +58,8 @@ ENV_SWITCH = "KVSIM_ZYGOTE"
 MAX_ZYGOTES = 8
 #: Environment variables that change per test but cannot change what a preload imports.
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+
+
 def run_python(
     argv: Sequence[str],
     *,
@@ -72,7 +74,10 @@ def run_python(
     caller; run in a fork of the zygote for (`vllm_version`, `env`) unless `fresh` or
     `KVSIM_ZYGOTE=0`. A run past `timeout` seconds is killed and raises
     `subprocess.TimeoutExpired`, as `subprocess.run` does."""
-    if fresh or os.environ.get(ENV_SWITCH) == "0":
+    v0_release = tuple(int(p) for p in vllm_version.split(".")[:2]) < (0, 11)
+    # A V0 release (0.5.4) stays fresh: its scheduler adapter installs a stand-in `vllm.config`
+    # only where none is imported yet (`v0_sched_adapter._install_config_stand_in`).
+    if fresh or v0_release or os.environ.get(ENV_SWITCH) == "0":
         return subprocess.run(
             [sys.executable, *argv],
             capture_output=True,

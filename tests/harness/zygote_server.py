@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import json
 import os
 import random
@@ -47,6 +48,17 @@ PRELOAD = (
     "v1.core.sched.async_scheduler",
 )
 
+#: Set (where unset) while preloading, then taken out of the environment again: the V1
+#: scheduler adapter sets these before it imports vLLM (`sim.vllm_real.v1_sched_adapter`'s
+#: OFFLINE_ENV and QUIET_ENV; a test checks they match), and huggingface_hub and transformers
+#: read them once, at import. A check's own environment is the request's, as before.
+PRELOAD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+
 
 def serve(vllm_version: str) -> None:
     """Preload `vllm_version`, say so, then fork one child per request until end of input."""
@@ -56,7 +68,11 @@ def serve(vllm_version: str) -> None:
     os.close(devnull)
     os.dup2(2, 1)  # what the preload prints goes to the log, never into the answers
     env_before = dict(os.environ)
+    for key, value in PRELOAD_ENV.items():
+        os.environ.setdefault(key, value)
     _preload(vllm_version)
+    for key in PRELOAD_ENV.keys() - env_before.keys():
+        del os.environ[key]
     # What the loader set (VLLM_LOGGING_LEVEL, by setdefault): a fresh check's load sets it too.
     added_env = {k: v for k, v in os.environ.items() if env_before.get(k) != v}
     _send(answer_fd, {"ready": True, "pid": os.getpid()})
@@ -68,10 +84,8 @@ def serve(vllm_version: str) -> None:
         pid = os.fork()
         if pid == 0:
             _child(request, (request_fd, answer_fd), added_env)  # never returns
-        try:
-            os.setpgid(pid, pid)  # also done in the child: whichever runs first
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # also done in the child: whichever runs first
+            os.setpgid(pid, pid)
         returncode, timed_out = _wait(pid, request["timeout"])
         _send(answer_fd, {"returncode": returncode, "timed_out": timed_out})
     sys.stderr.flush()
@@ -98,10 +112,8 @@ def _wait(pid: int, timeout_s: float | None) -> tuple[int, bool]:
     finally:
         os.close(pidfd)
     if not done:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), not done
 
@@ -156,10 +168,8 @@ def _shut_down(status: int) -> NoReturn:
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed by the script: nothing to write
             stream.flush()
-        except (OSError, ValueError):  # closed by the script: nothing left to write
-            pass
     os._exit(status & 0xFF)
 
 
