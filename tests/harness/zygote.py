@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import locale
 import os
@@ -46,7 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 #: The repository root: where a zygote starts (its `-c` server finds `tests.harness` there).
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,9 +128,13 @@ class _Zygote:
             out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"argv": argv, "env": env, "cwd": cwd, "timeout": timeout}
             request |= {"stdout": str(out_path), "stderr": str(err_path)}
-            self._write_line(request)
-            # The zygote enforces `timeout`; the margin only guards against a hung zygote.
-            reply = self._read_line(None if timeout is None else timeout + 120.0)
+            try:
+                self._write_line(request)
+                # The zygote enforces `timeout`; the margin only guards against a hung zygote.
+                reply = self._read_line(None if timeout is None else timeout + 120.0)
+            except BaseException:  # e.g. KeyboardInterrupt: an answer left unread would be
+                self.stop(kill=True)  # taken for the next request's, so this zygote goes
+                raise
             stdout, stderr = _read_text(out_path), _read_text(err_path)
         command = [sys.executable, *argv]
         if reply.get("timed_out"):
@@ -148,7 +153,7 @@ class _Zygote:
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            self.stop()
+            self.stop(kill=True)
             raise RuntimeError(f"zygote {self.key[0]} gave no answer in {timeout} s")
         line = self.proc.stdout.readline()
         if not line:
@@ -156,7 +161,7 @@ class _Zygote:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def _died(self, waiting_for: str) -> None:
+    def _died(self, waiting_for: str) -> NoReturn:
         self.stop()
         log = self.log_path.read_text(errors="replace")[-4000:]
         raise RuntimeError(
@@ -164,17 +169,20 @@ class _Zygote:
             f"(exit {self.proc.returncode}); its log {self.log_path} ends:\n{log}"
         )
 
-    def stop(self) -> None:
-        """Close its request pipe (it exits on end of input); kill it if that does not do."""
+    def stop(self, kill: bool = False) -> None:
+        """Close its request pipe (it exits on end of input); kill it if that does not do, or
+        at once with `kill`."""
         _POOL.forget(self)
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
+        if not kill and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 self.proc.stdin.close()
                 self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.returncode == 0:  # a clean stop: nothing in the log to look at
+            self.log_path.unlink(missing_ok=True)
 
 
 class _Pool:
@@ -206,6 +214,11 @@ class _Pool:
 
 
 _POOL = _Pool()
+
+
+def stop_all() -> None:
+    """Stop every zygote of this process and wait for it (the test session's end)."""
+    _POOL.stop_all()
 
 
 def _key(vllm_version: str, env: Mapping[str, str]) -> tuple[str, frozenset[tuple[str, str]]]:
