@@ -1,26 +1,34 @@
 """Running `python -c SCRIPT ...` / `python -m MODULE ...` for the lockstep tier without paying
 for vLLM's imports on every check.
 
-Each lockstep check used to start a fresh interpreter, and ~8 s of its ~15 s went to importing
-the release (`vllm.config`, `vllm.model_executor.models`, torch). A *zygote* is one long-lived
-helper process per (vLLM release, environment) per pytest worker: it starts in the environment
-the check's own interpreter would have had, loads the release through
-`sim.vllm_real.loader.load_vllm` and imports the heavy vLLM modules (`zygote_server.PRELOAD`), then, for each
-request, `os.fork()`s a child that runs the script exactly as `python ARGV` would (`__main__`,
-`sys.argv`, `sys.path[0]`, the request's environment, fds 0/1/2 on /dev/null and two files)
-and exits through the interpreter's own shutdown (atexit, non-daemon threads, flushes). Every
-check still runs in its own process, so a mutation that patches a class in one check cannot be
-seen by the next, as with a fresh interpreter.
+Each lockstep check used to start a fresh interpreter, and about half of its time went to
+importing the release (`vllm.config`, `vllm.model_executor.models`, torch). A *zygote* is one
+long-lived helper process per (vLLM release, environment) per pytest worker: it starts in the
+environment the check's own interpreter would have had, loads the release through
+`sim.vllm_real.loader.load_vllm`, imports the heavy vLLM modules (`zygote_server.PRELOAD`),
+then, for each request, `os.fork()`s a child that runs the program as `python ARGV` would
+(`__main__`, `sys.argv`, `sys.path[0]`, cwd, the request's environment exactly, stdin on
+/dev/null, stdout and stderr into two files), and ends as the interpreter would where a check
+can see it (non-daemon threads joined, atexit callbacks run, streams flushed, the same exit
+status and traceback) before `os._exit`. Every check still runs in a process of its own, so a
+mutation that patches a class in one check cannot be seen by the next.
 
-What differs from a fresh interpreter, on purpose and nothing else: the release's vLLM modules
-in `PRELOAD` (and what they import: torch, transformers, pydantic) are already imported, the
-release's `_deps` folder is already on `sys.path`, and `sim.vllm_real.loader` has already
-loaded the release (a later `load_vllm` of the same release returns it). No `sim` module but the
-loader's own chain (`sim`, `sim.native`, `sim.errors`, `sim.files.inputs`) is pre-imported, so a
-script that patches a kvsim class or function does so in the same import order as before. Log
-lines vLLM prints while importing (e.g. "Failed to import Triton kernels") go to the zygote's
-log, not the check's output. A script whose behaviour depends on what is *not* imported yet, or
-that loads another release first, must keep a fresh interpreter (`fresh=True`).
+What differs from a fresh interpreter, and nothing else:
+
+* the release's vLLM modules in `PRELOAD` (and what they import: torch, transformers,
+  pydantic) are already imported, under the V1 scheduler adapter's offline/quiet variables
+  (`zygote_server.PRELOAD_ENV`), and its `_deps` folder is already on `sys.path`;
+  `sim.vllm_real.loader` has already loaded the release (a later `load_vllm` of it returns it);
+* no `sim` module but the loader's chain (`sim`, `sim.native`, `sim.errors`,
+  `sim.files.inputs`) is imported, and no `tests` module, so a script that patches a kvsim
+  class or function does so in the same import order as before;
+* what vLLM logs while importing ("Failed to import Triton kernels") goes to the zygote's log;
+* `random` and numpy are reseeded in each child, but the string hash seed is the zygote's.
+
+A script that depends on what is *not* imported yet (`sim.vllm_real.defaults_lockstep._RealV1`
+puts stand-ins for `vllm._C` in sys.modules before its first vLLM import), or that loads
+another release, keeps a plain subprocess (`fresh=True`, or its own `subprocess.run`); so does
+every V0 release (0.5.4).
 
 `KVSIM_ZYGOTE=0` in the environment turns all of this off: every request is a plain
 `subprocess.run` (to compare timings, or to rule the zygote out when a check fails).
