@@ -27,3 +27,14 @@ settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") == "true" else "dev")
 )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop this process's lockstep zygotes (`tests.harness.zygote`) and wait for them, here
+    rather than at interpreter exit: an xdist worker may end without running atexit hooks,
+    and a zygote no one waits for would outlive the run (and its CPU time go uncounted)."""
+    import sys
+
+    module = sys.modules.get("tests.harness.zygote")
+    if module is not None:
+        module.stop_all()

@@ -31,6 +31,9 @@ print("TABLE " + json.dumps(module["flag_table"](sys.argv[1])))
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_committed_table_is_the_real_parsers(version: str) -> None:
     root_or_skip(version)
+    # A fresh interpreter, not tests.harness.zygote: `flag_table`'s `_RealV1` puts stand-ins
+    # for vLLM's compiled modules (`vllm._C`, ...) in sys.modules before its first vLLM import,
+    # and the config modules read them at import; a zygote has imported them without those.
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM, version],
         capture_output=True, text=True, cwd=ROOT, timeout=600,

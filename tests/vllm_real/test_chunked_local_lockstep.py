@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.vllm_install import root_or_skip
+from tests.harness.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,20 +31,14 @@ RELEASES = ["0.11.0", "0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.33.0"]
 def _python(
     version: str, script: str, *args: str, sources: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """`script` in a fresh interpreter; `sources`: on the Python sources, not the compiled
-    core (a mutation patches a class, which compiled classes do not allow)."""
+    """`script` as `python -c` would run it, in its own process (a fork of the release's
+    zygote, `tests.harness.zygote`); `sources`: on the Python sources, not the compiled core
+    (a mutation patches a class, which compiled classes do not allow)."""
     root_or_skip(version)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if sources:
         env["KVSIM_NATIVE"] = "0"
-    return subprocess.run(
-        [sys.executable, "-c", script, version, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    return run_python(["-c", script, version, *args], vllm_version=version, env=env, cwd=ROOT)
 
 
 _VERIFY = """

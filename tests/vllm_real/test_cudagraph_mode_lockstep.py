@@ -29,6 +29,9 @@ def test_a_default_v1_server_replays_decode_as_one_full_graph(version: str) -> N
         "from sim.vllm_real.defaults_lockstep import real_cudagraph_mode\n"
         f"print('mode', real_cudagraph_mode({version!r}))\n"
     )
+    # A fresh interpreter, not tests.harness.zygote: `_RealV1` puts stand-ins for vLLM's
+    # compiled modules (`vllm._C`, ...) in sys.modules before its first vLLM import, and the
+    # config modules read them at import; a zygote has imported those modules without them.
     proc = run_in_repo("-c", code)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

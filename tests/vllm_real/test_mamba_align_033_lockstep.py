@@ -12,11 +12,14 @@ KVSIM_REQUIRE_VLLM=1.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 
 import pytest
 
+from tests.harness.zygote import run_python as run_in_zygote
 from tests.vllm_real.test_chunked_local_lockstep import _python as run_python
 
 pytestmark = pytest.mark.vllm
@@ -100,6 +103,16 @@ def _python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return run_python(VERSION, script, *args, sources=True)
 
 
+def _kvsim(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """The `kvsim` console script (`command[0]`) as the shell runs it, in this process's
+    environment and folder, in a fork of the release's zygote (`tests.harness.zygote`)."""
+    script = shutil.which(command[0])
+    assert script is not None, f"{command[0]} is not on PATH"
+    argv = [script, *command[1:]]
+    env, cwd = dict(os.environ), os.getcwd()
+    return run_in_zygote(argv, vllm_version=VERSION, env=env, cwd=cwd, timeout=timeout)
+
+
 def _number(pattern: str, text: str) -> int:
     match = re.search(pattern, text)
     return int(match.group(1)) if match else 0
@@ -161,7 +174,7 @@ def test_the_cli_runs_the_scheduler_lockstep_with_mamba_caching(extra: list[str]
     a Python call): identical on 0.33.0, every workload a Mamba hybrid, some with hits."""
     command = ["kvsim", "verify", "--scheduler", "--design", "v1-engine", "--vllm-version",
                VERSION, "--mamba-caching", "--num-workloads", "12", "--seed", "7", *extra]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    out = _kvsim(command, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "identical over 12 workloads" in out.stdout, out.stdout
     assert "12 Mamba-hybrid workloads" in out.stdout, out.stdout
@@ -179,6 +192,6 @@ def test_mamba_caching_is_refused_where_it_would_mean_nothing() -> None:
         (["kvsim", "verify", "--mamba-caching"], "--mamba-caching is for the V1 Scheduler"),
     ]
     for command, message in cases:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        out = _kvsim(command, timeout=300)
         assert out.returncode == 2 and message in out.stderr, (command, out.stderr)
         assert "Traceback" not in out.stderr

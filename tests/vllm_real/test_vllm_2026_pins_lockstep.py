@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.vllm_install import root_or_skip
+from tests.harness.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,14 +32,8 @@ PINS = ["0.19.1", "0.20.0", "0.25.1", "0.26.0"]
 def _verify(version: str, *args: str) -> subprocess.CompletedProcess[str]:
     root_or_skip(version)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "sim.cli", "verify", "--vllm-version", version, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    argv = ["-m", "sim.cli", "verify", "--vllm-version", version, *args]
+    return run_python(argv, vllm_version=version, env=env, cwd=ROOT)
 
 
 @pytest.mark.parametrize("version", PINS)
@@ -141,9 +135,8 @@ def test_regression_on_real_release_regression_vllm_45856_39734_47728(
     root = root_or_skip(version)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     path = ROOT / "tests" / "regressions" / scenario
-    out = subprocess.run(
+    out = run_python(
         [
-            sys.executable,
             "-m",
             "sim.cli",
             "run",
@@ -154,11 +147,9 @@ def test_regression_on_real_release_regression_vllm_45856_39734_47728(
             "-o",
             str(tmp_path / "out"),
         ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+        vllm_version=version,  # the zygote loads the release from `root`, as --vllm-root does
         env=env,
-        check=False,
+        cwd=ROOT,
     )
     assert out.returncode in (0, 1), out.stdout + out.stderr
     import pandas as pd
@@ -196,12 +187,5 @@ def test_window_bound_is_the_release_s_regression_vllm_54703(version):
     on 2,000 drawn windows, block sizes, token counts and lengths."""
     root_or_skip(version)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", _BOUND_SCRIPT, version],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    out = run_python(["-c", _BOUND_SCRIPT, version], vllm_version=version, env=env, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr

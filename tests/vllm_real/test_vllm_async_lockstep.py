@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
 from tests.harness.vllm_install import load_or_skip, root_or_skip
+from tests.harness.zygote import run_python
 
 warnings.filterwarnings("ignore", module="requests")
 
@@ -32,15 +32,8 @@ TRACE = "sim/data/traces/mooncake_fast25/conversation_trace.jsonl"
 def _verify_0_33(*args: str) -> subprocess.CompletedProcess[str]:
     root_or_skip("0.33.0")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "sim.cli", "verify", "--scheduler", "--async"]
-        + ["--vllm-version", "0.33.0", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    argv = ["-m", "sim.cli", "verify", "--scheduler", "--async", "--vllm-version", "0.33.0"]
+    return run_python([*argv, *args], vllm_version="0.33.0", env=env, cwd=ROOT)
 
 
 def _counts(stdout: str) -> tuple[int, int]:

@@ -31,6 +31,10 @@ def test_defaults_identical_to_the_release(version: str) -> None:
     root_or_skip(version)
     if version == "0.5.4":
         root_or_skip("0.11.0")  # 0.5.4's config code runs on 0.11.0's pinned transformers
+    # A fresh interpreter, not tests.harness.zygote: `_RealV1` puts stand-ins for vLLM's
+    # compiled modules (`vllm._C`, ...) in sys.modules before its first vLLM import, and the
+    # config modules read them at import; a zygote has imported those modules without them
+    # (and 0.5.4's `_RealV0` runs on 0.11.0's _deps, a second release's packages).
     proc = run_in_repo(
         "-m",
         "sim.cli",

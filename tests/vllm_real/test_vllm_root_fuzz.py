@@ -9,13 +9,14 @@ adapter publishes none, so such a router routes differently: not a manager diffe
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.vllm_install import root_or_skip
+from tests.harness.zygote import run_python
 
 pytestmark = pytest.mark.vllm
 
@@ -45,9 +46,9 @@ print(compared, hybrid)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    """`python ARGS` in its own process: a fork of 0.33.0's zygote (`tests.harness.zygote`),
+    which has imported that release's dependencies only."""
+    return run_python(list(args), vllm_version="0.33.0", env=os.environ, cwd=ROOT, timeout=600)
 
 
 def test_real_0330_manager_matches_kvsims_model_on_fuzz_cases():

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.vllm_install import root_or_skip
+from tests.harness.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,14 +28,8 @@ pytestmark = pytest.mark.vllm
 def _verify(*args: str) -> subprocess.CompletedProcess[str]:
     root_or_skip("0.33.0")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "sim.cli", "verify", "--vllm-version", "0.33.0", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    argv = ["-m", "sim.cli", "verify", "--vllm-version", "0.33.0", *args]
+    return run_python(argv, vllm_version="0.33.0", env=env, cwd=ROOT)
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["one-group", "hybrid"])
