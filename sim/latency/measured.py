@@ -185,9 +185,7 @@ class MeasuredStepTime:
         )
         c = co["gpus"][self.fitted_gpu]
         #: None while a fit is being validated (the band comes from that validation)
-        self._band = co.get("band", {}).get(
-            "extrapolated" if self.extrapolated else self.fitted_gpu
-        )
+        self._band = co.get("band", {}).get(self.band_key)
         self._peak = gpu.peak_flops(model.dtype)
         self._bw = gpu.bandwidth_Bps
         self._L = model.num_layers
@@ -362,6 +360,12 @@ class MeasuredStepTime:
         if not self.band_widened:
             return op
         return serving_band.widened(op, serving_band.shipped_serving_band())
+
+    @property
+    def band_key(self) -> str:
+        """Which entry of the coefficients' `band` this setup reads: its fitted GPU's, or
+        "extrapolated"."""
+        return "extrapolated" if self.extrapolated else self.fitted_gpu
 
     @property
     def band_widened(self) -> bool:

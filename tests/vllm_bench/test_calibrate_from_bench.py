@@ -9,15 +9,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from sim.catalog import get_gpu
 from sim.latency.measured import MeasuredStepTime, shipped_coefficients
 from sim.scenario.schema import scenario_from_dict
-from sim.vllm_bench.bench import WorkloadOptions, run_bench
+from sim.vllm_bench.bench import WorkloadOptions, prepared, run_bench
 from sim.vllm_bench.bench_files import read_bench_file
-from sim.vllm_bench.calibrate import Replayer, fit_from_bench
-from sim.vllm_bench.calibrate_output import coefficients_document
+from sim.vllm_bench.calibrate import BenchFit, Replayer, fit_from_bench
+from sim.vllm_bench.calibrate_output import (
+    band_containing,
+    coefficients_document,
+    held_out_step_ratios,
+)
 from sim.vllm_bench.coefficient_scaling import Factors, scaled_coefficients
 from sim.vllm_bench.metrics import BenchSettings, result_json
 
@@ -151,6 +157,19 @@ def test_fit_recovers_the_factors_kvsim_was_perturbed_by(measured):
     doc = coefficients_document(fit, scenario, folder, Path("plain.yaml"))
     assert doc["provenance"]["gpu_scale"] == fit.gpu_scale
     assert doc["calibration"]["held_out"]["mean_tpot_ms"]["n"] == 2
+    # the written file's band, as the calibrated setup reads it, holds every held-out ratio
+    calibrated = prepared(scenario, folder).step_time.with_coefficients(doc)
+    band = calibrated.band()
+    ratios = held_out_step_ratios(fit)
+    assert len(ratios) == 4  # TPOT and ITL of result-1 and result-3
+    assert all(band.low_factor <= r <= band.high_factor for r in ratios), (band, ratios)
+    assert "widened to contain the 4 held-out" in doc["provenance"]["note"]
+    # a held-out run 1.5x slower than the fit predicts: the written band reaches it
+    slow = fit.held_out_files[0]
+    predicted, _ = fit.compared[slow]["mean_tpot_ms"]
+    fit.compared[slow] = {**fit.compared[slow], "mean_tpot_ms": (predicted, 1.5 * predicted)}
+    widened = coefficients_document(fit, scenario, folder, Path("plain.yaml"))
+    assert calibrated.with_coefficients(widened).band().high_factor == pytest.approx(1.5)
 
 
 def test_cli_writes_coefficients_a_scenario_then_uses(measured, tmp_path):
@@ -318,6 +337,45 @@ def test_calibrate_replays_a_quantized_scenario_with_its_weight_dtype(model_dtyp
         bf16 = scenario_from_dict(_scenario_dict(), str(tmp_path / "b.yaml"))
         slower = run_bench(bf16, tmp_path, WORKLOAD, settings, band=False).result
         assert float(run.result["mean_tpot_ms"]) < float(slower["mean_tpot_ms"])
+
+
+def _fit_with(compared: dict[str, dict[str, tuple[float, float]]], held: list[str]) -> BenchFit:
+    paths = {name: Path(name) for name in compared}
+    return BenchFit(
+        Factors.single(1.0, 1.0),
+        [paths[n] for n in compared if n not in held],
+        [paths[n] for n in held],
+        {paths[n]: rows for n, rows in compared.items()},
+    )
+
+
+def test_the_calibrated_band_contains_each_held_out_step_ratio_regression_narrow_band():
+    """Regression (the band a calibration wrote was the shipped op-level one whatever its own
+    held-out files said): the band widens to each held-out TPOT/ITL ratio, measured /
+    predicted, and only to those (TTFT, throughput and the fit files do not move it)."""
+    fit = _fit_with(
+        {
+            "a.json": {"mean_tpot_ms": (10.0, 14.0), "mean_ttft_ms": (100.0, 500.0)},
+            "b.json": {"mean_itl_ms": (10.0, 8.0), "output_throughput": (100.0, 10.0)},
+            "c.json": {"mean_tpot_ms": (10.0, 30.0)},
+        },
+        held=["a.json", "b.json"],
+    )
+    assert held_out_step_ratios(fit) == [1.4, 0.8]
+    op = {"low_factor": 0.924, "high_factor": 1.0566}
+    assert band_containing(op, held_out_step_ratios(fit)) == {"low_factor": 0.8, "high_factor": 1.4}
+    assert band_containing(op, [0.95, 1.05]) == op  # inside: unchanged
+    assert band_containing(None, [1.2]) == {"low_factor": 1.0, "high_factor": 1.2}
+
+
+@given(
+    op=st.tuples(st.floats(0.5, 1.0), st.floats(1.0, 2.0)),
+    ratios=st.lists(st.floats(0.05, 20.0), max_size=6),
+)
+def test_a_calibrated_band_holds_its_op_band_one_and_every_ratio(op, ratios):
+    band = band_containing({"low_factor": op[0], "high_factor": op[1]}, ratios)
+    assert band["low_factor"] <= min([op[0], *ratios]) and band["low_factor"] <= 1.0
+    assert band["high_factor"] >= max([op[1], *ratios]) and band["high_factor"] >= 1.0
 
 
 def test_the_fit_replays_each_rounded_factors_once(monkeypatch):
