@@ -123,8 +123,10 @@ def test_per_term_scaling_moves_prefill_with_compute_and_decode_with_memory():
         assert slow > 1.6 and unmoved < 1.25, (moved_by, compute, memory)
 
 
-@pytest.mark.slow  # two fits of 30-60 Nelder-Mead rounds: minutes on two cores
-def test_per_term_fit_recovers_a_prefill_decode_split_one_factor_cannot(measured_split):
+@pytest.mark.slow  # two fits of 30-120 Nelder-Mead rounds: minutes on two cores
+def test_per_term_fit_recovers_a_prefill_decode_split_one_factor_cannot_regression_per_term_fit_stopped_short(
+    measured_split,
+):
     folder, paths = measured_split
     files = [read_bench_file(p, WORKLOAD) for p in paths]
     scenario = scenario_from_dict(_scenario_dict(), "plain.yaml")
@@ -138,7 +140,11 @@ def test_per_term_fit_recovers_a_prefill_decode_split_one_factor_cannot(measured
         held = fit.errors(fit.held_out_files)
         return max(abs(e) for values in held.values() for e in values)
 
-    assert worst(split) < 0.05 < worst(single), (worst(split), worst(single))
+    assert worst(split) < 0.05, worst(split)
+    # One GPU factor reproduces these five runs almost as well (about 1% held out, 2026-12-06)
+    # but only by misattributing the time: its overhead factor lands far from the true x1.5
+    # (x0.52), so it would mislead on another workload. The per-term fit gets it right.
+    assert abs(single.factors.overhead_scale / TRUE_SPLIT.overhead_scale - 1) > 0.3, single
     doc = coefficients_document(split, scenario, folder, Path("plain.yaml"))
     assert doc["provenance"]["compute_scale"] == split.factors.compute_scale
     assert "gpu_scale" not in doc["provenance"]
