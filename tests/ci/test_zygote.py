@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -125,11 +124,10 @@ def test_a_large_stdout_and_stderr_come_back_complete():
 def test_a_request_past_its_timeout_is_killed_and_the_zygote_serves_on(tmp_path):
     pid_file = tmp_path / "pid"
     script = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-    script += "time.sleep(120)"
-    started = time.monotonic()
+    # Sleeps far past the call: if the timeout did not kill it, it is still alive below.
+    script += "time.sleep(600)"
     with pytest.raises(subprocess.TimeoutExpired):
         _zygote("-c", script, timeout=2)
-    assert time.monotonic() - started < 60
     with pytest.raises(ProcessLookupError):  # killed and reaped: no such process any more
         os.kill(int(pid_file.read_text()), 0)
     assert _zygote("-c", "print('next')").stdout == "next\n"
